@@ -1,0 +1,36 @@
+# The two commands a fresh clone needs: `make demo` and `make test`. Each sets up everything itself:
+# the virtual environment (.venv/), the package and its dependencies, and the demo model assets.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ASSETS := .assets
+PYTEST_ARGS ?=
+
+.PHONY: demo test assets venv serve clean
+
+demo: assets
+	$(PY) -m warmup_tools demo
+
+test: assets
+	$(PY) -m pytest $(PYTEST_ARGS)
+	@! pgrep -a -f 'bin/[t]ritonserver|[t]riton_python_backend_stub' || \
+		{ echo "error: a tritonserver or stub outlived the tests"; exit 1; }
+
+serve: assets
+	$(PY) -m warmup_tools serve
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[local,load,test]'
+	touch $(STAMP)
+
+assets: $(STAMP)
+	$(PY) -m warmup_tools assets --out $(ASSETS)
+	$(PY) -m warmup_tools stanzas --tokenizer $(ASSETS)/lm
+
+clean:
+	rm -rf $(VENV) $(ASSETS) .build .pytest_cache

@@ -1,0 +1,45 @@
+"""embedding_cache: prompt text to a normalised sentence embedding (ONNX Runtime), with a bounded cache.
+
+All logic lives in ``warmup_tools.embedding``; this file only adapts Triton's request objects.
+"""
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from warmup_tools.backend import collect_inputs, error_response, log_unexpected, model_parameters
+from warmup_tools.embedding import OnnxEmbedder
+from warmup_tools.requests import parse_text
+
+INPUTS = ("text_input",)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = model_parameters(args)
+        self.embedder = OnnxEmbedder(
+            params.path("embedder_path"),
+            cache_bytes=params.get("cache_bytes", int, 64 << 20),
+            providers=params.get("providers", str, "auto"),
+            num_threads=params.get("num_threads", int, 1),
+        )
+        params.check_unknown()
+        pb_utils.Logger.log_info(f"embedding_cache: ONNX Runtime providers {self.embedder.providers}")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                text = parse_text(collect_inputs(pb_utils, request, INPUTS))
+                vector, _ = self.embedder.embed(text)
+                responses.append(pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor("embedding", vector),
+                    # Cluster ids come from a warm-up plan; -1 means "no cluster assigned".
+                    pb_utils.Tensor("cluster_id", np.array([-1], dtype=np.int32)),
+                ]))
+            except Exception as exc:  # noqa: BLE001 (one bad request never fails the batch)
+                log_unexpected(pb_utils, "embedding_cache", exc)
+                responses.append(error_response(pb_utils, exc))
+        return responses
+
+    def finalize(self):
+        self.embedder = None

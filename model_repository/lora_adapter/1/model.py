@@ -1,0 +1,72 @@
+"""lora_adapter: token ids + adapter + sampling inputs to a stream of text pieces (decoupled).
+
+All logic lives in ``warmup_tools.generation``; this file only adapts Triton's request objects.
+"""
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from warmup_tools.backend import collect_inputs, error_for, log_unexpected, model_parameters
+from warmup_tools.generation import EngineConfig, LoraEngine
+from warmup_tools.requests import RequestLimits, parse_generate_request
+
+INPUTS = ("input_ids", "adapter_id", "tenant_id", "max_tokens", "stream", "temperature",
+          "top_p", "top_k", "seed", "cluster_id")
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = model_parameters(args)
+        adapters = params.get("adapters", str, "")
+        self.engine = LoraEngine(EngineConfig(
+            base_model=params.path("base_model"),
+            adapter_root=params.path("adapter_root"),
+            adapters=tuple(a.strip() for a in adapters.split(",") if a.strip()) or None,
+            device=params.get("device", str, "auto"),
+            dtype=params.get("dtype", str, "auto"),
+            num_threads=params.get("num_threads", int, 0),
+        ))
+        self.limits = RequestLimits(
+            max_tokens_limit=params.get("max_tokens_limit", int, 512),
+            default_max_tokens=params.get("default_max_tokens", int, 16),
+            vocab_size=self.engine.vocab_size,
+        )
+        params.check_unknown()
+        pb_utils.Logger.log_info(
+            f"lora_adapter: device {self.engine.device}, adapters {sorted(self.engine.adapters)}"
+        )
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._serve(request, sender)
+            except Exception as exc:  # noqa: BLE001 (one bad request never fails the batch)
+                log_unexpected(pb_utils, "lora_adapter", exc)
+                sender.send(pb_utils.InferenceResponse(error=error_for(pb_utils, exc)), flags=FINAL)
+        return None
+
+    def _serve(self, request, sender):
+        req = parse_generate_request(collect_inputs(pb_utils, request, INPUTS), self.limits)
+        text = []
+        for step in self.engine.generate(req):
+            if req.stream:
+                sender.send(_response(step.text, step), flags=FINAL if step.finished else 0)
+            else:
+                text.append(step.text)
+                if step.finished:
+                    sender.send(_response("".join(text), step), flags=FINAL)
+
+    def finalize(self):
+        self.engine = None
+
+
+def _response(text, step):
+    return pb_utils.InferenceResponse(output_tensors=[
+        pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
+        pb_utils.Tensor("cached_tokens", np.array([step.cached_tokens], dtype=np.int32)),
+        pb_utils.Tensor("prompt_tokens", np.array([step.prompt_tokens], dtype=np.int32)),
+        pb_utils.Tensor("output_tokens", np.array([step.output_tokens], dtype=np.int32)),
+        pb_utils.Tensor("finish_reason", np.array([step.finish_reason.encode()], dtype=np.object_)),
+    ])

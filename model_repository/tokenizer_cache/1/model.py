@@ -1,0 +1,41 @@
+"""tokenizer_cache: prompt text to token ids, with a bounded tokenisation cache.
+
+All logic lives in ``warmup_tools.tokenization``; this file only adapts Triton's request objects.
+"""
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from warmup_tools.backend import collect_inputs, error_response, log_unexpected, model_parameters
+from warmup_tools.requests import parse_text
+from warmup_tools.tokenization import TokenizerService
+
+INPUTS = ("text_input",)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = model_parameters(args)
+        self.service = TokenizerService(
+            params.path("tokenizer_path"),
+            cache_bytes=params.get("cache_bytes", int, 64 << 20),
+        )
+        params.check_unknown()
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                text = parse_text(collect_inputs(pb_utils, request, INPUTS))
+                ids, _ = self.service.encode(text)
+                responses.append(pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor("input_ids", ids),
+                    pb_utils.Tensor("input_length", np.array([ids.size], dtype=np.int32)),
+                ]))
+            except Exception as exc:  # noqa: BLE001 (one bad request never fails the batch)
+                log_unexpected(pb_utils, "tokenizer_cache", exc)
+                responses.append(error_response(pb_utils, exc))
+        return responses
+
+    def finalize(self):
+        self.service = None

@@ -1,0 +1,3 @@
+"""Cache warm-up for LLM serving on NVIDIA Triton Inference Server."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,190 @@
+"""Client helpers for the ``ensemble`` model over gRPC streaming and the HTTP generate extension.
+
+Used by the demo, the tests and the benchmarks; they measure time to first token (TTFT) on the client.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import time
+import uuid
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from .errors import WarmupToolsError
+
+
+class GenerateError(WarmupToolsError):
+    """The server answered a generate request with an error."""
+
+    def __init__(self, message: str, status: str | int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclasses.dataclass(slots=True)
+class GenerateResult:
+    text: str
+    pieces: list[str]
+    ttft_s: float
+    total_s: float
+    cached_tokens: int
+    prompt_tokens: int
+    output_tokens: int
+    finish_reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GenerateParams:
+    max_tokens: int | None = 16
+    adapter_id: str | None = None
+    tenant_id: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+def grpc_inputs(text: str | bytes, params: GenerateParams, stream: bool) -> list[Any]:
+    """The ``ensemble`` input tensors for one request (optional inputs only when set)."""
+    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+
+    raw = text if isinstance(text, bytes) else text.encode("utf-8")
+    tensors: list[tuple[str, np.ndarray, str]] = [
+        ("text_input", np.array([raw], dtype=np.object_), "BYTES"),
+        ("stream", np.array([stream], dtype=bool), "BOOL"),
+    ]
+    if params.max_tokens is not None:
+        tensors.append(("max_tokens", np.array([params.max_tokens], dtype=np.int32), "INT32"))
+    for name in ("adapter_id", "tenant_id"):
+        value = getattr(params, name)
+        if value is not None:
+            tensors.append((name, np.array([value.encode("utf-8")], dtype=np.object_), "BYTES"))
+    if params.temperature is not None:
+        tensors.append(("temperature", np.array([params.temperature], dtype=np.float32), "FP32"))
+    if params.top_p is not None:
+        tensors.append(("top_p", np.array([params.top_p], dtype=np.float32), "FP32"))
+    if params.top_k is not None:
+        tensors.append(("top_k", np.array([params.top_k], dtype=np.int32), "INT32"))
+    if params.seed is not None:
+        tensors.append(("seed", np.array([params.seed], dtype=np.uint64), "UINT64"))
+    inputs = []
+    for name, array, dtype in tensors:
+        tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+class StreamingClient:
+    """One gRPC connection to Triton sending ``ensemble`` requests over the bidirectional stream."""
+
+    def __init__(self, url: str, model: str = "ensemble", timeout_s: float = 300.0) -> None:
+        import tritonclient.grpc as grpcclient  # noqa: PLC0415
+
+        self.model = model
+        self.timeout_s = timeout_s
+        self._client = grpcclient.InferenceServerClient(url)
+        self._responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        self._client.start_stream(callback=lambda result, error: self._responses.put((result, error)))
+
+    def generate(
+        self,
+        text: str | bytes,
+        params: GenerateParams = GenerateParams(),
+        *,
+        stream: bool = True,
+        on_piece: Callable[[str], None] | None = None,
+    ) -> GenerateResult:
+        """Send one request and collect its responses until the final one."""
+        request_id = uuid.uuid4().hex
+        start = time.perf_counter()
+        self._client.async_stream_infer(
+            self.model, grpc_inputs(text, params, stream), request_id=request_id,
+            enable_empty_final_response=True,
+        )
+        pieces: list[str] = []
+        ttft = None
+        last: dict[str, Any] = {}
+        while True:
+            try:
+                result, error = self._responses.get(timeout=self.timeout_s)
+            except queue.Empty:
+                raise GenerateError(f"no response within {self.timeout_s:.0f}s") from None
+            if error is not None:
+                raise GenerateError(str(error), getattr(error, "status", lambda: None)())
+            response = result.get_response()
+            final = response.parameters.get("triton_final_response")
+            text_out = result.as_numpy("text_output")
+            if text_out is not None:
+                piece = text_out.reshape(-1)[0].decode("utf-8")
+                if ttft is None:
+                    ttft = time.perf_counter() - start
+                pieces.append(piece)
+                if on_piece is not None and piece:
+                    on_piece(piece)
+                for name in ("cached_tokens", "prompt_tokens", "output_tokens"):
+                    last[name] = int(result.as_numpy(name).reshape(-1)[0])
+                last["finish_reason"] = result.as_numpy("finish_reason").reshape(-1)[0].decode()
+            if final is not None and final.bool_param:
+                break
+        total = time.perf_counter() - start
+        return GenerateResult(
+            text="".join(pieces), pieces=pieces, ttft_s=ttft if ttft is not None else total, total_s=total,
+            cached_tokens=last.get("cached_tokens", 0), prompt_tokens=last.get("prompt_tokens", 0),
+            output_tokens=last.get("output_tokens", 0), finish_reason=last.get("finish_reason", ""),
+        )
+
+    def close(self) -> None:
+        self._client.stop_stream()
+        self._client.close()
+
+    def __enter__(self) -> "StreamingClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def http_generate(url: str, text: str, params: GenerateParams = GenerateParams(), model: str = "ensemble",
+                  timeout_s: float = 300.0) -> dict[str, Any]:
+    """``POST /v2/models/<model>/generate``: one JSON answer (raises GenerateError on an error status)."""
+    import requests  # noqa: PLC0415
+
+    body = {"text_input": text, "stream": False, **params.as_json()}
+    response = requests.post(f"http://{url}/v2/models/{model}/generate", json=body, timeout=timeout_s)
+    if response.status_code != 200:
+        raise GenerateError(_error_text(response.text), response.status_code)
+    return response.json()
+
+
+def http_generate_stream(url: str, text: str, params: GenerateParams = GenerateParams(),
+                         model: str = "ensemble", timeout_s: float = 300.0) -> Iterator[dict[str, Any]]:
+    """``POST /v2/models/<model>/generate_stream``: yields each server-sent event's JSON."""
+    import requests  # noqa: PLC0415
+
+    body = {"text_input": text, "stream": True, **params.as_json()}
+    with requests.post(f"http://{url}/v2/models/{model}/generate_stream", json=body, stream=True,
+                       timeout=timeout_s) as response:
+        if response.status_code != 200:
+            raise GenerateError(_error_text(response.text), response.status_code)
+        for line in response.iter_lines(decode_unicode=True):
+            if not line or not line.startswith("data:"):
+                continue
+            event = json.loads(line[len("data:"):].strip())
+            if "error" in event:
+                raise GenerateError(event["error"], response.status_code)
+            yield event
+
+
+def _error_text(body: str) -> str:
+    try:
+        return str(json.loads(body).get("error", body))
+    except ValueError:
+        return body

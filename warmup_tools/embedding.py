@@ -1,0 +1,97 @@
+"""Prompt embeddings with ONNX Runtime and a bounded exact cache, for the ``embedding_cache`` model."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from .caches import LRUCache
+from .errors import AssetError
+from .tokenization import text_digest
+
+LOGGER = logging.getLogger(__name__)
+
+
+def cuda_device_count() -> int:
+    """Number of CUDA devices the driver reports; 0 when there is no driver (no torch needed)."""
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if libcuda.cuInit(0) != 0 or libcuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return int(count.value)
+
+
+def choose_providers(requested: str = "auto") -> list[str]:
+    """ONNX Runtime providers: CUDA first when both the build and the machine have it, else the CPU.
+
+    NOTE: onnxruntime-gpu lists CUDAExecutionProvider even on machines without a GPU, and asking for it
+    there prints a wall of errors; we ask only when a device exists.
+    """
+    import onnxruntime as ort  # noqa: PLC0415
+
+    if requested != "auto":
+        return [p.strip() for p in requested.split(",") if p.strip()]
+    available = ort.get_available_providers()
+    if "CUDAExecutionProvider" in available and cuda_device_count() > 0:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+class OnnxEmbedder:
+    """Sentence embeddings (mean-pooled, L2-normalised inside the graph) with an exact cache."""
+
+    def __init__(self, model_dir: Path, *, cache_bytes: int = 64 << 20, providers: str = "auto",
+                 num_threads: int = 0) -> None:
+        import onnxruntime as ort  # noqa: PLC0415
+        from tokenizers import Tokenizer  # noqa: PLC0415
+
+        model_path = model_dir / "model.onnx"
+        if not model_path.exists():
+            raise AssetError(
+                f"{model_path} does not exist; build the demo assets with `python -m warmup_tools assets` "
+                "or point embedder_path at a folder holding model.onnx and tokenizer.json"
+            )
+        meta = json.loads((model_dir / "config.json").read_text()) if (model_dir / "config.json").exists() else {}
+        self.dim = int(meta.get("dim", 384))
+        self.max_length = int(meta.get("max_length", 256))
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.tokenizer.enable_truncation(self.max_length)
+        self.tokenizer.enable_padding()
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if num_threads > 0:
+            options.intra_op_num_threads = num_threads
+            options.inter_op_num_threads = 1
+        self.providers = choose_providers(providers)
+        self.session = ort.InferenceSession(str(model_path), options, providers=self.providers)
+        self._input_names = {i.name for i in self.session.get_inputs()}
+        self.cache: LRUCache[bytes, np.ndarray] = LRUCache(cache_bytes)
+
+    def embed(self, text: str) -> tuple[np.ndarray, bool]:
+        """The embedding of one text and whether it came from the cache."""
+        key = text_digest(text)
+        vector = self.cache.get(key)
+        if vector is not None:
+            return vector, True
+        vector = self.embed_batch([text])[0]
+        vector.setflags(write=False)
+        self.cache.put(key, vector)
+        return vector, False
+
+    def embed_batch(self, texts: list[str]) -> np.ndarray:
+        """Embeddings of many texts, computed (no cache), shape ``[len(texts), dim]``."""
+        encodings = self.tokenizer.encode_batch(texts)
+        feeds = {
+            "input_ids": np.asarray([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.asarray([e.attention_mask for e in encodings], dtype=np.int64),
+            "token_type_ids": np.asarray([e.type_ids for e in encodings], dtype=np.int64),
+        }
+        (out,) = self.session.run(["embedding"], {k: v for k, v in feeds.items() if k in self._input_names})
+        return np.ascontiguousarray(out, dtype=np.float32)

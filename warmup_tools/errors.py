@@ -1,0 +1,54 @@
+"""Exception hierarchy of warmup_tools.
+
+Every error the package raises on purpose derives from :class:`WarmupToolsError`, so the CLI can catch
+one type and exit non-zero with one clear line.
+
+:class:`RequestError` and its subclasses describe a bad *request*: model.py files turn them into a
+per-request ``pb_utils.TritonError`` with the matching code (see :attr:`RequestError.code`), answer that
+one request and keep serving the rest.
+"""
+
+from __future__ import annotations
+
+
+class WarmupToolsError(Exception):
+    """Base class of every error raised on purpose by warmup_tools."""
+
+
+class ConfigError(WarmupToolsError):
+    """A configuration value is missing, unknown or out of range."""
+
+
+class AssetError(WarmupToolsError):
+    """A model, tokenizer or adapter folder is missing or unusable."""
+
+
+class ServerError(WarmupToolsError):
+    """tritonserver could not be started, became unhealthy, or could not be stopped."""
+
+
+class RequestError(WarmupToolsError):
+    """A single request cannot be served; the server keeps serving others.
+
+    ``code`` names the ``pb_utils.TritonError`` code the request is answered with.
+    """
+
+    code = "INVALID_ARG"
+
+
+class InvalidInputError(RequestError):
+    """An input tensor is missing, empty, of the wrong shape, or holds a value out of range."""
+
+    code = "INVALID_ARG"
+
+
+class UnknownAdapterError(RequestError):
+    """The requested LoRA adapter is not known to this model."""
+
+    code = "NOT_FOUND"
+
+
+class AdapterUnavailableError(RequestError):
+    """The adapter is known but is not live (loading, warming, failed or retired)."""
+
+    code = "UNAVAILABLE"

@@ -1,0 +1,40 @@
+"""Default warm-up samples: each demo adapter's system prompt, for the three composing models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from .demo_prompts import SYSTEM_PROMPTS
+from .stanzas import WarmupInput, WarmupSample, string_input, write_model_warmup
+
+COMPOSING_MODELS = ("tokenizer_cache", "embedding_cache", "lora_adapter")
+
+
+def default_samples(tokenizer: object, prompts: Mapping[str, str] = SYSTEM_PROMPTS) -> dict[str, list[WarmupSample]]:
+    """Samples per model: tokenise, embed, and pre-fill each adapter's system prompt."""
+    samples: dict[str, list[WarmupSample]] = {m: [] for m in COMPOSING_MODELS}
+    for adapter, prompt in prompts.items():
+        name = f"system_prompt_{adapter}"
+        samples["tokenizer_cache"].append(WarmupSample(name, (string_input("text_input", prompt),)))
+        samples["embedding_cache"].append(WarmupSample(name, (string_input("text_input", prompt),)))
+        ids = np.asarray(tokenizer.encode(prompt, add_special_tokens=True), dtype=np.int32)
+        samples["lora_adapter"].append(WarmupSample(name, (
+            WarmupInput("input_ids", "TYPE_INT32", ids),
+            string_input("adapter_id", adapter),
+            WarmupInput("max_tokens", "TYPE_INT32", np.array([1], dtype=np.int32)),
+        )))
+    return samples
+
+
+def write_default_stanzas(model_repository: Path, tokenizer_path: Path) -> list[Path]:
+    """Write the default samples into the repository's composing models; returns the data files."""
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    written: list[Path] = []
+    for model, model_samples in default_samples(tokenizer).items():
+        written += write_model_warmup(model_repository / model, model_samples)
+    return written

@@ -1,0 +1,46 @@
+"""Shared fixtures: the demo assets and one real tritonserver per test session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ASSETS_DIR = Path(os.environ.get("WARMUP_ASSETS_DIR", REPO_ROOT / ".assets"))
+
+
+@pytest.fixture(scope="session")
+def demo_assets():
+    from warmup_tools.assets import ensure_demo_assets
+
+    return ensure_demo_assets(ASSETS_DIR)
+
+
+@pytest.fixture(scope="session")
+def triton(demo_assets, tmp_path_factory):
+    """The project's model repository served by a real tritonserver on free ports."""
+    from warmup_tools.server import TritonServer
+
+    server = TritonServer(
+        REPO_ROOT / "model_repository",
+        env={"WARMUP_ASSETS_DIR": str(demo_assets.root)},
+        work_dir=tmp_path_factory.mktemp("triton"),
+        log_verbose=1,
+    )
+    server.start()
+    try:
+        server.wait_ready(timeout=600)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    server = item.funcargs.get("triton") if hasattr(item, "funcargs") else None
+    if report.failed and server is not None:
+        report.sections.append(("tritonserver log (tail)", server.log_tail(80)))

@@ -1,0 +1,74 @@
+"""The ensemble end to end through a real tritonserver: gRPC streaming, HTTP generate, warm-up."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from warmup_tools.client import GenerateParams, http_generate, http_generate_stream
+from warmup_tools.demo import demo_prompt
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+PROMPT = demo_prompt("support", "My invoice shows two charges for March, what should I do?")
+
+
+def test_grpc_stream_sends_pieces_as_they_are_generated(grpc_client):
+    result = grpc_client.generate(PROMPT, GenerateParams(max_tokens=12, adapter_id="support"))
+    assert result.output_tokens >= 1
+    assert len(result.pieces) == result.output_tokens  # one response per generated token
+    assert result.text.strip()
+    assert result.prompt_tokens > 100
+    assert result.cached_tokens >= 0
+    assert result.finish_reason in {"length", "stop"}
+    assert result.ttft_s < result.total_s
+
+
+def test_non_streaming_over_grpc_gives_one_response_with_the_same_text(grpc_client):
+    params = GenerateParams(max_tokens=12, adapter_id="legal")
+    streamed = grpc_client.generate(PROMPT, params, stream=True)
+    whole = grpc_client.generate(PROMPT, params, stream=False)
+    assert len(whole.pieces) == 1
+    assert whole.text == streamed.text
+
+
+def test_http_generate_and_generate_stream(triton):
+    params = GenerateParams(max_tokens=10, adapter_id="sql")
+    answer = http_generate(triton.http_url, PROMPT, params)
+    assert answer["text_output"].strip()
+    assert answer["output_tokens"] == 10 or answer["finish_reason"] == "stop"
+    events = list(http_generate_stream(triton.http_url, PROMPT, params))
+    assert len(events) == answer["output_tokens"]
+    assert "".join(e["text_output"] for e in events) == answer["text_output"]
+
+
+def test_http_generate_with_plain_curl_style_json(triton):
+    body = {"text_input": "Hello there", "max_tokens": 4}
+    response = requests.post(f"http://{triton.http_url}/v2/models/ensemble/generate", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    assert response.json()["model_name"] == "ensemble"
+
+
+def test_adapters_change_the_output(grpc_client):
+    outputs = {
+        adapter: grpc_client.generate(PROMPT, GenerateParams(max_tokens=12, adapter_id=adapter)).text
+        for adapter in (None, "support", "legal", "sql")
+    }
+    assert len(set(outputs.values())) == 4, outputs
+
+
+def test_greedy_output_is_reproducible_and_seeded_sampling_too(grpc_client):
+    greedy = GenerateParams(max_tokens=12, adapter_id="support")
+    assert grpc_client.generate(PROMPT, greedy).text == grpc_client.generate(PROMPT, greedy).text
+    sampled = GenerateParams(max_tokens=12, adapter_id="support", temperature=1.0, top_p=0.95, seed=1234)
+    first = grpc_client.generate(PROMPT, sampled).text
+    assert grpc_client.generate(PROMPT, sampled).text == first
+
+
+def test_warmup_samples_ran_before_ready(triton):
+    log = triton.logs()
+    for model in ("tokenizer_cache", "embedding_cache", "lora_adapter"):
+        for adapter in ("support", "legal", "sql"):
+            sample = f"system_prompt_{adapter}"
+            assert f"model '{model}'" in log
+            assert sample in log, f"warm-up sample {sample} of {model} not in the server log"

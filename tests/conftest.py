@@ -21,6 +21,7 @@ def demo_assets():
 @pytest.fixture(scope="session")
 def triton(demo_assets, tmp_path_factory):
     """The project's model repository served by a real tritonserver on free ports."""
+    from warmup_tools.client import scrape_metrics
     from warmup_tools.server import TritonServer
 
     server = TritonServer(
@@ -32,6 +33,8 @@ def triton(demo_assets, tmp_path_factory):
     server.start()
     try:
         server.wait_ready(timeout=600)
+        # What the warm-up samples left behind, before any test sends a request.
+        server.metrics_at_ready = scrape_metrics(server.metrics_url)
         yield server
     finally:
         server.stop()

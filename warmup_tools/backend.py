@@ -46,3 +46,79 @@ def log_unexpected(pb_utils: Any, model: str, exc: BaseException) -> None:
     """Log an exception that is not a request error (a bug or an infrastructure fault)."""
     if not isinstance(exc, RequestError):
         pb_utils.Logger.log_error(f"{model}: unexpected {type(exc).__name__}: {exc}")
+
+
+class CacheMetrics:
+    """A cache's lookups (hit or miss), entries and bytes, on Triton's /metrics.
+
+    NOTE: metrics with identical labels are shared by every instance of a model; the gauges carry the
+    instance name so instances do not overwrite each other, the counters add up across instances.
+    """
+
+    def __init__(self, pb_utils: Any, model: str, instance: str) -> None:
+        lookups = pb_utils.MetricFamily(
+            name="warmup_cache_lookups_total",
+            description="Cache lookups by model and result (hit or miss)",
+            kind=pb_utils.MetricFamily.COUNTER,
+        )
+        entries = pb_utils.MetricFamily(
+            name="warmup_cache_entries", description="Entries held by a model instance's cache",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        used = pb_utils.MetricFamily(
+            name="warmup_cache_bytes", description="Bytes held by a model instance's cache",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        self._families = (lookups, entries, used)
+        self._hit = lookups.Metric(labels={"model": model, "result": "hit"})
+        self._miss = lookups.Metric(labels={"model": model, "result": "miss"})
+        self._entries = entries.Metric(labels={"model": model, "instance": instance})
+        self._bytes = used.Metric(labels={"model": model, "instance": instance})
+
+    def record(self, hit: bool, stats: Any) -> None:
+        (self._hit if hit else self._miss).increment(1)
+        self._entries.set(stats.entries)
+        self._bytes.set(stats.bytes_used)
+
+
+#: Buckets (seconds) of the server-side time-to-first-token histogram.
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class GenerationMetrics:
+    """Per-adapter requests, cold requests, cached vs prefilled prompt tokens and TTFT on /metrics."""
+
+    def __init__(self, pb_utils: Any, model: str) -> None:
+        self._pb = pb_utils
+        self._model = model
+        self.requests = pb_utils.MetricFamily(
+            name="warmup_generate_requests_total",
+            description="Generate requests by adapter; cold=true when no prompt token came from the KV cache",
+            kind=pb_utils.MetricFamily.COUNTER)
+        self.tokens = pb_utils.MetricFamily(
+            name="warmup_prompt_tokens_total",
+            description="Prompt tokens by adapter and source (cached: from the KV prefix cache; prefilled: computed)",
+            kind=pb_utils.MetricFamily.COUNTER)
+        self.ttft = pb_utils.MetricFamily(
+            name="warmup_ttft_seconds", description="Server-side time to first token by adapter",
+            kind=pb_utils.MetricFamily.HISTOGRAM)
+        self._per_adapter: dict[str, tuple[Any, ...]] = {}
+
+    def record(self, adapter: str | None, prompt_tokens: int, cached_tokens: int, ttft_s: float) -> None:
+        name = adapter or "base"
+        metrics = self._per_adapter.get(name)
+        if metrics is None:
+            labels = {"model": self._model, "adapter": name}
+            metrics = (
+                self.requests.Metric(labels={**labels, "cold": "false"}),
+                self.requests.Metric(labels={**labels, "cold": "true"}),
+                self.tokens.Metric(labels={**labels, "source": "cached"}),
+                self.tokens.Metric(labels={**labels, "source": "prefilled"}),
+                self.ttft.Metric(labels=labels, buckets=list(TTFT_BUCKETS)),
+            )
+            self._per_adapter[name] = metrics
+        warm, cold, cached, prefilled, ttft = metrics
+        (cold if cached_tokens == 0 else warm).increment(1)
+        cached.increment(cached_tokens)
+        prefilled.increment(prompt_tokens - cached_tokens)
+        ttft.observe(ttft_s)

@@ -188,3 +188,23 @@ def _error_text(body: str) -> str:
         return str(json.loads(body).get("error", body))
     except ValueError:
         return body
+
+
+def scrape_metrics(metrics_url: str, prefix: str = "warmup_") -> dict[tuple[str, frozenset], float]:
+    """Samples from Triton's /metrics whose name starts with ``prefix``: ``{(name, labels): value}``."""
+    import requests  # noqa: PLC0415
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    text = requests.get(metrics_url, timeout=10).text
+    samples: dict[tuple[str, frozenset], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(prefix):
+                samples[(sample.name, frozenset(sample.labels.items()))] = float(sample.value)
+    return samples
+
+
+def metric_sum(samples: dict[tuple[str, frozenset], float], name: str, **labels: str) -> float:
+    """Sum of the samples named ``name`` whose labels include ``labels``."""
+    wanted = set(labels.items())
+    return sum(v for (n, lbl), v in samples.items() if n == name and wanted <= lbl)

@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import urllib.error
@@ -133,6 +134,7 @@ class TritonServer:
         log_path: Path | None = None,
         log_verbose: int = 0,
         host: str = "127.0.0.1",
+        exit_timeout_s: int = 15,
     ) -> None:
         self.model_repository = Path(model_repository).resolve()
         if not self.model_repository.is_dir():
@@ -145,6 +147,7 @@ class TritonServer:
         self._env_overrides = dict(env or {})
         self._extra_args = list(extra_args)
         self._log_verbose = log_verbose
+        self._exit_timeout_s = exit_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
         self._log_file = None
 
@@ -203,8 +206,8 @@ class TritonServer:
                     if response.status == 200:
                         LOGGER.info("tritonserver ready on http %s grpc %s", self.http_url, self.grpc_url)
                         return
-            except urllib.error.HTTPError:
-                pass  # the server answers but is not ready yet (models loading)
+            except urllib.error.HTTPError as exc:
+                exc.close()  # the server answers but is not ready yet (models loading)
             except (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout):
                 pass  # not listening yet
             if time.monotonic() > deadline:
@@ -272,6 +275,9 @@ class TritonServer:
             "--allow-metrics=true",
             "--strict-readiness=true",
             "--exit-on-error=true",
+            # NOTE: on SIGINT Triton waits this long for in-flight requests and open client
+            # connections; stop() waits a little longer before it kills.
+            f"--exit-timeout-secs={self._exit_timeout_s}",
             f"--log-verbose={self._log_verbose}",
         ]
         if dist.cache_directory is not None:
@@ -284,9 +290,18 @@ class TritonServer:
         # NOTE: the Python backend stub runs `python` from PATH; putting this interpreter's bin first
         # makes the stubs import this environment's packages (torch, warmup_tools, ...).
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        paths = [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+        # NOTE: the stub links libpython3.X.so.1.0 dynamically. If the loader finds the system's copy
+        # first (say Debian's 3.11.2) while the interpreter on PATH is another patch release (pyenv's
+        # 3.11.7), its extension modules fail with undefined symbols (seen: _ssl and _PyModule_Add).
+        # Putting this interpreter's own libpython first makes the stub run the same Python.
+        libdir = sysconfig.get_config_var("LIBDIR")
+        if sysconfig.get_config_var("Py_ENABLE_SHARED") and libdir and libdir not in paths:
+            paths.insert(0, libdir)
         if dist.library_path is not None:
-            old = env.get("LD_LIBRARY_PATH")
-            env["LD_LIBRARY_PATH"] = f"{old}{os.pathsep}{dist.library_path}" if old else str(dist.library_path)
+            paths.append(str(dist.library_path))
+        if paths:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(paths)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("TOKENIZERS_PARALLELISM", "false")

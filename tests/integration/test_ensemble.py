@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import requests
 
-from warmup_tools.client import GenerateParams, http_generate, http_generate_stream
+from warmup_tools.client import GenerateParams, http_generate, http_generate_stream, metric_sum, scrape_metrics
+from warmup_tools.demo_prompts import SYSTEM_PROMPTS
 from warmup_tools.demo import demo_prompt
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -66,9 +67,19 @@ def test_greedy_output_is_reproducible_and_seeded_sampling_too(grpc_client):
 
 
 def test_warmup_samples_ran_before_ready(triton):
-    log = triton.logs()
-    for model in ("tokenizer_cache", "embedding_cache", "lora_adapter"):
-        for adapter in ("support", "legal", "sql"):
-            sample = f"system_prompt_{adapter}"
-            assert f"model '{model}'" in log
-            assert sample in log, f"warm-up sample {sample} of {model} not in the server log"
+    """Each composing model ran its model_warmup samples (one per demo adapter) before READY."""
+    at_ready = triton.metrics_at_ready
+    for model in ("tokenizer_cache", "embedding_cache"):
+        assert metric_sum(at_ready, "warmup_cache_lookups_total", model=model, result="miss") == 3
+        assert metric_sum(at_ready, "warmup_cache_entries", model=model) == 3
+    for adapter in ("support", "legal", "sql"):
+        assert metric_sum(at_ready, "warmup_generate_requests_total", model="lora_adapter", adapter=adapter) == 1
+
+
+def test_first_request_for_a_warmed_prompt_hits_the_caches(triton, grpc_client):
+    before = scrape_metrics(triton.metrics_url)
+    grpc_client.generate(SYSTEM_PROMPTS["legal"], GenerateParams(max_tokens=2, adapter_id="legal"))
+    after = scrape_metrics(triton.metrics_url)
+    for model in ("tokenizer_cache", "embedding_cache"):
+        hits = [metric_sum(m, "warmup_cache_lookups_total", model=model, result="hit") for m in (before, after)]
+        assert hits[1] == hits[0] + 1, model

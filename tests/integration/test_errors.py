@@ -48,7 +48,7 @@ def test_missing_text_and_wrong_type_are_refused_by_triton(triton, grpc_client):
     try:
         max_tokens = grpcclient.InferInput("max_tokens", [1], "INT32")
         max_tokens.set_data_from_numpy(np.array([3], dtype=np.int32))
-        with pytest.raises(Exception, match="text_input"):
+        with pytest.raises(Exception, match="missing required input.*text_input"):
             client.async_stream_infer("ensemble", [max_tokens])
             _wait_for(errors)
         errors.clear()
@@ -72,7 +72,7 @@ def test_http_errors_carry_a_status_and_message(triton):
     assert int(info.value.status) == 400
     response = requests.post(f"http://{triton.http_url}/v2/models/ensemble/generate",
                              data=b"{not json", timeout=60)
-    assert response.status_code == 400
+    assert response.status_code >= 400 and "error" in response.json()
     assert http_generate(triton.http_url, "hello", GOOD)["text_output"] is not None
 
 

@@ -6,7 +6,7 @@ All logic lives in ``warmup_tools.embedding``; this file only adapts Triton's re
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from warmup_tools.backend import collect_inputs, error_response, log_unexpected, model_parameters
+from warmup_tools.backend import CacheMetrics, collect_inputs, error_response, log_unexpected, model_parameters
 from warmup_tools.embedding import OnnxEmbedder
 from warmup_tools.requests import parse_text
 
@@ -23,6 +23,7 @@ class TritonPythonModel:
             num_threads=params.get("num_threads", int, 1),
         )
         params.check_unknown()
+        self.metrics = CacheMetrics(pb_utils, "embedding_cache", args["model_instance_name"])
         pb_utils.Logger.log_info(f"embedding_cache: ONNX Runtime providers {self.embedder.providers}")
 
     def execute(self, requests):
@@ -30,7 +31,8 @@ class TritonPythonModel:
         for request in requests:
             try:
                 text = parse_text(collect_inputs(pb_utils, request, INPUTS))
-                vector, _ = self.embedder.embed(text)
+                vector, hit = self.embedder.embed(text)
+                self.metrics.record(hit, self.embedder.cache.stats)
                 responses.append(pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor("embedding", vector),
                     # Cluster ids come from a warm-up plan; -1 means "no cluster assigned".

@@ -6,7 +6,7 @@ All logic lives in ``warmup_tools.generation``; this file only adapts Triton's r
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from warmup_tools.backend import collect_inputs, error_for, log_unexpected, model_parameters
+from warmup_tools.backend import GenerationMetrics, collect_inputs, error_for, log_unexpected, model_parameters
 from warmup_tools.generation import EngineConfig, LoraEngine
 from warmup_tools.requests import RequestLimits, parse_generate_request
 
@@ -33,6 +33,7 @@ class TritonPythonModel:
             vocab_size=self.engine.vocab_size,
         )
         params.check_unknown()
+        self.metrics = GenerationMetrics(pb_utils, "lora_adapter")
         pb_utils.Logger.log_info(
             f"lora_adapter: device {self.engine.device}, adapters {sorted(self.engine.adapters)}"
         )
@@ -51,6 +52,8 @@ class TritonPythonModel:
         req = parse_generate_request(collect_inputs(pb_utils, request, INPUTS), self.limits)
         text = []
         for step in self.engine.generate(req):
+            if step.output_tokens == 1:
+                self.metrics.record(req.adapter, step.prompt_tokens, step.cached_tokens, step.elapsed)
             if req.stream:
                 sender.send(_response(step.text, step), flags=FINAL if step.finished else 0)
             else:

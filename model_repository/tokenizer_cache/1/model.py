@@ -6,7 +6,7 @@ All logic lives in ``warmup_tools.tokenization``; this file only adapts Triton's
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from warmup_tools.backend import collect_inputs, error_response, log_unexpected, model_parameters
+from warmup_tools.backend import CacheMetrics, collect_inputs, error_response, log_unexpected, model_parameters
 from warmup_tools.requests import parse_text
 from warmup_tools.tokenization import TokenizerService
 
@@ -21,13 +21,15 @@ class TritonPythonModel:
             cache_bytes=params.get("cache_bytes", int, 64 << 20),
         )
         params.check_unknown()
+        self.metrics = CacheMetrics(pb_utils, "tokenizer_cache", args["model_instance_name"])
 
     def execute(self, requests):
         responses = []
         for request in requests:
             try:
                 text = parse_text(collect_inputs(pb_utils, request, INPUTS))
-                ids, _ = self.service.encode(text)
+                ids, hit = self.service.encode(text)
+                self.metrics.record(hit, self.service.cache.stats)
                 responses.append(pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor("input_ids", ids),
                     pb_utils.Tensor("input_length", np.array([ids.size], dtype=np.int32)),

@@ -199,7 +199,7 @@ class TritonServer:
             if not self.is_alive():
                 raise ServerError(
                     f"tritonserver exited with code {self.returncode} before it was ready; "
-                    f"log tail:\n{self.log_tail()}"
+                    f"errors in its log:\n{self.log_errors()}\nlog tail:\n{self.log_tail(20)}"
                 )
             try:
                 with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310
@@ -261,6 +261,12 @@ class TritonServer:
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.logs().splitlines()[-lines:])
+
+    def log_errors(self, limit: int = 20) -> str:
+        """Triton's error lines (severity E) and model load failures, the first place to look."""
+        lines = [line for line in self.logs().splitlines()
+                 if line.startswith("E") or "failed to load" in line or "Failed to" in line]
+        return "\n".join(line[:2000] for line in lines[:limit]) or "(none)"
 
     def command(self, dist: TritonDistribution) -> list[str]:
         cmd = [

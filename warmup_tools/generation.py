@@ -18,6 +18,8 @@ import torch
 
 from .detokenize import IncrementalDetokenizer
 from .errors import AssetError, InvalidInputError, UnknownAdapterError
+from .fingerprint import fingerprint_folder
+from .kv_cache import LIVE, WARMUP, BlockHash, CacheScope, PrefixCache, PrefixMatch, block_hashes
 from .requests import GenerateRequest
 from .sampling import make_generator, next_token
 
@@ -33,6 +35,13 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
     num_threads: int = 0
+    #: KV prefix cache of this instance; 0 bytes disables it.
+    kv_cache_bytes: int = 256 << 20
+    kv_block_size: int = 16
+    kv_storage: str = "fp"
+    kv_eviction: str = "lfu_ttl"
+    kv_ttl_s: float = 3600.0
+    kv_live_reserve: float = 0.15
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,9 +82,19 @@ class LoraEngine:
         self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
         self.vocab_size = int(model.config.vocab_size)
         self.eos_token_ids = _eos_ids(model.config, self.tokenizer)
+        self.base_fingerprint = fingerprint_folder(config.base_model)
+        self.prefix_cache: PrefixCache | None = None
+        if config.kv_cache_bytes > 0:
+            try:
+                self.prefix_cache = PrefixCache(
+                    config.kv_cache_bytes, config.kv_block_size, live_reserve=config.kv_live_reserve,
+                    eviction=config.kv_eviction, ttl_s=config.kv_ttl_s, storage=config.kv_storage)
+            except ValueError as exc:
+                raise AssetError(f"KV prefix cache configuration: {exc}") from None
         self._peft = None
         self._lm = model
         self.adapters: dict[str, Path] = {}
+        self.adapter_fingerprints: dict[str, str] = {}
         for name, path in discover_adapters(config.adapter_root, config.adapters).items():
             self._load_adapter(name, path)
 
@@ -93,32 +112,82 @@ class LoraEngine:
         with self._adapter(request.adapter), torch.inference_mode():
             from transformers import DynamicCache  # noqa: PLC0415
 
-            cache = DynamicCache(config=self.model_config)
-            cached_tokens = 0
-            input_ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
-            logits = self._forward(input_ids, cache)
-            generator = make_generator(params, self.device)
-            detok = IncrementalDetokenizer(self.tokenizer)
-            for produced in range(1, params.max_tokens + 1):
-                token = next_token(logits, params, generator)
-                is_eos = token in self.eos_token_ids
-                finished = is_eos or produced == params.max_tokens
-                text = "" if is_eos else detok.push(token)
-                if finished:
-                    text += detok.flush()
-                yield GenerationStep(
-                    text=text,
-                    token_id=token,
-                    prompt_tokens=prompt_len,
-                    cached_tokens=cached_tokens,
-                    output_tokens=produced,
-                    finished=finished,
-                    finish_reason=("stop" if is_eos else "length") if finished else "",
-                    elapsed=time.perf_counter() - start,
-                )
-                if finished:
-                    return
-                logits = self._forward(torch.tensor([[token]], dtype=torch.long, device=self.device), cache)
+            hashes, match, flight = self._acquire_prefix(request)
+            try:
+                cached_tokens = match.num_tokens if match else 0
+                if cached_tokens:
+                    cache = DynamicCache(ddp_cache_data=self.prefix_cache.load(match, self.dtype),
+                                         config=self.model_config)
+                else:
+                    cache = DynamicCache(config=self.model_config)
+                suffix = request.prompt_ids[cached_tokens:]
+                logits = self._forward(torch.tensor([suffix], dtype=torch.long, device=self.device), cache)
+                if hashes:
+                    # A warm-up request revisits the blocks it matched too, to pin them under its plan.
+                    self.prefix_cache.store(
+                        hashes, [(layer.keys, layer.values) for layer in cache.layers],
+                        start_block=0 if request.warmup_plan else len(match),
+                        source=WARMUP if request.warmup_plan else LIVE,
+                        plan_id=request.warmup_plan, owner=request.adapter or "")
+                flight.close()
+                yield from self._decode(request, logits, cache, cached_tokens, start)
+            finally:
+                flight.close()
+                if match:
+                    self.prefix_cache.release(match)
+
+    def scope(self, adapter: str | None, tenant: str) -> CacheScope:
+        """The KV cache scope of a request: base model, adapter identity and tenant."""
+        return CacheScope(self.base_fingerprint, adapter or "", self.adapter_fingerprints.get(adapter or "", ""),
+                          tenant)
+
+    def _acquire_prefix(self, request: GenerateRequest) -> tuple[list[BlockHash], PrefixMatch | None,
+                                                                    contextlib.ExitStack]:
+        """Block hashes of the prompt, its longest cached prefix (held), and the single-flight guard.
+
+        NOTE: at most ``len(prompt) - 1`` tokens come from the cache (as in vLLM): the last prompt token
+        is always computed, because its logits pick the first output token.
+        """
+        flight = contextlib.ExitStack()
+        if self.prefix_cache is None:
+            return [], None, flight
+        prompt = request.prompt_ids
+        hashes = block_hashes(prompt, self.prefix_cache.block_size, self.scope(request.adapter, request.tenant))
+        usable = hashes[: (len(prompt) - 1) // self.prefix_cache.block_size]
+        match = self.prefix_cache.match(usable)
+        if len(match) < len(usable):
+            leader = flight.enter_context(self.prefix_cache.single_flight(usable[len(match)]))
+            if not leader:  # another request computed this prefix meanwhile: look again
+                self.prefix_cache.release(match)
+                match = self.prefix_cache.match(usable)
+        return hashes, match, flight
+
+    def _decode(self, request: GenerateRequest, logits: torch.Tensor, cache: object, cached_tokens: int,
+                start: float) -> Iterator[GenerationStep]:
+        params = request.sampling
+        prompt_len = len(request.prompt_ids)
+        generator = make_generator(params, self.device)
+        detok = IncrementalDetokenizer(self.tokenizer)
+        for produced in range(1, params.max_tokens + 1):
+            token = next_token(logits, params, generator)
+            is_eos = token in self.eos_token_ids
+            finished = is_eos or produced == params.max_tokens
+            text = "" if is_eos else detok.push(token)
+            if finished:
+                text += detok.flush()
+            yield GenerationStep(
+                text=text,
+                token_id=token,
+                prompt_tokens=prompt_len,
+                cached_tokens=cached_tokens,
+                output_tokens=produced,
+                finished=finished,
+                finish_reason=("stop" if is_eos else "length") if finished else "",
+                elapsed=time.perf_counter() - start,
+            )
+            if finished:
+                return
+            logits = self._forward(torch.tensor([[token]], dtype=torch.long, device=self.device), cache)
 
     def has_adapter(self, name: str) -> bool:
         return name in self.adapters
@@ -155,6 +224,7 @@ class LoraEngine:
             self._peft.load_adapter(path, adapter_name=name, is_trainable=False)
             self._peft.to(self.device)
         self.adapters[name] = path
+        self.adapter_fingerprints[name] = fingerprint_folder(path)
 
 
 def select_device(spec: str) -> torch.device:

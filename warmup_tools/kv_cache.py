@@ -133,6 +133,8 @@ class CachedBlock:
     last_access: float
     #: The warm-up plan that pinned this block; None when not pinned.
     plan_id: str | None = None
+    #: Who the block is accounted to (the adapter name; "" for the base model).
+    owner: str = ""
     hits: int = 0
     #: Running requests using this block.
     ref_count: int = 0
@@ -173,6 +175,8 @@ class PrefixCacheStats:
     warmup_bytes: int = 0
     pinned_bytes: int = 0
     blocks: int = 0
+    bytes_by_owner: dict[str, int] = dataclasses.field(default_factory=dict)
+    evictions_by_owner: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def hit_ratio(self) -> float:
@@ -356,6 +360,7 @@ class PrefixCache:
         start_block: int = 0,
         source: str = LIVE,
         plan_id: str | None = None,
+        owner: str = "",
     ) -> int:
         """Store blocks ``start_block..len(hashes)`` from per-layer KV ``[1, heads, >= n*bs, dim]``.
 
@@ -385,7 +390,7 @@ class PrefixCache:
                     self.stats.rejected_blocks += len(hashes) - index
                     break
                 parent = hashes[index - 1] if index > 0 else NONE_HASH
-                block = CachedBlock(block_hash, parent, payload, nbytes, source, now, now, plan_id=plan_id)
+                block = CachedBlock(block_hash, parent, payload, nbytes, source, now, now, plan_id=plan_id, owner=owner)
                 self._blocks[block_hash] = block
                 parent_block = self._blocks.get(parent)
                 if parent_block is not None:
@@ -439,6 +444,7 @@ class PrefixCache:
             self._tracked.clear()
             self._blocks.clear()
             self.stats.bytes_used = self.stats.warmup_bytes = self.stats.pinned_bytes = self.stats.blocks = 0
+            self.stats.bytes_by_owner.clear()
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -467,6 +473,7 @@ class PrefixCache:
         del self._blocks[block.block_hash]
         self._account(block, -1)
         self.stats.evictions += 1
+        self.stats.evictions_by_owner[block.owner] = self.stats.evictions_by_owner.get(block.owner, 0) + 1
         if now - block.last_access > getattr(self._policy, "ttl_s", float("inf")):
             self.stats.expired_evictions += 1
         parent = self._blocks.get(block.parent)
@@ -477,6 +484,7 @@ class PrefixCache:
     def _account(self, block: CachedBlock, sign: int) -> None:
         self.stats.bytes_used += sign * block.nbytes
         self.stats.blocks += sign
+        self.stats.bytes_by_owner[block.owner] = self.stats.bytes_by_owner.get(block.owner, 0) + sign * block.nbytes
         if block.source == WARMUP:
             self.stats.warmup_bytes += sign * block.nbytes
         if block.plan_id is not None:

@@ -47,6 +47,8 @@ class GenerateRequest:
     stream: bool
     sampling: SamplingParams
     cluster_id: int = -1
+    #: Set by warm-up samples: the plan whose KV blocks this request pins.
+    warmup_plan: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -111,6 +113,7 @@ def parse_generate_request(inputs: Inputs, limits: RequestLimits) -> GenerateReq
         raise InvalidInputError(f"input 'seed'={seed} is out of range: use 0 to 2**64-1")
     stream = _scalar(inputs, "stream", bool, False)
     cluster_id = _scalar(inputs, "cluster_id", int, -1)
+    warmup_plan = parse_optional_string(inputs, "warmup_plan") or None
     return GenerateRequest(
         prompt_ids=prompt_ids,
         adapter=adapter,
@@ -118,6 +121,7 @@ def parse_generate_request(inputs: Inputs, limits: RequestLimits) -> GenerateReq
         stream=stream,
         sampling=SamplingParams(max_tokens, temperature, top_p, top_k, seed),
         cluster_id=cluster_id,
+        warmup_plan=warmup_plan,
     )
 
 

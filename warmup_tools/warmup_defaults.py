@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Mapping
 
@@ -14,7 +16,12 @@ COMPOSING_MODELS = ("tokenizer_cache", "embedding_cache", "lora_adapter")
 
 
 def default_samples(tokenizer: object, prompts: Mapping[str, str] = SYSTEM_PROMPTS) -> dict[str, list[WarmupSample]]:
-    """Samples per model: tokenise, embed, and pre-fill each adapter's system prompt."""
+    """Samples per model: tokenise, embed, and pre-fill each adapter's system prompt.
+
+    The KV blocks the lora_adapter samples compute are pinned under a plan id derived from the
+    prompts, so they survive live traffic until a different plan replaces them.
+    """
+    plan_id = "default-" + hashlib.sha256(json.dumps(sorted(prompts.items())).encode()).hexdigest()[:12]
     samples: dict[str, list[WarmupSample]] = {m: [] for m in COMPOSING_MODELS}
     for adapter, prompt in prompts.items():
         name = f"system_prompt_{adapter}"
@@ -25,6 +32,7 @@ def default_samples(tokenizer: object, prompts: Mapping[str, str] = SYSTEM_PROMP
             WarmupInput("input_ids", "TYPE_INT32", ids),
             string_input("adapter_id", adapter),
             WarmupInput("max_tokens", "TYPE_INT32", np.array([1], dtype=np.int32)),
+            string_input("warmup_plan", plan_id),
         )))
     return samples
 

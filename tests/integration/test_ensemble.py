@@ -83,3 +83,14 @@ def test_first_request_for_a_warmed_prompt_hits_the_caches(triton, grpc_client):
     for model in ("tokenizer_cache", "embedding_cache"):
         hits = [metric_sum(m, "warmup_cache_lookups_total", model=model, result="hit") for m in (before, after)]
         assert hits[1] == hits[0] + 1, model
+
+
+def test_first_live_request_after_warmup_reuses_the_warmed_system_prompt(triton):
+    """The model_warmup samples pre-filled each adapter's system prompt into the KV prefix cache."""
+    from warmup_tools.client import StreamingClient
+
+    with StreamingClient(triton.grpc_url) as client:
+        result = client.generate(demo_prompt("sql", "Orders per day last week?"),
+                                 GenerateParams(max_tokens=2, adapter_id="sql"))
+    assert result.cached_tokens >= 0.8 * (result.prompt_tokens - 20)
+    assert result.cached_tokens % 16 == 0

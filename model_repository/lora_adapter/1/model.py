@@ -11,7 +11,7 @@ from warmup_tools.generation import EngineConfig, LoraEngine
 from warmup_tools.requests import RequestLimits, parse_generate_request
 
 INPUTS = ("input_ids", "adapter_id", "tenant_id", "max_tokens", "stream", "temperature",
-          "top_p", "top_k", "seed", "cluster_id")
+          "top_p", "top_k", "seed", "cluster_id", "warmup_plan")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
@@ -26,6 +26,12 @@ class TritonPythonModel:
             device=params.get("device", str, "auto"),
             dtype=params.get("dtype", str, "auto"),
             num_threads=params.get("num_threads", int, 0),
+            kv_cache_bytes=params.get("kv_cache_bytes", int, 256 << 20),
+            kv_block_size=params.get("kv_block_size", int, 16),
+            kv_storage=params.get("kv_storage", str, "fp"),
+            kv_eviction=params.get("kv_eviction", str, "lfu_ttl"),
+            kv_ttl_s=params.get("kv_ttl_s", float, 3600.0),
+            kv_live_reserve=params.get("kv_live_reserve", float, 0.15),
         ))
         self.limits = RequestLimits(
             max_tokens_limit=params.get("max_tokens_limit", int, 512),

@@ -19,17 +19,33 @@ def demo_assets():
 
 
 @pytest.fixture(scope="session")
-def triton(demo_assets, tmp_path_factory):
+def served_assets(demo_assets, tmp_path_factory):
+    """An assets folder for the test server: the demo LM and embedder, and a private adapter root
+    (copies of the demo adapters) where tests may add adapters."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("served_assets")
+    (root / "lm").symlink_to(demo_assets.lm_dir)
+    (root / "embedder").symlink_to(demo_assets.embedder_dir)
+    shutil.copytree(demo_assets.adapter_root, root / "adapters")
+    return root
+
+
+@pytest.fixture(scope="session")
+def triton(served_assets, tmp_path_factory):
     """The project's model repository served by a real tritonserver on free ports."""
     from warmup_tools.client import scrape_metrics
     from warmup_tools.server import TritonServer
 
+    control_dir = tmp_path_factory.mktemp("control")
     server = TritonServer(
         REPO_ROOT / "model_repository",
-        env={"WARMUP_ASSETS_DIR": str(demo_assets.root)},
+        env={"WARMUP_ASSETS_DIR": str(served_assets), "WARMUP_CONTROL_DIR": str(control_dir)},
         work_dir=tmp_path_factory.mktemp("triton"),
         log_verbose=1,
     )
+    server.control_dir = control_dir
+    server.assets_dir = served_assets
     server.start()
     try:
         server.wait_ready(timeout=600)

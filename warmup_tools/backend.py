@@ -88,9 +88,10 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 class GenerationMetrics:
     """Per-adapter requests, cold requests, cached vs prefilled prompt tokens and TTFT on /metrics."""
 
-    def __init__(self, pb_utils: Any, model: str) -> None:
+    def __init__(self, pb_utils: Any, model: str, instance: str) -> None:
         self._pb = pb_utils
         self._model = model
+        self._instance = instance
         self.requests = pb_utils.MetricFamily(
             name="warmup_generate_requests_total",
             description="Generate requests by adapter; cold=true when no prompt token came from the KV cache",
@@ -103,6 +104,22 @@ class GenerationMetrics:
             name="warmup_ttft_seconds", description="Server-side time to first token by adapter",
             kind=pb_utils.MetricFamily.HISTOGRAM)
         self._per_adapter: dict[str, tuple[Any, ...]] = {}
+        self.cache_bytes = pb_utils.MetricFamily(
+            name="warmup_kv_cache_bytes", description="KV prefix cache bytes held per adapter and instance",
+            kind=pb_utils.MetricFamily.GAUGE)
+        self.evictions = pb_utils.MetricFamily(
+            name="warmup_kv_evictions_total", description="KV prefix cache blocks evicted per adapter",
+            kind=pb_utils.MetricFamily.COUNTER)
+        self.hit_ratio = pb_utils.MetricFamily(
+            name="warmup_kv_hit_ratio",
+            description="Share of prompt tokens served from the KV prefix cache, per adapter and instance",
+            kind=pb_utils.MetricFamily.GAUGE)
+        self.state = pb_utils.MetricFamily(
+            name="warmup_adapter_state", description="1 for the adapter's current lifecycle state on an instance",
+            kind=pb_utils.MetricFamily.GAUGE)
+        self._gauges: dict[tuple[str, ...], Any] = {}
+        self._evicted: dict[str, int] = {}
+        self._tokens: dict[str, list[int]] = {}
 
     def record(self, adapter: str | None, prompt_tokens: int, cached_tokens: int, ttft_s: float) -> None:
         name = adapter or "base"
@@ -118,7 +135,38 @@ class GenerationMetrics:
             )
             self._per_adapter[name] = metrics
         warm, cold, cached, prefilled, ttft = metrics
+        totals = self._tokens.setdefault(name, [0, 0])
+        totals[0] += cached_tokens
+        totals[1] += prompt_tokens
+        self._gauge(self.hit_ratio, {"adapter": name}).set(totals[0] / totals[1] if totals[1] else 0.0)
         (cold if cached_tokens == 0 else warm).increment(1)
         cached.increment(cached_tokens)
         prefilled.increment(prompt_tokens - cached_tokens)
         ttft.observe(ttft_s)
+
+    def record_state(self, service: Any) -> None:
+        """Cache bytes and evictions per adapter, and each adapter's lifecycle state, after a batch."""
+        cache = service.engine.prefix_cache
+        if cache is not None:
+            for owner, used in list(cache.stats.bytes_by_owner.items()):
+                self._gauge(self.cache_bytes, {"adapter": owner or "base"}).set(used)
+            for owner, count in list(cache.stats.evictions_by_owner.items()):
+                name = owner or "base"
+                delta = count - self._evicted.get(name, 0)
+                if delta > 0:
+                    self._gauge(self.evictions, {"adapter": name}, per_instance=False).increment(delta)
+                    self._evicted[name] = count
+        for name, status in service.lifecycle.snapshot().items():
+            for state in type(status.state):
+                self._gauge(self.state, {"adapter": name, "state": state.value}).set(
+                    1 if status.state is state else 0)
+
+    def _gauge(self, family: Any, labels: dict[str, str], per_instance: bool = True) -> Any:
+        full = {"model": self._model, **labels}
+        if per_instance:
+            full["instance"] = self._instance
+        key = (id(family), *sorted(full.items()))
+        metric = self._gauges.get(key)
+        if metric is None:
+            metric = self._gauges[key] = family.Metric(labels=full)
+        return metric

@@ -50,6 +50,25 @@ def _parser() -> argparse.ArgumentParser:
                          help="tokenizer folder used to turn warm-up prompts into token ids")
     stanzas.set_defaults(func=_cmd_stanzas)
 
+    adapters = sub.add_parser("adapters", help="add, retire or list LoRA adapters on a running server")
+    adapters.add_argument("--control-dir", type=Path, default=REPO_ROOT / ".control",
+                          help="the lora_adapter model's control_dir (WARMUP_CONTROL_DIR)")
+    actions = adapters.add_subparsers(dest="action", required=True)
+    add = actions.add_parser("add", help="load an adapter from adapter_root, warm it, make it live")
+    add.add_argument("name")
+    add.add_argument("--path", help="folder under adapter_root (default: the name)")
+    add.add_argument("--warm-prompt", action="append", default=[], help="a prompt to pre-fill (repeatable)")
+    add.add_argument("--warm-file", type=Path, help="file of prompts to pre-fill, one per line")
+    add.add_argument("--register-only", action="store_true", help="register without loading it")
+    add.add_argument("--wait", type=float, default=300.0, help="seconds to wait for every instance (0: don't)")
+    add.add_argument("--instances", type=int, help="how many instances must report (default: all that report)")
+    retire = actions.add_parser("retire", help="stop serving an adapter and free its weights")
+    retire.add_argument("name")
+    retire.add_argument("--wait", type=float, default=120.0)
+    retire.add_argument("--instances", type=int)
+    actions.add_parser("status", help="each instance's adapter states")
+    adapters.set_defaults(func=_cmd_adapters)
+
     demo = sub.add_parser("demo", help="start the server, stream requests for two adapters, stop")
     _server_flags(demo)
     demo.add_argument("--max-tokens", type=int, default=24)
@@ -61,6 +80,7 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="JSON file of ServeConfig fields")
     parser.add_argument("--model-repository", type=Path)
     parser.add_argument("--assets-dir", type=Path)
+    parser.add_argument("--control-dir", type=Path)
     parser.add_argument("--http-port", type=int)
     parser.add_argument("--grpc-port", type=int)
     parser.add_argument("--metrics-port", type=int)
@@ -72,7 +92,7 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
 
 def _serve_config(args: argparse.Namespace) -> ServeConfig:
     flags = {name: getattr(args, name) for name in (
-        "model_repository", "assets_dir", "http_port", "grpc_port", "metrics_port", "host", "log_verbose",
+        "model_repository", "assets_dir", "control_dir", "http_port", "grpc_port", "metrics_port", "host", "log_verbose",
         "ready_timeout_s", "log_file")}
     return load_config(ServeConfig, args.config, flags)
 
@@ -123,4 +143,33 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     config = _serve_config(args)
     ensure_demo_assets(config.assets_dir)
     run_demo(config, max_tokens=args.max_tokens)
+    return 0
+
+
+def _cmd_adapters(args: argparse.Namespace) -> int:
+    from .adapters import AdapterState, ControlRegistry  # noqa: PLC0415
+
+    registry = ControlRegistry(args.control_dir)
+    if args.action == "status":
+        statuses = registry.statuses()
+        if not statuses:
+            print(f"no instance has reported to {args.control_dir} (is the server running with this control dir?)")
+        for instance, adapters in sorted(statuses.items()):
+            for name, status in sorted(adapters.items()):
+                print(f"{instance}\t{name}\t{status.state.value}\trev {status.revision}\t{status.detail}")
+        return 0
+    if args.action == "add":
+        prompts = list(args.warm_prompt)
+        if args.warm_file:
+            prompts += [line for line in args.warm_file.read_text().splitlines() if line.strip()]
+        spec = registry.add(args.name, prompts, live=not args.register_only, path=args.path)
+        target = AdapterState.REGISTERED if args.register_only else AdapterState.LIVE
+    else:
+        spec = registry.retire(args.name)
+        target = AdapterState.RETIRED
+    print(f"{spec.name}: target {spec.target} (revision {spec.revision})", flush=True)
+    if args.wait > 0:
+        reached = registry.wait_until(spec.name, target, instances=args.instances, timeout_s=args.wait)
+        for instance, status in sorted(reached.items()):
+            print(f"{instance}: {status.state.value} {status.detail}")
     return 0

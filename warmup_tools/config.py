@@ -26,6 +26,8 @@ class ServeConfig:
 
     model_repository: Path = REPO_ROOT / "model_repository"
     assets_dir: Path = REPO_ROOT / ".assets"
+    #: Folder through which operators change the adapter set (``warmup_tools adapters``).
+    control_dir: Path = REPO_ROOT / ".control"
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
@@ -45,7 +47,8 @@ class ServeConfig:
             raise ConfigError("ready_timeout_s must be positive")
 
     def server_env(self) -> dict[str, str]:
-        return {"WARMUP_ASSETS_DIR": str(Path(self.assets_dir).resolve())}
+        return {"WARMUP_ASSETS_DIR": str(Path(self.assets_dir).resolve()),
+                "WARMUP_CONTROL_DIR": str(Path(self.control_dir).resolve())}
 
 
 def load_config(cls: type[C], file: Path | None = None, flags: Mapping[str, Any] | None = None,

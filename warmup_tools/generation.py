@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 
@@ -20,7 +20,7 @@ from .detokenize import IncrementalDetokenizer
 from .errors import AssetError, InvalidInputError, UnknownAdapterError
 from .fingerprint import fingerprint_folder
 from .kv_cache import LIVE, WARMUP, BlockHash, CacheScope, PrefixCache, PrefixMatch, block_hashes
-from .requests import GenerateRequest
+from .requests import GenerateRequest, SamplingParams
 from .sampling import make_generator, next_token
 
 LOGGER = logging.getLogger(__name__)
@@ -126,9 +126,9 @@ class LoraEngine:
                     # A warm-up request revisits the blocks it matched too, to pin them under its plan.
                     self.prefix_cache.store(
                         hashes, [(layer.keys, layer.values) for layer in cache.layers],
-                        start_block=0 if request.warmup_plan else len(match),
-                        source=WARMUP if request.warmup_plan else LIVE,
-                        plan_id=request.warmup_plan, owner=request.adapter or "")
+                        start_block=0 if request.warmup_plan is not None else len(match),
+                        source=WARMUP if request.warmup_plan is not None else LIVE,
+                        plan_id=request.warmup_plan or None, owner=request.adapter or "")
                 flight.close()
                 yield from self._decode(request, logits, cache, cached_tokens, start)
             finally:
@@ -192,6 +192,38 @@ class LoraEngine:
     def has_adapter(self, name: str) -> bool:
         return name in self.adapters
 
+    def load_adapter(self, name: str, folder: str | None = None) -> None:
+        """Load (or reload, after its weights changed) the adapter ``name`` from under adapter_root."""
+        paths = discover_adapters(self.config.adapter_root, (folder or name,))
+        path = next(iter(paths.values()))
+        if name in self.adapters:
+            self.unload_adapter(name)
+        self._load_adapter(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        """Free an adapter's weights. Its KV blocks stay until evicted but can never match again
+        once the adapter is reloaded with other weights (the fingerprint is part of every key)."""
+        if name not in self.adapters:
+            return
+        self._peft.delete_adapter(name)
+        del self.adapters[name]
+        self.adapter_fingerprints.pop(name, None)
+
+    def warm(self, adapter: str | None, prompts: Iterable[str], tenant: str = "default") -> str:
+        """Pre-fill each prompt's KV blocks for ``adapter`` (pinned under the active plan)."""
+        if self.prefix_cache is None:
+            return "KV prefix cache disabled; nothing to warm"
+        count = tokens = 0
+        for text in prompts:
+            ids = tuple(self.tokenizer.encode(text, add_special_tokens=True))
+            request = GenerateRequest(ids, adapter, tenant, False, SamplingParams(max_tokens=1),
+                                      warmup_plan=self.prefix_cache.active_plan or "")
+            for _ in self.generate(request):
+                pass
+            count += 1
+            tokens += len(ids)
+        return f"warmed {count} prompts ({tokens} tokens)"
+
     # ------------------------------------------------------------------------------------- helpers
     def _forward(self, input_ids: torch.Tensor, cache: object) -> torch.Tensor:
         out = self._lm(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
@@ -200,7 +232,7 @@ class LoraEngine:
     @contextlib.contextmanager
     def _adapter(self, name: str | None) -> Iterator[None]:
         if name is None:
-            if self._peft is None:
+            if self._peft is None or not self.adapters:
                 yield
             else:
                 with self._peft.disable_adapter():

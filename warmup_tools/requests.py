@@ -47,7 +47,8 @@ class GenerateRequest:
     stream: bool
     sampling: SamplingParams
     cluster_id: int = -1
-    #: Set by warm-up samples: the plan whose KV blocks this request pins.
+    #: None for live traffic. Warm-up sets it: "" stores its KV as warm-up (within the warm-up share of
+    #: the budget), a plan id also pins those blocks while that plan is active.
     warmup_plan: str | None = None
 
 

@@ -1,6 +1,7 @@
 """lora_adapter: token ids + adapter + sampling inputs to a stream of text pieces (decoupled).
 
-All logic lives in ``warmup_tools.generation``; this file only adapts Triton's request objects.
+All logic lives in ``warmup_tools.lora_service`` / ``generation``; this file only adapts Triton's
+request objects.
 """
 
 import numpy as np
@@ -8,6 +9,8 @@ import triton_python_backend_utils as pb_utils
 
 from warmup_tools.backend import GenerationMetrics, collect_inputs, error_for, log_unexpected, model_parameters
 from warmup_tools.generation import EngineConfig, LoraEngine
+from warmup_tools.lora_service import LoraService
+from warmup_tools.model_config import parse_bool
 from warmup_tools.requests import RequestLimits, parse_generate_request
 
 INPUTS = ("input_ids", "adapter_id", "tenant_id", "max_tokens", "stream", "temperature",
@@ -19,7 +22,7 @@ class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
         adapters = params.get("adapters", str, "")
-        self.engine = LoraEngine(EngineConfig(
+        engine = LoraEngine(EngineConfig(
             base_model=params.path("base_model"),
             adapter_root=params.path("adapter_root"),
             adapters=tuple(a.strip() for a in adapters.split(",") if a.strip()) or None,
@@ -33,18 +36,24 @@ class TritonPythonModel:
             kv_ttl_s=params.get("kv_ttl_s", float, 3600.0),
             kv_live_reserve=params.get("kv_live_reserve", float, 0.15),
         ))
+        control = params.get("control_dir", str, "")
+        self.instance = args["model_instance_name"]
+        self.service = LoraService(
+            engine, instance=self.instance,
+            control_dir=params.path("control_dir") if control else None,
+            serve_cold=params.get("serve_cold", parse_bool, False),
+        )
         self.limits = RequestLimits(
             max_tokens_limit=params.get("max_tokens_limit", int, 512),
             default_max_tokens=params.get("default_max_tokens", int, 16),
-            vocab_size=self.engine.vocab_size,
+            vocab_size=engine.vocab_size,
         )
         params.check_unknown()
-        self.metrics = GenerationMetrics(pb_utils, "lora_adapter")
-        pb_utils.Logger.log_info(
-            f"lora_adapter: device {self.engine.device}, adapters {sorted(self.engine.adapters)}"
-        )
+        self.metrics = GenerationMetrics(pb_utils, "lora_adapter", self.instance)
+        pb_utils.Logger.log_info(f"lora_adapter: device {engine.device}, adapters {sorted(engine.adapters)}")
 
     def execute(self, requests):
+        self.metrics.record_state(self.service)  # adapters may have changed since the last batch
         for request in requests:
             sender = request.get_response_sender()
             try:
@@ -52,12 +61,13 @@ class TritonPythonModel:
             except Exception as exc:  # noqa: BLE001 (one bad request never fails the batch)
                 log_unexpected(pb_utils, "lora_adapter", exc)
                 sender.send(pb_utils.InferenceResponse(error=error_for(pb_utils, exc)), flags=FINAL)
+        self.metrics.record_state(self.service)
         return None
 
     def _serve(self, request, sender):
         req = parse_generate_request(collect_inputs(pb_utils, request, INPUTS), self.limits)
         text = []
-        for step in self.engine.generate(req):
+        for step in self.service.generate(req):
             if step.output_tokens == 1:
                 self.metrics.record(req.adapter, step.prompt_tokens, step.cached_tokens, step.elapsed)
             if req.stream:
@@ -68,7 +78,7 @@ class TritonPythonModel:
                     sender.send(_response("".join(text), step), flags=FINAL)
 
     def finalize(self):
-        self.engine = None
+        self.service.close()
 
 
 def _response(text, step):

@@ -1,0 +1,76 @@
+"""Operators add, warm, make live and retire adapters while the server serves, without a restart."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+
+import pytest
+
+from warmup_tools.adapters import AdapterState, ControlRegistry
+from warmup_tools.client import GenerateError, GenerateParams, StreamingClient, metric_sum, scrape_metrics
+from warmup_tools.demo import demo_prompt
+from warmup_tools.demo_prompts import SYSTEM_PROMPTS
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+def test_adapter_added_while_traffic_flows_goes_live_without_restart(triton, grpc_client):
+    registry = ControlRegistry(triton.control_dir)
+    shutil.copytree(triton.assets_dir / "adapters" / "legal", triton.assets_dir / "adapters" / "legal-v2")
+    prompt = demo_prompt("legal", "Clause 9: who pays the audit costs?")
+    with pytest.raises(GenerateError, match="unknown adapter 'legal-v2'"):
+        grpc_client.generate(prompt, GenerateParams(max_tokens=4, adapter_id="legal-v2"))
+
+    # Live traffic on another adapter keeps flowing while the new one loads and warms.
+    stop = threading.Event()
+    outcomes: list[object] = []
+
+    def traffic():
+        with StreamingClient(triton.grpc_url, timeout_s=120) as client:
+            while not stop.is_set():
+                try:
+                    outcomes.append(client.generate(demo_prompt("support", "Status?"),
+                                                    GenerateParams(max_tokens=4, adapter_id="support")))
+                except Exception as exc:  # noqa: BLE001 - collected and asserted below
+                    outcomes.append(exc)
+
+    worker = threading.Thread(target=traffic)
+    worker.start()
+    try:
+        registry.add("legal-v2", [SYSTEM_PROMPTS["legal"]])
+        reached = registry.wait_until("legal-v2", AdapterState.LIVE, timeout_s=180)
+    finally:
+        stop.set()
+        worker.join(timeout=120)
+    assert reached and all("warmed 1 prompts" in s.detail for s in reached.values())
+    assert outcomes and not [o for o in outcomes if isinstance(o, Exception)], outcomes
+
+    new = grpc_client.generate(prompt, GenerateParams(max_tokens=8, adapter_id="legal-v2"))
+    same_weights = grpc_client.generate(prompt, GenerateParams(max_tokens=8, adapter_id="legal"))
+    assert new.text == same_weights.text
+    assert new.cached_tokens > 0  # its system prompt was warmed before it went live
+
+    registry.retire("legal-v2")
+    registry.wait_until("legal-v2", AdapterState.RETIRED, timeout_s=60)
+    with pytest.raises(GenerateError, match="retired"):
+        grpc_client.generate(prompt, GenerateParams(max_tokens=4, adapter_id="legal-v2"))
+    states = scrape_metrics(triton.metrics_url)
+    assert metric_sum(states, "warmup_adapter_state", adapter="legal-v2", state="retired") >= 1
+    assert grpc_client.generate(prompt, GenerateParams(max_tokens=2, adapter_id="legal")).output_tokens >= 1
+
+
+def test_registered_adapter_is_refused_with_its_state(triton, grpc_client):
+    registry = ControlRegistry(triton.control_dir)
+    shutil.copytree(triton.assets_dir / "adapters" / "sql", triton.assets_dir / "adapters" / "sql-next")
+    registry.add("sql-next", live=False)
+    registry.wait_until("sql-next", AdapterState.REGISTERED, timeout_s=60)
+    with pytest.raises(GenerateError, match="sql-next.*registered"):
+        grpc_client.generate("hello", GenerateParams(max_tokens=2, adapter_id="sql-next"))
+
+
+def test_adapter_whose_folder_is_missing_fails_with_a_clear_status(triton):
+    registry = ControlRegistry(triton.control_dir)
+    registry.add("ghost")
+    with pytest.raises(Exception, match="ghost"):
+        registry.wait_until("ghost", AdapterState.LIVE, timeout_s=60)

@@ -118,6 +118,7 @@ class GenerationMetrics:
             name="warmup_adapter_state", description="1 for the adapter's current lifecycle state on an instance",
             kind=pb_utils.MetricFamily.GAUGE)
         self._gauges: dict[tuple[str, ...], Any] = {}
+        self._values: dict[tuple[Any, ...], float] = {}
         self._evicted: dict[str, int] = {}
         self._tokens: dict[str, list[int]] = {}
 
@@ -138,7 +139,7 @@ class GenerationMetrics:
         totals = self._tokens.setdefault(name, [0, 0])
         totals[0] += cached_tokens
         totals[1] += prompt_tokens
-        self._gauge(self.hit_ratio, {"adapter": name}).set(totals[0] / totals[1] if totals[1] else 0.0)
+        self._set(self.hit_ratio, {"adapter": name}, totals[0] / totals[1] if totals[1] else 0.0)
         (cold if cached_tokens == 0 else warm).increment(1)
         cached.increment(cached_tokens)
         prefilled.increment(prompt_tokens - cached_tokens)
@@ -149,7 +150,7 @@ class GenerationMetrics:
         cache = service.engine.prefix_cache
         if cache is not None:
             for owner, used in list(cache.stats.bytes_by_owner.items()):
-                self._gauge(self.cache_bytes, {"adapter": owner or "base"}).set(used)
+                self._set(self.cache_bytes, {"adapter": owner or "base"}, used)
             for owner, count in list(cache.stats.evictions_by_owner.items()):
                 name = owner or "base"
                 delta = count - self._evicted.get(name, 0)
@@ -158,8 +159,14 @@ class GenerationMetrics:
                     self._evicted[name] = count
         for name, status in service.lifecycle.snapshot().items():
             for state in type(status.state):
-                self._gauge(self.state, {"adapter": name, "state": state.value}).set(
-                    1 if status.state is state else 0)
+                self._set(self.state, {"adapter": name, "state": state.value}, 1 if status.state is state else 0)
+
+    def _set(self, family: Any, labels: dict[str, str], value: float) -> None:
+        """Set a per-instance gauge, skipping the IPC to the server when the value did not change."""
+        key = (id(family), *sorted(labels.items()))
+        if self._values.get(key) != value:
+            self._gauge(family, labels).set(value)
+            self._values[key] = value
 
     def _gauge(self, family: Any, labels: dict[str, str], per_instance: bool = True) -> Any:
         full = {"model": self._model, **labels}

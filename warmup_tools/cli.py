@@ -69,6 +69,15 @@ def _parser() -> argparse.ArgumentParser:
     actions.add_parser("status", help="each instance's adapter states")
     adapters.set_defaults(func=_cmd_adapters)
 
+    bench = sub.add_parser("bench", help="benchmarks that print figures")
+    which = bench.add_subparsers(dest="bench", required=True)
+    kv = which.add_parser("kv", help="TTFT with and without a warm KV prefix; INT8 accuracy; memory flood")
+    kv.add_argument("--assets-dir", type=Path, default=REPO_ROOT / ".assets")
+    kv.add_argument("--repeats", type=int, default=7)
+    kv.add_argument("--flood", type=int, default=10_000, help="unique prompts for the memory check (0: skip)")
+    kv.add_argument("--lm-threads", type=int, default=1, help="torch threads of lora_adapter (0: torch default)")
+    kv.set_defaults(func=_cmd_bench_kv)
+
     demo = sub.add_parser("demo", help="start the server, stream requests for two adapters, stop")
     _server_flags(demo)
     demo.add_argument("--max-tokens", type=int, default=24)
@@ -172,4 +181,13 @@ def _cmd_adapters(args: argparse.Namespace) -> int:
         reached = registry.wait_until(spec.name, target, instances=args.instances, timeout_s=args.wait)
         for instance, status in sorted(reached.items()):
             print(f"{instance}: {status.state.value} {status.detail}")
+    return 0
+
+
+def _cmd_bench_kv(args: argparse.Namespace) -> int:
+    from .assets import ensure_demo_assets  # noqa: PLC0415
+    from .bench import kv  # noqa: PLC0415
+
+    assets = ensure_demo_assets(args.assets_dir)
+    kv.run(assets.root, repeats=args.repeats, flood=args.flood, lm_threads=args.lm_threads)
     return 0

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import logging
+import random
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +46,15 @@ def choose_providers(requested: str = "auto") -> list[str]:
     return ["CPUExecutionProvider"]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class EmbeddingResult:
+    """``vector`` is None when the text missed the cache and was not sampled for computing."""
+
+    vector: np.ndarray | None
+    cached: bool
+    sampled: bool
+
+
 class OnnxEmbedder:
     """Sentence embeddings (mean-pooled, L2-normalised inside the graph) with an exact cache."""
 
@@ -73,6 +84,24 @@ class OnnxEmbedder:
         self.session = ort.InferenceSession(str(model_path), options, providers=self.providers)
         self._input_names = {i.name for i in self.session.get_inputs()}
         self.cache: LRUCache[bytes, np.ndarray] = LRUCache(cache_bytes)
+
+    def lookup_or_sample(self, text: str, sample_rate: float, rng: random.Random) -> EmbeddingResult:
+        """The cached embedding of ``text``; on a miss, computed only for a ``sample_rate`` share of requests.
+
+        NOTE: embedding a 256-token prompt costs tens of milliseconds on a CPU, more than a warm prefill.
+        Skipping most misses keeps that off the request path; the sampled share still gives unbiased
+        heat counts (scale by 1 / sample_rate) and fills the cache for the prompts that repeat.
+        """
+        key = text_digest(text)
+        vector = self.cache.get(key)
+        if vector is not None:
+            return EmbeddingResult(vector, cached=True, sampled=False)
+        if sample_rate <= 0.0 or (sample_rate < 1.0 and rng.random() >= sample_rate):
+            return EmbeddingResult(None, cached=False, sampled=False)
+        vector = self.embed_batch([text])[0]
+        vector.setflags(write=False)
+        self.cache.put(key, vector)
+        return EmbeddingResult(vector, cached=False, sampled=True)
 
     def embed(self, text: str) -> tuple[np.ndarray, bool]:
         """The embedding of one text and whether it came from the cache."""

@@ -109,6 +109,18 @@ class LoraEngine:
                 f"the prompt has {prompt_len} tokens and max_tokens is {params.max_tokens}: together they exceed "
                 f"the model's context of {self.context_length} tokens; shorten the prompt or lower max_tokens"
             )
+        with self._prefilled(request) as (logits, cache, cached_tokens):
+            yield from self._decode(request, logits, cache, cached_tokens, start)
+
+    def prompt_logits(self, request: GenerateRequest) -> torch.Tensor:
+        """The logits after the prompt's last token (through the prefix cache, as a request would)."""
+        with self._prefilled(request) as (logits, _, _):
+            return logits.float().clone()
+
+    @contextlib.contextmanager
+    def _prefilled(self, request: GenerateRequest) -> Iterator[tuple[torch.Tensor, object, int]]:
+        """Prefill the prompt (reusing its longest cached prefix, storing its new blocks); yields the
+        last position's logits, the KV cache to decode with, and how many tokens came from the cache."""
         with self._adapter(request.adapter), torch.inference_mode():
             from transformers import DynamicCache  # noqa: PLC0415
 
@@ -130,7 +142,7 @@ class LoraEngine:
                         source=WARMUP if request.warmup_plan is not None else LIVE,
                         plan_id=request.warmup_plan or None, owner=request.adapter or "")
                 flight.close()
-                yield from self._decode(request, logits, cache, cached_tokens, start)
+                yield logits, cache, cached_tokens
             finally:
                 flight.close()
                 if match:

@@ -34,6 +34,7 @@ class LoraService:
             self.lifecycle.transition(name, AdapterState.LOADING)
             self.lifecycle.transition(name, AdapterState.LIVE, detail="loaded at start")
         self.reconciler: Reconciler | None = None
+        self._last_states: dict[str, tuple[AdapterState, int]] = {}
         # NOTE: one lock around every use of the engine (a request, an adapter load, one warm prompt),
         # not around a whole reconcile: live requests interleave with a long warm-up, and a warming
         # adapter can be served cold when the operator allows it.
@@ -56,6 +57,13 @@ class LoraService:
         with self._engine_lock:
             self.lifecycle.check_servable(request.adapter, serve_cold=self.serve_cold)
             yield from self.engine.generate(request)
+
+    def adapters_changed(self) -> bool:
+        """True once after each change of any adapter's state (cheap: compares a snapshot)."""
+        snapshot = {name: (st.state, st.revision) for name, st in self.lifecycle.snapshot().items()}
+        changed = snapshot != self._last_states
+        self._last_states = snapshot
+        return changed
 
     def close(self) -> None:
         self._stop.set()

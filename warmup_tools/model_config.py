@@ -1,5 +1,8 @@
 """Reading a Triton model's ``config.pbtxt`` parameters inside model.py, with casts and defaults.
 
+Every value may reference the environment (``${VAR}``, ``${VAR:-default}``), so one repository serves
+several deployments (and benchmarks switch settings without editing configs).
+
 ``initialize(args)`` receives ``args["model_config"]`` as JSON; its ``parameters`` map holds
 ``{"name": {"string_value": "..."}}``. :class:`ModelParameters` reads them once, casts each to the
 declared type, fills defaults, expands ``${ENV_VARS}`` in paths and refuses unknown keys, so a typo in a
@@ -31,6 +34,14 @@ def parse_bool(value: str) -> bool:
 
 def expand_path(value: str, base: Path | None = None) -> Path:
     """Expand ``$VAR``, ``${VAR}`` and ``${VAR:-default}``; relative results are taken relative to ``base``."""
+    path = Path(expand_env(value)).expanduser()
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    return path
+
+
+def expand_env(value: str) -> str:
+    """``value`` with ``$VAR``, ``${VAR}`` and ``${VAR:-default}`` replaced from the environment."""
 
     def _sub(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(3)
@@ -41,10 +52,7 @@ def expand_path(value: str, base: Path | None = None) -> Path:
             return default
         raise ValueError(f"environment variable {name} is not set (referenced by {value!r})")
 
-    path = Path(_ENV_REF.sub(_sub, value)).expanduser()
-    if not path.is_absolute() and base is not None:
-        path = base / path
-    return path
+    return _ENV_REF.sub(_sub, value)
 
 
 class ModelParameters:
@@ -61,7 +69,10 @@ class ModelParameters:
     def get(self, name: str, cast: Callable[[str], Any] = str, default: Any = _UNSET) -> Any:
         """The parameter ``name`` cast with ``cast``; ``default`` when absent or empty."""
         self._declared.add(name)
-        value = self._raw.get(name, "")
+        try:
+            value = expand_env(self._raw.get(name, ""))
+        except ValueError as exc:
+            raise ConfigError(f"model '{self.model_name}': parameter '{name}': {exc}") from exc
         if value == "":
             if default is _UNSET:
                 raise ConfigError(f"model '{self.model_name}': parameter '{name}' is required in config.pbtxt")
@@ -72,14 +83,11 @@ class ModelParameters:
             raise ConfigError(f"model '{self.model_name}': parameter '{name}'={value!r}: {exc}") from exc
 
     def path(self, name: str, default: str | None = None) -> Path:
-        """A path parameter with ``${ENV}`` expansion, relative to the model folder."""
+        """A path parameter (``${ENV}`` expanded), relative to the model folder."""
         value = self.get(name, str, default)
         if value is None:
             raise ConfigError(f"model '{self.model_name}': parameter '{name}' is required in config.pbtxt")
-        try:
-            return expand_path(value, self._base_dir)
-        except ValueError as exc:
-            raise ConfigError(f"model '{self.model_name}': parameter '{name}': {exc}") from exc
+        return expand_path(value, self._base_dir)
 
     def check_unknown(self) -> None:
         """Raise if the config sets a parameter nobody asked for (usually a typo)."""

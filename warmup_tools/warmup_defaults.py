@@ -26,7 +26,8 @@ def default_samples(tokenizer: object, prompts: Mapping[str, str] = SYSTEM_PROMP
     for adapter, prompt in prompts.items():
         name = f"system_prompt_{adapter}"
         samples["tokenizer_cache"].append(WarmupSample(name, (string_input("text_input", prompt),)))
-        samples["embedding_cache"].append(WarmupSample(name, (string_input("text_input", prompt),)))
+        samples["embedding_cache"].append(WarmupSample(name, (string_input("text_input", prompt),
+                                                              string_input("warmup_plan", plan_id))))
         ids = np.asarray(tokenizer.encode(prompt, add_special_tokens=True), dtype=np.int32)
         samples["lora_adapter"].append(WarmupSample(name, (
             WarmupInput("input_ids", "TYPE_INT32", ids),

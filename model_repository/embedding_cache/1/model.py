@@ -3,6 +3,8 @@
 All logic lives in ``warmup_tools.embedding``; this file only adapts Triton's request objects.
 """
 
+import random
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -10,7 +12,7 @@ from warmup_tools.backend import CacheMetrics, collect_inputs, error_response, l
 from warmup_tools.embedding import OnnxEmbedder
 from warmup_tools.requests import parse_text
 
-INPUTS = ("text_input",)
+INPUTS = ("text_input", "warmup_plan")
 
 
 class TritonPythonModel:
@@ -22,7 +24,10 @@ class TritonPythonModel:
             providers=params.get("providers", str, "auto"),
             num_threads=params.get("num_threads", int, 1),
         )
+        self.sample_rate = params.get("miss_sample_rate", float, 0.1)
+        self.rng = random.Random(params.get("sample_seed", int, 0))
         params.check_unknown()
+        self.zeros = np.zeros(self.embedder.dim, dtype=np.float32)
         self.metrics = CacheMetrics(pb_utils, "embedding_cache", args["model_instance_name"])
         pb_utils.Logger.log_info(f"embedding_cache: ONNX Runtime providers {self.embedder.providers}")
 
@@ -30,14 +35,17 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                text = parse_text(collect_inputs(pb_utils, request, INPUTS))
-                vector, hit = self.embedder.embed(text)
-                self.metrics.record(hit, self.embedder.cache.stats)
+                inputs = collect_inputs(pb_utils, request, INPUTS)
+                text = parse_text(inputs)
+                # Warm-up samples always compute: filling the cache is their whole purpose.
+                rate = 1.0 if inputs["warmup_plan"] is not None else self.sample_rate
+                result = self.embedder.lookup_or_sample(text, rate, self.rng)
                 responses.append(pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor("embedding", vector),
+                    pb_utils.Tensor("embedding", self.zeros if result.vector is None else result.vector),
                     # Cluster ids come from a warm-up plan; -1 means "no cluster assigned".
                     pb_utils.Tensor("cluster_id", np.array([-1], dtype=np.int32)),
                 ]))
+                self.metrics.record(result.cached, self.embedder.cache.stats)
             except Exception as exc:  # noqa: BLE001 (one bad request never fails the batch)
                 log_unexpected(pb_utils, "embedding_cache", exc)
                 responses.append(error_response(pb_utils, exc))

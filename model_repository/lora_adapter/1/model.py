@@ -53,7 +53,8 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"lora_adapter: device {engine.device}, adapters {sorted(engine.adapters)}")
 
     def execute(self, requests):
-        self.metrics.record_state(self.service)  # adapters may have changed since the last batch
+        if self.service.adapters_changed():
+            self.metrics.record_state(self.service)  # before serving, so a refusal's state is visible
         for request in requests:
             sender = request.get_response_sender()
             try:
@@ -68,14 +69,14 @@ class TritonPythonModel:
         req = parse_generate_request(collect_inputs(pb_utils, request, INPUTS), self.limits)
         text = []
         for step in self.service.generate(req):
-            if step.output_tokens == 1:
-                self.metrics.record(req.adapter, step.prompt_tokens, step.cached_tokens, step.elapsed)
             if req.stream:
                 sender.send(_response(step.text, step), flags=FINAL if step.finished else 0)
             else:
                 text.append(step.text)
                 if step.finished:
                     sender.send(_response("".join(text), step), flags=FINAL)
+            if step.output_tokens == 1:  # NOTE: after the send, so metrics never delay the first token
+                self.metrics.record(req.adapter, step.prompt_tokens, step.cached_tokens, step.elapsed)
 
     def finalize(self):
         self.service.close()

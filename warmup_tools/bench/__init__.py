@@ -1,0 +1,1 @@
+"""Benchmarks: commands that print figures (ratios of configurations measured in one run)."""

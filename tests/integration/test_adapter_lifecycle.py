@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +75,32 @@ def test_adapter_whose_folder_is_missing_fails_with_a_clear_status(triton):
     registry.add("ghost")
     with pytest.raises(Exception, match="ghost"):
         registry.wait_until("ghost", AdapterState.LIVE, timeout_s=60)
+
+
+def test_every_instance_of_a_multi_instance_model_ends_in_the_same_state(served_assets, tmp_path):
+    """Instances are separate processes: each reconciles the control folder and reports its own state."""
+    from warmup_tools.server import TritonServer
+
+    repo = tmp_path / "repo"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "model_repository", repo)
+    config = repo / "lora_adapter" / "config.pbtxt"
+    config.write_text(config.read_text().replace("instance_group [ { count: 1 kind: KIND_CPU } ]",
+                                                 "instance_group [ { count: 2 kind: KIND_CPU } ]"))
+    control = tmp_path / "control"
+    adapters = served_assets / "adapters"
+    shutil.copytree(adapters / "support", adapters / "support-two", dirs_exist_ok=True)
+    server = TritonServer(repo, env={"WARMUP_ASSETS_DIR": str(served_assets), "WARMUP_CONTROL_DIR": str(control)},
+                          work_dir=tmp_path / "work")
+    with server:
+        server.wait_ready(timeout=600)
+        registry = ControlRegistry(control)
+        registry.add("support-two", [SYSTEM_PROMPTS["support"]])
+        reached = registry.wait_until("support-two", AdapterState.LIVE, instances=2, timeout_s=180)
+        assert sorted(reached) == ["lora_adapter_0_0", "lora_adapter_0_1"]
+        with StreamingClient(server.grpc_url) as client:
+            for _ in range(4):  # requests land on either instance; each serves the adapter warm
+                result = client.generate(demo_prompt("support", "Refund?"),
+                                         GenerateParams(max_tokens=2, adapter_id="support-two"))
+                assert result.cached_tokens > 0
+        registry.retire("support-two")
+        assert len(registry.wait_until("support-two", AdapterState.RETIRED, instances=2, timeout_s=60)) == 2

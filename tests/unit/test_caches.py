@@ -27,3 +27,38 @@ def test_value_larger_than_budget_is_not_stored():
     cache = LRUCache(budget_bytes=100)
     assert cache.put("big", np.zeros(1000, dtype=np.int32)) is False
     assert len(cache) == 0 and cache.stats.bytes_used == 0
+
+
+def test_segmented_lru_keeps_entries_that_are_hit_again_through_a_burst_of_one_offs():
+    from warmup_tools.caches import SegmentedLRUCache
+
+    entry = 400 + ENTRY_OVERHEAD_BYTES
+    cache = SegmentedLRUCache(budget_bytes=10 * entry)
+    for key in ("hot1", "hot2"):
+        cache.put(key, np.zeros(100, dtype=np.int32))
+        cache.get(key)  # hit again: protected
+    for i in range(1000):
+        cache.put(f"once-{i}", np.zeros(100, dtype=np.int32))
+        assert cache.stats.bytes_used <= cache.budget_bytes
+    assert "hot1" in cache and "hot2" in cache
+    assert len(cache) == 10
+
+
+def test_decayed_lfu_evicts_cold_entries_and_forgets_old_heat():
+    from warmup_tools.caches import DecayedLFUCache
+
+    now = [0.0]
+    entry = 400 + ENTRY_OVERHEAD_BYTES
+    cache = DecayedLFUCache(budget_bytes=20 * entry, half_life_s=10, sample_size=20, clock=lambda: now[0])
+    cache.put("hot", np.zeros(100, dtype=np.int32))
+    for _ in range(50):
+        cache.get("hot")
+    for i in range(500):
+        cache.put(f"cold-{i}", np.zeros(100, dtype=np.int32))
+        assert cache.stats.bytes_used <= cache.budget_bytes
+    assert "hot" in cache
+    now[0] = 1000.0  # a hundred half-lives later its heat is gone
+    for i in range(500, 1000):
+        cache.put(f"cold-{i}", np.zeros(100, dtype=np.int32))
+        cache.get(f"cold-{i}")
+    assert "hot" not in cache

@@ -7,12 +7,12 @@ STAMP := $(VENV)/.installed
 ASSETS := .assets
 PYTEST_ARGS ?=
 
-.PHONY: demo test assets venv serve clean
+.PHONY: demo test assets venv serve clean redis
 
 demo: assets
 	$(PY) -m warmup_tools demo
 
-test: assets
+test: assets redis
 	$(PY) -m pytest $(PYTEST_ARGS)
 	@! pgrep -a -f 'bin/[t]ritonserver|[t]riton_python_backend_stub' || \
 		{ echo "error: a tritonserver or stub outlived the tests"; exit 1; }
@@ -31,6 +31,11 @@ $(STAMP): pyproject.toml
 assets: $(STAMP)
 	$(PY) -m warmup_tools assets --out $(ASSETS)
 	$(PY) -m warmup_tools stanzas --tokenizer $(ASSETS)/lm
+
+# The shared-tier tests run a real redis-server (started and stopped by the tests themselves).
+redis:
+	@command -v redis-server >/dev/null || { echo "installing redis-server (Debian package)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 
 clean:
 	rm -rf $(VENV) $(ASSETS) .build .pytest_cache

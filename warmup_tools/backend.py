@@ -16,6 +16,18 @@ from .errors import RequestError
 from .model_config import ModelParameters
 
 
+def shared_tier(params: ModelParameters) -> Any:
+    """The Redis shared tier a model's ``redis_url`` parameter names, or None when it is empty."""
+    url = params.get("redis_url", str, "")
+    timeout_ms = params.get("redis_timeout_ms", float, 20.0)
+    retry_after_s = params.get("redis_retry_after_s", float, 2.0)
+    if not url:
+        return None
+    from .shared_tier import SharedTier  # noqa: PLC0415
+
+    return SharedTier(url, timeout_ms=timeout_ms, retry_after_s=retry_after_s)
+
+
 def model_parameters(args: Mapping[str, Any]) -> ModelParameters:
     """The ``parameters`` of the model being initialised; relative paths resolve against its folder."""
     return ModelParameters(json.loads(args["model_config"]), base_dir=Path(args["model_repository"]))
@@ -58,7 +70,7 @@ class CacheMetrics:
     def __init__(self, pb_utils: Any, model: str, instance: str) -> None:
         lookups = pb_utils.MetricFamily(
             name="warmup_cache_lookups_total",
-            description="Cache lookups by model and result (hit or miss)",
+            description="Cache lookups by model and result (hit: local tier, shared_hit: Redis tier, miss)",
             kind=pb_utils.MetricFamily.COUNTER,
         )
         entries = pb_utils.MetricFamily(
@@ -70,15 +82,21 @@ class CacheMetrics:
             kind=pb_utils.MetricFamily.GAUGE,
         )
         self._families = (lookups, entries, used)
-        self._hit = lookups.Metric(labels={"model": model, "result": "hit"})
-        self._miss = lookups.Metric(labels={"model": model, "result": "miss"})
+        self._results = {
+            source: lookups.Metric(labels={"model": model, "result": result})
+            for source, result in (("local", "hit"), ("shared", "shared_hit"), ("miss", "miss"))
+        }
         self._entries = entries.Metric(labels={"model": model, "instance": instance})
         self._bytes = used.Metric(labels={"model": model, "instance": instance})
+        self._last = (-1, -1)
 
-    def record(self, hit: bool, stats: Any) -> None:
-        (self._hit if hit else self._miss).increment(1)
-        self._entries.set(stats.entries)
-        self._bytes.set(stats.bytes_used)
+    def record(self, source: str, stats: Any) -> None:
+        """One lookup answered from ``source`` (local, shared, or anything else: a miss)."""
+        self._results.get(source, self._results["miss"]).increment(1)
+        if (stats.entries, stats.bytes_used) != self._last:
+            self._entries.set(stats.entries)
+            self._bytes.set(stats.bytes_used)
+            self._last = (stats.entries, stats.bytes_used)
 
 
 #: Buckets (seconds) of the server-side time-to-first-token histogram.

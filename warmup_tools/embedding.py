@@ -1,4 +1,8 @@
-"""Prompt embeddings with ONNX Runtime and a bounded exact cache, for the ``embedding_cache`` model."""
+"""Prompt embeddings with ONNX Runtime and a tiered exact cache, for the ``embedding_cache`` model.
+
+Local tier: LFU with time decay, bounded by bytes; optional shared tier: Redis. Keys hold the tenant and
+the embedding model's fingerprint.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .caches import LRUCache
+from .caches import DecayedLFUCache
 from .errors import AssetError
+from .fingerprint import fingerprint_file
+from .shared_tier import SharedTier, TieredCache, decode_array, encode_array
 from .tokenization import text_digest
 
 LOGGER = logging.getLogger(__name__)
@@ -51,15 +57,15 @@ class EmbeddingResult:
     """``vector`` is None when the text missed the cache and was not sampled for computing."""
 
     vector: np.ndarray | None
-    cached: bool
-    sampled: bool
+    #: local, shared, computed, or skipped (a miss that was not sampled)
+    source: str
 
 
 class OnnxEmbedder:
     """Sentence embeddings (mean-pooled, L2-normalised inside the graph) with an exact cache."""
 
     def __init__(self, model_dir: Path, *, cache_bytes: int = 64 << 20, providers: str = "auto",
-                 num_threads: int = 0) -> None:
+                 num_threads: int = 0, shared: SharedTier | None = None) -> None:
         import onnxruntime as ort  # noqa: PLC0415
         from tokenizers import Tokenizer  # noqa: PLC0415
 
@@ -83,36 +89,33 @@ class OnnxEmbedder:
         self.providers = choose_providers(providers)
         self.session = ort.InferenceSession(str(model_path), options, providers=self.providers)
         self._input_names = {i.name for i in self.session.get_inputs()}
-        self.cache: LRUCache[bytes, np.ndarray] = LRUCache(cache_bytes)
+        self.fingerprint = fingerprint_file(model_path)[:16]
+        self.local: DecayedLFUCache[tuple, np.ndarray] = DecayedLFUCache(cache_bytes)
+        self.cache: TieredCache[np.ndarray] = TieredCache(
+            self.local, shared, kind="emb", fingerprint=self.fingerprint, encode=encode_array, decode=decode_array)
 
-    def lookup_or_sample(self, text: str, sample_rate: float, rng: random.Random) -> EmbeddingResult:
+    def lookup_or_sample(self, text: str, sample_rate: float, rng: random.Random,
+                         tenant: str = "default") -> EmbeddingResult:
         """The cached embedding of ``text``; on a miss, computed only for a ``sample_rate`` share of requests.
 
         NOTE: embedding a 256-token prompt costs tens of milliseconds on a CPU, more than a warm prefill.
         Skipping most misses keeps that off the request path; the sampled share still gives unbiased
         heat counts (scale by 1 / sample_rate) and fills the cache for the prompts that repeat.
         """
-        key = text_digest(text)
-        vector = self.cache.get(key)
+        digest = text_digest(text)
+        vector, source = self.cache.get(tenant, digest)
         if vector is not None:
-            return EmbeddingResult(vector, cached=True, sampled=False)
+            return EmbeddingResult(vector, source)
         if sample_rate <= 0.0 or (sample_rate < 1.0 and rng.random() >= sample_rate):
-            return EmbeddingResult(None, cached=False, sampled=False)
+            return EmbeddingResult(None, "skipped")
         vector = self.embed_batch([text])[0]
         vector.setflags(write=False)
-        self.cache.put(key, vector)
-        return EmbeddingResult(vector, cached=False, sampled=True)
+        self.cache.put(tenant, digest, vector)
+        return EmbeddingResult(vector, "computed")
 
-    def embed(self, text: str) -> tuple[np.ndarray, bool]:
-        """The embedding of one text and whether it came from the cache."""
-        key = text_digest(text)
-        vector = self.cache.get(key)
-        if vector is not None:
-            return vector, True
-        vector = self.embed_batch([text])[0]
-        vector.setflags(write=False)
-        self.cache.put(key, vector)
-        return vector, False
+    def embed(self, text: str, tenant: str = "default") -> np.ndarray:
+        """The embedding of one text, from the cache or computed (always)."""
+        return self.lookup_or_sample(text, 1.0, random.Random(0), tenant).vector
 
     def embed_batch(self, texts: list[str]) -> np.ndarray:
         """Embeddings of many texts, computed (no cache), shape ``[len(texts), dim]``."""

@@ -1,4 +1,9 @@
-"""Text to token ids with a bounded cache, for the ``tokenizer_cache`` model."""
+"""Text to token ids with a tiered cache, for the ``tokenizer_cache`` model.
+
+Local tier: a segmented LRU (recency plus heat) bounded by bytes. Optional shared tier: Redis, so every
+instance and replica sees what one tokenised or what warm-up filled. Keys hold the tenant and the
+tokenizer's fingerprint: tenants never share an entry and two tokenizers never mix.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .caches import LRUCache
+from .caches import SegmentedLRUCache
 from .errors import AssetError
+from .shared_tier import SharedTier, TieredCache, decode_array, encode_array
 
 LOGGER = logging.getLogger(__name__)
 
@@ -20,9 +26,10 @@ def text_digest(text: str) -> bytes:
 
 
 class TokenizerService:
-    """Tokenises prompts with a Hugging Face tokenizer and caches the ids by (fingerprint, digest)."""
+    """Tokenises prompts with a Hugging Face tokenizer behind a local (and optional shared) cache."""
 
-    def __init__(self, tokenizer_path: Path, cache_bytes: int = 64 << 20) -> None:
+    def __init__(self, tokenizer_path: Path, cache_bytes: int = 64 << 20, *,
+                 shared: SharedTier | None = None) -> None:
         from transformers import AutoTokenizer  # noqa: PLC0415
 
         if not tokenizer_path.exists():
@@ -32,18 +39,19 @@ class TokenizerService:
             )
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
-        self.cache: LRUCache[tuple[str, bytes], np.ndarray] = LRUCache(cache_bytes)
+        self.local: SegmentedLRUCache[tuple, np.ndarray] = SegmentedLRUCache(cache_bytes)
+        self.cache: TieredCache[np.ndarray] = TieredCache(
+            self.local, shared, kind="tok", fingerprint=self.fingerprint, encode=encode_array, decode=decode_array)
 
-    def encode(self, text: str) -> tuple[np.ndarray, bool]:
-        """Token ids (int32) of ``text`` with the tokenizer's own special-token convention; and whether it was cached."""
-        key = (self.fingerprint, text_digest(text))
-        ids = self.cache.get(key)
-        if ids is not None:
-            return ids, True
+    def encode(self, text: str, tenant: str = "default") -> tuple[np.ndarray, str]:
+        """Token ids (int32, the tokenizer's own special-token convention) and where they came from:
+        ``local``, ``shared`` or ``computed``."""
+        return self.cache.get_or_compute(tenant, text_digest(text), lambda: self._tokenize(text))
+
+    def _tokenize(self, text: str) -> np.ndarray:
         ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=True), dtype=np.int32)
         ids.setflags(write=False)
-        self.cache.put(key, ids)
-        return ids, False
+        return ids
 
 
 def tokenizer_fingerprint(tokenizer: object) -> str:

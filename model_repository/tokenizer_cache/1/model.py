@@ -1,4 +1,4 @@
-"""tokenizer_cache: prompt text to token ids, with a bounded tokenisation cache.
+"""tokenizer_cache: prompt text to token ids, with a tiered tokenisation cache.
 
 All logic lives in ``warmup_tools.tokenization``; this file only adapts Triton's request objects.
 """
@@ -6,11 +6,13 @@ All logic lives in ``warmup_tools.tokenization``; this file only adapts Triton's
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from warmup_tools.backend import CacheMetrics, collect_inputs, error_response, log_unexpected, model_parameters
-from warmup_tools.requests import parse_text
+from warmup_tools.backend import (
+    CacheMetrics, collect_inputs, error_response, log_unexpected, model_parameters, shared_tier,
+)
+from warmup_tools.requests import parse_optional_string, parse_text
 from warmup_tools.tokenization import TokenizerService
 
-INPUTS = ("text_input",)
+INPUTS = ("text_input", "tenant_id")
 
 
 class TritonPythonModel:
@@ -19,6 +21,7 @@ class TritonPythonModel:
         self.service = TokenizerService(
             params.path("tokenizer_path"),
             cache_bytes=params.get("cache_bytes", int, 64 << 20),
+            shared=shared_tier(params),
         )
         params.check_unknown()
         self.metrics = CacheMetrics(pb_utils, "tokenizer_cache", args["model_instance_name"])
@@ -27,13 +30,14 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                text = parse_text(collect_inputs(pb_utils, request, INPUTS))
-                ids, hit = self.service.encode(text)
-                self.metrics.record(hit, self.service.cache.stats)
+                inputs = collect_inputs(pb_utils, request, INPUTS)
+                text = parse_text(inputs)
+                ids, source = self.service.encode(text, parse_optional_string(inputs, "tenant_id", "default"))
                 responses.append(pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor("input_ids", ids),
                     pb_utils.Tensor("input_length", np.array([ids.size], dtype=np.int32)),
                 ]))
+                self.metrics.record(source, self.service.local.stats)
             except Exception as exc:  # noqa: BLE001 (one bad request never fails the batch)
                 log_unexpected(pb_utils, "tokenizer_cache", exc)
                 responses.append(error_response(pb_utils, exc))

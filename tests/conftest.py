@@ -32,7 +32,22 @@ def served_assets(demo_assets, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def triton(served_assets, tmp_path_factory):
+def redis_server(tmp_path_factory):
+    """A real redis-server for the test server's shared cache tier (a test may stop and restart it)."""
+    from tests.redis_support import REDIS_SERVER, RedisServer, free_port
+
+    if REDIS_SERVER is None:
+        pytest.fail("redis-server is not on PATH: `make test` installs it (apt-get install redis-server)")
+    server = RedisServer(free_port(), tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def triton(served_assets, redis_server, tmp_path_factory):
     """The project's model repository served by a real tritonserver on free ports."""
     from warmup_tools.client import scrape_metrics
     from warmup_tools.server import TritonServer
@@ -40,7 +55,8 @@ def triton(served_assets, tmp_path_factory):
     control_dir = tmp_path_factory.mktemp("control")
     server = TritonServer(
         REPO_ROOT / "model_repository",
-        env={"WARMUP_ASSETS_DIR": str(served_assets), "WARMUP_CONTROL_DIR": str(control_dir)},
+        env={"WARMUP_ASSETS_DIR": str(served_assets), "WARMUP_CONTROL_DIR": str(control_dir),
+             "WARMUP_REDIS_URL": redis_server.url},
         work_dir=tmp_path_factory.mktemp("triton"),
         log_verbose=1,
     )

@@ -78,6 +78,11 @@ def _parser() -> argparse.ArgumentParser:
     kv.add_argument("--lm-threads", type=int, default=1, help="torch threads of lora_adapter (0: torch default)")
     kv.set_defaults(func=_cmd_bench_kv)
 
+    caches = which.add_parser("caches", help="tokenizer/embedding cache latency, hit ratios, tiers, ensemble overhead")
+    caches.add_argument("--assets-dir", type=Path, default=REPO_ROOT / ".assets")
+    caches.add_argument("--requests", type=int, default=300)
+    caches.set_defaults(func=_cmd_bench_caches)
+
     demo = sub.add_parser("demo", help="start the server, stream requests for two adapters, stop")
     _server_flags(demo)
     demo.add_argument("--max-tokens", type=int, default=24)
@@ -190,4 +195,13 @@ def _cmd_bench_kv(args: argparse.Namespace) -> int:
 
     assets = ensure_demo_assets(args.assets_dir)
     kv.run(assets.root, repeats=args.repeats, flood=args.flood, lm_threads=args.lm_threads)
+    return 0
+
+
+def _cmd_bench_caches(args: argparse.Namespace) -> int:
+    from .assets import ensure_demo_assets  # noqa: PLC0415
+    from .bench import caches  # noqa: PLC0415
+
+    assets = ensure_demo_assets(args.assets_dir)
+    caches.run(assets.root, n=args.requests)
     return 0

@@ -214,7 +214,7 @@ class TemplateTokenizer:
         if self._exotic_normalized_re is not None and self._exotic_normalized_re.search(
                 self._normalizer.normalize_str(text)):
             return None
-        tail_start = max((self._segment_start(text, len(text), occurrences) or 0, 0))
+        tail_start = self._segment_start(text, len(text), occurrences) or 0
         candidates = [len(text)]
         pieces = self._pieces(text[tail_start:])
         for _, start, _ in pieces[::-1][:EXTRA_SPLITS]:

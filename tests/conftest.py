@@ -53,14 +53,17 @@ def triton(served_assets, redis_server, tmp_path_factory):
     from warmup_tools.server import TritonServer
 
     control_dir = tmp_path_factory.mktemp("control")
+    request_log_dir = tmp_path_factory.mktemp("request_log")
     server = TritonServer(
         REPO_ROOT / "model_repository",
         env={"WARMUP_ASSETS_DIR": str(served_assets), "WARMUP_CONTROL_DIR": str(control_dir),
-             "WARMUP_REDIS_URL": redis_server.url},
+             "WARMUP_REDIS_URL": redis_server.url,
+             "WARMUP_REQUEST_LOG_DIR": str(request_log_dir)},
         work_dir=tmp_path_factory.mktemp("triton"),
         log_verbose=1,
     )
     server.control_dir = control_dir
+    server.request_log_dir = request_log_dir
     server.assets_dir = served_assets
     server.start()
     try:

@@ -72,6 +72,15 @@ def parse_text(inputs: Inputs, name: str = "text_input") -> str:
     return text
 
 
+def parse_optional_text(inputs: Inputs, name: str = "text_input") -> str | None:
+    """The prompt text when the request carries it (undecodable text is kept, with replacements)."""
+    array = inputs.get(name)
+    if array is None or array.size != 1:
+        return None
+    value = array.reshape(-1)[0]
+    return value.decode("utf-8", errors="replace") if isinstance(value, (bytes, np.bytes_)) else str(value)
+
+
 def parse_optional_string(inputs: Inputs, name: str, default: str = "") -> str:
     array = inputs.get(name)
     if array is None:

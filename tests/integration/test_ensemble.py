@@ -94,3 +94,23 @@ def test_first_live_request_after_warmup_reuses_the_warmed_system_prompt(triton)
                                  GenerateParams(max_tokens=2, adapter_id="sql"))
     assert result.cached_tokens >= 0.8 * (result.prompt_tokens - 20)
     assert result.cached_tokens % 16 == 0
+
+
+def test_each_request_is_logged_off_the_request_path(triton, grpc_client):
+    import json
+    import time
+    import uuid
+
+    text = f"Request log check {uuid.uuid4().hex}"
+    result = grpc_client.generate(text, GenerateParams(max_tokens=3, adapter_id="sql", tenant_id="globex"))
+    path = triton.request_log_dir / "requests-lora_adapter_0_0.jsonl"
+    deadline = time.monotonic() + 10
+    found = None
+    while found is None and time.monotonic() < deadline:
+        if path.exists():
+            found = next((json.loads(line) for line in path.read_text().splitlines() if text in line), None)
+        time.sleep(0.2)
+    assert found is not None
+    assert found["prompt"] == text and found["tenant"] == "globex" and found["adapter"] == "sql"
+    assert found["prompt_tokens"] == result.prompt_tokens and found["output_tokens"] == 3
+    assert found["cached_tokens"] == result.cached_tokens and found["ttft_ms"] > 0

@@ -4,6 +4,8 @@ All logic lives in ``warmup_tools.lora_service`` / ``generation``; this file onl
 request objects.
 """
 
+import time
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -11,10 +13,11 @@ from warmup_tools.backend import GenerationMetrics, collect_inputs, error_for, l
 from warmup_tools.generation import EngineConfig, LoraEngine
 from warmup_tools.lora_service import LoraService
 from warmup_tools.model_config import parse_bool
-from warmup_tools.requests import RequestLimits, parse_generate_request
+from warmup_tools.request_log import RequestLogWriter, make_record
+from warmup_tools.requests import RequestLimits, parse_generate_request, parse_optional_text
 
 INPUTS = ("input_ids", "adapter_id", "tenant_id", "max_tokens", "stream", "temperature",
-          "top_p", "top_k", "seed", "cluster_id", "warmup_plan")
+          "top_p", "top_k", "seed", "cluster_id", "warmup_plan", "text_input")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
@@ -48,7 +51,10 @@ class TritonPythonModel:
             default_max_tokens=params.get("default_max_tokens", int, 16),
             vocab_size=engine.vocab_size,
         )
+        log_dir = params.get("request_log_dir", str, "")
+        self.redact = params.get("request_log_redact", parse_bool, False)
         params.check_unknown()
+        self.request_log = RequestLogWriter(params.path("request_log_dir"), self.instance) if log_dir else None
         self.metrics = GenerationMetrics(pb_utils, "lora_adapter", self.instance)
         pb_utils.Logger.log_info(f"lora_adapter: device {engine.device}, adapters {sorted(engine.adapters)}")
 
@@ -66,7 +72,9 @@ class TritonPythonModel:
         return None
 
     def _serve(self, request, sender):
-        req = parse_generate_request(collect_inputs(pb_utils, request, INPUTS), self.limits)
+        arrived = time.time()
+        inputs = collect_inputs(pb_utils, request, INPUTS)
+        req = parse_generate_request(inputs, self.limits)
         text = []
         for step in self.service.generate(req):
             if req.stream:
@@ -77,9 +85,17 @@ class TritonPythonModel:
                     sender.send(_response("".join(text), step), flags=FINAL)
             if step.output_tokens == 1:  # NOTE: after the send, so metrics never delay the first token
                 self.metrics.record(req.adapter, step.prompt_tokens, step.cached_tokens, step.elapsed)
+                ttft_ms = step.elapsed * 1000
+            if step.finished and self.request_log is not None and req.warmup_plan is None:
+                self.request_log.log(make_record(
+                    ts=arrived, tenant=req.tenant, adapter=req.adapter, prompt=parse_optional_text(inputs),
+                    prompt_tokens=step.prompt_tokens, cached_tokens=step.cached_tokens, ttft_ms=ttft_ms,
+                    output_tokens=step.output_tokens, cluster=req.cluster_id, redact=self.redact))
 
     def finalize(self):
         self.service.close()
+        if self.request_log is not None:
+            self.request_log.close()
 
 
 def _response(text, step):

@@ -83,6 +83,14 @@ def _parser() -> argparse.ArgumentParser:
     caches.add_argument("--requests", type=int, default=300)
     caches.set_defaults(func=_cmd_bench_caches)
 
+    traffic = sub.add_parser("traffic", help="write seeded, realistic request logs (one file per day)")
+    traffic.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "traffic")
+    traffic.add_argument("--seed", type=int, default=0)
+    traffic.add_argument("--days", type=int, default=2)
+    traffic.add_argument("--requests-per-day", type=int, default=6000)
+    traffic.add_argument("--gzip", action="store_true")
+    traffic.set_defaults(func=_cmd_traffic)
+
     demo = sub.add_parser("demo", help="start the server, stream requests for two adapters, stop")
     _server_flags(demo)
     demo.add_argument("--max-tokens", type=int, default=24)
@@ -204,4 +212,11 @@ def _cmd_bench_caches(args: argparse.Namespace) -> int:
 
     assets = ensure_demo_assets(args.assets_dir)
     caches.run(assets.root, n=args.requests)
+    return 0
+
+
+def _cmd_traffic(args: argparse.Namespace) -> int:
+    from .traffic import main_traffic  # noqa: PLC0415
+
+    main_traffic(args.out, args.seed, args.days, args.requests_per_day, args.gzip)
     return 0

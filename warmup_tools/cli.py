@@ -44,11 +44,28 @@ def _parser() -> argparse.ArgumentParser:
     assets.add_argument("--force", action="store_true", help="rebuild even if the assets are complete")
     assets.set_defaults(func=_cmd_assets)
 
-    stanzas = sub.add_parser("stanzas", help="write model_warmup stanzas into the repository")
+    stanzas = sub.add_parser("stanzas", help="write (or --check) model_warmup stanzas in the repository")
     stanzas.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository")
+    stanzas.add_argument("--plan", type=Path, help="a plan from `warmup_tools plan` (default: the demo prompts)")
     stanzas.add_argument("--tokenizer", type=Path, default=REPO_ROOT / ".assets" / "lm",
-                         help="tokenizer folder used to turn warm-up prompts into token ids")
+                         help="tokenizer folder used to turn the demo warm-up prompts into token ids")
+    stanzas.add_argument("--check", action="store_true", help="only validate the stanzas against the configs")
     stanzas.set_defaults(func=_cmd_stanzas)
+
+    plan = sub.add_parser("plan", help="decide what to warm from request logs; writes a versioned plan")
+    plan.add_argument("logs", nargs="+", type=Path, help="request logs (.jsonl or .jsonl.gz)")
+    plan.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "plan.json")
+    plan.add_argument("--assets-dir", type=Path, default=REPO_ROOT / ".assets",
+                      help="folder with lm/ (tokenizer, model config) and embedder/")
+    plan.add_argument("--kv-bytes-total", type=int, default=int((256 << 20) * 0.85),
+                      help="KV bytes per instance the plan may fill (kv_cache_bytes less the live reserve)")
+    plan.add_argument("--kv-bytes-per-adapter", type=int, help="default: half of --kv-bytes-total")
+    plan.add_argument("--embedding-entries", type=int, default=256)
+    plan.add_argument("--tokenizer-entries", type=int, default=256)
+    plan.add_argument("--warm-seconds", type=float, default=60.0)
+    plan.add_argument("--now", type=float, help="epoch seconds the heat decays to (default: the last record)")
+    plan.add_argument("--no-progress", action="store_true")
+    plan.set_defaults(func=_cmd_plan)
 
     adapters = sub.add_parser("adapters", help="add, retire or list LoRA adapters on a running server")
     adapters.add_argument("--control-dir", type=Path, default=REPO_ROOT / ".control",
@@ -90,6 +107,12 @@ def _parser() -> argparse.ArgumentParser:
     traffic.add_argument("--requests-per-day", type=int, default=6000)
     traffic.add_argument("--gzip", action="store_true")
     traffic.set_defaults(func=_cmd_traffic)
+
+    rep = which.add_parser("replay", help="plan from day-1 logs, replay day 2's first hour with and without it")
+    rep.add_argument("--assets-dir", type=Path, default=REPO_ROOT / ".assets")
+    rep.add_argument("--seed", type=int, default=0)
+    rep.add_argument("--requests-per-day", type=int, default=6000)
+    rep.set_defaults(func=_cmd_bench_replay)
 
     demo = sub.add_parser("demo", help="start the server, stream requests for two adapters, stop")
     _server_flags(demo)
@@ -151,10 +174,45 @@ def _cmd_assets(args: argparse.Namespace) -> int:
 
 
 def _cmd_stanzas(args: argparse.Namespace) -> int:
+    from .plan_stanzas import check_repository, load_plan, write_plan_stanzas  # noqa: PLC0415
     from .warmup_defaults import write_default_stanzas  # noqa: PLC0415
 
-    files = write_default_stanzas(args.model_repository, args.tokenizer)
-    print(f"wrote model_warmup stanzas with {len(files)} data files under {args.model_repository}")
+    if not args.check:
+        if args.plan:
+            plan = load_plan(args.plan)
+            counts = write_plan_stanzas(plan, args.model_repository)
+            print(f"wrote stanzas of plan {plan['plan_id']} into {args.model_repository}: {counts}")
+        else:
+            files = write_default_stanzas(args.model_repository, args.tokenizer)
+            print(f"wrote the demo model_warmup stanzas ({len(files)} data files) into {args.model_repository}")
+    problems = check_repository(args.model_repository)
+    for problem in problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    if problems:
+        return 1
+    print(f"stanzas in {args.model_repository} are consistent with their configs")
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    from .embedding import OnnxEmbedder  # noqa: PLC0415
+    from .planner import Budgets, build_plan, format_summary, iter_log_records, prefix_kv_bytes_per_token  # noqa: PLC0415
+
+    budgets = Budgets(kv_bytes_total=args.kv_bytes_total,
+                      kv_bytes_per_adapter=args.kv_bytes_per_adapter or args.kv_bytes_total // 2,
+                      embedding_entries=args.embedding_entries, tokenizer_entries=args.tokenizer_entries,
+                      warm_seconds=args.warm_seconds)
+    plan = build_plan(iter_log_records(args.logs), AutoTokenizer.from_pretrained(args.assets_dir / "lm"),
+                      OnnxEmbedder(args.assets_dir / "embedder"), budgets, now=args.now,
+                      kv_bytes_per_token=prefix_kv_bytes_per_token(args.assets_dir / "lm"),
+                      progress=not args.no_progress)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    plan.save(args.out)
+    print(format_summary(plan))
+    print(f"plan {plan.plan_id} written to {args.out}; apply it with "
+          f"`python -m warmup_tools stanzas --plan {args.out}`")
     return 0
 
 
@@ -219,4 +277,13 @@ def _cmd_traffic(args: argparse.Namespace) -> int:
     from .traffic import main_traffic  # noqa: PLC0415
 
     main_traffic(args.out, args.seed, args.days, args.requests_per_day, args.gzip)
+    return 0
+
+
+def _cmd_bench_replay(args: argparse.Namespace) -> int:
+    from .assets import ensure_demo_assets  # noqa: PLC0415
+    from .bench import replay  # noqa: PLC0415
+
+    assets = ensure_demo_assets(args.assets_dir)
+    replay.run(assets.root, seed=args.seed, requests_per_day=args.requests_per_day)
     return 0

@@ -1,0 +1,55 @@
+"""A repository generated from a plan loads in the real server; planned prefixes are warm at once."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from warmup_tools.client import GenerateParams, StreamingClient
+from warmup_tools.plan_stanzas import check_repository, write_plan_stanzas
+from warmup_tools.server import TritonServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+REPO = Path(__file__).resolve().parents[2] / "model_repository"
+
+
+def test_plan_from_day1_warms_day2_first_requests(demo_assets, served_assets, tmp_path):
+    from transformers import AutoTokenizer
+
+    from warmup_tools.embedding import OnnxEmbedder
+    from warmup_tools.planner import Budgets, build_plan, prefix_kv_bytes_per_token
+    from warmup_tools.traffic import TrafficConfig, generate
+
+    config = TrafficConfig(seed=3, requests_per_day=400)
+    records = list(generate(config))
+    day2 = config.start + 86400
+    day1 = [r for r in records if r["ts"] < day2]
+    plan = build_plan(day1, AutoTokenizer.from_pretrained(demo_assets.lm_dir),
+                      OnnxEmbedder(demo_assets.embedder_dir), Budgets(kv_bytes_total=64 << 20,
+                                                                       kv_bytes_per_adapter=32 << 20),
+                      now=day2, kv_bytes_per_token=prefix_kv_bytes_per_token(demo_assets.lm_dir), progress=False)
+    planned_scopes = {(i["tenant"], i["adapter"]) for i in plan.to_dict()["items"]}
+    assert planned_scopes
+
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO, repo)
+    write_plan_stanzas(plan.to_dict(), repo)
+    assert check_repository(repo) == []
+
+    firsts = {}
+    for record in records:
+        scope = (record["tenant"], record["adapter"])
+        if record["ts"] >= day2 and record["template"] and scope in planned_scopes and scope not in firsts:
+            firsts[scope] = record
+    server = TritonServer(repo, env={"WARMUP_ASSETS_DIR": str(served_assets), "WARMUP_CONTROL_DIR": ""},
+                          work_dir=tmp_path / "work")
+    with server:
+        server.wait_ready(timeout=900)
+        with StreamingClient(server.grpc_url) as client:
+            for (tenant, adapter), record in firsts.items():
+                result = client.generate(record["prompt"], GenerateParams(
+                    max_tokens=1, adapter_id=adapter or None, tenant_id=tenant))
+                assert result.cached_tokens > 0, (tenant, adapter)

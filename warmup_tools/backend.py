@@ -195,3 +195,34 @@ class GenerationMetrics:
         if metric is None:
             metric = self._gauges[key] = family.Metric(labels=full)
         return metric
+
+
+class HeatMetrics:
+    """Heat per (cluster, adapter, window) on /metrics: the ``top`` hottest keys of each window."""
+
+    def __init__(self, pb_utils: Any, instance: str, top: int = 50) -> None:
+        self._family = pb_utils.MetricFamily(
+            name="warmup_heat_requests",
+            description="Estimated requests per semantic cluster and adapter over a sliding window",
+            kind=pb_utils.MetricFamily.GAUGE)
+        self._instance = instance
+        self._top = top
+        self._metrics: dict[tuple[int, str, float], Any] = {}
+
+    def publish(self, entries: Iterable[Any]) -> None:
+        by_window: dict[float, list[Any]] = {}
+        for entry in entries:
+            by_window.setdefault(entry.window_s, []).append(entry)
+        seen = set()
+        for window, items in by_window.items():
+            for entry in sorted(items, key=lambda e: -e.requests)[: self._top]:
+                key = (entry.cluster_id, entry.adapter, window)
+                seen.add(key)
+                metric = self._metrics.get(key)
+                if metric is None:
+                    metric = self._metrics[key] = self._family.Metric(labels={
+                        "cluster": str(entry.cluster_id), "adapter": entry.adapter or "base",
+                        "window": f"{window:g}s", "instance": self._instance})
+                metric.set(entry.requests)
+        for key in set(self._metrics) - seen:
+            self._metrics[key].set(0)

@@ -179,6 +179,11 @@ class TemplateTokenizer:
         if reason is not None:
             return reason
         self._normalizer = self._backend.normalizer
+        # NOTE: a metaspace with prepend_scheme "first" treats the text's first segment unlike the segments
+        # after an added token, so a remainder tokenised alone (a first segment) would differ from the same
+        # text after a template that holds an added token: such templates are split only before their
+        # first added token.
+        self._first_sensitive = _has_first_scheme(config)
         self._pre_tokenizer = self._backend.pre_tokenizer
         probe = "warm up, 1"
         with_special = list(self.tokenizer.encode(probe, add_special_tokens=True))
@@ -253,6 +258,8 @@ class TemplateTokenizer:
                 if end >= q and end > start + len(content):
                     return None
             seg = max(seg, end)
+        if seg > 0 and self._first_sensitive:
+            return None
         return seg
 
     def _insert(self, template: _Template) -> None:
@@ -320,7 +327,7 @@ class TemplateTokenizer:
     def _added_token_window_end(self, text: str, q: int, end: int) -> int | None:
         """Checks added tokens near ``q``; returns the window end (cut at the next token's segment end) or
         None when a token spans ``q`` or cannot be replayed."""
-        lo = max(0, q - self._max_added + 1)
+        lo = max(0, q - self._max_added)  # a token ending exactly at q may strip what follows
         hi = min(len(text), end + self._max_added - 1)
         occurrences = self._occurrences(text, lo, hi)
         if _overlapping(occurrences):
@@ -397,6 +404,16 @@ def _pipeline_reason(config: dict) -> str | None:
     return (_component_reason(config.get("normalizer"), _NORMALIZERS, "normalizers")
             or _component_reason(config.get("pre_tokenizer"), _PRE_TOKENIZERS, "pretokenizers")
             or _component_reason(config.get("post_processor"), _POST_PROCESSORS, "processors"))
+
+
+def _has_first_scheme(node: Any) -> bool:
+    if isinstance(node, dict):
+        if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "first":
+            return True
+        return any(_has_first_scheme(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_has_first_scheme(v) for v in node)
+    return False
 
 
 def _component_reason(node: dict | None, allowed: frozenset[str], children: str) -> str | None:

@@ -16,6 +16,7 @@ import numpy as np
 from .caches import SegmentedLRUCache
 from .errors import AssetError
 from .shared_tier import SharedTier, TieredCache, decode_array, encode_array
+from .template_tokenizer import TemplateTokenizer
 
 LOGGER = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ class TokenizerService:
     """Tokenises prompts with a Hugging Face tokenizer behind a local (and optional shared) cache."""
 
     def __init__(self, tokenizer_path: Path, cache_bytes: int = 64 << 20, *,
-                 shared: SharedTier | None = None) -> None:
+                 shared: SharedTier | None = None, max_templates: int = 256) -> None:
         from transformers import AutoTokenizer  # noqa: PLC0415
 
         if not tokenizer_path.exists():
@@ -39,6 +40,9 @@ class TokenizerService:
             )
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
+        #: Known templates (system prompts, RAG preambles): a prompt that starts with one tokenises only
+        #: its remainder when that provably gives the same ids (see template_tokenizer).
+        self.templates = TemplateTokenizer(self.tokenizer, max_templates=max_templates)
         self.local: SegmentedLRUCache[tuple, np.ndarray] = SegmentedLRUCache(cache_bytes)
         self.cache: TieredCache[np.ndarray] = TieredCache(
             self.local, shared, kind="tok", fingerprint=self.fingerprint, encode=encode_array, decode=decode_array)
@@ -48,8 +52,13 @@ class TokenizerService:
         ``local``, ``shared`` or ``computed``."""
         return self.cache.get_or_compute(tenant, text_digest(text), lambda: self._tokenize(text))
 
+    def register_template(self, text: str) -> bool:
+        """Remember ``text`` as a template (warm-up samples do this for planned prefixes)."""
+        return self.templates.add_template(text)
+
     def _tokenize(self, text: str) -> np.ndarray:
-        ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=True), dtype=np.int32)
+        ids, _ = self.templates.encode(text)
+        ids = np.asarray(ids, dtype=np.int32)
         ids.setflags(write=False)
         return ids
 

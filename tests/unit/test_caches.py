@@ -62,3 +62,20 @@ def test_decayed_lfu_evicts_cold_entries_and_forgets_old_heat():
         cache.put(f"cold-{i}", np.zeros(100, dtype=np.int32))
         cache.get(f"cold-{i}")
     assert "hot" not in cache
+
+
+def test_tokenizer_service_gives_full_tokenisation_ids_through_templates(demo_assets):
+    from warmup_tools.demo_prompts import SYSTEM_PROMPTS
+    from warmup_tools.tokenization import TokenizerService
+
+    service = TokenizerService(demo_assets.lm_dir)
+    template = SYSTEM_PROMPTS["legal"]
+    assert service.register_template(template)
+    for question in ("Clause 7?", " indemnity and 30 days", "\\nUser: hello", "é中文🙂"):
+        text = template + question
+        ids, source = service.encode(text, "acme")
+        assert source == "computed"
+        assert ids.tolist() == service.tokenizer.encode(text, add_special_tokens=True)
+    assert service.templates.stats.hits >= 1
+    assert service.encode(template + "Clause 7?", "acme")[1] == "local"
+    assert service.encode(template + "Clause 7?", "globex")[1] == "computed"  # tenants never share

@@ -24,7 +24,7 @@ WORDS = ["the", "cache", "warm", "Triton", "server", "model", "token", "prompt",
          "Ελλάδα", "مرحبا", "x", "I", "GPU", "LoRA", "adapter", "42", "3.14", "2024", "1,000", "0x1F"]
 PUNCT = [".", ",", ":", ";", "!", "?", "-", "--", "...", "(", ")", "[", "]", "{", "}", "\"", "'", "`", "/",
          "#", "$", "%", "&", "*", "+", "=", "<", ">", "|", "~", "@", "_"]
-ODD = ["é", "e\u0301", "\u0301", "😀", "👩‍💻", "🇫🇷", "\u200b", "\u00a0", "\u3000", "\t", "\r\n", "\x0b", "\x1c",
+ODD = ["<|eot|>", "<|eot", "|>", "é", "e\u0301", "\u0301", "😀", "👩‍💻", "🇫🇷", "\u200b", "\u00a0", "\u3000", "\t", "\r\n", "\x0b", "\x1c",
        "ﬁ", "Ⅻ", "²", "١٢٣", "ß", "İ", "ς", "Σ", "\ufffd", "\x00", "<s>", "</s>", "<pad>", "[CLS]", "[SEP]",
        "[MASK]", "<mask>", "<", "</", "s>", "/s>", "[CL", "LS]", "SEP]", "<ma", "sk>", "'s", "'ll", "'re",
        "'d", "'t", "'m", "'ve", "n't", "'S"]
@@ -145,7 +145,10 @@ def _prefix_space(tok):
 def _lstrip_token(tok):
     from tokenizers import AddedToken
 
-    tok.backend_tokenizer.add_special_tokens([AddedToken("<mask>", lstrip=True, rstrip=False, normalized=False)])
+    tok.backend_tokenizer.add_special_tokens([
+        AddedToken("<mask>", lstrip=True, rstrip=False, normalized=False),
+        AddedToken("<|eot|>", rstrip=True, normalized=False),  # the longest added token strips to its right
+    ])
     tok.backend_tokenizer.add_tokens([AddedToken("[SEP]", rstrip=True, normalized=False)])
 
 
@@ -234,6 +237,19 @@ def test_template_path_share_for_realistic_templates(name, request):
 
 
 # -- behaviour ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("template, remainder", [
+    ("Hi <|eot|>", "  there"),  # the token would strip the remainder's spaces
+    ("Hi <|eot|>", "there"),
+    ("Hi ", " <mask> x"),  # the token would strip the template's space
+    ("Hi <mask>", " x"),
+])
+def test_stripping_added_tokens_at_the_join(bpe, template, remainder):
+    tokenizer = _variant(bpe, _lstrip_token)
+    tt = TemplateTokenizer(tokenizer, [template])
+    text = template + remainder
+    assert tt.encode(text)[0] == tokenizer.encode(text, add_special_tokens=True)
 
 
 def test_longest_matching_template_is_used_and_counted(bpe):

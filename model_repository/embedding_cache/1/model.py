@@ -1,59 +1,74 @@
-"""embedding_cache: prompt text to a normalised sentence embedding (ONNX Runtime), with a bounded cache.
+"""embedding_cache: prompt text to a normalised sentence embedding, its semantic cluster and similarity.
 
-All logic lives in ``warmup_tools.embedding``; this file only adapts Triton's request objects.
+All logic lives in ``warmup_tools.embedding_service``; this file only adapts Triton's request objects.
 """
 
-import random
+from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from warmup_tools.backend import (
-    CacheMetrics, collect_inputs, error_response, log_unexpected, model_parameters, shared_tier,
+    CacheMetrics, HeatMetrics, collect_inputs, error_response, log_unexpected, model_parameters, shared_tier,
 )
 from warmup_tools.embedding import OnnxEmbedder
+from warmup_tools.embedding_service import CENTROIDS_FILE, EmbeddingService
 from warmup_tools.requests import parse_optional_string, parse_text
 
-INPUTS = ("text_input", "warmup_plan", "tenant_id")
+INPUTS = ("text_input", "warmup_plan", "tenant_id", "adapter_id", "prompt_tokens")
 
 
 class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
-        self.embedder = OnnxEmbedder(
+        embedder = OnnxEmbedder(
             params.path("embedder_path"),
             cache_bytes=params.get("cache_bytes", int, 64 << 20),
             providers=params.get("providers", str, "auto"),
             num_threads=params.get("num_threads", int, 1),
             shared=shared_tier(params),
         )
-        self.sample_rate = params.get("miss_sample_rate", float, 0.1)
-        self.rng = random.Random(params.get("sample_seed", int, 0))
+        instance = args["model_instance_name"]
+        heat_dir = params.get("heat_log_dir", str, "")
+        self.service = EmbeddingService(
+            embedder,
+            sample_rate=params.get("miss_sample_rate", float, 0.1),
+            seed=params.get("sample_seed", int, 0),
+            threshold=params.get("admit_threshold", float, 0.82),
+            centroids_path=Path(args["model_repository"]) / CENTROIDS_FILE,
+            heat_log=params.path("heat_log_dir") / f"heat-{instance}.jsonl" if heat_dir else None,
+        )
         params.check_unknown()
-        self.zeros = np.zeros(self.embedder.dim, dtype=np.float32)
-        self.metrics = CacheMetrics(pb_utils, "embedding_cache", args["model_instance_name"])
-        pb_utils.Logger.log_info(f"embedding_cache: ONNX Runtime providers {self.embedder.providers}")
+        self.metrics = CacheMetrics(pb_utils, "embedding_cache", instance)
+        self.heat_metrics = HeatMetrics(pb_utils, instance)
+        pb_utils.Logger.log_info(f"embedding_cache: ONNX Runtime providers {embedder.providers}")
 
     def execute(self, requests):
         responses = []
         for request in requests:
             try:
                 inputs = collect_inputs(pb_utils, request, INPUTS)
-                text = parse_text(inputs)
-                # Warm-up samples always compute: filling the cache is their whole purpose.
-                rate = 1.0 if inputs["warmup_plan"] is not None else self.sample_rate
-                tenant = parse_optional_string(inputs, "tenant_id", "default")
-                result = self.embedder.lookup_or_sample(text, rate, self.rng, tenant)
+                length = inputs["prompt_tokens"]
+                outcome = self.service.handle(
+                    parse_text(inputs),
+                    tenant=parse_optional_string(inputs, "tenant_id", "default"),
+                    adapter=parse_optional_string(inputs, "adapter_id", ""),
+                    prompt_tokens=int(length.reshape(-1)[0]) if length is not None else 0,
+                    warmup=inputs["warmup_plan"] is not None,
+                )
                 responses.append(pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor("embedding", self.zeros if result.vector is None else result.vector),
-                    # Cluster ids come from a warm-up plan; -1 means "no cluster assigned".
-                    pb_utils.Tensor("cluster_id", np.array([-1], dtype=np.int32)),
+                    pb_utils.Tensor("embedding", outcome.vector),
+                    pb_utils.Tensor("cluster_id", np.array([outcome.cluster_id], dtype=np.int32)),
+                    pb_utils.Tensor("similarity", np.array([outcome.similarity], dtype=np.float32)),
                 ]))
-                self.metrics.record(result.source, self.embedder.local.stats)
+                self.metrics.record(outcome.source, self.service.embedder.local.stats)
             except Exception as exc:  # noqa: BLE001 (one bad request never fails the batch)
                 log_unexpected(pb_utils, "embedding_cache", exc)
                 responses.append(error_response(pb_utils, exc))
+        snapshot = self.service.maybe_flush()
+        if snapshot is not None:
+            self.heat_metrics.publish(snapshot)
         return responses
 
     def finalize(self):
-        self.embedder = None
+        self.service = None

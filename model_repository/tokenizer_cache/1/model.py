@@ -12,7 +12,7 @@ from warmup_tools.backend import (
 from warmup_tools.requests import parse_optional_string, parse_text
 from warmup_tools.tokenization import TokenizerService
 
-INPUTS = ("text_input", "tenant_id")
+INPUTS = ("text_input", "tenant_id", "warmup_plan")
 
 
 class TritonPythonModel:
@@ -32,6 +32,8 @@ class TritonPythonModel:
             try:
                 inputs = collect_inputs(pb_utils, request, INPUTS)
                 text = parse_text(inputs)
+                if inputs["warmup_plan"] is not None:
+                    self.service.register_template(text)
                 ids, source = self.service.encode(text, parse_optional_string(inputs, "tenant_id", "default"))
                 responses.append(pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor("input_ids", ids),

@@ -65,9 +65,12 @@ class TritonPythonModel:
             except Exception as exc:  # noqa: BLE001 (one bad request never fails the batch)
                 log_unexpected(pb_utils, "embedding_cache", exc)
                 responses.append(error_response(pb_utils, exc))
-        snapshot = self.service.maybe_flush()
-        if snapshot is not None:
-            self.heat_metrics.publish(snapshot)
+        try:
+            snapshot = self.service.maybe_flush()
+            if snapshot is not None:
+                self.heat_metrics.publish(snapshot)
+        except Exception as exc:  # noqa: BLE001 (statistics never cost the batch its responses)
+            log_unexpected(pb_utils, "embedding_cache", exc)
         return responses
 
     def finalize(self):

@@ -13,20 +13,21 @@ Record keys: ``ts`` (epoch seconds at arrival), ``tenant``, ``adapter`` ("" for 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import queue
 import threading
 from pathlib import Path
 from typing import Any
 
+from .jsonl import RotatingJsonLines
+from .tokenization import text_digest
+
 LOGGER = logging.getLogger(__name__)
 
 
 def prompt_digest(text: str) -> str:
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+    """The hex form of the digest the caches key prompts by."""
+    return text_digest(text).hex()
 
 
 def make_record(*, ts: float, tenant: str, adapter: str | None, prompt: str | None, prompt_tokens: int,
@@ -49,8 +50,7 @@ class RequestLogWriter:
                  queue_size: int = 10_000, flush_interval_s: float = 0.5) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / f"requests-{instance}.jsonl"
-        self.max_bytes = max_bytes
-        self.backups = backups
+        self._file = RotatingJsonLines(self.path, max_bytes=max_bytes, backups=backups)
         self.dropped = 0
         self.written = 0
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=queue_size)
@@ -93,23 +93,8 @@ class RequestLogWriter:
                 self._write(batch)
 
     def _write(self, batch: list[dict[str, Any]]) -> None:
-        data = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in batch).encode()
         try:
-            if self.path.exists() and self.path.stat().st_size + len(data) > self.max_bytes:
-                self._rotate()
-            with open(self.path, "ab") as handle:
-                handle.write(data)
-            self.written += len(batch)
+            self.written += self._file.write(batch)
         except OSError as exc:  # NOTE: a full disk loses log lines, never a request
             self.dropped += len(batch)
             LOGGER.error("request log %s: %s (dropped %d records)", self.path, exc, len(batch))
-
-    def _rotate(self) -> None:
-        for index in range(self.backups - 1, 0, -1):
-            older = self.path.with_name(f"{self.path.name}.{index}")
-            if older.exists():
-                os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
-        if self.backups > 0:
-            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
-        else:
-            self.path.unlink()

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from .demo_prompts import SYSTEM_PROMPTS
 from .errors import ConfigError, WarmupToolsError
+from .request_log import prompt_digest
 
 DAY_SECONDS = 86_400
 BASE_MODEL = ""
@@ -507,7 +508,7 @@ def _bursts(rng: random.Random, world: _World, rankings: list[list[Template]], z
 
 def _record(ts: float, tenant: str, adapter: str, prompt: str, template: str | None) -> dict:
     return {"ts": ts, "tenant": tenant, "adapter": adapter,
-            "prompt_digest": hashlib.blake2b(prompt.encode(), digest_size=16).hexdigest(), "prompt": prompt,
+            "prompt_digest": prompt_digest(prompt), "prompt": prompt,
             "prompt_tokens": None, "cached_tokens": None, "ttft_ms": None, "output_tokens": None,
             "cluster": None, "template": template}
 

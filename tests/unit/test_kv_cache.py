@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from warmup_tools.kv_cache import (
-    LIVE, NONE_HASH, WARMUP, CacheScope, PrefixCache, block_hashes, hash_block_tokens,
+    NONE_HASH, WARMUP, CacheScope, PrefixCache, block_hashes, hash_block_tokens,
 )
 
 BS = 4

@@ -429,6 +429,7 @@ def analyse_traffic(
     vectors = _embed_samples(scopes, embedder, options, progress)
     for scope in _progress(sorted(scopes.values(), key=_Scope.key), progress, "clustering", "scope"):
         _cluster_scope(scope, vectors, options)
+        _split_templates(scope, vectors, embedder, options)
         _assign_rest(scope, options.share)
 
     clusters: list[ClusterInfo] = []
@@ -786,6 +787,86 @@ def _cluster_scope(scope: _Scope, vectors: Mapping[bytes, np.ndarray], options: 
                          scope.tenant, scope.adapter, len(idx), spread)
             for i in idx:
                 sampled[i].label = NOISE
+
+
+def _split_templates(scope: _Scope, vectors: Mapping[bytes, np.ndarray], embedder: Embedder,
+                     options: PlanOptions) -> None:
+    """Split a cluster held together by its shared opening into the templates that follow it.
+
+    NOTE: the embedder reads only the first 256 tokens, and within one (tenant, adapter) most prompts
+    open with the same system prompt, so whole-prompt embeddings put all of a scope's templates in one
+    cluster. That cluster is right for the opening (every request shares it), so it stays; its members
+    are embedded again without the opening most of them share (cut back to a paragraph break), and the
+    groups HDBSCAN finds there become clusters of their own, with their longer shared prefixes. Members
+    it leaves as noise stay in the parent cluster.
+    """
+    from sklearn.cluster import HDBSCAN  # noqa: PLC0415
+
+    sampled = [p for p in scope.prompts.values() if p.sampled]
+    next_label = max([p.label for p in sampled] + [NOISE]) + 1
+    for label in sorted({p.label for p in sampled} - {NOISE}):
+        members = [p for p in sampled if p.label == label]
+        if len(members) < 2 * options.min_cluster_size:
+            continue
+        lead = _majority_prefix([m.text for m in members], 0.5)
+        lead = lead[: lead.rfind("\n\n") + 2] if "\n\n" in lead else ""
+        rests = [m.text[len(lead):] if m.text.startswith(lead) else m.text for m in members]
+        if not lead or not all(r.strip() for r in rests):
+            continue
+        unit = np.asarray(embedder.embed_batch(rests), dtype=np.float32)
+        unit = unit / np.maximum(np.linalg.norm(unit, axis=1, keepdims=True), 1e-12)
+        points = _project(unit, min(options.pca_components, max(2, len(members) // options.points_per_component)))
+        repeats = [min(m.count, options.min_cluster_size) for m in members]
+        rows = np.repeat(np.arange(len(members)), repeats)
+        sub = HDBSCAN(min_cluster_size=options.min_cluster_size, min_samples=options.min_samples,
+                      copy=True).fit(points[rows]).labels_[np.searchsorted(rows, np.arange(len(members)))]
+        groups = sorted(set(int(x) for x in sub) - {NOISE})
+        if len(groups) < 2:
+            continue
+        spreads = {g: _spread(unit, members, [i for i, x in enumerate(sub) if x == g]) for g in groups}
+        grouped = [i for i, x in enumerate(sub) if x != NOISE]
+        # Split only when the groups are real: each much tighter than all of them together.
+        sizes = {g: sum(members[i].count for i, x in enumerate(sub) if x == g) for g in groups}
+        within = sum(spreads[g] * sizes[g] for g in groups) / sum(sizes.values())
+        if _spread(unit, members, grouped) < 1.3 * within:
+            continue
+        for group in groups:
+            if options.max_spread is not None and spreads[group] > options.max_spread:
+                continue  # a loose group of one-off user parts: they stay with the opening
+            for i, x in enumerate(sub):
+                if x == group:
+                    members[i].label = next_label
+            next_label += 1
+
+
+def _spread(unit: np.ndarray, members: Sequence[_Prompt], idx: Sequence[int]) -> float:
+    """Count-weighted mean distance of the members ``idx`` to their centroid."""
+    w = np.array([members[i].count for i in idx], dtype=np.float64)
+    centre = (unit[idx] * w[:, None]).sum(0) / w.sum()
+    return float((np.linalg.norm(unit[idx] - centre, axis=1) * w).sum() / w.sum())
+
+
+def _majority_prefix(texts: Sequence[str], share: float) -> str:
+    """The longest leading text shared by at least ``share`` of ``texts`` (binary search on its length)."""
+    if not texts:
+        return ""
+    need = max(1, math.ceil(share * len(texts)))
+
+    def best(length: int) -> tuple[str, int]:
+        counts: dict[str, int] = {}
+        for text in texts:
+            if len(text) >= length:
+                counts[text[:length]] = counts.get(text[:length], 0) + 1
+        return max(counts.items(), key=lambda kv: kv[1]) if counts else ("", 0)
+
+    lo, hi = 0, max(len(t) for t in texts)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if best(mid)[1] >= need:
+            lo = mid
+        else:
+            hi = mid - 1
+    return best(lo)[0] if lo else ""
 
 
 def _project(unit: np.ndarray, components: int) -> np.ndarray:

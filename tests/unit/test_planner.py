@@ -374,3 +374,23 @@ def test_budgets_are_validated():
     with pytest.raises(ConfigError, match="unknown budget key"):
         Budgets.from_dict({"kv_bytes_per_adapter": 1, "kv_bytes_total": 1, "kv_bytes": 3})
     assert Budgets.from_dict(AMPLE.to_dict()) == AMPLE
+
+
+def test_clusters_follow_templates_on_generated_traffic(tokenizer, embedder):
+    """Purity on the traffic generator's logs: templates sharing a tenant's system prompt are told apart."""
+    import collections
+
+    from warmup_tools.traffic import TrafficConfig, generate
+
+    config = TrafficConfig(seed=5, days=1, requests_per_day=1500)
+    records = list(generate(config))
+    analysis = analyse_traffic(records, tokenizer, embedder, now=config.start + 86400, progress=False)
+    groups = collections.defaultdict(collections.Counter)
+    for r, c in zip(records, analysis.record_clusters):
+        if r["template"] is not None and c is not None and c != NOISE:
+            groups[c][r["template"]] += 1
+    clustered = sum(sum(g.values()) for g in groups.values())
+    purity = sum(g.most_common(1)[0][1] for g in groups.values()) / clustered
+    print(f"purity on generated traffic: {purity:.3f} over {clustered} records, {len(analysis.clusters)} clusters")
+    assert purity >= 0.75
+    assert clustered >= 0.9 * sum(1 for r in records if r["template"] is not None)

@@ -39,8 +39,9 @@ Pipeline (:func:`build_plan`):
 4. **Heat** per cluster: decayed frequency, ``sum(0.5 ** ((now - ts) / half_life_s))`` over its requests,
    divided by the decayed length of the observed span, i.e. an estimate of requests per hour. The
    estimator is scored on held-out data (fit on the first 80% of the span, predict each cluster's count
-   in the last 20%, weighted absolute percentage error). A learnt predictor is not implemented:
-   ``heat_error_learnt`` is null.
+   in the last 20%, weighted absolute percentage error). A learnt forecast (gradient boosted trees over
+   recent counts, trend, time of day, tenant and adapter; :mod:`warmup_tools.heat_forecast`) is scored
+   the same way and replaces the decayed frequency only when its error is lower; both errors are reported.
 5. **Prefix per cluster**: follow the block chain carried by at least ``share`` (0.8) of the cluster's
    requests (count-weighted) as deep as it goes; only full blocks are cached, and a request reuses at
    most ``(len(prompt) - 1) // block_size`` blocks (the last token is always prefilled, see
@@ -74,6 +75,7 @@ from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
 import numpy as np
 
 from .errors import AssetError, ConfigError, WarmupToolsError
+from .heat_forecast import HeatForecast, forecast_heat
 from .tokenization import text_digest
 from .tokenization import tokenizer_fingerprint as _tokenizer_fingerprint
 
@@ -303,6 +305,10 @@ class TrafficAnalysis:
     record_clusters: list[int | None]
     noise_share: float
     heat_error_baseline: float | None
+    heat_error_learnt: float | None
+    #: decayed_frequency, or learnt_gbdt when the learnt forecast beat it on the held-out window.
+    heat_model: str
+    heat_model_reason: str
     scopes: dict[tuple[str, str], _Scope]
 
 
@@ -432,15 +438,24 @@ def analyse_traffic(
         _split_templates(scope, vectors, embedder, options)
         _assign_rest(scope, options.share)
 
+    events = [(rows[index].ts, (scope.tenant, scope.adapter, prompt.label), scope.tenant, scope.adapter)
+              for scope in scopes.values() for prompt in scope.prompts.values() if prompt.label != NOISE
+              for index in prompt.rows]
+    forecast = forecast_heat(events, now=now, half_life_s=options.half_life_s, holdout=options.holdout,
+                             seed=options.seed)
+    factors = _forecast_factors(scopes, forecast, eff_hours)
+
     clusters: list[ClusterInfo] = []
     for scope in sorted(scopes.values(), key=_Scope.key):
         scale = scope.total_weight / scope.attributed_weight if scope.attributed_weight > 0 else 0.0
         for prompt in scope.prompts.values():
-            rate = prompt.decayed * scale / eff_hours
+            factor = factors.get((scope.tenant, scope.adapter, prompt.label), 1.0)
+            rate = prompt.decayed * scale / eff_hours * factor
             for node in prompt.chain:
                 scope.trie.rate[node] += rate
         for local, members in sorted(scope.members().items()):
             info, chain = _cluster_info(scope, members, vectors, scale, eff_hours, options, len(clusters))
+            info.heat_per_hour *= factors.get((scope.tenant, scope.adapter, local), 1.0)
             scope.cluster_ids[local] = info.cluster
             scope.chains[info.cluster] = chain
             clusters.append(info)
@@ -463,7 +478,10 @@ def analyse_traffic(
         clusters=clusters,
         record_clusters=record_clusters,
         noise_share=noise / planned if planned else 0.0,
-        heat_error_baseline=_holdout_error(rows, record_clusters, options),
+        heat_error_baseline=forecast.baseline_error,
+        heat_error_learnt=forecast.learnt_error,
+        heat_model=forecast.model,
+        heat_model_reason=forecast.reason,
         scopes=scopes,
     )
 
@@ -514,11 +532,11 @@ def build_plan(
         "embedded_prompts": analysis.embedded_prompts,
         "clusters": len(analysis.clusters),
         "noise_share": round(analysis.noise_share, 4),
-        "heat_model": "decayed_frequency",
+        "heat_model": analysis.heat_model,
         "heat_error_metric": f"wape_last_{options.holdout:g}_of_span",
         "heat_error_baseline": None if analysis.heat_error_baseline is None else round(analysis.heat_error_baseline, 4),
-        "heat_error_learnt": None,
-        "learnt_predictor": "not implemented",
+        "heat_error_learnt": None if analysis.heat_error_learnt is None else round(analysis.heat_error_learnt, 4),
+        "learnt_predictor": analysis.heat_model_reason,
         "as_of": _iso(analysis.now),
         "items": len(items),
         "kv_bytes": sum(item["kv_bytes"] for item in items),
@@ -562,7 +580,7 @@ def format_summary(plan: Plan) -> str:
         f"{s['clusters']} clusters, {s['noise_share']:.1%} of planned records in the long tail",
         f"heat: {s['heat_model']} (half-life {plan.settings.get('half_life_s', 0) / 3600:g} h); held-out error "
         f"({s['heat_error_metric']}): baseline {'n/a' if baseline is None else f'{baseline:.3f}'}, "
-        f"learnt {'not implemented' if learnt is None else f'{learnt:.3f}'}",
+        f"learnt {'n/a' if learnt is None else f'{learnt:.3f}'} ({s['learnt_predictor']})",
         f"warm: {s['items']} KV prefixes, {_size(s['kv_bytes'])} of {_size(budgets['kv_bytes_total'])} "
         f"(per adapter {_size(budgets['kv_bytes_per_adapter'])}), {s['expected_warm_seconds']:.1f} s of "
         f"{budgets['warm_seconds']:g} s; expected saving {s['expected_saved_tokens_per_hour']:,.0f} prefill tokens/h",
@@ -967,31 +985,17 @@ def _cluster_info(scope: _Scope, members: list[_Prompt], vectors: Mapping[bytes,
     return info, path
 
 
-def _holdout_error(rows: Sequence[_Row], record_clusters: Sequence[int | None], options: PlanOptions) -> float | None:
-    """WAPE of the decayed-frequency forecast of each cluster's count in the held-out tail of the span."""
-    labelled = [(r.ts, c) for r, c in zip(rows, record_clusters) if c is not None and c != NOISE]
-    if not labelled:
-        return None
-    t0 = min(ts for ts, _ in labelled)
-    t1 = max(ts for ts, _ in labelled)
-    if t1 - t0 < _MIN_SPAN_S:
-        return None
-    split = t0 + (1.0 - options.holdout) * (t1 - t0)
-    eff_hours = _decayed_hours(max(split - t0, _MIN_SPAN_S), options.half_life_s)
-    window_hours = (t1 - split) / 3600.0
-    fitted: dict[int, float] = collections.defaultdict(float)
-    actual: dict[int, int] = collections.defaultdict(int)
-    for ts, cluster in labelled:
-        if ts < split:
-            fitted[cluster] += 0.5 ** ((split - ts) / options.half_life_s)
-        else:
-            actual[cluster] += 1
-    total = sum(actual.values())
-    if total == 0:
-        return None
-    clusters = set(fitted) | set(actual)
-    error = sum(abs(fitted[c] / eff_hours * window_hours - actual[c]) for c in clusters)
-    return error / total
+def _forecast_factors(scopes: Mapping[tuple[str, str], _Scope], forecast: HeatForecast,
+                      eff_hours: float) -> dict[tuple[str, str, int], float]:
+    """Per (tenant, adapter, label): learnt rate / decayed-frequency rate, when the learnt model is used."""
+    if forecast.learnt_rates is None:
+        return {}
+    decayed: dict[tuple[str, str, int], float] = collections.defaultdict(float)
+    for scope in scopes.values():
+        scale = scope.total_weight / scope.attributed_weight if scope.attributed_weight > 0 else 0.0
+        for prompt in scope.prompts.values():
+            decayed[(scope.tenant, scope.adapter, prompt.label)] += prompt.decayed * scale / eff_hours
+    return {key: rate / decayed[key] for key, rate in forecast.learnt_rates.items() if decayed.get(key, 0) > 0}
 
 
 def _select(analysis: TrafficAnalysis, budgets: Budgets, kv_bytes_per_token: int) -> list[_Pick]:

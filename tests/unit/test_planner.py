@@ -354,7 +354,8 @@ def test_summary_reports_heat_errors_and_lists_the_items(tokenizer, embedder):
                       kv_bytes_per_token=KV_PER_TOKEN)
     summary = plan.summary
     assert summary["heat_model"] == "decayed_frequency"
-    assert summary["heat_error_baseline"] >= 0.0 and summary["heat_error_learnt"] is None
+    assert summary["heat_error_baseline"] >= 0.0
+    assert summary["heat_error_learnt"] is None or summary["heat_error_learnt"] >= summary["heat_error_baseline"]
     assert summary["expected_saved_tokens_per_hour"] == pytest.approx(
         sum(i["expected_saved_tokens_per_hour"] for i in plan.items), abs=0.5)
     assert [t["text"] for t in plan.tokenizer_templates] == [i["text"] for i in plan.items]
@@ -364,7 +365,7 @@ def test_summary_reports_heat_errors_and_lists_the_items(tokenizer, embedder):
         assert tokenizer.encode(item["text"], add_special_tokens=True)[: item["tokens"]] == item["token_ids"]
 
     text = format_summary(plan)
-    assert plan.plan_id in text and "learnt not implemented" in text
+    assert plan.plan_id in text and "held-out error" in text and "learnt" in text
     assert len([line for line in text.splitlines() if line.lstrip().startswith(("0 ", "1 ", "2 "))]) == 3
 
 

@@ -107,7 +107,6 @@ class GenerationMetrics:
     """Per-adapter requests, cold requests, cached vs prefilled prompt tokens and TTFT on /metrics."""
 
     def __init__(self, pb_utils: Any, model: str, instance: str) -> None:
-        self._pb = pb_utils
         self._model = model
         self._instance = instance
         self.requests = pb_utils.MetricFamily(

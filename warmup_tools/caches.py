@@ -10,7 +10,7 @@ import dataclasses
 import sys
 import threading
 from collections import OrderedDict
-from typing import Callable, Generic, Hashable, TypeVar
+from typing import Callable, Generic, Hashable, Protocol, TypeVar
 
 import numpy as np
 
@@ -30,6 +30,16 @@ def sizeof_value(value: object) -> int:
     if isinstance(value, tuple):
         return sys.getsizeof(value) + sum(sizeof_value(v) for v in value)
     return sys.getsizeof(value)
+
+
+class LocalCache(Protocol[K, V]):
+    """What a tier of :class:`~warmup_tools.shared_tier.TieredCache` needs from a local cache."""
+
+    stats: "CacheStats"
+
+    def get(self, key: K) -> V | None: ...
+
+    def put(self, key: K, value: V) -> bool: ...
 
 
 @dataclasses.dataclass(slots=True)

@@ -21,10 +21,8 @@ import numpy as np
 
 from .errors import ConfigError
 from .stanzas import (
-    BEGIN_MARKER, WARMUP_DIR, WarmupInput, WarmupSample, deserialize_tensor, string_input, write_model_warmup,
+    BEGIN_MARKER, COMPOSING_MODELS, WARMUP_DIR, WarmupInput, WarmupSample, deserialize_tensor, string_input, write_model_warmup,
 )
-
-COMPOSING_MODELS = ("tokenizer_cache", "embedding_cache", "lora_adapter")
 
 
 def load_plan(path: Path) -> dict[str, Any]:

@@ -31,7 +31,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Generic, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from .caches import LRUCache
+from .caches import LocalCache
 from .errors import ConfigError
 
 if TYPE_CHECKING:
@@ -355,11 +355,11 @@ class TieredStats:
 
 
 class TieredCache(Generic[V]):
-    """A local LRUCache (warmup_tools.caches.LRUCache) with an optional SharedTier behind it."""
+    """A local cache (any :class:`~warmup_tools.caches.LocalCache`) with an optional SharedTier behind it."""
 
     def __init__(
         self,
-        local: LRUCache,
+        local: LocalCache,
         shared: SharedTier | None,
         *,
         kind: str,

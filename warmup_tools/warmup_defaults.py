@@ -10,9 +10,8 @@ from typing import Mapping
 import numpy as np
 
 from .demo_prompts import SYSTEM_PROMPTS
-from .stanzas import WarmupInput, WarmupSample, string_input, write_model_warmup
+from .stanzas import COMPOSING_MODELS, WarmupInput, WarmupSample, string_input, write_model_warmup
 
-COMPOSING_MODELS = ("tokenizer_cache", "embedding_cache", "lora_adapter")
 
 
 def default_samples(tokenizer: object, prompts: Mapping[str, str] = SYSTEM_PROMPTS) -> dict[str, list[WarmupSample]]:

@@ -127,8 +127,8 @@ def _tier_latency(out: TextIO) -> None:
         keys = [uuid.uuid4().bytes for _ in range(500)]
         for key in keys:
             writer.put("t", key, ids)
-        local = [_time(lambda k=k: writer.get("t", k)) for k in keys]
-        shared = [_time(lambda k=k: reader.get("t", k)) for k in keys]  # first read: from Redis
+        local = [timed(lambda k=k: writer.get("t", k), 1)[0] for k in keys]
+        shared = [timed(lambda k=k: reader.get("t", k), 1)[0] for k in keys]  # first read: from Redis
         lp, lq = percentiles(local)
         sp, sq = percentiles(shared)
         out.write(f"\nLocal vs Redis tier (300 token ids): local hit p50 {lp:.4f} ms / p99 {lq:.4f} ms; "
@@ -181,8 +181,3 @@ def _ensemble_overhead(assets_dir: Path, tok: object, rng: random.Random, out: T
               f"{len(ens)} requests each: ensemble TTFT p50 {ep:.2f} ms (p99 {eq:.2f}); lora_adapter p50 "
               f"{rp:.2f} ms (p99 {rq:.2f}); the tokenizer and embedding steps add {ep - rp:.2f} ms at p50\n")
 
-
-def _time(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start

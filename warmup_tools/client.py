@@ -6,6 +6,7 @@ Used by the demo, the tests and the benchmarks; they measure time to first token
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import queue
 import time
@@ -82,15 +83,33 @@ def grpc_inputs(text: str | bytes, params: GenerateParams, stream: bool) -> list
     return inputs
 
 
+@functools.cache
+def _closing_once_client_class() -> type:
+    """tritonclient's gRPC ``InferenceServerClient`` with an idempotent ``close()``.
+
+    NOTE: tritonclient's ``__del__`` calls ``close()`` again after an explicit close. Under gevent (Locust),
+    that second ``grpc.Channel.close`` during interpreter shutdown hung the process after the run had
+    finished, about one run in two on a loaded machine (py-spy: ``__del__`` -> ``Channel._close``)."""
+    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+
+    class ClosingOnceClient(grpcclient.InferenceServerClient):
+        _closed = False
+
+        def close(self) -> None:
+            if not self._closed:
+                self._closed = True
+                super().close()
+
+    return ClosingOnceClient
+
+
 class StreamingClient:
     """One gRPC connection to Triton sending ``ensemble`` requests over the bidirectional stream."""
 
     def __init__(self, url: str, model: str = "ensemble", timeout_s: float = 300.0) -> None:
-        import tritonclient.grpc as grpcclient  # noqa: PLC0415
-
         self.model = model
         self.timeout_s = timeout_s
-        self._client = grpcclient.InferenceServerClient(url)
+        self._client = _closing_once_client_class()(url)
         self._responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
         self._client.start_stream(callback=lambda result, error: self._responses.put((result, error)))
 
@@ -142,7 +161,6 @@ class StreamingClient:
         )
 
     def close(self) -> None:
-        self._client.stop_stream()
         self._client.close()
 
     def __enter__(self) -> "StreamingClient":

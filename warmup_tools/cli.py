@@ -114,6 +114,14 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--requests-per-day", type=int, default=6000)
     rep.set_defaults(func=_cmd_bench_replay)
 
+    load = which.add_parser("load", help="Locust users replay day 2's first hour concurrently, with and without the plan")
+    load.add_argument("--assets-dir", type=Path, default=REPO_ROOT / ".assets")
+    load.add_argument("--users", type=int, default=4)
+    load.add_argument("--max-tokens", type=int, default=8)
+    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--requests-per-day", type=int, default=6000)
+    load.set_defaults(func=_cmd_bench_load)
+
     demo = sub.add_parser("demo", help="start the server, stream requests for two adapters, stop")
     _server_flags(demo)
     demo.add_argument("--max-tokens", type=int, default=24)
@@ -286,4 +294,14 @@ def _cmd_bench_replay(args: argparse.Namespace) -> int:
 
     assets = ensure_demo_assets(args.assets_dir)
     replay.run(assets.root, seed=args.seed, requests_per_day=args.requests_per_day)
+    return 0
+
+
+def _cmd_bench_load(args: argparse.Namespace) -> int:
+    from .assets import ensure_demo_assets  # noqa: PLC0415
+    from .bench import load  # noqa: PLC0415
+
+    assets = ensure_demo_assets(args.assets_dir)
+    load.run(assets.root, users=args.users, max_tokens=args.max_tokens, seed=args.seed,
+             requests_per_day=args.requests_per_day)
     return 0

@@ -63,41 +63,57 @@ def replay(repo: Path, records: Sequence[dict], assets_dir: Path, label: str, ou
     return res
 
 
-def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, out: TextIO = sys.stdout) -> None:
+@dataclasses.dataclass(frozen=True, slots=True)
+class Repositories:
+    """Day 2's first hour and two copies of the repository: without warm-up stanzas, and with the plan's."""
+
+    first_hour: list[dict]
+    without_plan: Path
+    with_plan: Path
+
+
+def prepare(work: Path, assets_dir: Path, *, seed: int, requests_per_day: int, out: TextIO) -> Repositories:
+    """Generate two days of traffic, plan from day 1, and write both repositories under ``work``."""
     from transformers import AutoTokenizer  # noqa: PLC0415
 
     from ..embedding import OnnxEmbedder  # noqa: PLC0415
     from ..planner import Budgets, build_plan, format_summary, iter_log_records, prefix_kv_bytes_per_token  # noqa: PLC0415
     from ..traffic import TrafficConfig, write_logs  # noqa: PLC0415
 
+    config = TrafficConfig(seed=seed, requests_per_day=requests_per_day)
+    day1, day2 = write_logs(config, work / "logs")[:2]
+    day1_records = list(iter_log_records([day1]))
+    day2_start = config.start + 86400
+    first_hour = [r for r in iter_log_records([day2]) if r["ts"] < day2_start + 3600]
+    out.write(f"traffic: {len(day1_records)} day-1 requests; replaying day 2's first hour: {len(first_hour)} "
+              "requests\n")
+    tokenizer = AutoTokenizer.from_pretrained(assets_dir / "lm")
+    embedder = OnnxEmbedder(assets_dir / "embedder", num_threads=2)
+    kv_total = int((256 << 20) * 0.85)  # lora_adapter's kv_cache_bytes less the live reserve
+    budgets = Budgets(kv_bytes_total=kv_total, kv_bytes_per_adapter=kv_total // 2)
+    plan = build_plan(day1_records, tokenizer, embedder, budgets, now=day2_start,
+                      kv_bytes_per_token=prefix_kv_bytes_per_token(assets_dir / "lm"), progress=False)
+    plan.save(work / "plan.json")
+    out.write(format_summary(plan) + "\n")
+
+    baseline = work / "repo-without-plan"
+    planned = work / "repo-with-plan"
+    shutil.copytree(REPO_ROOT / "model_repository", baseline)
+    shutil.copytree(REPO_ROOT / "model_repository", planned)
+    for model in COMPOSING_MODELS:
+        write_model_warmup(baseline / model, [])
+    counts = write_plan_stanzas(plan.to_dict(), planned)
+    out.write(f"stanzas from plan {plan.plan_id}: {counts}\n")
+    out.flush()
+    return Repositories(first_hour, baseline, planned)
+
+
+def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, out: TextIO = sys.stdout) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-replay-"))
     try:
-        config = TrafficConfig(seed=seed, requests_per_day=requests_per_day)
-        day1, day2 = write_logs(config, work / "logs")[:2]
-        day1_records = list(iter_log_records([day1]))
-        day2_start = config.start + 86400
-        first_hour = [r for r in iter_log_records([day2]) if r["ts"] < day2_start + 3600]
-        out.write(f"traffic: {len(day1_records)} day-1 requests; replaying day 2's first hour: {len(first_hour)} "
-                  "requests\n")
-        tokenizer = AutoTokenizer.from_pretrained(assets_dir / "lm")
-        embedder = OnnxEmbedder(assets_dir / "embedder", num_threads=2)
-        kv_total = int((256 << 20) * 0.85)  # lora_adapter's kv_cache_bytes less the live reserve
-        budgets = Budgets(kv_bytes_total=kv_total, kv_bytes_per_adapter=kv_total // 2)
-        plan = build_plan(day1_records, tokenizer, embedder, budgets, now=day2_start,
-                          kv_bytes_per_token=prefix_kv_bytes_per_token(assets_dir / "lm"), progress=False)
-        plan.save(work / "plan.json")
-        out.write(format_summary(plan) + "\n")
-
-        baseline = work / "repo-without-plan"
-        planned = work / "repo-with-plan"
-        shutil.copytree(REPO_ROOT / "model_repository", baseline)
-        shutil.copytree(REPO_ROOT / "model_repository", planned)
-        for model in COMPOSING_MODELS:
-            write_model_warmup(baseline / model, [])
-        counts = write_plan_stanzas(plan.to_dict(), planned)
-        out.write(f"stanzas from plan {plan.plan_id}: {counts}\n")
-        results = [replay(baseline, first_hour, assets_dir, "without plan", out),
-                   replay(planned, first_hour, assets_dir, "with plan   ", out)]
+        repos = prepare(work, assets_dir, seed=seed, requests_per_day=requests_per_day, out=out)
+        results = [replay(repos.without_plan, repos.first_hour, assets_dir, "without plan", out),
+                   replay(repos.with_plan, repos.first_hour, assets_dir, "with plan   ", out)]
         out.write("\n| repository | requests | cold requests | cold share | TTFT p50 ms | TTFT p90 ms | "
                   "prompt tokens from cache | ready after s |\n|---|---|---|---|---|---|---|---|\n")
         for r in results:

@@ -39,10 +39,11 @@ def test_locust_replays_a_request_log_once_and_quits(triton, tmp_path):
     log = tmp_path / "requests.jsonl"
     records = [{"ts": float(i), "tenant": f"locust-{i % 2}", "adapter": adapter,
                 "prompt": f"{SYSTEM_PROMPTS[adapter]}User: replayed question {i}\nAssistant:"}
-               for i, adapter in enumerate(["support", "legal", "sql", "support", "legal", "sql"])]
+               for i, adapter in enumerate(["support", "legal", "sql"] * 4)]
     log.write_text("".join(json.dumps(r) + "\n" for r in records))
-    # -t is far beyond what six requests need: the run must end because the log is exhausted.
-    rows = run_locust(triton, tmp_path / "replay", "-u", "2", "-r", "2", "-t", "90s",
+    # -t is far beyond what twelve requests need: the run must end because the log is exhausted, and
+    # only after the requests still in flight on other users have been answered and counted.
+    rows = run_locust(triton, tmp_path / "replay", "-u", "3", "-r", "3", "-t", "90s",
                       "--replay-log", str(log), "--max-tokens", "2")
     generated = sum(int(row["Request Count"]) for name, row in rows.items() if name.startswith("generate "))
     assert generated == len(records)

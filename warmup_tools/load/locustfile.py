@@ -2,7 +2,7 @@
 
     locust -f warmup_tools/load/locustfile.py --host 127.0.0.1:8001 --headless -u 8 -r 2 -t 60s
     locust -f warmup_tools/load/locustfile.py --host 127.0.0.1:8001 --headless -u 4 -r 4 -t 10m \\
-        --replay-log runs/traffic/day-2.jsonl
+        --replay-log runs/traffic/day2.jsonl
 
 Without ``--replay-log`` each user sends a demo adapter's system prompt plus one of its questions. With
 it, the users share one cursor over the request log (JSON Lines, gzip too: the traffic generator's
@@ -51,10 +51,13 @@ class ReplayCursor:
         self.path = path
         self._records: Iterator[dict] = iter_log_records(path)
         self.sent = 0
+        self.in_flight = 0
+        self.exhausted = False
 
     def next(self) -> tuple[str, GenerateParams] | None:
         record = next(self._records, None)
         if record is None:
+            self.exhausted = True
             return None
         prompt = record.get("prompt")
         if not isinstance(prompt, str):
@@ -72,6 +75,17 @@ def _open_log(environment: Any, **_: Any) -> None:
     global _cursor
     path = getattr(environment.parsed_options, "replay_log", "") if environment.parsed_options else ""
     _cursor = ReplayCursor(path) if path else None
+
+
+def _quit_when_idle(environment: Any, cursor: ReplayCursor) -> None:
+    """End the run once the log is exhausted and every request taken from it has been answered.
+
+    NOTE: runs in a greenlet of its own. Quitting from inside a user's greenlet (which the runner kills)
+    left a run with --csv waiting for its -t limit, and quitting while other users still had requests
+    in flight dropped those requests from the statistics."""
+    while cursor.in_flight:
+        gevent.sleep(0.05)
+    environment.runner.quit()
 
 
 class TritonGrpcUser(User):
@@ -124,17 +138,20 @@ class AdapterTrafficUser(TritonGrpcUser):
     @task
     def ask(self) -> None:
         if _cursor is not None:
+            was_exhausted = _cursor.exhausted
             item = _cursor.next()
             if item is None:
-                # The log is exhausted: end the run (users finish their request first, --stop-timeout).
-                # NOTE: quit from a greenlet of its own; quitting from inside the user's greenlet (which
-                # the runner kills) left a run with --csv waiting for its -t limit.
-                gevent.spawn(self.environment.runner.quit)
+                if not was_exhausted:
+                    gevent.spawn(_quit_when_idle, self.environment, _cursor)
                 raise StopUser()
             prompt, params = item
             params = GenerateParams(max_tokens=self.max_tokens, adapter_id=params.adapter_id,
                                     tenant_id=params.tenant_id)
-            self.generate(f"generate {params.adapter_id or 'base'}", prompt, params)
+            _cursor.in_flight += 1
+            try:
+                self.generate(f"generate {params.adapter_id or 'base'}", prompt, params)
+            finally:
+                _cursor.in_flight -= 1
             return
         adapter = random.choice(list(SYSTEM_PROMPTS))
         prompt = f"{SYSTEM_PROMPTS[adapter]}User: {random.choice(USER_QUESTIONS[adapter])}\nAssistant:"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import subprocess
 import sys
@@ -15,22 +14,23 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 LOCUSTFILE = Path(__file__).resolve().parents[2] / "warmup_tools" / "load" / "locustfile.py"
 
 
-def run_locust(triton, prefix: Path, *args: str) -> dict[str, dict]:
+def run_locust(triton, prefix: Path, *args: str):
+    from warmup_tools.load.stats import read_stats_json
+
     proc = subprocess.run(
         [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", triton.grpc_url, "--headless",
-         "--csv", str(prefix), "--only-summary", "--stop-timeout", "10", *args],
+         "--json-file", str(prefix), "--only-summary", "--stop-timeout", "10", *args],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    with open(f"{prefix}_stats.csv") as handle:
-        return {row["Name"]: row for row in csv.DictReader(handle)}
+    return read_stats_json(prefix)
 
 
 def test_locust_users_report_ttft_and_itl_without_failures(triton, tmp_path):
-    rows = run_locust(triton, tmp_path / "run", "-u", "2", "-r", "2", "-t", "6s")
-    assert int(rows["ttft"]["Request Count"]) > 0 and int(rows["itl"]["Request Count"]) > 0
-    assert int(rows["Aggregated"]["Failure Count"]) == 0
-    assert float(rows["ttft"]["Median Response Time"]) > 0
+    stats = run_locust(triton, tmp_path / "run", "-u", "2", "-r", "2", "-t", "6s")
+    assert stats["ttft"].requests > 0 and stats["itl"].requests > 0
+    assert sum(entry.failures for entry in stats.values()) == 0
+    assert stats["ttft"].percentile(0.5) > 0
 
 
 def test_locust_replays_a_request_log_once_and_quits(triton, tmp_path):
@@ -43,11 +43,11 @@ def test_locust_replays_a_request_log_once_and_quits(triton, tmp_path):
     log.write_text("".join(json.dumps(r) + "\n" for r in records))
     # -t is far beyond what twelve requests need: the run must end because the log is exhausted, and
     # only after the requests still in flight on other users have been answered and counted.
-    rows = run_locust(triton, tmp_path / "replay", "-u", "3", "-r", "3", "-t", "90s",
+    stats = run_locust(triton, tmp_path / "replay", "-u", "3", "-r", "3", "-t", "90s",
                       "--replay-log", str(log), "--max-tokens", "2")
-    generated = sum(int(row["Request Count"]) for name, row in rows.items() if name.startswith("generate "))
+    generated = sum(entry.requests for name, entry in stats.items() if name.startswith("generate "))
     assert generated == len(records)
-    assert int(rows["Aggregated"]["Failure Count"]) == 0
+    assert sum(entry.failures for entry in stats.values()) == 0
     # Each (tenant, adapter) pair is new to the server, and the tenant is in every KV block hash, so the
     # first request of a pair cannot be served from the cache unless warm-up filled it for that tenant.
-    assert "cold" in rows and int(rows["cold"]["Request Count"]) >= 1
+    assert "cold" in stats and stats["cold"].requests >= 1

@@ -9,7 +9,6 @@ plan's. It reports what a load test sees right after a scale-out: TTFT percentil
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import shutil
@@ -22,6 +21,7 @@ from typing import TextIO
 
 from ..config import REPO_ROOT
 from ..errors import WarmupToolsError
+from ..load.stats import read_stats_json
 from ..server import TritonServer
 from .replay import prepare
 
@@ -54,25 +54,24 @@ def locust_replay(repo: Path, log: Path, assets_dir: Path, work: Path, label: st
         proc = subprocess.run(
             [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", server.grpc_url, "--headless",
              "-u", str(users), "-r", str(users), "-t", "30m", "--stop-timeout", "60", "--only-summary",
-             "--replay-log", str(log), "--max-tokens", str(max_tokens), "--csv", str(prefix)],
+             "--replay-log", str(log), "--max-tokens", str(max_tokens), "--json-file", str(prefix)],
             capture_output=True, text=True, timeout=2400,
         )
         wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise WarmupToolsError(f"locust exited with {proc.returncode} ({label}):\n{proc.stderr[-4000:]}")
-    with open(f"{prefix}_stats.csv") as handle:
-        rows = {row["Name"]: row for row in csv.DictReader(handle)}
-    generate = [row for name, row in rows.items() if name.startswith("generate ")]
-    ttft, cold, itl = rows["ttft"], rows.get("cold"), rows.get("itl")
+    stats = read_stats_json(prefix)
+    generate = [entry for name, entry in stats.items() if name.startswith("generate ")]
+    ttft, cold, itl = stats["ttft"], stats.get("cold"), stats.get("itl")
     result = LoadResult(
         label=label,
-        requests=sum(int(row["Request Count"]) for row in generate),
-        failures=int(rows["Aggregated"]["Failure Count"]),
-        cold=int(cold["Request Count"]) if cold else 0,
-        ttft_p50_ms=float(ttft["50%"]), ttft_p95_ms=float(ttft["95%"]), ttft_p99_ms=float(ttft["99%"]),
-        ttft_max_ms=float(ttft["Max Response Time"]),
-        cold_ttft_p50_ms=float(cold["50%"]) if cold else 0.0,
-        itl_p50_ms=float(itl["50%"]) if itl else 0.0,
+        requests=sum(entry.requests for entry in generate),
+        failures=sum(entry.failures for entry in stats.values()),
+        cold=cold.requests if cold else 0,
+        ttft_p50_ms=ttft.percentile(0.5), ttft_p95_ms=ttft.percentile(0.95), ttft_p99_ms=ttft.percentile(0.99),
+        ttft_max_ms=ttft.max_ms,
+        cold_ttft_p50_ms=cold.percentile(0.5) if cold else 0.0,
+        itl_p50_ms=itl.percentile(0.5) if itl else 0.0,
         wall_s=wall,
     )
     out.write(f"  {label}: {result.requests} requests in {wall:.0f} s, {result.failures} failures, "
@@ -103,7 +102,8 @@ def run(assets_dir: Path, *, users: int = 4, max_tokens: int = 8, seed: int = 0,
             out.write(f"| {r.label} | {r.requests} | {r.failures} | {r.cold} ({r.cold / max(r.requests, 1):.1%}) | "
                       f"{r.ttft_p50_ms:.0f} | {r.ttft_p95_ms:.0f} | {r.ttft_p99_ms:.0f} | {r.ttft_max_ms:.0f} | "
                       f"{r.cold_ttft_p50_ms:.0f} | {r.itl_p50_ms:.0f} |\n")
-        out.write("(Locust's percentiles are rounded to two significant digits above 100 ms.)\n")
+        out.write("(From Locust's final statistics; Locust rounds response times to two significant digits "
+                  "above 100 ms.)\n")
         return results
     finally:
         shutil.rmtree(work, ignore_errors=True)

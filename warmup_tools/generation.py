@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 import torch
 
@@ -227,14 +227,24 @@ class LoraEngine:
             return "KV prefix cache disabled; nothing to warm"
         count = tokens = 0
         for text in prompts:
-            ids = tuple(self.tokenizer.encode(text, add_special_tokens=True))
-            request = GenerateRequest(ids, adapter, tenant, False, SamplingParams(max_tokens=1),
-                                      warmup_plan=self.prefix_cache.active_plan or "")
-            for _ in self.generate(request):
-                pass
+            ids = self.encode(text)
+            self.warm_ids(adapter, ids, tenant)
             count += 1
             tokens += len(ids)
         return f"warmed {count} prompts ({tokens} tokens)"
+
+    def warm_ids(self, adapter: str | None, ids: Sequence[int], tenant: str = "default") -> None:
+        """Pre-fill the KV blocks of one tokenised prompt (pinned under the active plan, if any)."""
+        if self.prefix_cache is None:
+            return
+        request = GenerateRequest(tuple(ids), adapter, tenant, False, SamplingParams(max_tokens=1),
+                                  warmup_plan=self.prefix_cache.active_plan or "")
+        for _ in self.generate(request):
+            pass
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        """Token ids of ``text`` as a request would carry them (with the tokenizer's special tokens)."""
+        return tuple(self.tokenizer.encode(text, add_special_tokens=True))
 
     # ------------------------------------------------------------------------------------- helpers
     def _forward(self, input_ids: torch.Tensor, cache: object) -> torch.Tensor:

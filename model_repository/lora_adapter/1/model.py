@@ -45,6 +45,9 @@ class TritonPythonModel:
             engine, instance=self.instance,
             control_dir=params.path("control_dir") if control else None,
             serve_cold=params.get("serve_cold", parse_bool, False),
+            warm_priority=params.get("warm_priority", str, "live_first"),
+            warm_share=params.get("warm_share", float, 0.5),
+            warm_chunk_tokens=params.get("warm_chunk_tokens", int, 128),
         )
         self.limits = RequestLimits(
             max_tokens_limit=params.get("max_tokens_limit", int, 512),

@@ -122,6 +122,13 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument("--requests-per-day", type=int, default=6000)
     load.set_defaults(func=_cmd_bench_load)
 
+    pre = which.add_parser("preload", help="live TTFT while a new adapter warms: fifo vs live-first, chunked")
+    pre.add_argument("--assets-dir", type=Path, default=REPO_ROOT / ".assets")
+    pre.add_argument("--prompts", type=int, default=12, help="warm prompts of the new adapter")
+    pre.add_argument("--prompt-tokens", type=int, default=768)
+    pre.add_argument("--lm-threads", type=int, default=1)
+    pre.set_defaults(func=_cmd_bench_preload)
+
     demo = sub.add_parser("demo", help="start the server, stream requests for two adapters, stop")
     _server_flags(demo)
     demo.add_argument("--max-tokens", type=int, default=24)
@@ -294,6 +301,15 @@ def _cmd_bench_replay(args: argparse.Namespace) -> int:
 
     assets = ensure_demo_assets(args.assets_dir)
     replay.run(assets.root, seed=args.seed, requests_per_day=args.requests_per_day)
+    return 0
+
+
+def _cmd_bench_preload(args: argparse.Namespace) -> int:
+    from .assets import ensure_demo_assets  # noqa: PLC0415
+    from .bench import preload  # noqa: PLC0415
+
+    assets = ensure_demo_assets(args.assets_dir)
+    preload.run(assets.root, prompts=args.prompts, prompt_tokens=args.prompt_tokens, lm_threads=args.lm_threads)
     return 0
 
 

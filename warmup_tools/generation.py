@@ -217,6 +217,9 @@ class LoraEngine:
         once the adapter is reloaded with other weights (the fingerprint is part of every key)."""
         if name not in self.adapters:
             return
+        others = [a for a in self.adapters if a != name]
+        if others and self._peft.active_adapter == name:
+            self._peft.set_adapter(others[0])  # requests set their own; this only avoids peft's warning
         self._peft.delete_adapter(name)
         del self.adapters[name]
         self.adapter_fingerprints.pop(name, None)

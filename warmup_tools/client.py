@@ -11,7 +11,7 @@ import json
 import queue
 import time
 import uuid
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Self
 
 import numpy as np
 
@@ -103,7 +103,55 @@ def _closing_once_client_class() -> type:
     return ClosingOnceClient
 
 
-class StreamingClient:
+_COUNTERS = ("cached_tokens", "prompt_tokens", "output_tokens")
+
+
+class _Collector:
+    """Accumulates one request's streamed pieces, its TTFT and the counters of its last response."""
+
+    def __init__(self, on_piece: Callable[[str], None] | None) -> None:
+        self.start = time.perf_counter()
+        self.on_piece = on_piece
+        self.pieces: list[str] = []
+        self.ttft: float | None = None
+        self.last: dict[str, Any] = {}
+
+    def piece(self, text: str, fields: dict[str, Any]) -> None:
+        if self.ttft is None:
+            self.ttft = time.perf_counter() - self.start
+        self.pieces.append(text)
+        if self.on_piece is not None and text:
+            self.on_piece(text)
+        for name in _COUNTERS:
+            if name in fields:
+                self.last[name] = int(fields[name])
+        reason = fields.get("finish_reason", "")
+        self.last["finish_reason"] = reason.decode() if isinstance(reason, bytes) else str(reason)
+
+    def result(self) -> GenerateResult:
+        total = time.perf_counter() - self.start
+        return GenerateResult(
+            text="".join(self.pieces), pieces=self.pieces, ttft_s=self.ttft if self.ttft is not None else total,
+            total_s=total, cached_tokens=self.last.get("cached_tokens", 0),
+            prompt_tokens=self.last.get("prompt_tokens", 0), output_tokens=self.last.get("output_tokens", 0),
+            finish_reason=self.last.get("finish_reason", ""),
+        )
+
+
+class _Closeable:
+    """``with client:`` closes the client."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class StreamingClient(_Closeable):
     """One gRPC connection to Triton sending ``ensemble`` requests over the bidirectional stream."""
 
     def __init__(self, url: str, model: str = "ensemble", timeout_s: float = 300.0) -> None:
@@ -123,14 +171,11 @@ class StreamingClient:
     ) -> GenerateResult:
         """Send one request and collect its responses until the final one."""
         request_id = uuid.uuid4().hex
-        start = time.perf_counter()
+        collect = _Collector(on_piece)
         self._client.async_stream_infer(
             self.model, grpc_inputs(text, params, stream), request_id=request_id,
             enable_empty_final_response=True,
         )
-        pieces: list[str] = []
-        ttft = None
-        last: dict[str, Any] = {}
         while True:
             try:
                 result, error = self._responses.get(timeout=self.timeout_s)
@@ -142,32 +187,14 @@ class StreamingClient:
             final = response.parameters.get("triton_final_response")
             text_out = result.as_numpy("text_output")
             if text_out is not None:
-                piece = text_out.reshape(-1)[0].decode("utf-8")
-                if ttft is None:
-                    ttft = time.perf_counter() - start
-                pieces.append(piece)
-                if on_piece is not None and piece:
-                    on_piece(piece)
-                for name in ("cached_tokens", "prompt_tokens", "output_tokens"):
-                    last[name] = int(result.as_numpy(name).reshape(-1)[0])
-                last["finish_reason"] = result.as_numpy("finish_reason").reshape(-1)[0].decode()
+                collect.piece(text_out.reshape(-1)[0].decode("utf-8"),
+                              {name: result.as_numpy(name).reshape(-1)[0] for name in _COUNTERS + ("finish_reason",)})
             if final is not None and final.bool_param:
                 break
-        total = time.perf_counter() - start
-        return GenerateResult(
-            text="".join(pieces), pieces=pieces, ttft_s=ttft if ttft is not None else total, total_s=total,
-            cached_tokens=last.get("cached_tokens", 0), prompt_tokens=last.get("prompt_tokens", 0),
-            output_tokens=last.get("output_tokens", 0), finish_reason=last.get("finish_reason", ""),
-        )
+        return collect.result()
 
     def close(self) -> None:
         self._client.close()
-
-    def __enter__(self) -> "StreamingClient":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def http_generate(url: str, text: str, params: GenerateParams = GenerateParams(), model: str = "ensemble",
@@ -183,13 +210,14 @@ def http_generate(url: str, text: str, params: GenerateParams = GenerateParams()
 
 
 def http_generate_stream(url: str, text: str, params: GenerateParams = GenerateParams(),
-                         model: str = "ensemble", timeout_s: float = 300.0) -> Iterator[dict[str, Any]]:
+                         model: str = "ensemble", timeout_s: float = 300.0,
+                         session: Any = None) -> Iterator[dict[str, Any]]:
     """``POST /v2/models/<model>/generate_stream``: yields each server-sent event's JSON."""
     import requests  # noqa: PLC0415
 
     body = {"text_input": text, "stream": True, **params.as_json()}
-    with requests.post(f"http://{url}/v2/models/{model}/generate_stream", json=body, stream=True,
-                       timeout=timeout_s) as response:
+    with (session or requests).post(f"http://{url}/v2/models/{model}/generate_stream", json=body, stream=True,
+                                    timeout=timeout_s) as response:
         if response.status_code != 200:
             raise GenerateError(_error_text(response.text), response.status_code)
         for line in response.iter_lines(decode_unicode=True):
@@ -199,6 +227,29 @@ def http_generate_stream(url: str, text: str, params: GenerateParams = GenerateP
             if "error" in event:
                 raise GenerateError(event["error"], response.status_code)
             yield event
+
+
+class HttpStreamingClient(_Closeable):
+    """:class:`StreamingClient`'s interface over HTTP: ``POST /v2/models/<model>/generate_stream`` (SSE),
+    one keep-alive session. ``url`` is Triton's HTTP address."""
+
+    def __init__(self, url: str, model: str = "ensemble", timeout_s: float = 300.0) -> None:
+        import requests  # noqa: PLC0415
+
+        self.url = url
+        self.model = model
+        self.timeout_s = timeout_s
+        self._session = requests.Session()
+
+    def generate(self, text: str, params: GenerateParams = GenerateParams(), *,
+                 on_piece: Callable[[str], None] | None = None) -> GenerateResult:
+        collect = _Collector(on_piece)
+        for event in http_generate_stream(self.url, text, params, self.model, self.timeout_s, self._session):
+            collect.piece(event.get("text_output", ""), event)
+        return collect.result()
+
+    def close(self) -> None:
+        self._session.close()
 
 
 def _error_text(body: str) -> str:

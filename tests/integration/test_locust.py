@@ -14,11 +14,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 LOCUSTFILE = Path(__file__).resolve().parents[2] / "warmup_tools" / "load" / "locustfile.py"
 
 
-def run_locust(triton, prefix: Path, *args: str):
+def run_locust(triton, prefix: Path, *args: str, host: str | None = None):
     from warmup_tools.load.stats import read_stats_json
 
     proc = subprocess.run(
-        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", triton.grpc_url, "--headless",
+        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", host or triton.grpc_url, "--headless",
          "--json-file", str(prefix), "--only-summary", "--stop-timeout", "10", *args],
         capture_output=True, text=True, timeout=120,
     )
@@ -33,18 +33,20 @@ def test_locust_users_report_ttft_and_itl_without_failures(triton, tmp_path):
     assert stats["ttft"].percentile(0.5) > 0
 
 
-def test_locust_replays_a_request_log_once_and_quits(triton, tmp_path):
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+def test_locust_replays_a_request_log_once_and_quits(triton, tmp_path, transport):
     from warmup_tools.demo_prompts import SYSTEM_PROMPTS
 
     log = tmp_path / "requests.jsonl"
-    records = [{"ts": float(i), "tenant": f"locust-{i % 2}", "adapter": adapter,
+    records = [{"ts": float(i), "tenant": f"locust-{transport}-{i % 2}", "adapter": adapter,
                 "prompt": f"{SYSTEM_PROMPTS[adapter]}User: replayed question {i}\nAssistant:"}
                for i, adapter in enumerate(["support", "legal", "sql"] * 4)]
     log.write_text("".join(json.dumps(r) + "\n" for r in records))
     # -t is far beyond what twelve requests need: the run must end because the log is exhausted, and
     # only after the requests still in flight on other users have been answered and counted.
-    stats = run_locust(triton, tmp_path / "replay", "-u", "3", "-r", "3", "-t", "90s",
-                      "--replay-log", str(log), "--max-tokens", "2")
+    stats = run_locust(triton, tmp_path / "replay", "-u", "3", "-r", "3", "-t", "90s", "--transport", transport,
+                       "--replay-log", str(log), "--max-tokens", "2",
+                       host=triton.http_url if transport == "http" else triton.grpc_url)
     generated = sum(entry.requests for name, entry in stats.items() if name.startswith("generate "))
     assert generated == len(records)
     assert sum(entry.failures for entry in stats.values()) == 0

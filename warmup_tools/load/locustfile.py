@@ -1,6 +1,7 @@
-"""Locust load test of the ``ensemble`` over gRPC streaming.
+"""Locust load test of the ``ensemble`` over the gRPC stream (default) or HTTP ``generate_stream``.
 
     locust -f warmup_tools/load/locustfile.py --host 127.0.0.1:8001 --headless -u 8 -r 2 -t 60s
+    locust -f warmup_tools/load/locustfile.py --host 127.0.0.1:8000 --transport http --headless -u 8 -t 60s
     locust -f warmup_tools/load/locustfile.py --host 127.0.0.1:8001 --headless -u 4 -r 4 -t 10m \\
         --replay-log runs/traffic/day2.jsonl
 
@@ -30,7 +31,7 @@ import gevent  # noqa: E402
 from locust import User, between, events, task  # noqa: E402
 from locust.exception import StopUser  # noqa: E402
 
-from warmup_tools.client import GenerateParams, StreamingClient  # noqa: E402
+from warmup_tools.client import GenerateParams, HttpStreamingClient, StreamingClient  # noqa: E402
 from warmup_tools.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS  # noqa: E402
 
 
@@ -40,6 +41,9 @@ def _options(parser: Any) -> None:
                         help="request log (JSON Lines, gzip too) to replay in order; empty: demo prompts")
     parser.add_argument("--max-tokens", type=int, default=16, include_in_web_ui=True,
                         help="max_tokens of every request")
+    parser.add_argument("--transport", choices=("grpc", "http"), default="grpc", include_in_web_ui=True,
+                        help="grpc: the gRPC stream (--host is Triton's gRPC address); http: POST "
+                             "generate_stream, server-sent events (--host is Triton's HTTP address)")
 
 
 class ReplayCursor:
@@ -88,15 +92,17 @@ def _quit_when_idle(environment: Any, cursor: ReplayCursor) -> None:
     environment.runner.quit()
 
 
-class TritonGrpcUser(User):
-    """Owns one streaming gRPC client; concrete users only declare tasks."""
+class TritonUser(User):
+    """Owns one streaming client (gRPC stream or HTTP generate_stream); concrete users only declare tasks."""
 
     abstract = True
 
     def on_start(self) -> None:
-        self.client = StreamingClient(self.host, timeout_s=120)
         options = self.environment.parsed_options
+        self.transport = options.transport if options is not None else "grpc"
         self.max_tokens = options.max_tokens if options is not None else 16
+        client = HttpStreamingClient if self.transport == "http" else StreamingClient
+        self.client = client(self.host, timeout_s=120)
 
     def on_stop(self) -> None:
         self.client.close()
@@ -106,31 +112,27 @@ class TritonGrpcUser(User):
         last = None
         context = {"adapter": params.adapter_id or "base", "tenant": params.tenant_id or ""}
 
+        def fire(event: str, ms: float, length: int = 0, exception: Exception | None = None) -> None:
+            events.request.fire(request_type=self.transport, name=event, response_time=ms, response_length=length,
+                                exception=exception, context=context)
+
         def on_piece(_: str) -> None:
             nonlocal last
             now = time.perf_counter()
-            if last is None:
-                events.request.fire(request_type="grpc", name="ttft", response_time=(now - start) * 1000,
-                                    response_length=0, exception=None, context=context)
-            else:
-                events.request.fire(request_type="grpc", name="itl", response_time=(now - last) * 1000,
-                                    response_length=0, exception=None, context=context)
+            fire("ttft" if last is None else "itl", (now - (start if last is None else last)) * 1000)
             last = now
 
         try:
             result = self.client.generate(prompt, params, on_piece=on_piece)
         except Exception as exc:  # noqa: BLE001 - reported to Locust, not swallowed
-            events.request.fire(request_type="grpc", name=name, response_time=(time.perf_counter() - start) * 1000,
-                                response_length=0, exception=exc, context=context)
+            fire(name, (time.perf_counter() - start) * 1000, exception=exc)
             return
-        events.request.fire(request_type="grpc", name=name, response_time=(time.perf_counter() - start) * 1000,
-                            response_length=result.output_tokens, exception=None, context=context)
+        fire(name, (time.perf_counter() - start) * 1000, result.output_tokens)
         if result.cached_tokens == 0:
-            events.request.fire(request_type="grpc", name="cold", response_time=result.ttft_s * 1000,
-                                response_length=result.prompt_tokens, exception=None, context=context)
+            fire("cold", result.ttft_s * 1000, result.prompt_tokens)
 
 
-class AdapterTrafficUser(TritonGrpcUser):
+class AdapterTrafficUser(TritonUser):
     """Demo prompts, or the records of ``--replay-log`` in order."""
 
     wait_time = between(0.05, 0.3)

@@ -101,3 +101,18 @@ def test_server_dies_with_the_process_that_started_it(tmp_path):
     if alive:
         os.killpg(pgid, 9)
     assert not alive, "tritonserver or a stub outlived the process that started it"
+
+
+def test_a_bad_lora_adapter_parameter_fails_the_load_naming_the_parameter(tmp_path, demo_assets):
+    import shutil
+
+    from tests.conftest import REPO_ROOT
+
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO_ROOT / "model_repository" / "lora_adapter", repo / "lora_adapter")
+    env = {"WARMUP_ASSETS_DIR": str(demo_assets.root), "WARMUP_CONTROL_DIR": "", "WARMUP_WARM_PRIORITY": "newest"}
+    server = TritonServer(repo, env=env, work_dir=tmp_path / "work")
+    with server:
+        with pytest.raises(ServerError, match="warm_priority must be one of live_first, fifo"):
+            server.wait_ready(timeout=300)
+    assert not server.is_alive()

@@ -86,20 +86,6 @@ def _parser() -> argparse.ArgumentParser:
     actions.add_parser("status", help="each instance's adapter states")
     adapters.set_defaults(func=_cmd_adapters)
 
-    bench = sub.add_parser("bench", help="benchmarks that print figures")
-    which = bench.add_subparsers(dest="bench", required=True)
-    kv = which.add_parser("kv", help="TTFT with and without a warm KV prefix; INT8 accuracy; memory flood")
-    kv.add_argument("--assets-dir", type=Path, default=REPO_ROOT / ".assets")
-    kv.add_argument("--repeats", type=int, default=7)
-    kv.add_argument("--flood", type=int, default=10_000, help="unique prompts for the memory check (0: skip)")
-    kv.add_argument("--lm-threads", type=int, default=1, help="torch threads of lora_adapter (0: torch default)")
-    kv.set_defaults(func=_cmd_bench_kv)
-
-    caches = which.add_parser("caches", help="tokenizer/embedding cache latency, hit ratios, tiers, ensemble overhead")
-    caches.add_argument("--assets-dir", type=Path, default=REPO_ROOT / ".assets")
-    caches.add_argument("--requests", type=int, default=300)
-    caches.set_defaults(func=_cmd_bench_caches)
-
     traffic = sub.add_parser("traffic", help="write seeded, realistic request logs (one file per day)")
     traffic.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "traffic")
     traffic.add_argument("--seed", type=int, default=0)
@@ -108,26 +94,40 @@ def _parser() -> argparse.ArgumentParser:
     traffic.add_argument("--gzip", action="store_true")
     traffic.set_defaults(func=_cmd_traffic)
 
-    rep = which.add_parser("replay", help="plan from day-1 logs, replay day 2's first hour with and without it")
-    rep.add_argument("--assets-dir", type=Path, default=REPO_ROOT / ".assets")
+    # Every benchmark takes --assets-dir; its other flags are the keyword arguments of its module's run().
+    assets = argparse.ArgumentParser(add_help=False)
+    assets.add_argument("--assets-dir", type=Path, default=REPO_ROOT / ".assets")
+    bench = sub.add_parser("bench", help="benchmarks that print figures")
+    bench.set_defaults(func=_cmd_bench)
+    which = bench.add_subparsers(dest="bench", required=True)
+    kv = which.add_parser("kv", parents=[assets],
+                          help="TTFT with and without a warm KV prefix; INT8 accuracy; memory flood")
+    kv.add_argument("--repeats", type=int, default=7)
+    kv.add_argument("--flood", type=int, default=10_000, help="unique prompts for the memory check (0: skip)")
+    kv.add_argument("--lm-threads", type=int, default=1, help="torch threads of lora_adapter (0: torch default)")
+
+    caches = which.add_parser("caches", parents=[assets],
+                              help="tokenizer/embedding cache latency, hit ratios, tiers, ensemble overhead")
+    caches.add_argument("--requests", dest="n", type=int, default=300)
+
+    rep = which.add_parser("replay", parents=[assets],
+                           help="plan from day-1 logs, replay day 2's first hour with and without it")
     rep.add_argument("--seed", type=int, default=0)
     rep.add_argument("--requests-per-day", type=int, default=6000)
-    rep.set_defaults(func=_cmd_bench_replay)
 
-    load = which.add_parser("load", help="Locust users replay day 2's first hour concurrently, with and without the plan")
-    load.add_argument("--assets-dir", type=Path, default=REPO_ROOT / ".assets")
+    load = which.add_parser("load", parents=[assets],
+                            help="Locust users replay day 2's first hour concurrently, with and without the plan")
     load.add_argument("--users", type=int, default=4)
     load.add_argument("--max-tokens", type=int, default=8)
     load.add_argument("--seed", type=int, default=0)
     load.add_argument("--requests-per-day", type=int, default=6000)
-    load.set_defaults(func=_cmd_bench_load)
 
-    pre = which.add_parser("preload", help="live TTFT while a new adapter warms: fifo vs live-first, chunked")
-    pre.add_argument("--assets-dir", type=Path, default=REPO_ROOT / ".assets")
+    pre = which.add_parser("preload", parents=[assets],
+                           help="live TTFT while a new adapter warms: fifo vs live-first, chunked")
     pre.add_argument("--prompts", type=int, default=12, help="warm prompts of the new adapter")
     pre.add_argument("--prompt-tokens", type=int, default=768)
     pre.add_argument("--lm-threads", type=int, default=1)
-    pre.set_defaults(func=_cmd_bench_preload)
+
 
     demo = sub.add_parser("demo", help="start the server, stream requests for two adapters, stop")
     _server_flags(demo)
@@ -270,54 +270,23 @@ def _cmd_adapters(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench_kv(args: argparse.Namespace) -> int:
-    from .assets import ensure_demo_assets  # noqa: PLC0415
-    from .bench import kv  # noqa: PLC0415
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import importlib  # noqa: PLC0415
 
-    assets = ensure_demo_assets(args.assets_dir)
-    kv.run(assets.root, repeats=args.repeats, flood=args.flood, lm_threads=args.lm_threads)
+    from .assets import ensure_demo_assets  # noqa: PLC0415
+
+    module = importlib.import_module(f"{__package__}.bench.{args.bench}")
+    module.run(ensure_demo_assets(args.assets_dir).root, **bench_options(args))
     return 0
 
 
-def _cmd_bench_caches(args: argparse.Namespace) -> int:
-    from .assets import ensure_demo_assets  # noqa: PLC0415
-    from .bench import caches  # noqa: PLC0415
-
-    assets = ensure_demo_assets(args.assets_dir)
-    caches.run(assets.root, n=args.requests)
-    return 0
+def bench_options(args: argparse.Namespace) -> dict[str, object]:
+    """A ``bench`` command's own flags: the keyword arguments of its module's ``run()``."""
+    return {k: v for k, v in vars(args).items() if k not in ("command", "bench", "func", "verbose", "assets_dir")}
 
 
 def _cmd_traffic(args: argparse.Namespace) -> int:
     from .traffic import main_traffic  # noqa: PLC0415
 
     main_traffic(args.out, args.seed, args.days, args.requests_per_day, args.gzip)
-    return 0
-
-
-def _cmd_bench_replay(args: argparse.Namespace) -> int:
-    from .assets import ensure_demo_assets  # noqa: PLC0415
-    from .bench import replay  # noqa: PLC0415
-
-    assets = ensure_demo_assets(args.assets_dir)
-    replay.run(assets.root, seed=args.seed, requests_per_day=args.requests_per_day)
-    return 0
-
-
-def _cmd_bench_preload(args: argparse.Namespace) -> int:
-    from .assets import ensure_demo_assets  # noqa: PLC0415
-    from .bench import preload  # noqa: PLC0415
-
-    assets = ensure_demo_assets(args.assets_dir)
-    preload.run(assets.root, prompts=args.prompts, prompt_tokens=args.prompt_tokens, lm_threads=args.lm_threads)
-    return 0
-
-
-def _cmd_bench_load(args: argparse.Namespace) -> int:
-    from .assets import ensure_demo_assets  # noqa: PLC0415
-    from .bench import load  # noqa: PLC0415
-
-    assets = ensure_demo_assets(args.assets_dir)
-    load.run(assets.root, users=args.users, max_tokens=args.max_tokens, seed=args.seed,
-             requests_per_day=args.requests_per_day)
     return 0

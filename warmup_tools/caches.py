@@ -7,8 +7,10 @@ grow a process without bound. Sizes are estimated from the stored values by a ``
 from __future__ import annotations
 
 import dataclasses
+import random
 import sys
 import threading
+import time
 from collections import OrderedDict
 from typing import Callable, Generic, Hashable, Protocol, TypeVar
 
@@ -196,9 +198,6 @@ class DecayedLFUCache(Generic[K, V]):
     def __init__(self, budget_bytes: int, sizeof: Callable[[V], int] = sizeof_value, *,
                  half_life_s: float = 600.0, sample_size: int = 16, clock: Callable[[], float] | None = None,
                  seed: int = 0) -> None:
-        import random
-        import time
-
         self.budget_bytes = budget_bytes
         self.half_life_s = half_life_s
         self.sample_size = sample_size

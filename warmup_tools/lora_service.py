@@ -29,8 +29,8 @@ WARM_PRIORITIES = ("live_first", "fifo")
 class EngineGate:
     """Who may use the engine next: live requests first, background work (warm-up) in the gaps.
 
-    With ``priority="live_first"`` a live request waits at most for the one background step (one warm
-    prompt) already running: background work takes the engine only when no live request is waiting.
+    With ``priority="live_first"`` a live request waits at most for the one background step (an adapter
+    load, or one chunk of a warm prompt) already running: background work takes the engine only when no live request is waiting.
     With ``background_share < 1`` each background step is followed by a rest, so that background work
     holds the engine for at most that share of the time and requests that arrive meanwhile find it free.
     ``priority="fifo"`` with share 1 is a plain mutex (whoever the scheduler wakes first), kept to measure
@@ -125,7 +125,8 @@ class LoraService:
         # warming adapter can be served cold when the operator allows it.
         self.gate = EngineGate(warm_priority, warm_share)
         if warm_chunk_tokens < 0:
-            raise ConfigError(f"warm_chunk_tokens must be 0 (whole prompts) or a token count, not {warm_chunk_tokens}")
+            raise ConfigError(
+                f"warm_chunk_tokens must be 0 (whole prompts) or a token count, not {warm_chunk_tokens}")
         self.warm_chunk_tokens = warm_chunk_tokens
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
@@ -167,19 +168,17 @@ class LoraService:
             self.engine.unload_adapter(name)
 
     def _warm(self, name: str, spec: AdapterSpec) -> str:
+        cache = self.engine.prefix_cache
+        block_size = cache.block_size if cache is not None else 0
         tokens = steps = 0
         for prompt in spec.warm_prompts:
             ids = self.engine.encode(prompt)
-            for end in warm_chunk_ends(len(ids), self.warm_chunk_tokens, self._block_size()):
+            for end in warm_chunk_ends(len(ids), self.warm_chunk_tokens, block_size):
                 with self.gate.background():
                     self.engine.warm_ids(name, ids[:end])
                 steps += 1
             tokens += len(ids)
         return f"warmed {len(spec.warm_prompts)} prompts ({tokens} tokens, {steps} steps)"
-
-    def _block_size(self) -> int:
-        cache = self.engine.prefix_cache
-        return cache.block_size if cache is not None else 0
 
     def _poll(self, poll_s: float) -> None:
         while not self._stop.wait(poll_s):

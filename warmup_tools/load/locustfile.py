@@ -58,7 +58,7 @@ class ReplayCursor:
         self.in_flight = 0
         self.exhausted = False
 
-    def next(self) -> tuple[str, GenerateParams] | None:
+    def next(self, max_tokens: int) -> tuple[str, GenerateParams] | None:
         record = next(self._records, None)
         if record is None:
             self.exhausted = True
@@ -67,7 +67,7 @@ class ReplayCursor:
         if not isinstance(prompt, str):
             raise ValueError(f"{self.path}: record {self.sent + 1} has no prompt text (was the log redacted?)")
         self.sent += 1
-        return prompt, GenerateParams(adapter_id=record.get("adapter") or None,
+        return prompt, GenerateParams(max_tokens=max_tokens, adapter_id=record.get("adapter") or None,
                                       tenant_id=record.get("tenant") or None)
 
 
@@ -141,14 +141,12 @@ class AdapterTrafficUser(TritonUser):
     def ask(self) -> None:
         if _cursor is not None:
             was_exhausted = _cursor.exhausted
-            item = _cursor.next()
+            item = _cursor.next(self.max_tokens)
             if item is None:
                 if not was_exhausted:
                     gevent.spawn(_quit_when_idle, self.environment, _cursor)
                 raise StopUser()
             prompt, params = item
-            params = GenerateParams(max_tokens=self.max_tokens, adapter_id=params.adapter_id,
-                                    tenant_id=params.tenant_id)
             _cursor.in_flight += 1
             try:
                 self.generate(f"generate {params.adapter_id or 'base'}", prompt, params)

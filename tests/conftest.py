@@ -13,7 +13,7 @@ ASSETS_DIR = Path(os.environ.get("WARMUP_ASSETS_DIR", REPO_ROOT / ".assets"))
 
 @pytest.fixture(scope="session")
 def demo_assets():
-    from warmup_tools.assets import ensure_demo_assets
+    from warmup_tools.sim.assets import ensure_demo_assets
 
     return ensure_demo_assets(ASSETS_DIR)
 
@@ -49,8 +49,8 @@ def redis_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def triton(served_assets, redis_server, tmp_path_factory):
     """The project's model repository served by a real tritonserver on free ports."""
-    from warmup_tools.client import scrape_metrics
-    from warmup_tools.server import TritonServer
+    from warmup_tools.ops.client import scrape_metrics
+    from warmup_tools.ops.server import TritonServer
 
     control_dir = tmp_path_factory.mktemp("control")
     request_log_dir = tmp_path_factory.mktemp("request_log")

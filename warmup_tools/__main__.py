@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from warmup_tools.ops.cli import main
 
 sys.exit(main())

@@ -1,6 +1,6 @@
 import pytest
 
-from warmup_tools.client import StreamingClient
+from warmup_tools.ops.client import StreamingClient
 
 
 @pytest.fixture()

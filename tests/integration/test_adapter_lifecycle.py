@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from warmup_tools.adapters import AdapterState, ControlRegistry
-from warmup_tools.client import GenerateError, GenerateParams, StreamingClient, metric_sum, scrape_metrics
-from warmup_tools.demo import demo_prompt
-from warmup_tools.demo_prompts import SYSTEM_PROMPTS
+from warmup_tools.adapters.registry import AdapterState, ControlRegistry
+from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient, metric_sum, scrape_metrics
+from warmup_tools.ops.demo import demo_prompt
+from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -79,7 +79,7 @@ def test_adapter_whose_folder_is_missing_fails_with_a_clear_status(triton):
 
 def test_every_instance_of_a_multi_instance_model_ends_in_the_same_state(served_assets, tmp_path):
     """Instances are separate processes: each reconciles the control folder and reports its own state."""
-    from warmup_tools.server import TritonServer
+    from warmup_tools.ops.server import TritonServer
 
     repo = tmp_path / "repo"
     shutil.copytree(Path(__file__).resolve().parents[2] / "model_repository", repo)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import requests
 
-from warmup_tools.client import GenerateParams, http_generate, http_generate_stream, metric_sum, scrape_metrics
-from warmup_tools.demo_prompts import SYSTEM_PROMPTS
-from warmup_tools.demo import demo_prompt
+from warmup_tools.ops.client import GenerateParams, http_generate, http_generate_stream, metric_sum, scrape_metrics
+from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
+from warmup_tools.ops.demo import demo_prompt
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -87,7 +87,7 @@ def test_first_request_for_a_warmed_prompt_hits_the_caches(triton, grpc_client):
 
 def test_first_live_request_after_warmup_reuses_the_warmed_system_prompt(triton):
     """The model_warmup samples pre-filled each adapter's system prompt into the KV prefix cache."""
-    from warmup_tools.client import StreamingClient
+    from warmup_tools.ops.client import StreamingClient
 
     with StreamingClient(triton.grpc_url) as client:
         result = client.generate(demo_prompt("sql", "Orders per day last week?"),

@@ -11,11 +11,11 @@ import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-LOCUSTFILE = Path(__file__).resolve().parents[2] / "warmup_tools" / "load" / "locustfile.py"
+LOCUSTFILE = Path(__file__).resolve().parents[2] / "warmup_tools" / "sim" / "load" / "locustfile.py"
 
 
 def run_locust(triton, prefix: Path, *args: str, host: str | None = None):
-    from warmup_tools.load.stats import read_stats_json
+    from warmup_tools.sim.load.stats import read_stats_json
 
     proc = subprocess.run(
         [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", host or triton.grpc_url, "--headless",
@@ -35,7 +35,7 @@ def test_locust_users_report_ttft_and_itl_without_failures(triton, tmp_path):
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])
 def test_locust_replays_a_request_log_once_and_quits(triton, tmp_path, transport):
-    from warmup_tools.demo_prompts import SYSTEM_PROMPTS
+    from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 
     log = tmp_path / "requests.jsonl"
     records = [{"ts": float(i), "tenant": f"locust-{transport}-{i % 2}", "adapter": adapter,

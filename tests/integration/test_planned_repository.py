@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from warmup_tools.client import GenerateParams, StreamingClient
-from warmup_tools.plan_stanzas import check_repository, write_plan_stanzas
-from warmup_tools.server import TritonServer
+from warmup_tools.ops.client import GenerateParams, StreamingClient
+from warmup_tools.planning.plan_stanzas import check_repository, write_plan_stanzas
+from warmup_tools.ops.server import TritonServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -19,9 +19,9 @@ REPO = Path(__file__).resolve().parents[2] / "model_repository"
 def test_plan_from_day1_warms_day2_first_requests(demo_assets, served_assets, tmp_path):
     from transformers import AutoTokenizer
 
-    from warmup_tools.embedding import OnnxEmbedder
-    from warmup_tools.planner import Budgets, build_plan, prefix_kv_bytes_per_token
-    from warmup_tools.traffic import TrafficConfig, generate
+    from warmup_tools.embedding_cache.embedder import OnnxEmbedder
+    from warmup_tools.planning.planner import Budgets, build_plan, prefix_kv_bytes_per_token
+    from warmup_tools.sim.traffic import TrafficConfig, generate
 
     config = TrafficConfig(seed=3, requests_per_day=400)
     records = list(generate(config))

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from warmup_tools.errors import ServerError
-from warmup_tools.server import TritonServer
+from warmup_tools.common.errors import ServerError
+from warmup_tools.ops.server import TritonServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -79,7 +79,7 @@ def test_server_dies_with_the_process_that_started_it(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from warmup_tools.server import TritonServer
+        from warmup_tools.ops.server import TritonServer
         server = TritonServer(Path({str(repo)!r}), work_dir=Path({str(tmp_path / 'work')!r}))
         server.start()
         server.wait_ready(timeout=120)

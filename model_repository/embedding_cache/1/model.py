@@ -1,6 +1,6 @@
 """embedding_cache: prompt text to a normalised sentence embedding, its semantic cluster and similarity.
 
-All logic lives in ``warmup_tools.embedding_service``; this file only adapts Triton's request objects.
+All logic lives in ``warmup_tools.embedding_cache.service``; this file only adapts Triton's request objects.
 """
 
 from pathlib import Path
@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from warmup_tools.backend import (
+from warmup_tools.triton.io import (
     CacheMetrics, HeatMetrics, collect_inputs, error_response, log_unexpected, model_parameters, shared_tier,
 )
-from warmup_tools.embedding import OnnxEmbedder
-from warmup_tools.embedding_service import CENTROIDS_FILE, EmbeddingService
-from warmup_tools.requests import parse_optional_string, parse_text
+from warmup_tools.embedding_cache.embedder import OnnxEmbedder
+from warmup_tools.embedding_cache.service import CENTROIDS_FILE, EmbeddingService
+from warmup_tools.lora_adapter.requests import parse_optional_string, parse_text
 
 INPUTS = ("text_input", "warmup_plan", "tenant_id", "adapter_id", "prompt_tokens")
 

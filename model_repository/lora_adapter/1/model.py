@@ -1,6 +1,6 @@
 """lora_adapter: token ids + adapter + sampling inputs to a stream of text pieces (decoupled).
 
-All logic lives in ``warmup_tools.lora_service`` / ``generation``; this file only adapts Triton's
+All logic lives in ``warmup_tools.lora_adapter.service`` / ``generation``; this file only adapts Triton's
 request objects.
 """
 
@@ -9,12 +9,12 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from warmup_tools.backend import GenerationMetrics, collect_inputs, error_for, log_unexpected, model_parameters
-from warmup_tools.generation import EngineConfig, LoraEngine
-from warmup_tools.lora_service import LoraService
-from warmup_tools.model_config import parse_bool
-from warmup_tools.request_log import RequestLogWriter, make_record
-from warmup_tools.requests import RequestLimits, parse_generate_request, parse_optional_text
+from warmup_tools.triton.io import GenerationMetrics, collect_inputs, error_for, log_unexpected, model_parameters
+from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
+from warmup_tools.lora_adapter.service import LoraService
+from warmup_tools.triton.params import parse_bool
+from warmup_tools.lora_adapter.request_log import RequestLogWriter, make_record
+from warmup_tools.lora_adapter.requests import RequestLimits, parse_generate_request, parse_optional_text
 
 INPUTS = ("input_ids", "adapter_id", "tenant_id", "max_tokens", "stream", "temperature",
           "top_p", "top_k", "seed", "cluster_id", "warmup_plan", "text_input")

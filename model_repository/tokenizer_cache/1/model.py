@@ -1,16 +1,16 @@
 """tokenizer_cache: prompt text to token ids, with a tiered tokenisation cache.
 
-All logic lives in ``warmup_tools.tokenization``; this file only adapts Triton's request objects.
+All logic lives in ``warmup_tools.tokenizer_cache.service``; this file only adapts Triton's request objects.
 """
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from warmup_tools.backend import (
+from warmup_tools.triton.io import (
     CacheMetrics, collect_inputs, error_response, log_unexpected, model_parameters, shared_tier,
 )
-from warmup_tools.requests import parse_optional_string, parse_text
-from warmup_tools.tokenization import TokenizerService
+from warmup_tools.lora_adapter.requests import parse_optional_string, parse_text
+from warmup_tools.tokenizer_cache.service import TokenizerService
 
 INPUTS = ("text_input", "tenant_id", "warmup_plan")
 

@@ -1,0 +1,138 @@
+import numpy as np
+import pytest
+
+from warmup_tools.common.errors import InvalidInputError
+from warmup_tools.embedding_cache.semantic import NO_CLUSTER, SemanticIndex
+
+DIM = 64
+
+
+def unit(v: np.ndarray) -> np.ndarray:
+    return (v / np.linalg.norm(v, axis=-1, keepdims=True)).astype(np.float32)
+
+
+def random_units(n: int, dim: int = DIM, seed: int = 0) -> np.ndarray:
+    return unit(np.random.default_rng(seed).standard_normal((n, dim)))
+
+
+def near(v: np.ndarray, rng: np.random.Generator, scale: float = 0.02) -> np.ndarray:
+    return unit(v + scale * rng.standard_normal(v.shape))
+
+
+def test_near_duplicates_are_not_admitted_twice_and_distinct_vectors_are():
+    rng = np.random.default_rng(1)
+    index = SemanticIndex(DIM, threshold=0.9)
+    base = random_units(20, seed=2)  # random directions in 64-d are nearly orthogonal
+    assert all(index.assign(v).admitted for v in base)
+    for v in base:
+        for _ in range(5):
+            assert index.assign(near(v, rng)).admitted is False
+    assert len(index) == 20
+    assert index.stats.admitted == 20 and index.stats.duplicates == 100
+
+
+def test_assignment_with_given_centroids_picks_the_nearest():
+    rng = np.random.default_rng(3)
+    centroids = random_units(8, seed=4)
+    index = SemanticIndex(DIM, centroids=centroids, learn_online=False)
+    index.set_centroids(centroids, ids=[10, 11, 12, 13, 14, 15, 16, 17])
+    for i, c in enumerate(centroids):
+        result = index.assign(near(c, rng))
+        assert result.cluster_id == 10 + i
+        assert result.similarity == pytest.approx(float(near(c, rng) @ c), abs=0.01)
+    # without online learning the centroids do not move and no cluster is added
+    np.testing.assert_allclose(index.centroids, centroids, atol=1e-6)
+    far = unit(-centroids.sum(axis=0))
+    assert index.assign(far).cluster_id in range(10, 18)
+    assert index.stats.clusters_created == 0
+
+
+def test_without_centroids_or_learning_there_is_no_cluster():
+    result = SemanticIndex(DIM, learn_online=False).assign(random_units(1)[0])
+    assert result.cluster_id == NO_CLUSTER and result.admitted
+
+
+def test_online_learning_creates_clusters_up_to_max_clusters_then_assigns_to_nearest():
+    index = SemanticIndex(DIM, threshold=0.8, max_clusters=5)
+    vectors = random_units(12, seed=5)
+    ids = [index.assign(v).cluster_id for v in vectors]
+    assert ids[:5] == [0, 1, 2, 3, 4]
+    assert set(ids[5:]) <= {0, 1, 2, 3, 4}
+    assert index.stats.clusters_created == 5 and len(index.centroids) == 5
+
+
+def test_online_update_is_a_renormalised_running_mean():
+    index = SemanticIndex(DIM, threshold=0.5)
+    rng = np.random.default_rng(6)
+    base = random_units(1, seed=7)[0]
+    members = [near(base, rng, 0.05) for _ in range(50)]
+    first = index.assign(members[0])
+    assert first.similarity == 1.0
+    for v in members[1:]:
+        assert index.assign(v).cluster_id == first.cluster_id
+    centroid = index.centroids[0]
+    assert np.linalg.norm(centroid) == pytest.approx(1.0, abs=1e-5)
+    assert float(centroid @ unit(np.mean(members, axis=0))) > 0.999
+
+
+def test_planned_centroids_are_not_dragged_by_one_prompt():
+    centroids = random_units(2, seed=8)
+    index = SemanticIndex(DIM, threshold=0.0, centroids=centroids)
+    rng = np.random.default_rng(9)
+    index.assign(near(centroids[0], rng, 0.5))
+    assert float(index.centroids[0] @ centroids[0]) > 0.99
+
+
+def test_memory_stays_bounded_under_20000_random_vectors():
+    index = SemanticIndex(384, threshold=0.82, max_entries=1000, max_clusters=64)
+    bound = (1000 + 64) * 384 * 4 + (1000 + 64) * 3 * 8
+    vectors = random_units(20_000, dim=384, seed=10)
+    for i, v in enumerate(vectors):
+        index.assign(v)
+        if i % 997 == 0:
+            assert len(index) <= 1000 and index.nbytes() <= bound
+    assert len(index) == 1000 and index.nbytes() <= bound
+    assert index.stats.evictions == 19_000 and len(index.centroids) == 64
+
+
+def test_least_recently_matched_entry_is_evicted():
+    rng = np.random.default_rng(11)
+    index = SemanticIndex(DIM, threshold=0.9, max_entries=3)
+    a, b, c, d = random_units(4, seed=12)
+    for v in (a, b, c):
+        index.assign(v)
+    assert index.assign(near(a, rng)).admitted is False  # a matched: b is now least recent
+    assert index.assign(d).admitted is True
+    entries, _ = index.entries()
+    kept = [max(float(e @ v) for e in entries) > 0.99 for v in (a, b, c, d)]
+    assert kept == [True, False, True, True]
+
+
+def test_set_centroids_reassigns_indexed_entries():
+    index = SemanticIndex(DIM)
+    vectors = random_units(10, seed=13)
+    for v in vectors:
+        index.assign(v)
+    index.set_centroids(vectors[:2], ids=[7, 9])
+    _, clusters = index.entries()
+    assert clusters[0] == 7 and clusters[1] == 9 and set(clusters.tolist()) <= {7, 9}
+    assert index.assign(vectors[0]).cluster_id == 7
+
+
+def test_bad_inputs_are_rejected():
+    index = SemanticIndex(DIM)
+    with pytest.raises(InvalidInputError):
+        index.assign(np.zeros(DIM))
+    with pytest.raises(InvalidInputError):
+        index.assign(np.ones(DIM + 1))
+    with pytest.raises(ValueError):
+        index.set_centroids(random_units(3), ids=[1, 1, 2])
+    with pytest.raises(ValueError):
+        SemanticIndex(DIM, max_clusters=2, centroids=random_units(3))
+
+
+def test_unnormalised_input_is_normalised():
+    index = SemanticIndex(DIM)
+    v = random_units(1, seed=14)[0]
+    index.assign(3.0 * v)
+    assert index.assign(v).admitted is False

@@ -1,0 +1,42 @@
+import json
+
+import numpy as np
+
+from warmup_tools.embedding_cache.embedder import OnnxEmbedder
+from warmup_tools.embedding_cache.service import EmbeddingService
+
+
+class Clock:
+    now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_misses_are_sampled_hits_counted_and_heat_stays_unbiased(demo_assets, tmp_path):
+    clock = Clock()
+    service = EmbeddingService(OnnxEmbedder(demo_assets.embedder_dir), sample_rate=0.25, seed=1,
+                               heat_log=tmp_path / "heat.jsonl", flush_interval_s=5, clock=clock)
+    sources = [service.handle(f"refund request number {i}", adapter="support").source for i in range(200)]
+    computed = sources.count("computed")
+    assert sources.count("skipped") == 200 - computed and 25 <= computed <= 75
+    total = sum(e.requests for e in service.heat.snapshot() if e.window_s == 60)
+    assert total == computed * 4  # each sampled miss stands for 1 / sample_rate requests
+    clock.now += 120
+    assert service.maybe_flush() is not None
+    lines = [json.loads(line) for line in (tmp_path / "heat.jsonl").read_text().splitlines()]
+    assert lines and sum(line["n"] for line in lines) == computed * 4
+
+
+def test_warmup_always_computes_and_planned_centroids_assign_clusters(demo_assets, tmp_path):
+    embedder = OnnxEmbedder(demo_assets.embedder_dir)
+    anchors = embedder.embed_batch(["How do I get a refund for my invoice?", "SELECT total revenue by region"])
+    path = tmp_path / "centroids.json"
+    path.write_text(json.dumps([{"cluster": 7, "centroid": anchors[0].tolist()},
+                                {"cluster": 9, "centroid": anchors[1].tolist()}]))
+    service = EmbeddingService(embedder, sample_rate=0.0, centroids_path=path)
+    out = service.handle("I want a refund for my last invoice", warmup=True)
+    assert out.source == "computed" and out.cluster_id == 7 and out.similarity > 0.5
+    assert service.handle("query revenue per region in SQL", warmup=True).cluster_id == 9
+    skipped = service.handle("never sampled")
+    assert skipped.source == "skipped" and skipped.cluster_id == -1 and not np.any(skipped.vector)

@@ -1,0 +1,114 @@
+"""The generation engine on the demo LM and adapters, without a server."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
+from warmup_tools.common.errors import InvalidInputError, UnknownAdapterError
+from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
+from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine(demo_assets):
+    return LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
+                                   kv_cache_bytes=64 << 20, kv_block_size=16))
+
+
+@pytest.fixture(scope="module")
+def plain_engine(demo_assets):
+    return LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
+                                   kv_cache_bytes=0))
+
+
+def request(engine, text, adapter="support", tenant="acme", max_tokens=12, plan=None, **sampling):
+    ids = tuple(engine.tokenizer.encode(text))
+    return GenerateRequest(ids, adapter, tenant, True, SamplingParams(max_tokens=max_tokens, **sampling),
+                           warmup_plan=plan)
+
+
+def run(engine, req):
+    steps = list(engine.generate(req))
+    return "".join(s.text for s in steps), steps[-1]
+
+
+def test_second_request_reuses_the_shared_prefix_and_cached_tokens_is_exact(engine):
+    system = SYSTEM_PROMPTS["support"]
+    _, first = run(engine, request(engine, system + "User: first question?"))
+    second_req = request(engine, system + "User: another one entirely")
+    _, second = run(engine, second_req)
+    assert first.cached_tokens == 0
+    common = 0
+    first_ids = engine.tokenizer.encode(system + "User: first question?")
+    for a, b in zip(first_ids, second_req.prompt_ids):
+        if a != b:
+            break
+        common += 1
+    assert second.cached_tokens == (common // 16) * 16 > 0
+
+
+@pytest.mark.parametrize("adapter", [None, "support", "sql"])
+def test_greedy_output_with_the_cache_equals_output_without(engine, plain_engine, adapter):
+    prompt = SYSTEM_PROMPTS["legal"] + "User: Clause 3 says what?"
+    run(engine, request(engine, prompt, adapter=adapter))  # fills the cache
+    cached_text, cached = run(engine, request(engine, prompt, adapter=adapter, max_tokens=24))
+    plain_text, _ = run(plain_engine, request(plain_engine, prompt, adapter=adapter, max_tokens=24))
+    assert cached.cached_tokens > 0
+    assert cached_text == plain_text
+
+
+def test_prefix_warmed_for_one_tenant_or_adapter_is_a_miss_for_another(engine):
+    prompt = SYSTEM_PROMPTS["sql"] + "User: isolation check"
+    run(engine, request(engine, prompt, adapter="sql", tenant="t1"))
+    assert run(engine, request(engine, prompt, adapter="sql", tenant="t2"))[1].cached_tokens == 0
+    assert run(engine, request(engine, prompt, adapter="legal", tenant="t1"))[1].cached_tokens == 0
+    assert run(engine, request(engine, prompt, adapter="sql", tenant="t1"))[1].cached_tokens > 0
+
+
+def test_changed_adapter_weights_never_reuse_stale_kv(demo_assets, tmp_path):
+    root = tmp_path / "adapters"
+    shutil.copytree(demo_assets.adapter_root / "support", root / "support")
+    config = EngineConfig(base_model=demo_assets.lm_dir, adapter_root=root, kv_cache_bytes=16 << 20)
+    before = LoraEngine(config)
+    from safetensors.torch import load_file, save_file
+
+    weights_path = root / "support" / "adapter_model.safetensors"
+    weights = load_file(weights_path)
+    save_file({k: v * 1.5 for k, v in weights.items()}, weights_path)
+    after = LoraEngine(config)
+    assert before.adapter_fingerprints["support"] != after.adapter_fingerprints["support"]
+    prompt = tuple(before.tokenizer.encode(SYSTEM_PROMPTS["support"]))
+    assert before.scope("support", "acme") != after.scope("support", "acme")
+    from warmup_tools.kv.prefix_cache import block_hashes
+
+    assert block_hashes(prompt, 16, before.scope("support", "acme"))[0] != \
+        block_hashes(prompt, 16, after.scope("support", "acme"))[0]
+
+
+def test_warmup_blocks_are_pinned_under_their_plan(engine):
+    prompt = SYSTEM_PROMPTS["support"] + "pinned"
+    run(engine, request(engine, prompt, plan="plan-1", max_tokens=1))
+    assert engine.prefix_cache.active_plan == "plan-1"
+    assert engine.prefix_cache.stats.pinned_bytes > 0
+    engine.prefix_cache.activate_plan(None)
+    assert engine.prefix_cache.stats.pinned_bytes == 0
+
+
+def test_errors(engine):
+    with pytest.raises(UnknownAdapterError, match="nope"):
+        run(engine, request(engine, "hi", adapter="nope"))
+    long_ids = tuple([5] * engine.context_length)
+    with pytest.raises(InvalidInputError, match="context"):
+        run(engine, GenerateRequest(long_ids, None, "t", False, SamplingParams(max_tokens=4)))
+
+
+def test_seeded_sampling_is_reproducible(engine):
+    req = request(engine, "Tell me a story", temperature=1.0, top_p=0.9, top_k=50, seed=7, max_tokens=16)
+    assert run(engine, req)[0] == run(engine, req)[0]
+    other = request(engine, "Tell me a story", temperature=1.0, top_p=0.9, top_k=50, seed=8, max_tokens=16)
+    assert run(engine, other)[0] != run(engine, req)[0]
+    assert torch.get_num_threads() >= 1

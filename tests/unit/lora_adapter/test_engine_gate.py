@@ -1,0 +1,117 @@
+"""The engine gate: live requests before warm-up, warm-up paced to its share of the engine's time."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from warmup_tools.lora_adapter import service as lora_service
+from warmup_tools.common.errors import ConfigError
+from warmup_tools.lora_adapter.service import EngineGate, warm_chunk_ends
+
+
+def wait_until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.001)
+
+
+def test_a_waiting_live_request_goes_before_the_next_warm_step():
+    gate = EngineGate("live_first", background_share=1.0)
+    order: list[str] = []
+    holding, release = threading.Event(), threading.Event()
+
+    def first_warm_step():
+        with gate.background():
+            holding.set()
+            release.wait(10)
+            order.append("warm 1")
+
+    def next_warm_step():
+        with gate.background():
+            order.append("warm 2")
+
+    def live_request():
+        with gate.live():
+            order.append("live")
+
+    threads = [threading.Thread(target=first_warm_step)]
+    threads[0].start()
+    assert holding.wait(10)
+    threads.append(threading.Thread(target=next_warm_step))
+    threads[1].start()
+    time.sleep(0.05)  # the second warm step is queued first...
+    threads.append(threading.Thread(target=live_request))
+    threads[2].start()
+    wait_until(lambda: gate.live_waiting == 1)  # ...and the live request after it
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert order == ["warm 1", "live", "warm 2"]
+
+
+def test_warm_up_waits_while_a_live_request_holds_the_engine():
+    gate = EngineGate("live_first", background_share=1.0)
+    done = threading.Event()
+
+    def warm_step():
+        with gate.background():
+            done.set()
+
+    with gate.live():
+        waiter = threading.Thread(target=warm_step)
+        waiter.start()
+        time.sleep(0.02)
+        assert not done.is_set()  # warm-up waits while a live request holds the engine
+    assert done.wait(10)
+    waiter.join(10)
+
+
+@pytest.mark.parametrize(("share", "rest"), [(0.5, 0.2), (0.25, 0.6), (1.0, None)])
+def test_warm_steps_rest_so_they_hold_at_most_their_share(monkeypatch, share, rest):
+    clock = iter([10.0, 10.2])
+    slept: list[float] = []
+    monkeypatch.setattr(lora_service.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(lora_service.time, "sleep", slept.append)
+    gate = EngineGate("live_first", background_share=share)
+    with gate.background():
+        pass
+    assert slept == ([] if rest is None else [pytest.approx(rest)])
+    # The engine is free during the rest: a live request does not wait for it.
+    with gate.live():
+        pass
+
+
+def test_a_failing_step_releases_the_gate():
+    gate = EngineGate("fifo", background_share=1.0)
+    with pytest.raises(RuntimeError):
+        with gate.background():
+            raise RuntimeError("warm prompt failed")
+    with pytest.raises(RuntimeError):
+        with gate.live():
+            raise RuntimeError("request failed")
+    with gate.live():
+        pass
+
+
+@pytest.mark.parametrize(("priority", "share"), [("newest", 0.5), ("fifo", 0.0), ("live_first", 1.5)])
+def test_bad_gate_settings_are_refused_with_the_parameter_name(priority, share):
+    with pytest.raises(ConfigError, match="warm_priority|warm_share"):
+        EngineGate(priority, share)
+
+
+@pytest.mark.parametrize(("tokens", "chunk", "block", "ends"), [
+    (300, 128, 16, [128, 256, 300]),
+    (256, 128, 16, [128, 256]),
+    (100, 128, 16, [100]),
+    (300, 0, 16, [300]),          # 0: whole prompts
+    (300, 128, 0, [300]),         # no KV cache: chunks would only recompute
+    (300, 100, 16, [96, 192, 288, 300]),  # chunks are whole blocks
+    (40, 8, 16, [16, 32, 40]),    # at least one block
+    (0, 128, 16, []),
+])
+def test_warm_chunks_are_whole_blocks_and_end_with_the_prompt(tokens, chunk, block, ends):
+    assert warm_chunk_ends(tokens, chunk, block) == ends

@@ -1,0 +1,52 @@
+import json
+import threading
+import time
+
+from warmup_tools.lora_adapter.request_log import RequestLogWriter, make_record
+
+
+def record(i, redact=False):
+    return make_record(ts=1000.0 + i, tenant="acme", adapter="sql", prompt=f"prompt {i}", prompt_tokens=10,
+                       cached_tokens=0, ttft_ms=12.5, output_tokens=3, cluster=-1, redact=redact)
+
+
+def test_records_are_written_as_json_lines(tmp_path):
+    writer = RequestLogWriter(tmp_path, "inst_0", flush_interval_s=0.05)
+    for i in range(50):
+        assert writer.log(record(i))
+    writer.close()
+    lines = [json.loads(line) for line in writer.path.read_text().splitlines()]
+    assert len(lines) == 50 and lines[3]["prompt"] == "prompt 3" and lines[3]["adapter"] == "sql"
+    assert set(lines[0]) == {"ts", "tenant", "adapter", "prompt_digest", "prompt", "prompt_tokens",
+                             "cached_tokens", "ttft_ms", "output_tokens", "cluster"}
+
+
+def test_redaction_keeps_the_digest_but_not_the_text():
+    redacted = record(1, redact=True)
+    assert "prompt" not in redacted and redacted["prompt_digest"] == record(1)["prompt_digest"]
+
+
+def test_logging_never_blocks_even_when_the_disk_is_stuck(tmp_path, monkeypatch):
+    gate = threading.Event()
+    writer = RequestLogWriter(tmp_path, "inst_0", queue_size=100, flush_interval_s=0.01)
+    original = writer._write
+    monkeypatch.setattr(writer, "_write", lambda batch: (gate.wait(), original(batch)))
+    start = time.perf_counter()
+    accepted = sum(writer.log(record(i)) for i in range(1000))
+    elapsed = time.perf_counter() - start
+    assert elapsed < 1.0  # a bound, not a benchmark: 1,000 calls while the writer is stuck
+    assert accepted <= 101 and writer.dropped == 1000 - accepted
+    gate.set()
+    writer.close()
+
+
+def test_rotation_keeps_backups(tmp_path):
+    writer = RequestLogWriter(tmp_path, "inst_0", max_bytes=2000, backups=2, flush_interval_s=0.01)
+    for i in range(200):
+        writer.log(record(i))
+        if i % 20 == 0:
+            time.sleep(0.03)
+    writer.close()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["requests-inst_0.jsonl", "requests-inst_0.jsonl.1", "requests-inst_0.jsonl.2"]
+    assert writer.written == 200

@@ -1,0 +1,67 @@
+import numpy as np
+import pytest
+
+from warmup_tools.common.errors import InvalidInputError
+from warmup_tools.lora_adapter.requests import RequestLimits, parse_generate_request, parse_text
+
+LIMITS = RequestLimits(max_tokens_limit=64, default_max_tokens=8, vocab_size=100)
+
+
+def ids(*values):
+    return np.array(values, dtype=np.int32)
+
+
+def test_parse_text_accepts_utf8_and_refuses_bad_input():
+    assert parse_text({"text_input": np.array(["héllo".encode()], dtype=object)}) == "héllo"
+    with pytest.raises(InvalidInputError, match="required"):
+        parse_text({"text_input": None})
+    with pytest.raises(InvalidInputError, match="empty"):
+        parse_text({"text_input": np.array([b"   "], dtype=object)})
+    with pytest.raises(InvalidInputError, match="UTF-8"):
+        parse_text({"text_input": np.array([b"\xff\xfe bad"], dtype=object)})
+    with pytest.raises(InvalidInputError, match="exactly one"):
+        parse_text({"text_input": np.array([b"a", b"b"], dtype=object)})
+
+
+def test_generate_request_defaults():
+    req = parse_generate_request({"input_ids": ids(1, 2, 3)}, LIMITS)
+    assert req.prompt_ids == (1, 2, 3)
+    assert req.adapter is None and req.tenant == "default" and not req.stream
+    assert req.sampling.max_tokens == 8 and req.sampling.greedy
+
+
+def test_generate_request_values():
+    req = parse_generate_request({
+        "input_ids": ids(5),
+        "adapter_id": np.array([b"sql"], dtype=object),
+        "tenant_id": np.array([b"acme"], dtype=object),
+        "max_tokens": np.array([64], dtype=np.int32),
+        "stream": np.array([True]),
+        "temperature": np.array([0.7], dtype=np.float32),
+        "top_p": np.array([0.9], dtype=np.float32),
+        "top_k": np.array([40], dtype=np.int32),
+        "seed": np.array([2**64 - 1], dtype=np.uint64),
+    }, LIMITS)
+    assert req.adapter == "sql" and req.tenant == "acme" and req.stream
+    assert req.sampling.max_tokens == 64 and not req.sampling.greedy
+    assert req.sampling.seed == 2**64 - 1
+
+
+@pytest.mark.parametrize("name,value,match", [
+    ("max_tokens", np.array([0], dtype=np.int32), "max_tokens"),
+    ("max_tokens", np.array([65], dtype=np.int32), "1 to 64"),
+    ("temperature", np.array([-1.0], dtype=np.float32), "temperature"),
+    ("temperature", np.array([np.nan], dtype=np.float32), "temperature"),
+    ("top_p", np.array([1.5], dtype=np.float32), "top_p"),
+    ("top_k", np.array([-2], dtype=np.int32), "top_k"),
+])
+def test_generate_request_out_of_range(name, value, match):
+    with pytest.raises(InvalidInputError, match=match):
+        parse_generate_request({"input_ids": ids(1), name: value}, LIMITS)
+
+
+def test_generate_request_refuses_empty_and_out_of_vocab_ids():
+    with pytest.raises(InvalidInputError, match="at least one"):
+        parse_generate_request({"input_ids": ids()}, LIMITS)
+    with pytest.raises(InvalidInputError, match="outside the vocabulary"):
+        parse_generate_request({"input_ids": ids(1, 100)}, LIMITS)

@@ -1,0 +1,452 @@
+"""An optional shared cache tier on Redis, behind the in-process tokenizer and embedding caches.
+
+Every Triton model instance is its own process and every replica its own machine, so the local
+:class:`~warmup_tools.caches.policies.LRUCache` of one never sees what another computed or what warm-up filled.
+:class:`TieredCache` looks in the local cache first, then in Redis (:class:`SharedTier`), then
+computes, and writes what it computed to both.
+
+The shared tier is an optimisation, never a dependency:
+
+- every Redis call is bounded by ``timeout_ms`` (socket timeouts, no client-side retries) and never
+  raises; a failure reads as a miss (``get``) or a dropped write (``put``);
+- after a failure a circuit breaker marks the tier down for ``retry_after_s``: calls are skipped
+  without touching the network, then one probe call goes through and a success closes the circuit;
+- a value is stored as one envelope (magic, version, checksum, length, payload) in one ``SET``, so a
+  reader sees the old value, the new value or nothing, and a truncated or foreign value is a miss.
+
+Keys carry the cache kind, the tokenizer or embedding-model fingerprint, a hash of the tenant and the
+text digest, so neither two tenants nor two models ever share an entry, in either tier.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import hashlib
+import logging
+import struct
+import threading
+import time
+from typing import TYPE_CHECKING, Callable, Generic, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from warmup_tools.caches.policies import LocalCache
+from warmup_tools.common.errors import ConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+LOGGER = logging.getLogger(__name__)
+
+V = TypeVar("V")
+
+#: First bytes of every value this module writes; anything else under our keys is foreign.
+MAGIC = b"WTC"
+#: Envelope format version; a reader treats any other version as a miss.
+FORMAT_VERSION = 1
+#: The text digest must be at least this long (blake2b-128 in :func:`tokenization.text_digest`).
+MIN_DIGEST_BYTES = 16
+
+# magic (3) | version (1) | blake2b-64 checksum of the payload (8) | payload length, uint32 LE (4)
+_HEADER = struct.Struct("<3sB8sI")
+_CHECKSUM_BYTES = 8
+_MAX_PAYLOAD_BYTES = (1 << 32) - 1
+_ARRAY_HEADER = struct.Struct("<BB")  # dtype-string length, ndim
+_ARRAY_DIM = struct.Struct("<Q")
+#: Get latencies kept for :meth:`TierStats.p50` / :meth:`TierStats.p99`.
+LATENCY_SAMPLES = 4096
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TierKey:
+    """Where one cached value lives in the shared tier."""
+
+    kind: str  # which cache: "tok" (token ids) or "emb" (embeddings)
+    tenant: str
+    fingerprint: str  # tokenizer or embedding-model fingerprint
+    digest: bytes  # content digest of the text
+
+    def __post_init__(self) -> None:
+        _check_key_part("kind", self.kind)
+        _check_key_part("fingerprint", self.fingerprint)
+        if not isinstance(self.digest, bytes) or len(self.digest) < MIN_DIGEST_BYTES:
+            raise ValueError(f"digest must be at least {MIN_DIGEST_BYTES} bytes")
+
+    def redis_key(self, namespace: str) -> str:
+        """``{namespace}:{kind}:{fingerprint}:{tenant hash}:{digest hex}``.
+
+        NOTE: the tenant goes in hashed, so any tenant string (colons, spaces, unicode) is a safe,
+        fixed-length key part; kind and fingerprint are checked to hold no ``:``, so no two distinct
+        keys can spell the same string.
+        """
+        return f"{namespace}:{self.kind}:{self.fingerprint}:{tenant_hash(self.tenant)}:{self.digest.hex()}"
+
+
+@functools.lru_cache(maxsize=4096)
+def tenant_hash(tenant: str) -> str:
+    """The tenant's key part: 16 hex digits of sha256 (stable across processes and restarts)."""
+    return hashlib.sha256(tenant.encode("utf-8")).hexdigest()[:16]
+
+
+def encode_value(payload: bytes) -> bytes:
+    """Wrap ``payload`` in the envelope: magic, version, blake2b-64 checksum, length, payload."""
+    if len(payload) > _MAX_PAYLOAD_BYTES:
+        raise ValueError(f"payload of {len(payload)} bytes does not fit the envelope")
+    checksum = hashlib.blake2b(payload, digest_size=_CHECKSUM_BYTES).digest()
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, checksum, len(payload)) + bytes(payload)
+
+
+def decode_value(blob: bytes) -> bytes | None:
+    """The payload of an envelope, or None for anything else (never raises).
+
+    A wrong magic or version, a length that disagrees with the blob (truncated or padded) or a
+    checksum mismatch all read as a miss: a partial or foreign value is never returned.
+    """
+    if not isinstance(blob, (bytes, bytearray, memoryview)) or len(blob) < _HEADER.size:
+        return None
+    magic, version, checksum, length = _HEADER.unpack_from(blob)
+    if magic != MAGIC or version != FORMAT_VERSION or length != len(blob) - _HEADER.size:
+        return None
+    payload = bytes(blob[_HEADER.size :])
+    if hashlib.blake2b(payload, digest_size=_CHECKSUM_BYTES).digest() != checksum:
+        return None
+    return payload
+
+
+def encode_array(a: np.ndarray) -> bytes:
+    """A numpy array as bytes: dtype string, shape, raw C-order data (see :func:`decode_array`)."""
+    import numpy as np  # noqa: PLC0415  (only the array codecs need numpy)
+
+    a = np.asarray(a)
+    if a.dtype.hasobject:
+        raise ValueError("arrays of Python objects cannot be stored in the shared tier")
+    dtype = a.dtype.str.encode("ascii")  # carries the byte order, e.g. "<i4"
+    dims = b"".join(_ARRAY_DIM.pack(d) for d in a.shape)
+    return _ARRAY_HEADER.pack(len(dtype), a.ndim) + dtype + dims + a.tobytes(order="C")
+
+
+def decode_array(b: bytes) -> np.ndarray:
+    """The array written by :func:`encode_array`, read-only; ValueError if ``b`` is not one."""
+    import numpy as np  # noqa: PLC0415
+
+    try:
+        dtype_len, ndim = _ARRAY_HEADER.unpack_from(b)
+        offset = _ARRAY_HEADER.size
+        dtype = np.dtype(bytes(b[offset : offset + dtype_len]).decode("ascii"))
+        offset += dtype_len
+        shape = tuple(_ARRAY_DIM.unpack_from(b, offset + i * _ARRAY_DIM.size)[0] for i in range(ndim))
+        offset += ndim * _ARRAY_DIM.size
+    except (struct.error, TypeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not an encoded array: {exc}") from exc
+    if dtype.hasobject:
+        raise ValueError("encoded array has an object dtype")
+    count = 1
+    for d in shape:
+        count *= d
+    if count * dtype.itemsize != len(b) - offset:
+        raise ValueError(
+            f"encoded array data is {len(b) - offset} bytes, shape {shape} of {dtype} needs "
+            f"{count * dtype.itemsize}"
+        )
+    # NOTE: frombuffer over immutable bytes gives a read-only array; cached arrays are shared by
+    # every request that hits them, so nobody may modify one in place.
+    return np.frombuffer(bytes(b), dtype=dtype, count=count, offset=offset).reshape(shape)
+
+
+@dataclasses.dataclass(slots=True)
+class TierStats:
+    """What the shared tier did; read by metrics and tests."""
+
+    hits: int = 0
+    misses: int = 0
+    corrupt: int = 0  # values present but not a valid envelope (read as misses)
+    errors: int = 0  # get calls that failed or timed out
+    skipped: int = 0  # get/put calls not sent because the tier was marked down
+    puts: int = 0
+    put_errors: int = 0
+    get_latency_s: collections.deque[float] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=LATENCY_SAMPLES)
+    )
+
+    def latency_quantile(self, q: float) -> float:
+        """The ``q`` quantile (0..1) of recent get latencies in seconds; 0.0 before any get."""
+        samples = sorted(self.get_latency_s)
+        if not samples:
+            return 0.0
+        return samples[min(len(samples) - 1, int(q * len(samples)))]
+
+    def p50(self) -> float:
+        return self.latency_quantile(0.50)
+
+    def p99(self) -> float:
+        return self.latency_quantile(0.99)
+
+
+class SharedTier:
+    """Redis behind the local caches. Every call is bounded by timeout_ms and never raises."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str = "wt",
+        timeout_ms: float = 20.0,
+        retry_after_s: float = 2.0,
+        ttl_s: float | None = 86400,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not namespace or ":" in namespace:
+            raise ConfigError(f"shared tier namespace {namespace!r} must be non-empty and hold no ':'")
+        if timeout_ms <= 0:
+            raise ConfigError(f"shared tier timeout_ms must be > 0, got {timeout_ms}")
+        if retry_after_s < 0:
+            raise ConfigError(f"shared tier retry_after_s must be >= 0, got {retry_after_s}")
+        if ttl_s is not None and ttl_s <= 0:
+            raise ConfigError(f"shared tier ttl_s must be > 0 or None, got {ttl_s}")
+        try:
+            import redis  # noqa: PLC0415  (optional: only a configured shared tier needs it)
+            from redis.backoff import NoBackoff  # noqa: PLC0415
+            from redis.retry import Retry  # noqa: PLC0415
+        except ImportError as exc:
+            raise ConfigError("a shared cache tier needs the redis package: pip install 'redis>=5'") from exc
+
+        self.namespace = namespace
+        self.timeout_s = timeout_ms / 1000.0
+        self.retry_after_s = retry_after_s
+        self._ttl_ms = None if ttl_s is None else max(1, round(ttl_s * 1000))
+        self._clock = clock
+        self.where = _redact(url)  # for logs: the URL without its password
+        self.stats = TierStats()
+        # NOTE: redis-py >= 6 retries timeouts and connection errors by default (10 times, with
+        # backoff up to 1 s), which would turn a 20 ms bound into seconds: one attempt, no retries.
+        # ``retry_on_timeout=False`` alone no longer does this (deprecated, and the default Retry
+        # still applies). driver_info=None skips the two CLIENT SETINFO round trips on each connect.
+        # from_url does not connect: a server that starts while Redis is down still starts.
+        try:
+            self._client = redis.Redis.from_url(
+                url,
+                socket_timeout=self.timeout_s,
+                socket_connect_timeout=self.timeout_s,
+                retry=Retry(NoBackoff(), 0),
+                health_check_interval=0,
+                driver_info=None,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"shared tier URL {self.where!r} is not usable: {exc}") from exc
+        self._lock = threading.Lock()
+        self._down_until: float | None = None  # None: circuit closed
+        self._probing = False  # half-open: one call is testing whether Redis is back
+        self._closed = False
+
+    def get(self, key: TierKey) -> bytes | None:
+        """The payload stored under ``key``, or None on a miss, a corrupt value or any failure."""
+        if not self._admit():
+            return None
+        start = time.perf_counter()
+        try:
+            blob = self._client.get(key.redis_key(self.namespace))
+        except Exception as exc:  # noqa: BLE001  (never raise: any failure is a miss)
+            self.stats.get_latency_s.append(time.perf_counter() - start)
+            self.stats.errors += 1
+            self._failed(exc)
+            return None
+        self.stats.get_latency_s.append(time.perf_counter() - start)
+        self._succeeded()
+        if blob is None:
+            self.stats.misses += 1
+            return None
+        payload = decode_value(blob)
+        if payload is None:
+            self.stats.corrupt += 1
+            return None
+        self.stats.hits += 1
+        return payload
+
+    def put(self, key: TierKey, payload: bytes) -> bool:
+        """Store ``payload`` under ``key`` (with the TTL); False if it was not (certainly) stored.
+
+        NOTE: the whole envelope goes in one SET, which Redis applies atomically, so a concurrent
+        reader sees the old value, the new one or nothing. A write that times out may still land;
+        that is harmless because values are a pure function of their key.
+        """
+        try:
+            blob = encode_value(payload)
+        except ValueError:
+            self.stats.put_errors += 1
+            LOGGER.debug("value for %s too large for the shared tier", key.kind, exc_info=True)
+            return False
+        if not self._admit():
+            return False
+        try:
+            self._client.set(key.redis_key(self.namespace), blob, px=self._ttl_ms)
+        except Exception as exc:  # noqa: BLE001  (best effort: the local tier already has the value)
+            self.stats.put_errors += 1
+            self._failed(exc)
+            return False
+        self._succeeded()
+        self.stats.puts += 1
+        return True
+
+    @property
+    def available(self) -> bool:
+        """False while the tier is marked down, until a call succeeds again (and after close)."""
+        return self._down_until is None and not self._closed
+
+    def close(self) -> None:
+        """Drop the connections; later calls return None / False without touching the network."""
+        self._closed = True
+        try:
+            self._client.close()
+        except Exception:  # noqa: BLE001
+            LOGGER.debug("closing the shared cache tier at %s failed", self.where, exc_info=True)
+
+    # -- circuit breaker ----------------------------------------------------------------------------
+
+    def _admit(self) -> bool:
+        """Whether this call may go to Redis: yes when closed; one probe at a time once retry_after_s passed."""
+        if self._closed:
+            return False
+        if self._down_until is None:
+            return True
+        with self._lock:
+            if self._down_until is None:
+                return True
+            if self._probing or self._clock() < self._down_until:
+                self.stats.skipped += 1
+                return False
+            self._probing = True
+            return True
+
+    def _succeeded(self) -> None:
+        if self._down_until is None:
+            return
+        with self._lock:
+            if self._down_until is not None:
+                self._down_until = None
+                self._probing = False
+                LOGGER.info("shared cache tier at %s is reachable again", self.where)
+
+    def _failed(self, exc: Exception) -> None:
+        with self._lock:
+            was_up = self._down_until is None
+            self._down_until = self._clock() + self.retry_after_s
+            self._probing = False
+        if was_up:
+            LOGGER.warning(
+                "shared cache tier at %s failed (%s: %s); serving from the local tier and computing, "
+                "retrying every %.1fs",
+                self.where, type(exc).__name__, exc, self.retry_after_s,
+            )
+        else:
+            LOGGER.debug("shared cache tier at %s still down: %s", self.where, exc)
+
+
+@dataclasses.dataclass(slots=True)
+class TieredStats:
+    """Where :class:`TieredCache` answers came from."""
+
+    local_hits: int = 0
+    shared_hits: int = 0
+    misses: int = 0  # neither tier had it (get_or_compute then computes)
+    computed: int = 0
+    undecodable: int = 0  # shared payloads the decode function rejected (read as misses)
+    unencodable: int = 0  # values the encode function rejected (kept local only)
+
+
+class TieredCache(Generic[V]):
+    """A local cache (any :class:`~warmup_tools.caches.policies.LocalCache`) with an optional SharedTier behind it."""
+
+    def __init__(
+        self,
+        local: LocalCache,
+        shared: SharedTier | None,
+        *,
+        kind: str,
+        fingerprint: str,
+        encode: Callable[[V], bytes],
+        decode: Callable[[bytes], V],
+    ) -> None:
+        _check_key_part("kind", kind)
+        _check_key_part("fingerprint", fingerprint)
+        self.local = local
+        self.shared = shared
+        self.kind = kind
+        self.fingerprint = fingerprint
+        self._encode = encode
+        self._decode = decode
+        self.stats = TieredStats()
+
+    def get(self, tenant: str, digest: bytes) -> tuple[V | None, str]:
+        """``(value, "local" | "shared" | "miss")``; a shared hit is copied into the local tier."""
+        local_key = self._local_key(tenant, digest)
+        value = self.local.get(local_key)
+        if value is not None:
+            self.stats.local_hits += 1
+            return value, "local"
+        if self.shared is not None:
+            payload = self.shared.get(TierKey(self.kind, tenant, self.fingerprint, digest))
+            if payload is not None:
+                try:
+                    value = self._decode(payload)
+                except Exception:  # noqa: BLE001  (a payload we cannot read is a miss)
+                    self.stats.undecodable += 1
+                    LOGGER.debug("undecodable %s value in the shared tier", self.kind, exc_info=True)
+                else:
+                    self.local.put(local_key, value)
+                    self.stats.shared_hits += 1
+                    return value, "shared"
+        self.stats.misses += 1
+        return None, "miss"
+
+    def put(self, tenant: str, digest: bytes, value: V) -> None:
+        """Store in the local tier, and in the shared tier when there is one (best effort)."""
+        self.local.put(self._local_key(tenant, digest), value)
+        if self.shared is None:
+            return
+        try:
+            payload = self._encode(value)
+        except Exception:  # noqa: BLE001
+            self.stats.unencodable += 1
+            LOGGER.debug("cannot encode a %s value for the shared tier", self.kind, exc_info=True)
+            return
+        self.shared.put(TierKey(self.kind, tenant, self.fingerprint, digest), payload)
+
+    def get_or_compute(self, tenant: str, digest: bytes, compute: Callable[[], V]) -> tuple[V, str]:
+        """``(value, "local" | "shared" | "computed")``; a computed value is stored in both tiers.
+
+        Errors raised by ``compute`` propagate: they belong to the request, not to the cache.
+        """
+        value, source = self.get(tenant, digest)
+        if value is not None:
+            return value, source
+        value = compute()
+        self.stats.computed += 1
+        self.put(tenant, digest, value)
+        return value, "computed"
+
+    def _local_key(self, tenant: str, digest: bytes) -> tuple[str, str, str, bytes]:
+        # NOTE: the tenant is part of the local key too: tenants never share an entry in either tier.
+        if not isinstance(digest, bytes) or len(digest) < MIN_DIGEST_BYTES:
+            raise ValueError(f"digest must be at least {MIN_DIGEST_BYTES} bytes")
+        return (self.kind, self.fingerprint, tenant, digest)
+
+
+def _check_key_part(name: str, value: str) -> None:
+    if not isinstance(value, str) or not value or ":" in value:
+        raise ValueError(f"{name} {value!r} must be a non-empty string without ':'")
+
+
+def _redact(url: str) -> str:
+    """``url`` without a password, for logs and error messages."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.hostname or ""
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+        user = f"{parts.username}:***@" if parts.username else ":***@"
+        return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
+    except ValueError:
+        return "<unparsable redis URL>"

@@ -1,0 +1,129 @@
+"""Prompt embeddings with ONNX Runtime and a tiered exact cache, for the ``embedding_cache`` model.
+
+Local tier: LFU with time decay, bounded by bytes; optional shared tier: Redis. Keys hold the tenant and
+the embedding model's fingerprint.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import logging
+import random
+from pathlib import Path
+
+import numpy as np
+
+from warmup_tools.caches.policies import DecayedLFUCache
+from warmup_tools.common.errors import AssetError
+from warmup_tools.common.digests import fingerprint_file
+from warmup_tools.caches.redis_tier import SharedTier, TieredCache, decode_array, encode_array
+from warmup_tools.tokenizer_cache.service import text_digest
+
+LOGGER = logging.getLogger(__name__)
+
+
+def cuda_device_count() -> int:
+    """Number of CUDA devices the driver reports; 0 when there is no driver (no torch needed)."""
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if libcuda.cuInit(0) != 0 or libcuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return int(count.value)
+
+
+def choose_providers(requested: str = "auto") -> list[str]:
+    """ONNX Runtime providers: CUDA first when both the build and the machine have it, else the CPU.
+
+    NOTE: onnxruntime-gpu lists CUDAExecutionProvider even on machines without a GPU, and asking for it
+    there prints a wall of errors; we ask only when a device exists.
+    """
+    import onnxruntime as ort  # noqa: PLC0415
+
+    if requested != "auto":
+        return [p.strip() for p in requested.split(",") if p.strip()]
+    available = ort.get_available_providers()
+    if "CUDAExecutionProvider" in available and cuda_device_count() > 0:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EmbeddingResult:
+    """``vector`` is None when the text missed the cache and was not sampled for computing."""
+
+    vector: np.ndarray | None
+    #: local, shared, computed, or skipped (a miss that was not sampled)
+    source: str
+
+
+class OnnxEmbedder:
+    """Sentence embeddings (mean-pooled, L2-normalised inside the graph) with an exact cache."""
+
+    def __init__(self, model_dir: Path, *, cache_bytes: int = 64 << 20, providers: str = "auto",
+                 num_threads: int = 0, shared: SharedTier | None = None) -> None:
+        import onnxruntime as ort  # noqa: PLC0415
+        from tokenizers import Tokenizer  # noqa: PLC0415
+
+        model_path = model_dir / "model.onnx"
+        if not model_path.exists():
+            raise AssetError(
+                f"{model_path} does not exist; build the demo assets with `python -m warmup_tools assets` "
+                "or point embedder_path at a folder holding model.onnx and tokenizer.json"
+            )
+        meta = json.loads((model_dir / "config.json").read_text()) if (model_dir / "config.json").exists() else {}
+        self.dim = int(meta.get("dim", 384))
+        self.max_length = int(meta.get("max_length", 256))
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.tokenizer.enable_truncation(self.max_length)
+        self.tokenizer.enable_padding()
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if num_threads > 0:
+            options.intra_op_num_threads = num_threads
+            options.inter_op_num_threads = 1
+        self.providers = choose_providers(providers)
+        self.session = ort.InferenceSession(str(model_path), options, providers=self.providers)
+        self._input_names = {i.name for i in self.session.get_inputs()}
+        self.fingerprint = fingerprint_file(model_path)[:16]
+        self.local: DecayedLFUCache[tuple, np.ndarray] = DecayedLFUCache(cache_bytes)
+        self.cache: TieredCache[np.ndarray] = TieredCache(
+            self.local, shared, kind="emb", fingerprint=self.fingerprint, encode=encode_array, decode=decode_array)
+
+    def lookup_or_sample(self, text: str, sample_rate: float, rng: random.Random,
+                         tenant: str = "default") -> EmbeddingResult:
+        """The cached embedding of ``text``; on a miss, computed only for a ``sample_rate`` share of requests.
+
+        NOTE: embedding a 256-token prompt costs tens of milliseconds on a CPU, more than a warm prefill.
+        Skipping most misses keeps that off the request path; the sampled share still gives unbiased
+        heat counts (scale by 1 / sample_rate) and fills the cache for the prompts that repeat.
+        """
+        digest = text_digest(text)
+        vector, source = self.cache.get(tenant, digest)
+        if vector is not None:
+            return EmbeddingResult(vector, source)
+        if sample_rate <= 0.0 or (sample_rate < 1.0 and rng.random() >= sample_rate):
+            return EmbeddingResult(None, "skipped")
+        vector = self.embed_batch([text])[0]
+        vector.setflags(write=False)
+        self.cache.put(tenant, digest, vector)
+        return EmbeddingResult(vector, "computed")
+
+    def embed(self, text: str, tenant: str = "default") -> np.ndarray:
+        """The embedding of one text, from the cache or computed (always)."""
+        return self.lookup_or_sample(text, 1.0, random.Random(0), tenant).vector
+
+    def embed_batch(self, texts: list[str]) -> np.ndarray:
+        """Embeddings of many texts, computed (no cache), shape ``[len(texts), dim]``."""
+        encodings = self.tokenizer.encode_batch(texts)
+        feeds = {
+            "input_ids": np.asarray([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.asarray([e.attention_mask for e in encodings], dtype=np.int64),
+            "token_type_ids": np.asarray([e.type_ids for e in encodings], dtype=np.int64),
+        }
+        (out,) = self.session.run(["embedding"], {k: v for k, v in feeds.items() if k in self._input_names})
+        return np.ascontiguousarray(out, dtype=np.float32)

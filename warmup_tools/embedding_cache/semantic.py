@@ -1,0 +1,237 @@
+"""The semantic layer of the embedding cache: nearest-cluster assignment and an index of distinct prompts.
+
+Every prompt embedding (L2-normalised, so a dot product is a cosine) is assigned to the nearest cluster
+centroid, where centroids come from a warm-up plan (:meth:`SemanticIndex.set_centroids`) or are learnt
+online by leader clustering. Separately, a bounded index keeps one embedding per group of near-duplicate
+prompts; a warm-up plan is drawn from it. Both lookups are one matrix-vector product each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Sequence
+
+import numpy as np
+
+from warmup_tools.common.errors import InvalidInputError
+
+#: Cluster id reported when there are no centroids and none may be learnt.
+NO_CLUSTER = -1
+#: How many prompts a centroid from a warm-up plan counts for in the running mean.
+#: NOTE: a planned centroid summarises many prompts; with a weight of 1 the first online update would move it
+#: halfway to a single prompt and undo the plan.
+PLANNED_CENTROID_WEIGHT = 100.0
+#: First capacity of the entry matrix; it doubles up to max_entries.
+INITIAL_CAPACITY = 64
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Assignment:
+    """Where one prompt embedding went.
+
+    ``similarity`` is the cosine between the vector and the centroid of ``cluster_id`` as it was before this
+    vector updated it (1.0 when the vector started a new cluster, -1.0 when ``cluster_id`` is
+    :data:`NO_CLUSTER`). It is not the similarity to the nearest indexed entry. ``admitted`` says whether the
+    vector entered the index of distinct entries (False: a near duplicate of an indexed entry).
+    """
+
+    cluster_id: int
+    similarity: float
+    admitted: bool
+
+
+@dataclasses.dataclass(slots=True)
+class SemanticStats:
+    assigned: int = 0
+    clusters_created: int = 0
+    admitted: int = 0
+    duplicates: int = 0
+    evictions: int = 0
+    entries: int = 0
+    clusters: int = 0
+
+
+class SemanticIndex:
+    """Nearest-cluster assignment plus a bounded index of distinct prompt embeddings."""
+
+    def __init__(self, dim: int = 384, *, threshold: float = 0.82, max_entries: int = 4096,
+                 max_clusters: int = 256, centroids: np.ndarray | None = None, learn_online: bool = True) -> None:
+        if dim < 1:
+            raise ValueError("dim must be >= 1")
+        if not -1.0 <= threshold <= 1.0:
+            raise ValueError("threshold is a cosine: it must lie in [-1, 1]")
+        if max_entries < 0 or max_clusters < 0:
+            raise ValueError("max_entries and max_clusters must be >= 0")
+        self.dim = dim
+        self.threshold = float(threshold)
+        self.max_entries = max_entries
+        self.max_clusters = max_clusters
+        self.learn_online = learn_online
+        self.stats = SemanticStats()
+        self._lock = threading.Lock()
+        # NOTE: all state lives in fixed-width numpy arrays whose row counts never exceed max_clusters and
+        # max_entries, so memory is bounded whatever the traffic (see nbytes()).
+        self._centroids = np.zeros((max_clusters, dim), dtype=np.float32)
+        self._weights = np.zeros(max_clusters, dtype=np.float64)
+        self._cluster_ids = np.zeros(max_clusters, dtype=np.int64)
+        self._n_clusters = 0
+        self._next_cluster_id = 0
+        capacity = min(max_entries, INITIAL_CAPACITY)
+        self._entries = np.zeros((capacity, dim), dtype=np.float32)
+        self._entry_clusters = np.zeros(capacity, dtype=np.int64)
+        #: Logical time of each entry's admission or last match: the least recent is evicted first.
+        self._last_used = np.zeros(capacity, dtype=np.int64)
+        self._n_entries = 0
+        self._tick = 0
+        if centroids is not None:
+            self.set_centroids(centroids)
+
+    # -- public API -------------------------------------------------------------------------------------
+
+    def assign(self, vector: np.ndarray) -> Assignment:
+        """Assign ``vector`` to its nearest cluster (learning one when allowed) and admit it to the index
+        of distinct entries unless an indexed entry is at least ``threshold`` similar."""
+        v = self._unit(vector)
+        with self._lock:
+            self._tick += 1
+            cluster_id, similarity = self._assign_cluster(v)
+            admitted = self._admit(v, cluster_id)
+            self.stats.assigned += 1
+            return Assignment(cluster_id, similarity, admitted)
+
+    def set_centroids(self, centroids: np.ndarray, ids: Sequence[int] | None = None) -> None:
+        """Replace the clusters by ``centroids`` (k x dim, rows are normalised) with ``ids`` (default 0..k-1);
+        indexed entries are re-assigned to their nearest new centroid."""
+        matrix = np.asarray(centroids, dtype=np.float32)
+        if matrix.ndim != 2 or matrix.shape[1] != self.dim:
+            raise ValueError(f"centroids must have shape (k, {self.dim}), not {matrix.shape}")
+        k = matrix.shape[0]
+        if k > self.max_clusters:
+            raise ValueError(f"{k} centroids exceed max_clusters={self.max_clusters}")
+        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+        if k and (not np.all(np.isfinite(norms)) or np.any(norms == 0)):
+            raise ValueError("centroids must be finite and non-zero")
+        id_array = np.arange(k, dtype=np.int64) if ids is None else np.asarray(list(ids), dtype=np.int64)
+        if id_array.shape != (k,) or len(set(id_array.tolist())) != k:
+            raise ValueError("ids must be k distinct integers")
+        with self._lock:
+            self._centroids[:k] = matrix / norms if k else matrix
+            self._centroids[k:] = 0.0
+            self._weights[:k] = PLANNED_CENTROID_WEIGHT
+            self._weights[k:] = 0.0
+            self._cluster_ids[:k] = id_array
+            self._n_clusters = k
+            self._next_cluster_id = int(id_array.max()) + 1 if k else 0
+            n = self._n_entries
+            if n and k:
+                nearest = np.argmax(self._entries[:n] @ self._centroids[:k].T, axis=1)
+                self._entry_clusters[:n] = self._cluster_ids[nearest]
+            elif n:
+                self._entry_clusters[:n] = NO_CLUSTER
+            self.stats.clusters = k
+
+    @property
+    def centroids(self) -> np.ndarray:
+        """A copy of the current centroids (k x dim)."""
+        with self._lock:
+            return self._centroids[:self._n_clusters].copy()
+
+    @property
+    def cluster_ids(self) -> np.ndarray:
+        with self._lock:
+            return self._cluster_ids[:self._n_clusters].copy()
+
+    def entries(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the indexed distinct embeddings (n x dim) and the cluster id of each."""
+        with self._lock:
+            n = self._n_entries
+            return self._entries[:n].copy(), self._entry_clusters[:n].copy()
+
+    def nbytes(self) -> int:
+        """Bytes held by the index's arrays (at most about (max_entries + max_clusters) * dim * 4)."""
+        arrays = (self._centroids, self._weights, self._cluster_ids, self._entries, self._entry_clusters,
+                  self._last_used)
+        return int(sum(a.nbytes for a in arrays))
+
+    def __len__(self) -> int:
+        return self._n_entries
+
+    # -- helpers ----------------------------------------------------------------------------------------
+
+    def _unit(self, vector: np.ndarray) -> np.ndarray:
+        v = np.asarray(vector, dtype=np.float32).reshape(-1)
+        if v.shape[0] != self.dim:
+            raise InvalidInputError(f"embedding has {v.shape[0]} values, the semantic index expects {self.dim}")
+        norm = float(np.linalg.norm(v))
+        if not np.isfinite(norm) or norm == 0.0:
+            raise InvalidInputError("embedding must be finite and non-zero")
+        # NOTE: embeddings arrive normalised; normalising again costs one dot product and keeps cosines honest
+        # for callers that pass raw vectors.
+        return v if abs(norm - 1.0) < 1e-4 else v / norm
+
+    def _assign_cluster(self, v: np.ndarray) -> tuple[int, float]:
+        k = self._n_clusters
+        if k:
+            sims = self._centroids[:k] @ v
+            best = int(np.argmax(sims))
+            similarity = float(sims[best])
+        else:
+            best, similarity = -1, -1.0
+        if (not k or similarity < self.threshold) and self.learn_online and k < self.max_clusters:
+            cluster_id = self._next_cluster_id
+            self._next_cluster_id += 1
+            self._centroids[k] = v
+            self._weights[k] = 1.0
+            self._cluster_ids[k] = cluster_id
+            self._n_clusters = k + 1
+            self.stats.clusters_created += 1
+            self.stats.clusters = k + 1
+            return cluster_id, 1.0
+        if not k:
+            return NO_CLUSTER, -1.0
+        if self.learn_online:
+            self._weights[best] += 1.0
+            centroid = self._centroids[best]
+            centroid += (v - centroid) / np.float32(self._weights[best])
+            norm = float(np.linalg.norm(centroid))
+            if norm > 0.0:
+                centroid /= norm
+        return int(self._cluster_ids[best]), similarity
+
+    def _admit(self, v: np.ndarray, cluster_id: int) -> bool:
+        n = self._n_entries
+        if n:
+            sims = self._entries[:n] @ v
+            nearest = int(np.argmax(sims))
+            if sims[nearest] >= self.threshold:
+                self._last_used[nearest] = self._tick
+                self.stats.duplicates += 1
+                return False
+        if self.max_entries == 0:
+            return False
+        if n < self.max_entries:
+            if n == self._entries.shape[0]:
+                self._grow()
+            slot = n
+            self._n_entries = n + 1
+        else:
+            slot = int(np.argmin(self._last_used[:n]))
+            self.stats.evictions += 1
+        self._entries[slot] = v
+        self._entry_clusters[slot] = cluster_id
+        self._last_used[slot] = self._tick
+        self.stats.admitted += 1
+        self.stats.entries = self._n_entries
+        return True
+
+    def _grow(self) -> None:
+        capacity = min(self.max_entries, max(1, 2 * self._entries.shape[0]))
+        n = self._n_entries
+        entries = np.zeros((capacity, self.dim), dtype=np.float32)
+        entries[:n] = self._entries[:n]
+        clusters = np.zeros(capacity, dtype=np.int64)
+        clusters[:n] = self._entry_clusters[:n]
+        last_used = np.zeros(capacity, dtype=np.int64)
+        last_used[:n] = self._last_used[:n]
+        self._entries, self._entry_clusters, self._last_used = entries, clusters, last_used

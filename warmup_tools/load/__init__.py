@@ -1,1 +1,0 @@
-"""Locust load tests of the ensemble (run with ``locust -f warmup_tools/load/locustfile.py``)."""

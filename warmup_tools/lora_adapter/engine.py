@@ -1,0 +1,339 @@
+"""The generation engine behind the ``lora_adapter`` model: a causal LM with many LoRA adapters.
+
+The base model and adapters load through the ordinary Hugging Face paths (``AutoModelForCausalLM``,
+``PeftModel``), so a real model folder and real adapter folders work by changing config parameters.
+One engine serves one model instance; requests run one at a time, each with its adapter switched in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import torch
+
+from warmup_tools.lora_adapter.detokenize import IncrementalDetokenizer
+from warmup_tools.common.errors import AssetError, InvalidInputError, UnknownAdapterError
+from warmup_tools.common.digests import fingerprint_folder
+from warmup_tools.kv.prefix_cache import LIVE, WARMUP, BlockHash, CacheScope, PrefixCache, PrefixMatch, block_hashes
+from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+from warmup_tools.lora_adapter.sampling import make_generator, next_token
+
+LOGGER = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineConfig:
+    base_model: Path
+    adapter_root: Path | None = None
+    #: Adapters to load at start; None loads every folder under ``adapter_root``.
+    adapters: tuple[str, ...] | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    num_threads: int = 0
+    #: KV prefix cache of this instance; 0 bytes disables it.
+    kv_cache_bytes: int = 256 << 20
+    kv_block_size: int = 16
+    kv_storage: str = "fp"
+    kv_eviction: str = "lfu_ttl"
+    kv_ttl_s: float = 3600.0
+    kv_live_reserve: float = 0.15
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GenerationStep:
+    """One generated token's worth of output (``text`` may be empty while a character is incomplete)."""
+
+    text: str
+    token_id: int
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    finished: bool
+    finish_reason: str = ""
+    #: Seconds from the start of the request to this step.
+    elapsed: float = 0.0
+
+
+class LoraEngine:
+    """Loads a base causal LM plus LoRA adapters and streams generations."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+
+        self.config = config
+        if config.num_threads > 0:
+            torch.set_num_threads(config.num_threads)
+        self.device = select_device(config.device)
+        self.dtype = select_dtype(config.dtype, self.device)
+        if not (config.base_model / "config.json").exists():
+            raise AssetError(
+                f"base model folder {config.base_model} has no config.json; "
+                "build the demo assets with `python -m warmup_tools assets` or point base_model at a model folder"
+            )
+        self.tokenizer = AutoTokenizer.from_pretrained(config.base_model)
+        model = AutoModelForCausalLM.from_pretrained(config.base_model, dtype=self.dtype, use_safetensors=True)
+        model.to(self.device).eval()
+        self.model_config = model.config
+        self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
+        self.vocab_size = int(model.config.vocab_size)
+        self.eos_token_ids = _eos_ids(model.config, self.tokenizer)
+        self.base_fingerprint = fingerprint_folder(config.base_model)
+        self.prefix_cache: PrefixCache | None = None
+        if config.kv_cache_bytes > 0:
+            try:
+                self.prefix_cache = PrefixCache(
+                    config.kv_cache_bytes, config.kv_block_size, live_reserve=config.kv_live_reserve,
+                    eviction=config.kv_eviction, ttl_s=config.kv_ttl_s, storage=config.kv_storage)
+            except ValueError as exc:
+                raise AssetError(f"KV prefix cache configuration: {exc}") from None
+        self._peft = None
+        self._lm = model
+        self.adapters: dict[str, Path] = {}
+        self.adapter_fingerprints: dict[str, str] = {}
+        for name, path in discover_adapters(config.adapter_root, config.adapters).items():
+            self._load_adapter(name, path)
+
+    # ----------------------------------------------------------------------------------- public API
+    def generate(self, request: GenerateRequest) -> Iterator[GenerationStep]:
+        """Yield one :class:`GenerationStep` per generated token; the last has ``finished=True``."""
+        start = time.perf_counter()
+        params = request.sampling
+        prompt_len = len(request.prompt_ids)
+        if prompt_len + params.max_tokens > self.context_length:
+            raise InvalidInputError(
+                f"the prompt has {prompt_len} tokens and max_tokens is {params.max_tokens}: together they exceed "
+                f"the model's context of {self.context_length} tokens; shorten the prompt or lower max_tokens"
+            )
+        with self._prefilled(request) as (logits, cache, cached_tokens):
+            yield from self._decode(request, logits, cache, cached_tokens, start)
+
+    def prompt_logits(self, request: GenerateRequest) -> torch.Tensor:
+        """The logits after the prompt's last token (through the prefix cache, as a request would)."""
+        with self._prefilled(request) as (logits, _, _):
+            return logits.float().clone()
+
+    @contextlib.contextmanager
+    def _prefilled(self, request: GenerateRequest) -> Iterator[tuple[torch.Tensor, object, int]]:
+        """Prefill the prompt (reusing its longest cached prefix, storing its new blocks); yields the
+        last position's logits, the KV cache to decode with, and how many tokens came from the cache."""
+        with self._adapter(request.adapter), torch.inference_mode():
+            from transformers import DynamicCache  # noqa: PLC0415
+
+            hashes, match, flight = self._acquire_prefix(request)
+            try:
+                cached_tokens = match.num_tokens if match else 0
+                if cached_tokens:
+                    cache = DynamicCache(ddp_cache_data=self.prefix_cache.load(match, self.dtype),
+                                         config=self.model_config)
+                else:
+                    cache = DynamicCache(config=self.model_config)
+                suffix = request.prompt_ids[cached_tokens:]
+                logits = self._forward(torch.tensor([suffix], dtype=torch.long, device=self.device), cache)
+                if hashes:
+                    # A warm-up request revisits the blocks it matched too, to pin them under its plan.
+                    self.prefix_cache.store(
+                        hashes, [(layer.keys, layer.values) for layer in cache.layers],
+                        start_block=0 if request.warmup_plan is not None else len(match),
+                        source=WARMUP if request.warmup_plan is not None else LIVE,
+                        plan_id=request.warmup_plan or None, owner=request.adapter or "")
+                flight.close()
+                yield logits, cache, cached_tokens
+            finally:
+                flight.close()
+                if match:
+                    self.prefix_cache.release(match)
+
+    def scope(self, adapter: str | None, tenant: str) -> CacheScope:
+        """The KV cache scope of a request: base model, adapter identity and tenant."""
+        return CacheScope(self.base_fingerprint, adapter or "", self.adapter_fingerprints.get(adapter or "", ""),
+                          tenant)
+
+    def _acquire_prefix(self, request: GenerateRequest) -> tuple[list[BlockHash], PrefixMatch | None,
+                                                                    contextlib.ExitStack]:
+        """Block hashes of the prompt, its longest cached prefix (held), and the single-flight guard.
+
+        NOTE: at most ``len(prompt) - 1`` tokens come from the cache (as in vLLM): the last prompt token
+        is always computed, because its logits pick the first output token.
+        """
+        flight = contextlib.ExitStack()
+        if self.prefix_cache is None:
+            return [], None, flight
+        prompt = request.prompt_ids
+        hashes = block_hashes(prompt, self.prefix_cache.block_size, self.scope(request.adapter, request.tenant))
+        usable = hashes[: (len(prompt) - 1) // self.prefix_cache.block_size]
+        match = self.prefix_cache.match(usable)
+        if len(match) < len(usable):
+            leader = flight.enter_context(self.prefix_cache.single_flight(usable[len(match)]))
+            if not leader:  # another request computed this prefix meanwhile: look again
+                self.prefix_cache.release(match)
+                match = self.prefix_cache.match(usable)
+        return hashes, match, flight
+
+    def _decode(self, request: GenerateRequest, logits: torch.Tensor, cache: object, cached_tokens: int,
+                start: float) -> Iterator[GenerationStep]:
+        params = request.sampling
+        prompt_len = len(request.prompt_ids)
+        generator = make_generator(params, self.device)
+        detok = IncrementalDetokenizer(self.tokenizer)
+        for produced in range(1, params.max_tokens + 1):
+            token = next_token(logits, params, generator)
+            is_eos = token in self.eos_token_ids
+            finished = is_eos or produced == params.max_tokens
+            text = "" if is_eos else detok.push(token)
+            if finished:
+                text += detok.flush()
+            yield GenerationStep(
+                text=text,
+                token_id=token,
+                prompt_tokens=prompt_len,
+                cached_tokens=cached_tokens,
+                output_tokens=produced,
+                finished=finished,
+                finish_reason=("stop" if is_eos else "length") if finished else "",
+                elapsed=time.perf_counter() - start,
+            )
+            if finished:
+                return
+            logits = self._forward(torch.tensor([[token]], dtype=torch.long, device=self.device), cache)
+
+    def has_adapter(self, name: str) -> bool:
+        return name in self.adapters
+
+    def load_adapter(self, name: str, folder: str | None = None) -> None:
+        """Load (or reload, after its weights changed) the adapter ``name`` from under adapter_root."""
+        paths = discover_adapters(self.config.adapter_root, (folder or name,))
+        path = next(iter(paths.values()))
+        if name in self.adapters:
+            self.unload_adapter(name)
+        self._load_adapter(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        """Free an adapter's weights. Its KV blocks stay until evicted but can never match again
+        once the adapter is reloaded with other weights (the fingerprint is part of every key)."""
+        if name not in self.adapters:
+            return
+        others = [a for a in self.adapters if a != name]
+        if others and self._peft.active_adapter == name:
+            self._peft.set_adapter(others[0])  # requests set their own; this only avoids peft's warning
+        self._peft.delete_adapter(name)
+        del self.adapters[name]
+        self.adapter_fingerprints.pop(name, None)
+
+    def warm(self, adapter: str | None, prompts: Iterable[str], tenant: str = "default") -> str:
+        """Pre-fill each prompt's KV blocks for ``adapter`` (pinned under the active plan)."""
+        if self.prefix_cache is None:
+            return "KV prefix cache disabled; nothing to warm"
+        count = tokens = 0
+        for text in prompts:
+            ids = self.encode(text)
+            self.warm_ids(adapter, ids, tenant)
+            count += 1
+            tokens += len(ids)
+        return f"warmed {count} prompts ({tokens} tokens)"
+
+    def warm_ids(self, adapter: str | None, ids: Sequence[int], tenant: str = "default") -> None:
+        """Pre-fill the KV blocks of one tokenised prompt (pinned under the active plan, if any)."""
+        if self.prefix_cache is None:
+            return
+        request = GenerateRequest(tuple(ids), adapter, tenant, False, SamplingParams(max_tokens=1),
+                                  warmup_plan=self.prefix_cache.active_plan or "")
+        for _ in self.generate(request):
+            pass
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        """Token ids of ``text`` as a request would carry them (with the tokenizer's special tokens)."""
+        return tuple(self.tokenizer.encode(text, add_special_tokens=True))
+
+    # ------------------------------------------------------------------------------------- helpers
+    def _forward(self, input_ids: torch.Tensor, cache: object) -> torch.Tensor:
+        out = self._lm(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1]
+
+    @contextlib.contextmanager
+    def _adapter(self, name: str | None) -> Iterator[None]:
+        if name is None:
+            if self._peft is None or not self.adapters:
+                yield
+            else:
+                with self._peft.disable_adapter():
+                    yield
+            return
+        if name not in self.adapters:
+            known = ", ".join(sorted(self.adapters)) or "none"
+            raise UnknownAdapterError(f"unknown adapter '{name}'; known adapters: {known} (or empty for the base model)")
+        self._peft.set_adapter(name)
+        yield
+
+    def _load_adapter(self, name: str, path: Path) -> None:
+        from peft import PeftModel  # noqa: PLC0415
+
+        LOGGER.info("loading adapter %s from %s", name, path)
+        if self._peft is None:
+            self._peft = PeftModel.from_pretrained(self._lm, path, adapter_name=name, is_trainable=False)
+            self._peft.to(self.device).eval()
+            self._lm = self._peft.get_base_model()
+        else:
+            self._peft.load_adapter(path, adapter_name=name, is_trainable=False)
+            self._peft.to(self.device)
+        self.adapters[name] = path
+        self.adapter_fingerprints[name] = fingerprint_folder(path)
+
+
+def select_device(spec: str) -> torch.device:
+    """``auto`` picks the first CUDA device when there is one, else the CPU."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(spec)
+
+
+def select_dtype(spec: str, device: torch.device) -> torch.dtype:
+    """``auto`` is bfloat16 on a GPU and float32 on the CPU (where bf16 matmuls are slow)."""
+    if spec == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[spec]
+    except KeyError:
+        raise AssetError(f"dtype {spec!r} is not supported; use auto, float32, float16 or bfloat16") from None
+
+
+def discover_adapters(root: Path | None, names: tuple[str, ...] | None) -> dict[str, Path]:
+    """Adapter folders under ``root``: the given names, or every folder holding an adapter_config.json."""
+    if root is None:
+        if names:
+            raise AssetError("adapters are listed but no adapter_root is configured")
+        return {}
+    root = root.resolve()
+    if names is None:
+        if not root.is_dir():
+            raise AssetError(f"adapter_root {root} is not a folder")
+        names = tuple(sorted(p.name for p in root.iterdir() if (p / "adapter_config.json").exists()))
+    found: dict[str, Path] = {}
+    for name in names:
+        path = (root / name).resolve()
+        if path.parent != root:
+            raise AssetError(f"adapter name {name!r} escapes the adapter root {root}")
+        if not (path / "adapter_config.json").exists():
+            raise AssetError(f"adapter {name!r}: {path} has no adapter_config.json")
+        # NOTE: adapters load from safetensors only; a pickled adapter_model.bin can run code on load.
+        if not (path / "adapter_model.safetensors").exists():
+            raise AssetError(f"adapter {name!r}: {path} has no adapter_model.safetensors (pickled weights are refused)")
+        found[name] = path
+    return found
+
+
+def _eos_ids(model_config: object, tokenizer: object) -> frozenset[int]:
+    ids: set[int] = set()
+    eos = getattr(model_config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, (list, tuple)):
+        ids.update(int(e) for e in eos)
+    tok_eos = getattr(tokenizer, "eos_token_id", None)
+    if tok_eos is not None:
+        ids.add(int(tok_eos))
+    return frozenset(ids)

@@ -1,0 +1,100 @@
+"""The request log: one JSON line per request, written off the request path.
+
+``lora_adapter`` hands each finished request's record to :meth:`RequestLogWriter.log`, which only puts
+it on a bounded queue (never blocks; when the queue is full the record is dropped and counted). A
+background thread writes the lines in batches to ``<dir>/requests-<instance>.jsonl`` (one file per
+instance: instances are separate processes) and rotates it at ``max_bytes``, keeping ``backups`` old
+files. The warm-up planner reads these files (``python -m warmup_tools plan logs/*.jsonl*``).
+
+Record keys: ``ts`` (epoch seconds at arrival), ``tenant``, ``adapter`` ("" for the base model),
+``prompt_digest``, ``prompt`` (omitted when redaction is on), ``prompt_tokens``, ``cached_tokens``,
+``ttft_ms``, ``output_tokens``, ``cluster``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from pathlib import Path
+from typing import Any
+
+from warmup_tools.common.jsonl import RotatingJsonLines
+from warmup_tools.tokenizer_cache.service import text_digest
+
+LOGGER = logging.getLogger(__name__)
+
+
+def prompt_digest(text: str) -> str:
+    """The hex form of the digest the caches key prompts by."""
+    return text_digest(text).hex()
+
+
+def make_record(*, ts: float, tenant: str, adapter: str | None, prompt: str | None, prompt_tokens: int,
+                cached_tokens: int, ttft_ms: float, output_tokens: int, cluster: int, redact: bool) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "ts": round(ts, 3), "tenant": tenant, "adapter": adapter or "",
+        "prompt_digest": prompt_digest(prompt) if prompt is not None else None,
+        "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens, "ttft_ms": round(ttft_ms, 2),
+        "output_tokens": output_tokens, "cluster": cluster,
+    }
+    if prompt is not None and not redact:
+        record["prompt"] = prompt
+    return record
+
+
+class RequestLogWriter:
+    """A non-blocking, rotating JSON-lines writer fed through a bounded queue."""
+
+    def __init__(self, directory: Path, instance: str, *, max_bytes: int = 64 << 20, backups: int = 5,
+                 queue_size: int = 10_000, flush_interval_s: float = 0.5) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"requests-{instance}.jsonl"
+        self._file = RotatingJsonLines(self.path, max_bytes=max_bytes, backups=backups)
+        self.dropped = 0
+        self.written = 0
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=queue_size)
+        self._flush_interval_s = flush_interval_s
+        self._thread = threading.Thread(target=self._run, name="request-log", daemon=True)
+        self._thread.start()
+
+    def log(self, record: dict[str, Any]) -> bool:
+        """Queue a record; returns False (and counts a drop) instead of ever blocking."""
+        try:
+            self._queue.put_nowait(record)
+            return True
+        except queue.Full:
+            self.dropped += 1
+            return False
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Write what is queued and stop the writer thread."""
+        try:
+            self._queue.put(None, timeout=timeout_s)
+        except queue.Full:
+            pass
+        self._thread.join(timeout=timeout_s)
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            batch: list[dict[str, Any]] = []
+            try:
+                item = self._queue.get(timeout=self._flush_interval_s)
+                while True:
+                    if item is None:
+                        stop = True
+                        break
+                    batch.append(item)
+                    item = self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            if batch:
+                self._write(batch)
+
+    def _write(self, batch: list[dict[str, Any]]) -> None:
+        try:
+            self.written += self._file.write(batch)
+        except OSError as exc:  # NOTE: a full disk loses log lines, never a request
+            self.dropped += len(batch)
+            LOGGER.error("request log %s: %s (dropped %d records)", self.path, exc, len(batch))

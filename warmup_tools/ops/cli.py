@@ -1,0 +1,292 @@
+"""Command line: ``python -m warmup_tools <command>`` (or the ``warmup-tools`` console script)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from warmup_tools.ops.config import REPO_ROOT, ServeConfig, load_config
+from warmup_tools.common.errors import WarmupToolsError
+
+LOGGER = logging.getLogger("warmup_tools")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except WarmupToolsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="warmup_tools", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run tritonserver on the model repository until interrupted")
+    _server_flags(serve)
+    serve.set_defaults(func=_cmd_serve)
+
+    assets = sub.add_parser("assets", help="build the demo model assets (LM, tokenizer, adapters, embedder)")
+    assets.add_argument("--out", type=Path, default=REPO_ROOT / ".assets")
+    assets.add_argument("--seed", type=int, default=0)
+    assets.add_argument("--force", action="store_true", help="rebuild even if the assets are complete")
+    assets.set_defaults(func=_cmd_assets)
+
+    stanzas = sub.add_parser("stanzas", help="write (or --check) model_warmup stanzas in the repository")
+    stanzas.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository")
+    stanzas.add_argument("--plan", type=Path, help="a plan from `warmup_tools plan` (default: the demo prompts)")
+    stanzas.add_argument("--tokenizer", type=Path, default=REPO_ROOT / ".assets" / "lm",
+                         help="tokenizer folder used to turn the demo warm-up prompts into token ids")
+    stanzas.add_argument("--check", action="store_true", help="only validate the stanzas against the configs")
+    stanzas.set_defaults(func=_cmd_stanzas)
+
+    plan = sub.add_parser("plan", help="decide what to warm from request logs; writes a versioned plan")
+    plan.add_argument("logs", nargs="+", type=Path, help="request logs (.jsonl or .jsonl.gz)")
+    plan.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "plan.json")
+    plan.add_argument("--assets-dir", type=Path, default=REPO_ROOT / ".assets",
+                      help="folder with lm/ (tokenizer, model config) and embedder/")
+    plan.add_argument("--kv-bytes-total", type=int, default=int((256 << 20) * 0.85),
+                      help="KV bytes per instance the plan may fill (kv_cache_bytes less the live reserve)")
+    plan.add_argument("--kv-bytes-per-adapter", type=int, help="default: half of --kv-bytes-total")
+    plan.add_argument("--embedding-entries", type=int, default=256)
+    plan.add_argument("--tokenizer-entries", type=int, default=256)
+    plan.add_argument("--warm-seconds", type=float, default=60.0)
+    plan.add_argument("--now", type=float, help="epoch seconds the heat decays to (default: the last record)")
+    plan.add_argument("--no-progress", action="store_true")
+    plan.set_defaults(func=_cmd_plan)
+
+    adapters = sub.add_parser("adapters", help="add, retire or list LoRA adapters on a running server")
+    adapters.add_argument("--control-dir", type=Path, default=REPO_ROOT / ".control",
+                          help="the lora_adapter model's control_dir (WARMUP_CONTROL_DIR)")
+    actions = adapters.add_subparsers(dest="action", required=True)
+    add = actions.add_parser("add", help="load an adapter from adapter_root, warm it, make it live")
+    add.add_argument("name")
+    add.add_argument("--path", help="folder under adapter_root (default: the name)")
+    add.add_argument("--warm-prompt", action="append", default=[], help="a prompt to pre-fill (repeatable)")
+    add.add_argument("--warm-file", type=Path, help="file of prompts to pre-fill, one per line")
+    add.add_argument("--register-only", action="store_true", help="register without loading it")
+    add.add_argument("--wait", type=float, default=300.0, help="seconds to wait for every instance (0: don't)")
+    add.add_argument("--instances", type=int, help="how many instances must report (default: all that report)")
+    retire = actions.add_parser("retire", help="stop serving an adapter and free its weights")
+    retire.add_argument("name")
+    retire.add_argument("--wait", type=float, default=120.0)
+    retire.add_argument("--instances", type=int)
+    actions.add_parser("status", help="each instance's adapter states")
+    adapters.set_defaults(func=_cmd_adapters)
+
+    traffic = sub.add_parser("traffic", help="write seeded, realistic request logs (one file per day)")
+    traffic.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "traffic")
+    traffic.add_argument("--seed", type=int, default=0)
+    traffic.add_argument("--days", type=int, default=2)
+    traffic.add_argument("--requests-per-day", type=int, default=6000)
+    traffic.add_argument("--gzip", action="store_true")
+    traffic.set_defaults(func=_cmd_traffic)
+
+    # Every benchmark takes --assets-dir; its other flags are the keyword arguments of its module's run().
+    assets = argparse.ArgumentParser(add_help=False)
+    assets.add_argument("--assets-dir", type=Path, default=REPO_ROOT / ".assets")
+    bench = sub.add_parser("bench", help="benchmarks that print figures")
+    bench.set_defaults(func=_cmd_bench)
+    which = bench.add_subparsers(dest="bench", required=True)
+    kv = which.add_parser("kv", parents=[assets],
+                          help="TTFT with and without a warm KV prefix; INT8 accuracy; memory flood")
+    kv.add_argument("--repeats", type=int, default=7)
+    kv.add_argument("--flood", type=int, default=10_000, help="unique prompts for the memory check (0: skip)")
+    kv.add_argument("--lm-threads", type=int, default=1, help="torch threads of lora_adapter (0: torch default)")
+
+    caches = which.add_parser("caches", parents=[assets],
+                              help="tokenizer/embedding cache latency, hit ratios, tiers, ensemble overhead")
+    caches.add_argument("--requests", dest="n", type=int, default=300)
+
+    rep = which.add_parser("replay", parents=[assets],
+                           help="plan from day-1 logs, replay day 2's first hour with and without it")
+    rep.add_argument("--seed", type=int, default=0)
+    rep.add_argument("--requests-per-day", type=int, default=6000)
+
+    load = which.add_parser("load", parents=[assets],
+                            help="Locust users replay day 2's first hour concurrently, with and without the plan")
+    load.add_argument("--users", type=int, default=4)
+    load.add_argument("--max-tokens", type=int, default=8)
+    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--requests-per-day", type=int, default=6000)
+
+    pre = which.add_parser("preload", parents=[assets],
+                           help="live TTFT while a new adapter warms: fifo vs live-first, chunked")
+    pre.add_argument("--prompts", type=int, default=12, help="warm prompts of the new adapter")
+    pre.add_argument("--prompt-tokens", type=int, default=768)
+    pre.add_argument("--lm-threads", type=int, default=1)
+
+
+    demo = sub.add_parser("demo", help="start the server, stream requests for two adapters, stop")
+    _server_flags(demo)
+    demo.add_argument("--max-tokens", type=int, default=24)
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def _server_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="JSON file of ServeConfig fields")
+    parser.add_argument("--model-repository", type=Path)
+    parser.add_argument("--assets-dir", type=Path)
+    parser.add_argument("--control-dir", type=Path)
+    parser.add_argument("--http-port", type=int)
+    parser.add_argument("--grpc-port", type=int)
+    parser.add_argument("--metrics-port", type=int)
+    parser.add_argument("--host")
+    parser.add_argument("--log-verbose", type=int)
+    parser.add_argument("--ready-timeout-s", type=float)
+    parser.add_argument("--log-file", type=Path)
+
+
+def _serve_config(args: argparse.Namespace) -> ServeConfig:
+    flags = {name: getattr(args, name) for name in (
+        "model_repository", "assets_dir", "control_dir", "http_port", "grpc_port", "metrics_port", "host", "log_verbose",
+        "ready_timeout_s", "log_file")}
+    return load_config(ServeConfig, args.config, flags)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from warmup_tools.ops.server import ServerPorts, TritonServer  # noqa: PLC0415
+
+    config = _serve_config(args)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    server = TritonServer(config.model_repository,
+                          ports=ServerPorts(config.http_port, config.grpc_port, config.metrics_port),
+                          env=config.server_env(), log_path=config.log_file, log_verbose=config.log_verbose,
+                          host=config.host)
+    with server:
+        server.wait_ready(timeout=config.ready_timeout_s)
+        print(f"serving {config.model_repository}: HTTP {server.http_url}, gRPC {server.grpc_url}, "
+              f"metrics {server.metrics_url} (log {server.log_path}); Ctrl-C stops", flush=True)
+        while not stop.wait(1.0):
+            if not server.is_alive():
+                print(f"tritonserver exited with code {server.returncode}; log tail:\n{server.log_tail()}",
+                      file=sys.stderr)
+                return 1
+    return 0
+
+
+def _cmd_assets(args: argparse.Namespace) -> int:
+    from warmup_tools.sim.assets import build_demo_assets, ensure_demo_assets  # noqa: PLC0415
+
+    assets = build_demo_assets(args.out, args.seed) if args.force else ensure_demo_assets(args.out, args.seed)
+    print(f"demo assets ready in {assets.root} (adapters: {', '.join(assets.adapters)})")
+    return 0
+
+
+def _cmd_stanzas(args: argparse.Namespace) -> int:
+    from warmup_tools.planning.plan_stanzas import check_repository, load_plan, write_plan_stanzas  # noqa: PLC0415
+    from warmup_tools.planning.defaults import write_default_stanzas  # noqa: PLC0415
+
+    if not args.check:
+        if args.plan:
+            plan = load_plan(args.plan)
+            counts = write_plan_stanzas(plan, args.model_repository)
+            print(f"wrote stanzas of plan {plan['plan_id']} into {args.model_repository}: {counts}")
+        else:
+            files = write_default_stanzas(args.model_repository, args.tokenizer)
+            print(f"wrote the demo model_warmup stanzas ({len(files)} data files) into {args.model_repository}")
+    problems = check_repository(args.model_repository)
+    for problem in problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    if problems:
+        return 1
+    print(f"stanzas in {args.model_repository} are consistent with their configs")
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    from warmup_tools.embedding_cache.embedder import OnnxEmbedder  # noqa: PLC0415
+    from warmup_tools.planning.planner import Budgets, build_plan, format_summary, iter_log_records, prefix_kv_bytes_per_token  # noqa: PLC0415
+
+    budgets = Budgets(kv_bytes_total=args.kv_bytes_total,
+                      kv_bytes_per_adapter=args.kv_bytes_per_adapter or args.kv_bytes_total // 2,
+                      embedding_entries=args.embedding_entries, tokenizer_entries=args.tokenizer_entries,
+                      warm_seconds=args.warm_seconds)
+    plan = build_plan(iter_log_records(args.logs), AutoTokenizer.from_pretrained(args.assets_dir / "lm"),
+                      OnnxEmbedder(args.assets_dir / "embedder"), budgets, now=args.now,
+                      kv_bytes_per_token=prefix_kv_bytes_per_token(args.assets_dir / "lm"),
+                      progress=not args.no_progress)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    plan.save(args.out)
+    print(format_summary(plan))
+    print(f"plan {plan.plan_id} written to {args.out}; apply it with "
+          f"`python -m warmup_tools stanzas --plan {args.out}`")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from warmup_tools.sim.assets import ensure_demo_assets  # noqa: PLC0415
+    from warmup_tools.ops.demo import run_demo  # noqa: PLC0415
+
+    config = _serve_config(args)
+    ensure_demo_assets(config.assets_dir)
+    run_demo(config, max_tokens=args.max_tokens)
+    return 0
+
+
+def _cmd_adapters(args: argparse.Namespace) -> int:
+    from warmup_tools.adapters.registry import AdapterState, ControlRegistry  # noqa: PLC0415
+
+    registry = ControlRegistry(args.control_dir)
+    if args.action == "status":
+        statuses = registry.statuses()
+        if not statuses:
+            print(f"no instance has reported to {args.control_dir} (is the server running with this control dir?)")
+        for instance, adapters in sorted(statuses.items()):
+            for name, status in sorted(adapters.items()):
+                print(f"{instance}\t{name}\t{status.state.value}\trev {status.revision}\t{status.detail}")
+        return 0
+    if args.action == "add":
+        prompts = list(args.warm_prompt)
+        if args.warm_file:
+            prompts += [line for line in args.warm_file.read_text().splitlines() if line.strip()]
+        spec = registry.add(args.name, prompts, live=not args.register_only, path=args.path)
+        target = AdapterState.REGISTERED if args.register_only else AdapterState.LIVE
+    else:
+        spec = registry.retire(args.name)
+        target = AdapterState.RETIRED
+    print(f"{spec.name}: target {spec.target} (revision {spec.revision})", flush=True)
+    if args.wait > 0:
+        reached = registry.wait_until(spec.name, target, instances=args.instances, timeout_s=args.wait)
+        for instance, status in sorted(reached.items()):
+            print(f"{instance}: {status.state.value} {status.detail}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import importlib  # noqa: PLC0415
+
+    from warmup_tools.sim.assets import ensure_demo_assets  # noqa: PLC0415
+
+    module = importlib.import_module(f"warmup_tools.sim.bench.{args.bench}")
+    module.run(ensure_demo_assets(args.assets_dir).root, **bench_options(args))
+    return 0
+
+
+def bench_options(args: argparse.Namespace) -> dict[str, object]:
+    """A ``bench`` command's own flags: the keyword arguments of its module's ``run()``."""
+    return {k: v for k, v in vars(args).items() if k not in ("command", "bench", "func", "verbose", "assets_dir")}
+
+
+def _cmd_traffic(args: argparse.Namespace) -> int:
+    from warmup_tools.sim.traffic import main_traffic  # noqa: PLC0415
+
+    main_traffic(args.out, args.seed, args.days, args.requests_per_day, args.gzip)
+    return 0

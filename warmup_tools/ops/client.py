@@ -1,0 +1,279 @@
+"""Client helpers for the ``ensemble`` model over gRPC streaming and the HTTP generate extension.
+
+Used by the demo, the tests and the benchmarks; they measure time to first token (TTFT) on the client.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import queue
+import time
+import uuid
+from typing import Any, Callable, Iterator, Self
+
+import numpy as np
+
+from warmup_tools.common.errors import WarmupToolsError
+
+
+class GenerateError(WarmupToolsError):
+    """The server answered a generate request with an error."""
+
+    def __init__(self, message: str, status: str | int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclasses.dataclass(slots=True)
+class GenerateResult:
+    text: str
+    pieces: list[str]
+    ttft_s: float
+    total_s: float
+    cached_tokens: int
+    prompt_tokens: int
+    output_tokens: int
+    finish_reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GenerateParams:
+    max_tokens: int | None = 16
+    adapter_id: str | None = None
+    tenant_id: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+def grpc_inputs(text: str | bytes, params: GenerateParams, stream: bool) -> list[Any]:
+    """The ``ensemble`` input tensors for one request (optional inputs only when set)."""
+    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+
+    raw = text if isinstance(text, bytes) else text.encode("utf-8")
+    tensors: list[tuple[str, np.ndarray, str]] = [
+        ("text_input", np.array([raw], dtype=np.object_), "BYTES"),
+        ("stream", np.array([stream], dtype=bool), "BOOL"),
+    ]
+    if params.max_tokens is not None:
+        tensors.append(("max_tokens", np.array([params.max_tokens], dtype=np.int32), "INT32"))
+    for name in ("adapter_id", "tenant_id"):
+        value = getattr(params, name)
+        if value is not None:
+            tensors.append((name, np.array([value.encode("utf-8")], dtype=np.object_), "BYTES"))
+    if params.temperature is not None:
+        tensors.append(("temperature", np.array([params.temperature], dtype=np.float32), "FP32"))
+    if params.top_p is not None:
+        tensors.append(("top_p", np.array([params.top_p], dtype=np.float32), "FP32"))
+    if params.top_k is not None:
+        tensors.append(("top_k", np.array([params.top_k], dtype=np.int32), "INT32"))
+    if params.seed is not None:
+        tensors.append(("seed", np.array([params.seed], dtype=np.uint64), "UINT64"))
+    inputs = []
+    for name, array, dtype in tensors:
+        tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+@functools.cache
+def _closing_once_client_class() -> type:
+    """tritonclient's gRPC ``InferenceServerClient`` with an idempotent ``close()``.
+
+    NOTE: tritonclient's ``__del__`` calls ``close()`` again after an explicit close. Under gevent (Locust),
+    that second ``grpc.Channel.close`` during interpreter shutdown hung the process after the run had
+    finished, about one run in two on a loaded machine (py-spy: ``__del__`` -> ``Channel._close``)."""
+    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+
+    class ClosingOnceClient(grpcclient.InferenceServerClient):
+        _closed = False
+
+        def close(self) -> None:
+            if not self._closed:
+                self._closed = True
+                super().close()
+
+    return ClosingOnceClient
+
+
+_COUNTERS = ("cached_tokens", "prompt_tokens", "output_tokens")
+
+
+class _Collector:
+    """Accumulates one request's streamed pieces, its TTFT and the counters of its last response."""
+
+    def __init__(self, on_piece: Callable[[str], None] | None) -> None:
+        self.start = time.perf_counter()
+        self.on_piece = on_piece
+        self.pieces: list[str] = []
+        self.ttft: float | None = None
+        self.last: dict[str, Any] = {}
+
+    def piece(self, text: str, fields: dict[str, Any]) -> None:
+        if self.ttft is None:
+            self.ttft = time.perf_counter() - self.start
+        self.pieces.append(text)
+        if self.on_piece is not None and text:
+            self.on_piece(text)
+        for name in _COUNTERS:
+            if name in fields:
+                self.last[name] = int(fields[name])
+        reason = fields.get("finish_reason", "")
+        self.last["finish_reason"] = reason.decode() if isinstance(reason, bytes) else str(reason)
+
+    def result(self) -> GenerateResult:
+        total = time.perf_counter() - self.start
+        return GenerateResult(
+            text="".join(self.pieces), pieces=self.pieces, ttft_s=self.ttft if self.ttft is not None else total,
+            total_s=total, cached_tokens=self.last.get("cached_tokens", 0),
+            prompt_tokens=self.last.get("prompt_tokens", 0), output_tokens=self.last.get("output_tokens", 0),
+            finish_reason=self.last.get("finish_reason", ""),
+        )
+
+
+class _Closeable:
+    """``with client:`` closes the client."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class StreamingClient(_Closeable):
+    """One gRPC connection to Triton sending ``ensemble`` requests over the bidirectional stream."""
+
+    def __init__(self, url: str, model: str = "ensemble", timeout_s: float = 300.0) -> None:
+        self.model = model
+        self.timeout_s = timeout_s
+        self._client = _closing_once_client_class()(url)
+        self._responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        self._client.start_stream(callback=lambda result, error: self._responses.put((result, error)))
+
+    def generate(
+        self,
+        text: str | bytes,
+        params: GenerateParams = GenerateParams(),
+        *,
+        stream: bool = True,
+        on_piece: Callable[[str], None] | None = None,
+    ) -> GenerateResult:
+        """Send one request and collect its responses until the final one."""
+        request_id = uuid.uuid4().hex
+        collect = _Collector(on_piece)
+        self._client.async_stream_infer(
+            self.model, grpc_inputs(text, params, stream), request_id=request_id,
+            enable_empty_final_response=True,
+        )
+        while True:
+            try:
+                result, error = self._responses.get(timeout=self.timeout_s)
+            except queue.Empty:
+                raise GenerateError(f"no response within {self.timeout_s:.0f}s") from None
+            if error is not None:
+                raise GenerateError(str(error), getattr(error, "status", lambda: None)())
+            response = result.get_response()
+            final = response.parameters.get("triton_final_response")
+            text_out = result.as_numpy("text_output")
+            if text_out is not None:
+                collect.piece(text_out.reshape(-1)[0].decode("utf-8"),
+                              {name: result.as_numpy(name).reshape(-1)[0] for name in _COUNTERS + ("finish_reason",)})
+            if final is not None and final.bool_param:
+                break
+        return collect.result()
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def http_generate(url: str, text: str, params: GenerateParams = GenerateParams(), model: str = "ensemble",
+                  timeout_s: float = 300.0) -> dict[str, Any]:
+    """``POST /v2/models/<model>/generate``: one JSON answer (raises GenerateError on an error status)."""
+    import requests  # noqa: PLC0415
+
+    body = {"text_input": text, "stream": False, **params.as_json()}
+    response = requests.post(f"http://{url}/v2/models/{model}/generate", json=body, timeout=timeout_s)
+    if response.status_code != 200:
+        raise GenerateError(_error_text(response.text), response.status_code)
+    return response.json()
+
+
+def http_generate_stream(url: str, text: str, params: GenerateParams = GenerateParams(),
+                         model: str = "ensemble", timeout_s: float = 300.0,
+                         session: Any = None) -> Iterator[dict[str, Any]]:
+    """``POST /v2/models/<model>/generate_stream``: yields each server-sent event's JSON."""
+    import requests  # noqa: PLC0415
+
+    body = {"text_input": text, "stream": True, **params.as_json()}
+    with (session or requests).post(f"http://{url}/v2/models/{model}/generate_stream", json=body, stream=True,
+                                    timeout=timeout_s) as response:
+        if response.status_code != 200:
+            raise GenerateError(_error_text(response.text), response.status_code)
+        for line in response.iter_lines(decode_unicode=True):
+            if not line or not line.startswith("data:"):
+                continue
+            event = json.loads(line[len("data:"):].strip())
+            if "error" in event:
+                raise GenerateError(event["error"], response.status_code)
+            yield event
+
+
+class HttpStreamingClient(_Closeable):
+    """:class:`StreamingClient`'s interface over HTTP: ``POST /v2/models/<model>/generate_stream`` (SSE),
+    one keep-alive session. ``url`` is Triton's HTTP address."""
+
+    def __init__(self, url: str, model: str = "ensemble", timeout_s: float = 300.0) -> None:
+        import requests  # noqa: PLC0415
+
+        self.url = url
+        self.model = model
+        self.timeout_s = timeout_s
+        self._session = requests.Session()
+
+    def generate(self, text: str, params: GenerateParams = GenerateParams(), *,
+                 on_piece: Callable[[str], None] | None = None) -> GenerateResult:
+        collect = _Collector(on_piece)
+        for event in http_generate_stream(self.url, text, params, self.model, self.timeout_s, self._session):
+            collect.piece(event.get("text_output", ""), event)
+        return collect.result()
+
+    def close(self) -> None:
+        self._session.close()
+
+
+def _error_text(body: str) -> str:
+    try:
+        return str(json.loads(body).get("error", body))
+    except ValueError:
+        return body
+
+
+def scrape_metrics(metrics_url: str, prefix: str = "warmup_") -> dict[tuple[str, frozenset], float]:
+    """Samples from Triton's /metrics whose name starts with ``prefix``: ``{(name, labels): value}``."""
+    import requests  # noqa: PLC0415
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    text = requests.get(metrics_url, timeout=10).text
+    samples: dict[tuple[str, frozenset], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(prefix):
+                samples[(sample.name, frozenset(sample.labels.items()))] = float(sample.value)
+    return samples
+
+
+def metric_sum(samples: dict[tuple[str, frozenset], float], name: str, **labels: str) -> float:
+    """Sum of the samples named ``name`` whose labels include ``labels``."""
+    wanted = set(labels.items())
+    return sum(v for (n, lbl), v in samples.items() if n == name and wanted <= lbl)

@@ -1,0 +1,348 @@
+"""One object that runs a real tritonserver: start, readiness, logs, stop.
+
+Modelled on pytriton's ``triton_server.py``: the server is started with an explicit environment,
+readiness is polled against a deadline (only connection errors mean "not ready yet"), the log is
+captured to a file, and stopping sends SIGINT, waits a bounded time, then SIGKILLs the whole process
+group (tritonserver and its Python backend stubs).
+
+Two distributions are supported:
+
+* the ``nvidia-pytriton`` wheel, which bundles tritonserver 2.51 with the Python backend: used on
+  machines without the NGC image (development, CI);
+* a system install such as the NGC image's ``/opt/tritonserver`` (``TRITONSERVER_HOME``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import dataclasses
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Mapping, Sequence
+
+from warmup_tools.common.errors import ServerError
+
+LOGGER = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TritonDistribution:
+    """Where a tritonserver binary, its backends and its shared libraries are."""
+
+    binary: Path
+    backend_directory: Path
+    library_path: Path | None = None
+    cache_directory: Path | None = None
+
+    @classmethod
+    def locate(cls, work_dir: Path) -> "TritonDistribution":
+        """Find a tritonserver: ``TRITONSERVER_HOME`` first, then the pytriton wheel.
+
+        ``work_dir`` is where the wheel's Python backend is laid out with the stub that matches
+        this interpreter (the wheel ships one stub per Python version).
+        """
+        home = os.environ.get("TRITONSERVER_HOME")
+        if home:
+            return cls.from_home(Path(home))
+        try:
+            return cls.from_pytriton(work_dir)
+        except ModuleNotFoundError:
+            default_home = Path("/opt/tritonserver")
+            if (default_home / "bin" / "tritonserver").exists():
+                return cls.from_home(default_home)
+            raise ServerError(
+                "no tritonserver found: install the 'local' extra (nvidia-pytriton) "
+                "or set TRITONSERVER_HOME to a Triton install such as /opt/tritonserver"
+            ) from None
+
+    @classmethod
+    def from_home(cls, home: Path) -> "TritonDistribution":
+        binary = home / "bin" / "tritonserver"
+        if not binary.exists():
+            raise ServerError(f"{binary} does not exist; TRITONSERVER_HOME must point at a Triton install")
+        caches = home / "caches"
+        return cls(binary, home / "backends", None, caches if caches.exists() else None)
+
+    @classmethod
+    def from_pytriton(cls, work_dir: Path) -> "TritonDistribution":
+        import pytriton  # noqa: PLC0415  (optional dependency)
+
+        dist = Path(pytriton.__file__).parent / "tritonserver"
+        libs = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        stub = dist / "python_backend_stubs" / version / "triton_python_backend_stub"
+        if not stub.exists():
+            raise ServerError(f"the pytriton wheel has no Python backend stub for Python {version}")
+        backend_dir = work_dir / "backends"
+        python_dir = backend_dir / "python"
+        python_dir.mkdir(parents=True, exist_ok=True)
+        # NOTE: the Python backend looks for its stub next to libtriton_python.so, so the wheel's
+        # files are laid out in a folder of our own with the stub for this interpreter.
+        for src in (dist / "backends" / "python" / "libtriton_python.so",
+                    dist / "backends" / "python" / "triton_python_backend_utils.py",
+                    stub):
+            dst = python_dir / src.name
+            if not dst.exists() or dst.stat().st_size != src.stat().st_size:
+                shutil.copy2(src, dst)
+        return cls(dist / "bin" / "tritonserver", backend_dir, libs, dist / "caches")
+
+
+@dataclasses.dataclass(slots=True)
+class ServerPorts:
+    http: int
+    grpc: int
+    metrics: int
+
+    @classmethod
+    def free(cls) -> "ServerPorts":
+        return cls(free_port(), free_port(), free_port())
+
+
+class TritonServer:
+    """A tritonserver process serving one model repository.
+
+    Use as a context manager, or call :meth:`start` / :meth:`stop` yourself::
+
+        with TritonServer(repo, ports=ServerPorts.free(), env={"WARMUP_ASSETS_DIR": "/a"}) as server:
+            server.wait_ready(timeout=300)
+            ...
+    """
+
+    def __init__(
+        self,
+        model_repository: Path,
+        *,
+        ports: ServerPorts | None = None,
+        env: Mapping[str, str] | None = None,
+        extra_args: Sequence[str] = (),
+        work_dir: Path | None = None,
+        log_path: Path | None = None,
+        log_verbose: int = 0,
+        host: str = "127.0.0.1",
+        exit_timeout_s: int = 15,
+    ) -> None:
+        self.model_repository = Path(model_repository).resolve()
+        if not self.model_repository.is_dir():
+            raise ServerError(f"model repository {self.model_repository} is not a folder")
+        self.ports = ports or ServerPorts.free()
+        self.host = host
+        self._own_work_dir = work_dir is None
+        self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="warmup-triton-"))
+        self.log_path = Path(log_path) if log_path else self.work_dir / "tritonserver.log"
+        self._env_overrides = dict(env or {})
+        self._extra_args = list(extra_args)
+        self._log_verbose = log_verbose
+        self._exit_timeout_s = exit_timeout_s
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log_file = None
+
+    # ----------------------------------------------------------------------------------- public API
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.ports.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.ports.metrics}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def start(self) -> None:
+        """Start tritonserver in its own process group; returns once the process is spawned."""
+        if self.is_alive():
+            raise ServerError(f"tritonserver already running (pid {self.pid})")
+        dist = TritonDistribution.locate(self.work_dir)
+        cmd = self.command(dist)
+        env = self.environment(dist)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "ab", buffering=0)  # noqa: SIM115 (closed in stop())
+        LOGGER.info("starting tritonserver: %s", " ".join(cmd))
+        self._process = subprocess.Popen(  # noqa: S603
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            # NOTE: a new session makes tritonserver the leader of a process group holding its
+            # stubs, so stop() can signal them all. PDEATHSIG makes the server die with the thread
+            # that started it, so a killed test run or CLI leaves nothing behind.
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        """Poll ``/v2/health/ready`` until it answers 200, the process exits, or ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        url = f"http://{self.http_url}/v2/health/ready"
+        while True:
+            if not self.is_alive():
+                raise ServerError(
+                    f"tritonserver exited with code {self.returncode} before it was ready; "
+                    f"errors in its log:\n{self.log_errors()}\nlog tail:\n{self.log_tail(20)}"
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310
+                    if response.status == 200:
+                        LOGGER.info("tritonserver ready on http %s grpc %s", self.http_url, self.grpc_url)
+                        return
+            except urllib.error.HTTPError as exc:
+                exc.close()  # the server answers but is not ready yet (models loading)
+            except (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout):
+                pass  # not listening yet
+            if time.monotonic() > deadline:
+                raise ServerError(
+                    f"tritonserver not ready after {timeout:.0f}s; log tail:\n{self.log_tail()}"
+                )
+            time.sleep(0.25)
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGINT, wait up to ``timeout``, then SIGKILL the process group. Returns the exit code."""
+        process = self._process
+        if process is None:
+            return None
+        try:
+            if process.poll() is None:
+                LOGGER.info("stopping tritonserver (pid %d)", process.pid)
+                # NOTE: SIGINT goes to tritonserver alone: it unloads its models and stops its stubs
+                # itself. Signalling the stubs too would kill them under the server's feet.
+                process.send_signal(signal.SIGINT)
+                try:
+                    process.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    LOGGER.warning("tritonserver did not stop within %.0fs; killing it", timeout)
+                    _signal_group(process.pid, signal.SIGKILL)
+                    process.wait(timeout=10)
+            # NOTE: stubs are in the server's process group; make sure none outlives it.
+            _signal_group(process.pid, signal.SIGKILL)
+        finally:
+            if self._log_file is not None:
+                self._log_file.close()
+                self._log_file = None
+        return process.returncode
+
+    def cleanup(self) -> None:
+        """Remove the work folder if this object created it."""
+        if self._own_work_dir and not self.is_alive():
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def is_alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.poll() if self._process else None
+
+    def logs(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.logs().splitlines()[-lines:])
+
+    def log_errors(self, limit: int = 20) -> str:
+        """Triton's error lines (severity E) and model load failures, the first place to look."""
+        lines = [line for line in self.logs().splitlines()
+                 if line.startswith("E") or "failed to load" in line or "Failed to" in line]
+        return "\n".join(line[:2000] for line in lines[:limit]) or "(none)"
+
+    def command(self, dist: TritonDistribution) -> list[str]:
+        cmd = [
+            str(dist.binary),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={dist.backend_directory}",
+            f"--http-port={self.ports.http}",
+            f"--grpc-port={self.ports.grpc}",
+            f"--metrics-port={self.ports.metrics}",
+            f"--http-address={self.host}",
+            f"--grpc-address={self.host}",
+            "--allow-metrics=true",
+            "--strict-readiness=true",
+            "--exit-on-error=true",
+            # NOTE: on SIGINT Triton waits this long for in-flight requests and open client
+            # connections; stop() waits a little longer before it kills.
+            f"--exit-timeout-secs={self._exit_timeout_s}",
+            f"--log-verbose={self._log_verbose}",
+        ]
+        if dist.cache_directory is not None:
+            cmd.append(f"--cache-directory={dist.cache_directory}")
+        return cmd + self._extra_args
+
+    def environment(self, dist: TritonDistribution) -> dict[str, str]:
+        """The server's environment: this one, the venv's ``bin`` first on PATH, Triton's libraries."""
+        env = dict(os.environ)
+        # NOTE: the Python backend stub runs `python` from PATH; putting this interpreter's bin first
+        # makes the stubs import this environment's packages (torch, warmup_tools, ...).
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        paths = [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+        # NOTE: the stub links libpython3.X.so.1.0 dynamically. If the loader finds the system's copy
+        # first (say Debian's 3.11.2) while the interpreter on PATH is another patch release (pyenv's
+        # 3.11.7), its extension modules fail with undefined symbols (seen: _ssl and _PyModule_Add).
+        # Putting this interpreter's own libpython first makes the stub run the same Python.
+        libdir = sysconfig.get_config_var("LIBDIR")
+        if sysconfig.get_config_var("Py_ENABLE_SHARED") and libdir and libdir not in paths:
+            paths.insert(0, libdir)
+        if dist.library_path is not None:
+            paths.append(str(dist.library_path))
+        if paths:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(paths)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        env.update(self._env_overrides)
+        return env
+
+    # ------------------------------------------------------------------------------ context manager
+    def __enter__(self) -> "TritonServer":
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        self.cleanup()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

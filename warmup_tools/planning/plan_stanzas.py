@@ -1,0 +1,143 @@
+"""From a warm-up plan to ``model_warmup`` stanzas, and a check of a repository's stanzas.
+
+``python -m warmup_tools stanzas --plan plan.json`` writes, into the three composing models:
+
+* ``tokenizer_cache``: one sample per planned template text (tenant-scoped), so the template's ids are
+  cached (and registered as a template) before READY;
+* ``embedding_cache``: one sample per planned representative prompt, computed (never sampled away);
+* ``lora_adapter``: one sample per planned KV prefix, as token ids with its adapter and tenant, so the
+  prefix's KV blocks are filled and pinned under the plan before READY.
+
+Every sample carries ``warmup_plan`` (the plan id). The ensemble gets none (Triton refuses it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from warmup_tools.common.errors import ConfigError
+from warmup_tools.planning.stanzas import (
+    BEGIN_MARKER, COMPOSING_MODELS, WARMUP_DIR, WarmupInput, WarmupSample, deserialize_tensor, string_input, write_model_warmup,
+)
+
+
+def load_plan(path: Path) -> dict[str, Any]:
+    try:
+        plan = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read plan {path}: {exc}") from exc
+    if not isinstance(plan, dict) or plan.get("format") != 1 or "plan_id" not in plan:
+        raise ConfigError(f"{path} is not a warm-up plan (format 1); make one with `python -m warmup_tools plan`")
+    return plan
+
+
+def samples_from_plan(plan: Mapping[str, Any]) -> dict[str, list[WarmupSample]]:
+    """Warm-up samples per composing model for ``plan``."""
+    plan_id = str(plan["plan_id"])
+    tag = plan_id[:8]
+    samples: dict[str, list[WarmupSample]] = {m: [] for m in COMPOSING_MODELS}
+    for i, item in enumerate(plan.get("tokenizer_templates", [])):
+        samples["tokenizer_cache"].append(WarmupSample(f"plan_{tag}_tok_{i:04d}", (
+            string_input("text_input", item["text"]),
+            string_input("tenant_id", item.get("tenant") or "default"),
+            string_input("warmup_plan", plan_id),
+        )))
+    for i, item in enumerate(plan.get("embedding_items", [])):
+        samples["embedding_cache"].append(WarmupSample(f"plan_{tag}_emb_{i:04d}", (
+            string_input("text_input", item["text"]),
+            string_input("tenant_id", item.get("tenant") or "default"),
+            string_input("warmup_plan", plan_id),
+        )))
+    for i, item in enumerate(plan.get("items", [])):
+        if item.get("kind") != "kv_prefix":
+            continue
+        inputs = [
+            WarmupInput("input_ids", "TYPE_INT32", np.asarray(item["token_ids"], dtype=np.int32)),
+            string_input("tenant_id", item.get("tenant") or "default"),
+            WarmupInput("max_tokens", "TYPE_INT32", np.array([1], dtype=np.int32)),
+            string_input("warmup_plan", plan_id),
+        ]
+        if item.get("adapter"):
+            inputs.append(string_input("adapter_id", item["adapter"]))
+        samples["lora_adapter"].append(WarmupSample(f"plan_{tag}_kv_{i:04d}", tuple(inputs)))
+    return samples
+
+
+def write_plan_stanzas(plan: Mapping[str, Any], model_repository: Path) -> dict[str, int]:
+    """Write the plan's samples into the repository (idempotent); returns samples per model."""
+    counts = {}
+    for model, model_samples in samples_from_plan(plan).items():
+        write_model_warmup(model_repository / model, model_samples)
+        counts[model] = len(model_samples)
+    centroids = [c for c in plan.get("clusters", []) if c.get("centroid")]
+    target = model_repository / "embedding_cache" / WARMUP_DIR / "wt_centroids.json"
+    if centroids:
+        target.write_text(json.dumps([{"cluster": c["cluster"], "centroid": c["centroid"]} for c in centroids]))
+    elif target.exists():
+        target.unlink()
+    return counts
+
+
+def check_repository(model_repository: Path) -> list[str]:
+    """Problems with the repository's ``model_warmup`` stanzas: names, types, shapes and data files."""
+    from google.protobuf import text_format  # noqa: PLC0415
+    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415
+
+    problems: list[str] = []
+    for config_path in sorted(Path(model_repository).glob("*/config.pbtxt")):
+        model_dir = config_path.parent
+        try:
+            config = text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
+        except text_format.ParseError as exc:
+            problems.append(f"{config_path}: does not parse: {exc}")
+            continue
+        if config.platform == "ensemble" and len(config.model_warmup):
+            problems.append(f"{config_path}: an ensemble may not have model_warmup (Triton refuses to load it)")
+        inputs = {i.name: i for i in config.input}
+        for sample in config.model_warmup:
+            where = f"{model_dir.name}: sample '{sample.name}'"
+            if sample.batch_size != 1 and config.max_batch_size == 0:
+                problems.append(f"{where}: batch_size must be 1 for a model with max_batch_size 0")
+            missing = [name for name, i in inputs.items() if not i.optional and name not in sample.inputs]
+            if missing:
+                problems.append(f"{where}: required input(s) {', '.join(missing)} missing")
+            for name, value in sample.inputs.items():
+                problems += _check_input(model_dir, where, name, value, inputs.get(name))
+        if BEGIN_MARKER not in config_path.read_text() and len(config.model_warmup) == 0 \
+                and model_dir.name in COMPOSING_MODELS:
+            problems.append(f"{model_dir.name}: no model_warmup stanza (write one with `warmup_tools stanzas`)")
+    return problems
+
+
+def _check_input(model_dir: Path, where: str, name: str, value: Any, declared: Any) -> list[str]:
+    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415
+
+    if declared is None:
+        return [f"{where}: input '{name}' is not an input of the model"]
+    problems = []
+    dtype = model_config_pb2.DataType.Name(value.data_type)
+    if value.data_type != declared.data_type:
+        problems.append(f"{where}: input '{name}' is {dtype}, the model declares "
+                        f"{model_config_pb2.DataType.Name(declared.data_type)}")
+    dims = list(value.dims)
+    if any(d < 1 for d in dims):
+        problems.append(f"{where}: input '{name}' needs concrete dims, got {dims}")
+    declared_dims = list(declared.dims)
+    if len(dims) != len(declared_dims) or any(d != w and w != -1 for d, w in zip(dims, declared_dims)):
+        problems.append(f"{where}: input '{name}' dims {dims} do not fit the declared {declared_dims}")
+    if value.input_data_file:
+        path = model_dir / WARMUP_DIR / value.input_data_file
+        if not path.exists():
+            problems.append(f"{where}: data file {path} is missing")
+        else:
+            try:
+                array = deserialize_tensor(path.read_bytes(), dtype, dims)
+                if array.size != int(np.prod(dims)):
+                    raise ValueError("size mismatch")
+            except ValueError as exc:
+                problems.append(f"{where}: data file {path.name} does not hold {dims} {dtype}: {exc}")
+    return problems

@@ -1,0 +1,70 @@
+"""Text to token ids with a tiered cache, for the ``tokenizer_cache`` model.
+
+Local tier: a segmented LRU (recency plus heat) bounded by bytes. Optional shared tier: Redis, so every
+instance and replica sees what one tokenised or what warm-up filled. Keys hold the tenant and the
+tokenizer's fingerprint: tenants never share an entry and two tokenizers never mix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from warmup_tools.caches.policies import SegmentedLRUCache
+from warmup_tools.common.errors import AssetError
+from warmup_tools.caches.redis_tier import SharedTier, TieredCache, decode_array, encode_array
+from warmup_tools.tokenizer_cache.templates import TemplateTokenizer
+
+LOGGER = logging.getLogger(__name__)
+
+
+def text_digest(text: str) -> bytes:
+    """A stable digest of a prompt (the same in every process and across restarts)."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+
+
+class TokenizerService:
+    """Tokenises prompts with a Hugging Face tokenizer behind a local (and optional shared) cache."""
+
+    def __init__(self, tokenizer_path: Path, cache_bytes: int = 64 << 20, *,
+                 shared: SharedTier | None = None, max_templates: int = 256) -> None:
+        from transformers import AutoTokenizer  # noqa: PLC0415
+
+        if not tokenizer_path.exists():
+            raise AssetError(
+                f"tokenizer folder {tokenizer_path} does not exist; build the demo assets with "
+                "`python -m warmup_tools assets` or point tokenizer_path at a model folder"
+            )
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self.fingerprint = tokenizer_fingerprint(self.tokenizer)
+        #: Known templates (system prompts, RAG preambles): a prompt that starts with one tokenises only
+        #: its remainder when that provably gives the same ids (see template_tokenizer).
+        self.templates = TemplateTokenizer(self.tokenizer, max_templates=max_templates)
+        self.local: SegmentedLRUCache[tuple, np.ndarray] = SegmentedLRUCache(cache_bytes)
+        self.cache: TieredCache[np.ndarray] = TieredCache(
+            self.local, shared, kind="tok", fingerprint=self.fingerprint, encode=encode_array, decode=decode_array)
+
+    def encode(self, text: str, tenant: str = "default") -> tuple[np.ndarray, str]:
+        """Token ids (int32, the tokenizer's own special-token convention) and where they came from:
+        ``local``, ``shared`` or ``computed``."""
+        return self.cache.get_or_compute(tenant, text_digest(text), lambda: self._tokenize(text))
+
+    def register_template(self, text: str) -> bool:
+        """Remember ``text`` as a template (warm-up samples do this for planned prefixes)."""
+        return self.templates.add_template(text)
+
+    def _tokenize(self, text: str) -> np.ndarray:
+        ids, _ = self.templates.encode(text)
+        ids = np.asarray(ids, dtype=np.int32)
+        ids.setflags(write=False)
+        return ids
+
+
+def tokenizer_fingerprint(tokenizer: object) -> str:
+    """A content hash of the tokenizer's vocabulary and rules, so caches never mix two tokenizers."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    payload = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]

@@ -1,0 +1,99 @@
+"""Reading a Triton model's ``config.pbtxt`` parameters inside model.py, with casts and defaults.
+
+Every value may reference the environment (``${VAR}``, ``${VAR:-default}``), so one repository serves
+several deployments (and benchmarks switch settings without editing configs).
+
+``initialize(args)`` receives ``args["model_config"]`` as JSON; its ``parameters`` map holds
+``{"name": {"string_value": "..."}}``. :class:`ModelParameters` reads them once, casts each to the
+declared type, fills defaults, expands ``${ENV_VARS}`` in paths and refuses unknown keys, so a typo in a
+config fails the load with a message that names the key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from warmup_tools.common.errors import ConfigError
+
+_UNSET = object()
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def parse_bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError(f"{value!r} is not a boolean (use true or false)")
+
+
+def expand_path(value: str, base: Path | None = None) -> Path:
+    """Expand ``$VAR``, ``${VAR}`` and ``${VAR:-default}``; relative results are taken relative to ``base``."""
+    path = Path(expand_env(value)).expanduser()
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    return path
+
+
+def expand_env(value: str) -> str:
+    """``value`` with ``$VAR``, ``${VAR}`` and ``${VAR:-default}`` replaced from the environment."""
+
+    def _sub(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(3)
+        default = match.group(2)
+        if os.environ.get(name):
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise ValueError(f"environment variable {name} is not set (referenced by {value!r})")
+
+    return _ENV_REF.sub(_sub, value)
+
+
+class ModelParameters:
+    """Typed access to a model config's ``parameters``; every key must be declared through :meth:`get`."""
+
+    def __init__(self, model_config: Mapping[str, Any] | str, *, base_dir: Path | None = None) -> None:
+        config = json.loads(model_config) if isinstance(model_config, str) else dict(model_config)
+        self.model_name = str(config.get("name", "?"))
+        raw = config.get("parameters") or {}
+        self._raw: dict[str, str] = {k: str(v.get("string_value", "")) for k, v in raw.items()}
+        self._declared: set[str] = set()
+        self._base_dir = base_dir
+
+    def get(self, name: str, cast: Callable[[str], Any] = str, default: Any = _UNSET) -> Any:
+        """The parameter ``name`` cast with ``cast``; ``default`` when absent or empty."""
+        self._declared.add(name)
+        try:
+            value = expand_env(self._raw.get(name, ""))
+        except ValueError as exc:
+            raise ConfigError(f"model '{self.model_name}': parameter '{name}': {exc}") from exc
+        if value == "":
+            if default is _UNSET:
+                raise ConfigError(f"model '{self.model_name}': parameter '{name}' is required in config.pbtxt")
+            return default
+        try:
+            return cast(value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"model '{self.model_name}': parameter '{name}'={value!r}: {exc}") from exc
+
+    def path(self, name: str, default: str | None = None) -> Path:
+        """A path parameter (``${ENV}`` expanded), relative to the model folder."""
+        value = self.get(name, str, default)
+        if value is None:
+            raise ConfigError(f"model '{self.model_name}': parameter '{name}' is required in config.pbtxt")
+        return expand_path(value, self._base_dir)
+
+    def check_unknown(self) -> None:
+        """Raise if the config sets a parameter nobody asked for (usually a typo)."""
+        unknown = sorted(set(self._raw) - self._declared)
+        if unknown:
+            raise ConfigError(
+                f"model '{self.model_name}': unknown parameter(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(self._declared))}"
+            )

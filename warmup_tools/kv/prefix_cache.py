@@ -2,279 +2,34 @@
 
 Reads like vLLM's ``kv_cache_utils`` / ``block_pool`` and SGLang's ``radix_cache``:
 
-* a prompt is cut into fixed-size token blocks; each *full* block is named by a chained hash
-  ``H(parent_hash, block_tokens, extra_keys)``, so a block's name identifies the whole prefix up to and
-  including it. ``extra_keys`` carry the :class:`CacheScope` (base model fingerprint, adapter name and
-  weight fingerprint, tenant): KV computed for one tenant or adapter is never served to another, and a
-  changed adapter never reuses stale KV;
+* a prompt is cut into fixed-size token blocks, each full block named by a chained hash
+  (:mod:`warmup_tools.kv.hashing`); the scope in the hash keeps tenants and adapters apart;
 * a request reuses the KV of its longest cached block prefix and prefills only the rest;
 * memory is a byte budget per instance. A share of it (15% by default) is reserved for live traffic:
   warm-up may not fill it. Eviction is chosen from :data:`EVICTION_POLICIES` (LFU with TTL by default);
   blocks pinned by the active warm-up plan, blocks in use by a running request, and blocks that have
   cached children are never evicted (evicting a parent would strand its children).
 
-Hashes use SHA-256 over a canonical byte encoding (never Python's ``hash()``), so the planner, the
-sidecar and every instance compute identical keys across processes and restarts.
+Block metadata and eviction policies are in :mod:`warmup_tools.kv.blocks`, storage codecs in
+:mod:`warmup_tools.kv.codecs`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
-import json
 import threading
 import time
-from collections import OrderedDict
-from typing import Callable, Iterator, Mapping, NewType, Protocol, Sequence
+from typing import Callable, Iterator, Sequence
 
-import numpy as np
 import torch
 
-BlockHash = NewType("BlockHash", bytes)
-
-#: The parent hash of a prompt's first block. A documented constant rather than a random value (vLLM
-#: seeds its root randomly per process) because every process must agree on every key.
-NONE_HASH = BlockHash(hashlib.sha256(b"warmup_tools.kv_cache.root.v1").digest())
-
-#: Sources of a stored block: a live request, or a warm-up sample / preload.
-LIVE = "live"
-WARMUP = "warmup"
+from warmup_tools.kv.blocks import (
+    EVICTION_POLICIES, BlockSource, CachedBlock, PrefixCacheStats, PrefixMatch,
+)
+from warmup_tools.kv.codecs import STORAGE_CODECS
+from warmup_tools.kv.hashing import NONE_HASH, BlockHash
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class CacheScope:
-    """Everything besides the tokens that decides whether two KV blocks are interchangeable."""
-
-    base_fingerprint: str
-    adapter: str = ""
-    adapter_fingerprint: str = ""
-    tenant: str = "default"
-
-    def extra_keys(self) -> bytes:
-        return json.dumps(
-            ["v1", self.base_fingerprint, self.adapter, self.adapter_fingerprint, self.tenant],
-            separators=(",", ":"),
-        ).encode("utf-8")
-
-
-def hash_block_tokens(parent: BlockHash, tokens: Sequence[int], extra_keys: bytes) -> BlockHash:
-    """The chained hash of one block: ``H(parent, tokens, extra_keys)``."""
-    digest = hashlib.sha256(parent)
-    digest.update(np.asarray(tokens, dtype="<i8").tobytes())
-    digest.update(len(extra_keys).to_bytes(4, "little"))
-    digest.update(extra_keys)
-    return BlockHash(digest.digest())
-
-
-def block_hashes(tokens: Sequence[int], block_size: int, scope: CacheScope) -> list[BlockHash]:
-    """Hashes of every full block of ``tokens`` (a trailing partial block has none)."""
-    extra = scope.extra_keys()
-    parent = NONE_HASH
-    hashes: list[BlockHash] = []
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = hash_block_tokens(parent, tokens[start : start + block_size], extra)
-        hashes.append(parent)
-    return hashes
-
-
-# --------------------------------------------------------------------------------------- storage
-class KVCodec(Protocol):
-    """How a block's KV tensor ``[layers, 2, kv_heads, block_size, head_dim]`` is stored."""
-
-    def encode(self, block: torch.Tensor) -> tuple[object, int]: ...
-
-    def decode(self, payload: object, dtype: torch.dtype) -> torch.Tensor: ...
-
-
-class FullPrecisionCodec:
-    """Stores the tensor as computed (the model's dtype, on the model's device)."""
-
-    def encode(self, block: torch.Tensor) -> tuple[object, int]:
-        stored = block.detach().clone()
-        return stored, stored.numel() * stored.element_size()
-
-    def decode(self, payload: object, dtype: torch.dtype) -> torch.Tensor:
-        assert isinstance(payload, torch.Tensor)
-        return payload.to(dtype)
-
-
-class Int8ChannelCodec:
-    """INT8 with one scale per channel: per (layer, k/v, head, head_dim) over the block's tokens.
-
-    Keys have outlier channels (KIVI quantises keys per channel for that reason); scaling each channel
-    on its own keeps those outliers from flattening every other channel to zero.
-    """
-
-    def encode(self, block: torch.Tensor) -> tuple[object, int]:
-        x = block.detach().float()
-        scale = x.abs().amax(dim=3, keepdim=True).clamp_min(1e-8) / 127.0
-        q = torch.round(x / scale).clamp_(-127, 127).to(torch.int8)
-        scale = scale.to(torch.float16)
-        return (q, scale), q.numel() + scale.numel() * scale.element_size()
-
-    def decode(self, payload: object, dtype: torch.dtype) -> torch.Tensor:
-        q, scale = payload  # type: ignore[misc]
-        return (q.float() * scale.float()).to(dtype)
-
-
-STORAGE_CODECS: Mapping[str, Callable[[], KVCodec]] = {"fp": FullPrecisionCodec, "int8": Int8ChannelCodec}
-
-
-# -------------------------------------------------------------------------------------- metadata
-@dataclasses.dataclass(slots=True)
-class CachedBlock:
-    block_hash: BlockHash
-    parent: BlockHash
-    payload: object
-    nbytes: int
-    source: str
-    created: float
-    last_access: float
-    #: The warm-up plan that pinned this block; None when not pinned.
-    plan_id: str | None = None
-    #: Who the block is accounted to (the adapter name; "" for the base model).
-    owner: str = ""
-    hits: int = 0
-    #: Running requests using this block.
-    ref_count: int = 0
-    #: Cached blocks whose parent this block is.
-    children: int = 0
-
-    @property
-    def evictable(self) -> bool:
-        return self.ref_count == 0 and self.children == 0 and self.plan_id is None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class PrefixMatch:
-    """The longest cached block prefix of a request; holds a reference on each block until released."""
-
-    hashes: tuple[BlockHash, ...]
-    block_size: int
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.hashes) * self.block_size
-
-    def __len__(self) -> int:
-        return len(self.hashes)
-
-
-@dataclasses.dataclass(slots=True)
-class PrefixCacheStats:
-    lookups: int = 0
-    query_blocks: int = 0
-    hit_blocks: int = 0
-    stored_blocks: int = 0
-    evictions: int = 0
-    expired_evictions: int = 0
-    #: Blocks a store could not place (budget full of pinned or in-use blocks, or warm-up cap reached).
-    rejected_blocks: int = 0
-    bytes_used: int = 0
-    warmup_bytes: int = 0
-    pinned_bytes: int = 0
-    blocks: int = 0
-    bytes_by_owner: dict[str, int] = dataclasses.field(default_factory=dict)
-    evictions_by_owner: dict[str, int] = dataclasses.field(default_factory=dict)
-
-    @property
-    def hit_ratio(self) -> float:
-        return self.hit_blocks / self.query_blocks if self.query_blocks else 0.0
-
-
-# ------------------------------------------------------------------------------------- eviction
-class EvictionPolicy(Protocol):
-    """Tracks the evictable blocks and names the next victim."""
-
-    def add(self, block: CachedBlock) -> None: ...
-
-    def remove(self, block: CachedBlock) -> None: ...
-
-    def touch(self, block: CachedBlock) -> None: ...
-
-    def victim(self, now: float) -> BlockHash | None: ...
-
-
-class LRUPolicy:
-    """Least recently used first."""
-
-    def __init__(self, ttl_s: float = 0.0) -> None:
-        self._order: OrderedDict[BlockHash, None] = OrderedDict()
-
-    def add(self, block: CachedBlock) -> None:
-        self._order[block.block_hash] = None
-
-    def remove(self, block: CachedBlock) -> None:
-        self._order.pop(block.block_hash, None)
-
-    def touch(self, block: CachedBlock) -> None:
-        if block.block_hash in self._order:
-            self._order.move_to_end(block.block_hash)
-
-    def victim(self, now: float) -> BlockHash | None:
-        return next(iter(self._order), None)
-
-
-class LFUWithTTLPolicy:
-    """Least frequently used first, but anything idle longer than ``ttl_s`` goes before that.
-
-    Frequencies are bucketed by powers of two (1, 2-3, 4-7, ...), oldest first within a bucket, so a
-    victim is found in O(number of buckets) and a burst long ago cannot keep a block forever: once it
-    has been idle for the TTL it is the first to go whatever its count.
-    """
-
-    _BUCKETS = 32
-
-    def __init__(self, ttl_s: float = 3600.0) -> None:
-        self.ttl_s = ttl_s
-        self._by_age: OrderedDict[BlockHash, CachedBlock] = OrderedDict()
-        self._buckets: list[OrderedDict[BlockHash, None]] = [OrderedDict() for _ in range(self._BUCKETS)]
-        self._bucket_of: dict[BlockHash, int] = {}
-
-    def add(self, block: CachedBlock) -> None:
-        self._by_age[block.block_hash] = block
-        self._by_age.move_to_end(block.block_hash)
-        self._place(block)
-
-    def remove(self, block: CachedBlock) -> None:
-        self._by_age.pop(block.block_hash, None)
-        bucket = self._bucket_of.pop(block.block_hash, None)
-        if bucket is not None:
-            self._buckets[bucket].pop(block.block_hash, None)
-
-    def touch(self, block: CachedBlock) -> None:
-        if block.block_hash in self._by_age:
-            self._by_age.move_to_end(block.block_hash)
-            self._place(block)
-
-    def victim(self, now: float) -> BlockHash | None:
-        oldest = next(iter(self._by_age.values()), None)
-        if oldest is None:
-            return None
-        if now - oldest.last_access > self.ttl_s:
-            return oldest.block_hash
-        for bucket in self._buckets:
-            if bucket:
-                return next(iter(bucket))
-        return None
-
-    def _place(self, block: CachedBlock) -> None:
-        new = min(max(block.hits, 1).bit_length() - 1, self._BUCKETS - 1)
-        old = self._bucket_of.get(block.block_hash)
-        if old is not None:
-            self._buckets[old].pop(block.block_hash, None)
-        self._buckets[new][block.block_hash] = None
-        self._bucket_of[block.block_hash] = new
-
-
-EVICTION_POLICIES: Mapping[str, Callable[[float], EvictionPolicy]] = {
-    "lfu_ttl": LFUWithTTLPolicy,
-    "lru": LRUPolicy,
-}
-
-
-# ---------------------------------------------------------------------------------------- cache
 class PrefixCache:
     """Block-level KV prefix cache of one model instance; thread-safe."""
 
@@ -358,14 +113,14 @@ class PrefixCache:
         layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
         *,
         start_block: int = 0,
-        source: str = LIVE,
+        source: BlockSource = BlockSource.LIVE,
         plan_id: str | None = None,
         owner: str = "",
     ) -> int:
         """Store blocks ``start_block..len(hashes)`` from per-layer KV ``[1, heads, >= n*bs, dim]``.
 
         Returns how many new blocks were stored. Stops at the first block that does not fit, so the
-        cache never holds a block whose parent it dropped. A warm-up store (``source=WARMUP``) stays
+        cache never holds a block whose parent it dropped. A warm-up store (``source=BlockSource.WARMUP``) stays
         within :attr:`warmup_budget`; with ``plan_id`` its blocks are pinned while that plan is active
         (storing for a new plan activates it and unpins the previous plan's blocks).
         """
@@ -456,8 +211,8 @@ class PrefixCache:
         return self._blocks.get(block_hash)
 
     # ------------------------------------------------------------------------------------- helpers
-    def _make_room(self, nbytes: int, source: str) -> bool:
-        if source == WARMUP and self.stats.warmup_bytes + nbytes > self.warmup_budget:
+    def _make_room(self, nbytes: int, source: BlockSource) -> bool:
+        if source is BlockSource.WARMUP and self.stats.warmup_bytes + nbytes > self.warmup_budget:
             return False
         while self.stats.bytes_used + nbytes > self.budget_bytes:
             victim = self._policy.victim(self._clock())
@@ -485,7 +240,7 @@ class PrefixCache:
         self.stats.bytes_used += sign * block.nbytes
         self.stats.blocks += sign
         self.stats.bytes_by_owner[block.owner] = self.stats.bytes_by_owner.get(block.owner, 0) + sign * block.nbytes
-        if block.source == WARMUP:
+        if block.source is BlockSource.WARMUP:
             self.stats.warmup_bytes += sign * block.nbytes
         if block.plan_id is not None:
             self.stats.pinned_bytes += sign * block.nbytes

@@ -19,7 +19,9 @@ import torch
 from warmup_tools.lora_adapter.detokenize import IncrementalDetokenizer
 from warmup_tools.common.errors import AssetError, InvalidInputError, UnknownAdapterError
 from warmup_tools.common.digests import fingerprint_folder
-from warmup_tools.kv.prefix_cache import LIVE, WARMUP, BlockHash, CacheScope, PrefixCache, PrefixMatch, block_hashes
+from warmup_tools.kv.blocks import BlockSource, PrefixMatch
+from warmup_tools.kv.hashing import BlockHash, CacheScope, block_hashes
+from warmup_tools.kv.prefix_cache import PrefixCache
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.sampling import make_generator, next_token
 
@@ -139,7 +141,7 @@ class LoraEngine:
                     self.prefix_cache.store(
                         hashes, [(layer.keys, layer.values) for layer in cache.layers],
                         start_block=0 if request.warmup_plan is not None else len(match),
-                        source=WARMUP if request.warmup_plan is not None else LIVE,
+                        source=BlockSource.WARMUP if request.warmup_plan is not None else BlockSource.LIVE,
                         plan_id=request.warmup_plan or None, owner=request.adapter or "")
                 flight.close()
                 yield logits, cache, cached_tokens

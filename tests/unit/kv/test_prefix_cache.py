@@ -6,9 +6,9 @@ import time
 import pytest
 import torch
 
-from warmup_tools.kv.prefix_cache import (
-    NONE_HASH, WARMUP, CacheScope, PrefixCache, block_hashes, hash_block_tokens,
-)
+from warmup_tools.kv.blocks import BlockSource
+from warmup_tools.kv.hashing import NONE_HASH, CacheScope, block_hashes, hash_block_tokens
+from warmup_tools.kv.prefix_cache import PrefixCache
 
 BS = 4
 SCOPE = CacheScope(base_fingerprint="base-1", adapter="support", adapter_fingerprint="a1", tenant="acme")
@@ -48,7 +48,7 @@ def test_hashes_are_chained_scoped_and_stable_across_processes():
     for other in (CacheScope("base-1", "legal", "a1", "acme"), CacheScope("base-1", "support", "a2", "acme"),
                   CacheScope("base-1", "support", "a1", "other"), CacheScope("base-2", "support", "a1", "acme")):
         assert block_hashes(tokens, BS, other)[0] != hashes[0]
-    code = ("from warmup_tools.kv.prefix_cache import CacheScope, block_hashes;"
+    code = ("from warmup_tools.kv.hashing import CacheScope, block_hashes;"
             "print(block_hashes(list(range(10)), 4, CacheScope('base-1','support','a1','acme'))[1].hex())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONHASHSEED": "123", "PATH": ""}).stdout.strip()
@@ -74,7 +74,7 @@ def test_longest_prefix_match_and_exact_kv_round_trip():
 def test_tenant_and_adapter_isolation():
     cache = PrefixCache(budget_bytes=10 * block_bytes(), block_size=BS)
     tokens = list(range(8))
-    cache.store(block_hashes(tokens, BS, SCOPE), kv_for(tokens), source=WARMUP)
+    cache.store(block_hashes(tokens, BS, SCOPE), kv_for(tokens), source=BlockSource.WARMUP)
     for other in (CacheScope("base-1", "support", "a1", "globex"), CacheScope("base-1", "legal", "l1", "acme"),
                   CacheScope("base-1", "support", "a1-changed", "acme")):
         assert cache.match(block_hashes(tokens, BS, other)).num_tokens == 0
@@ -99,7 +99,7 @@ def test_pinned_warmup_blocks_survive_live_floods_until_the_plan_changes():
     cache = PrefixCache(budget_bytes=budget, block_size=BS, live_reserve=0.15)
     hot = list(range(100, 108))
     hot_hashes = block_hashes(hot, BS, SCOPE)
-    assert cache.store(hot_hashes, kv_for(hot), source=WARMUP, plan_id="plan-a") == 2
+    assert cache.store(hot_hashes, kv_for(hot), source=BlockSource.WARMUP, plan_id="plan-a") == 2
     for i in range(500):
         tokens = [i] * 8
         cache.store(block_hashes(tokens, BS, SCOPE), kv_for(tokens))
@@ -117,7 +117,7 @@ def test_warmup_cannot_take_the_live_reserve():
     budget = 20 * block_bytes()
     cache = PrefixCache(budget_bytes=budget, block_size=BS, live_reserve=0.15)
     tokens = list(range(4 * 30))
-    stored = cache.store(block_hashes(tokens, BS, SCOPE), kv_for(tokens), source=WARMUP, plan_id="p")
+    stored = cache.store(block_hashes(tokens, BS, SCOPE), kv_for(tokens), source=BlockSource.WARMUP, plan_id="p")
     assert stored == 17  # floor(0.85 * 20)
     assert cache.stats.warmup_bytes <= cache.warmup_budget
     live = [5000 + i for i in range(12)]

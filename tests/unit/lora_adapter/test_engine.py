@@ -83,7 +83,7 @@ def test_changed_adapter_weights_never_reuse_stale_kv(demo_assets, tmp_path):
     assert before.adapter_fingerprints["support"] != after.adapter_fingerprints["support"]
     prompt = tuple(before.tokenizer.encode(SYSTEM_PROMPTS["support"]))
     assert before.scope("support", "acme") != after.scope("support", "acme")
-    from warmup_tools.kv.prefix_cache import block_hashes
+    from warmup_tools.kv.hashing import block_hashes
 
     assert block_hashes(prompt, 16, before.scope("support", "acme"))[0] != \
         block_hashes(prompt, 16, after.scope("support", "acme"))[0]

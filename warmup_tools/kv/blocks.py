@@ -1,0 +1,172 @@
+"""Block metadata and eviction policies of the KV prefix cache (vLLM's block pool, SGLang's evict policies).
+
+Only evictable blocks (no running request holds them, no cached child depends on them, no active plan
+pins them) are ever shown to a policy, so whatever a policy names is safe to drop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections import OrderedDict
+from typing import Callable, Mapping, Protocol
+
+from warmup_tools.kv.hashing import BlockHash
+
+
+class BlockSource(str, enum.Enum):
+    """Who stored a block: a live request, or warm-up (a model_warmup sample, an adapter preload)."""
+
+    LIVE = "live"
+    WARMUP = "warmup"
+
+
+@dataclasses.dataclass(slots=True)
+class CachedBlock:
+    block_hash: BlockHash
+    parent: BlockHash
+    payload: object
+    nbytes: int
+    source: BlockSource
+    created: float
+    last_access: float
+    #: The warm-up plan that pinned this block; None when not pinned.
+    plan_id: str | None = None
+    #: Who the block is accounted to (the adapter name; "" for the base model).
+    owner: str = ""
+    hits: int = 0
+    #: Running requests using this block.
+    ref_count: int = 0
+    #: Cached blocks whose parent this block is.
+    children: int = 0
+
+    @property
+    def evictable(self) -> bool:
+        return self.ref_count == 0 and self.children == 0 and self.plan_id is None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """The longest cached block prefix of a request; holds a reference on each block until released."""
+
+    hashes: tuple[BlockHash, ...]
+    block_size: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.hashes) * self.block_size
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+
+@dataclasses.dataclass(slots=True)
+class PrefixCacheStats:
+    lookups: int = 0
+    query_blocks: int = 0
+    hit_blocks: int = 0
+    stored_blocks: int = 0
+    evictions: int = 0
+    expired_evictions: int = 0
+    #: Blocks a store could not place (budget full of pinned or in-use blocks, or warm-up cap reached).
+    rejected_blocks: int = 0
+    bytes_used: int = 0
+    warmup_bytes: int = 0
+    pinned_bytes: int = 0
+    blocks: int = 0
+    bytes_by_owner: dict[str, int] = dataclasses.field(default_factory=dict)
+    evictions_by_owner: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hit_blocks / self.query_blocks if self.query_blocks else 0.0
+
+
+class EvictionPolicy(Protocol):
+    """Tracks the evictable blocks and names the next victim."""
+
+    def add(self, block: CachedBlock) -> None: ...
+
+    def remove(self, block: CachedBlock) -> None: ...
+
+    def touch(self, block: CachedBlock) -> None: ...
+
+    def victim(self, now: float) -> BlockHash | None: ...
+
+
+class LRUPolicy:
+    """Least recently used first."""
+
+    def __init__(self, ttl_s: float = 0.0) -> None:
+        self._order: OrderedDict[BlockHash, None] = OrderedDict()
+
+    def add(self, block: CachedBlock) -> None:
+        self._order[block.block_hash] = None
+
+    def remove(self, block: CachedBlock) -> None:
+        self._order.pop(block.block_hash, None)
+
+    def touch(self, block: CachedBlock) -> None:
+        if block.block_hash in self._order:
+            self._order.move_to_end(block.block_hash)
+
+    def victim(self, now: float) -> BlockHash | None:
+        return next(iter(self._order), None)
+
+
+class LFUWithTTLPolicy:
+    """Least frequently used first, but anything idle longer than ``ttl_s`` goes before that.
+
+    Frequencies are bucketed by powers of two (1, 2-3, 4-7, ...), oldest first within a bucket, so a
+    victim is found in O(number of buckets) and a burst long ago cannot keep a block forever: once it
+    has been idle for the TTL it is the first to go whatever its count.
+    """
+
+    _BUCKETS = 32
+
+    def __init__(self, ttl_s: float = 3600.0) -> None:
+        self.ttl_s = ttl_s
+        self._by_age: OrderedDict[BlockHash, CachedBlock] = OrderedDict()
+        self._buckets: list[OrderedDict[BlockHash, None]] = [OrderedDict() for _ in range(self._BUCKETS)]
+        self._bucket_of: dict[BlockHash, int] = {}
+
+    def add(self, block: CachedBlock) -> None:
+        self._by_age[block.block_hash] = block
+        self._by_age.move_to_end(block.block_hash)
+        self._place(block)
+
+    def remove(self, block: CachedBlock) -> None:
+        self._by_age.pop(block.block_hash, None)
+        bucket = self._bucket_of.pop(block.block_hash, None)
+        if bucket is not None:
+            self._buckets[bucket].pop(block.block_hash, None)
+
+    def touch(self, block: CachedBlock) -> None:
+        if block.block_hash in self._by_age:
+            self._by_age.move_to_end(block.block_hash)
+            self._place(block)
+
+    def victim(self, now: float) -> BlockHash | None:
+        oldest = next(iter(self._by_age.values()), None)
+        if oldest is None:
+            return None
+        if now - oldest.last_access > self.ttl_s:
+            return oldest.block_hash
+        for bucket in self._buckets:
+            if bucket:
+                return next(iter(bucket))
+        return None
+
+    def _place(self, block: CachedBlock) -> None:
+        new = min(max(block.hits, 1).bit_length() - 1, self._BUCKETS - 1)
+        old = self._bucket_of.get(block.block_hash)
+        if old is not None:
+            self._buckets[old].pop(block.block_hash, None)
+        self._buckets[new][block.block_hash] = None
+        self._bucket_of[block.block_hash] = new
+
+
+EVICTION_POLICIES: Mapping[str, Callable[[float], EvictionPolicy]] = {
+    "lfu_ttl": LFUWithTTLPolicy,
+    "lru": LRUPolicy,
+}

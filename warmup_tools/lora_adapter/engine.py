@@ -140,9 +140,8 @@ class LoraEngine:
                     # A warm-up request revisits the blocks it matched too, to pin them under its plan.
                     self.prefix_cache.store(
                         hashes, [(layer.keys, layer.values) for layer in cache.layers],
-                        start_block=0 if request.warmup_plan is not None else len(match),
-                        source=BlockSource.WARMUP if request.warmup_plan is not None else BlockSource.LIVE,
-                        plan_id=request.warmup_plan or None, owner=request.adapter or "")
+                        start_block=0 if request.is_warmup else len(match),
+                        source=request.source, plan_id=request.plan_id, owner=request.adapter or "")
                 flight.close()
                 yield logits, cache, cached_tokens
             finally:
@@ -226,24 +225,12 @@ class LoraEngine:
         del self.adapters[name]
         self.adapter_fingerprints.pop(name, None)
 
-    def warm(self, adapter: str | None, prompts: Iterable[str], tenant: str = "default") -> str:
-        """Pre-fill each prompt's KV blocks for ``adapter`` (pinned under the active plan)."""
-        if self.prefix_cache is None:
-            return "KV prefix cache disabled; nothing to warm"
-        count = tokens = 0
-        for text in prompts:
-            ids = self.encode(text)
-            self.warm_ids(adapter, ids, tenant)
-            count += 1
-            tokens += len(ids)
-        return f"warmed {count} prompts ({tokens} tokens)"
-
     def warm_ids(self, adapter: str | None, ids: Sequence[int], tenant: str = "default") -> None:
         """Pre-fill the KV blocks of one tokenised prompt (pinned under the active plan, if any)."""
         if self.prefix_cache is None:
             return
         request = GenerateRequest(tuple(ids), adapter, tenant, False, SamplingParams(max_tokens=1),
-                                  warmup_plan=self.prefix_cache.active_plan or "")
+                                  source=BlockSource.WARMUP, plan_id=self.prefix_cache.active_plan)
         for _ in self.generate(request):
             pass
 

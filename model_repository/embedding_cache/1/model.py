@@ -8,12 +8,13 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from warmup_tools.triton.io import (
-    CacheMetrics, HeatMetrics, collect_inputs, error_response, log_unexpected, model_parameters, shared_tier,
-)
 from warmup_tools.embedding_cache.embedder import OnnxEmbedder
 from warmup_tools.embedding_cache.service import CENTROIDS_FILE, EmbeddingService
-from warmup_tools.lora_adapter.requests import parse_optional_string, parse_text
+from warmup_tools.triton.inputs import parse_optional_string, parse_text
+from warmup_tools.triton.io import (
+    collect_inputs, error_response, log_unexpected, model_parameters, redis_tier_from_params,
+)
+from warmup_tools.triton.metrics import CacheMetrics, HeatMetrics
 
 INPUTS = ("text_input", "warmup_plan", "tenant_id", "adapter_id", "prompt_tokens")
 
@@ -26,7 +27,7 @@ class TritonPythonModel:
             cache_bytes=params.get("cache_bytes", int, 64 << 20),
             providers=params.get("providers", str, "auto"),
             num_threads=params.get("num_threads", int, 1),
-            shared=shared_tier(params),
+            shared=redis_tier_from_params(params),
         )
         instance = args["model_instance_name"]
         heat_dir = params.get("heat_log_dir", str, "")

@@ -9,12 +9,14 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from warmup_tools.triton.io import GenerationMetrics, collect_inputs, error_for, log_unexpected, model_parameters
+from warmup_tools.triton.inputs import parse_optional_text
+from warmup_tools.triton.io import collect_inputs, error_for, log_unexpected, model_parameters
+from warmup_tools.triton.metrics import GenerationMetrics
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
 from warmup_tools.lora_adapter.service import LoraService
 from warmup_tools.triton.params import parse_bool
 from warmup_tools.lora_adapter.request_log import RequestLogWriter, make_record
-from warmup_tools.lora_adapter.requests import RequestLimits, parse_generate_request, parse_optional_text
+from warmup_tools.lora_adapter.requests import RequestLimits, parse_generate_request
 
 INPUTS = ("input_ids", "adapter_id", "tenant_id", "max_tokens", "stream", "temperature",
           "top_p", "top_k", "seed", "cluster_id", "warmup_plan", "text_input")
@@ -89,7 +91,7 @@ class TritonPythonModel:
             if step.output_tokens == 1:  # NOTE: after the send, so metrics never delay the first token
                 self.metrics.record(req.adapter, step.prompt_tokens, step.cached_tokens, step.elapsed)
                 ttft_ms = step.elapsed * 1000
-            if step.finished and self.request_log is not None and req.warmup_plan is None:
+            if step.finished and self.request_log is not None and not req.is_warmup:
                 self.request_log.log(make_record(
                     ts=arrived, tenant=req.tenant, adapter=req.adapter, prompt=parse_optional_text(inputs),
                     prompt_tokens=step.prompt_tokens, cached_tokens=step.cached_tokens, ttft_ms=ttft_ms,

@@ -6,11 +6,12 @@ All logic lives in ``warmup_tools.tokenizer_cache.service``; this file only adap
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from warmup_tools.triton.io import (
-    CacheMetrics, collect_inputs, error_response, log_unexpected, model_parameters, shared_tier,
-)
-from warmup_tools.lora_adapter.requests import parse_optional_string, parse_text
 from warmup_tools.tokenizer_cache.service import TokenizerService
+from warmup_tools.triton.inputs import parse_optional_string, parse_text
+from warmup_tools.triton.io import (
+    collect_inputs, error_response, log_unexpected, model_parameters, redis_tier_from_params,
+)
+from warmup_tools.triton.metrics import CacheMetrics
 
 INPUTS = ("text_input", "tenant_id", "warmup_plan")
 
@@ -21,7 +22,7 @@ class TritonPythonModel:
         self.service = TokenizerService(
             params.path("tokenizer_path"),
             cache_bytes=params.get("cache_bytes", int, 64 << 20),
-            shared=shared_tier(params),
+            shared=redis_tier_from_params(params),
         )
         params.check_unknown()
         self.metrics = CacheMetrics(pb_utils, "tokenizer_cache", args["model_instance_name"])

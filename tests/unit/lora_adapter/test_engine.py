@@ -7,6 +7,7 @@ import shutil
 import pytest
 import torch
 
+from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 from warmup_tools.common.errors import InvalidInputError, UnknownAdapterError
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
@@ -27,8 +28,9 @@ def plain_engine(demo_assets):
 
 def request(engine, text, adapter="support", tenant="acme", max_tokens=12, plan=None, **sampling):
     ids = tuple(engine.tokenizer.encode(text))
+    source = BlockSource.LIVE if plan is None else BlockSource.WARMUP
     return GenerateRequest(ids, adapter, tenant, True, SamplingParams(max_tokens=max_tokens, **sampling),
-                           warmup_plan=plan)
+                           source=source, plan_id=plan or None)
 
 
 def run(engine, req):

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from warmup_tools.common.errors import InvalidInputError
-from warmup_tools.lora_adapter.requests import RequestLimits, parse_generate_request, parse_text
+from warmup_tools.lora_adapter.requests import RequestLimits, parse_generate_request
+from warmup_tools.triton.inputs import parse_text
 
 LIMITS = RequestLimits(max_tokens_limit=64, default_max_tokens=8, vocab_size=100)
 
@@ -65,3 +66,15 @@ def test_generate_request_refuses_empty_and_out_of_vocab_ids():
         parse_generate_request({"input_ids": ids()}, LIMITS)
     with pytest.raises(InvalidInputError, match="outside the vocabulary"):
         parse_generate_request({"input_ids": ids(1, 100)}, LIMITS)
+
+
+def test_the_warmup_plan_input_becomes_a_source_and_a_plan_id():
+    from warmup_tools.kv.blocks import BlockSource
+
+    base = {"input_ids": np.array([1, 2, 3], dtype=np.int32)}
+    live = parse_generate_request(base, RequestLimits())
+    assert (live.source, live.plan_id, live.is_warmup) == (BlockSource.LIVE, None, False)
+    unpinned = parse_generate_request({**base, "warmup_plan": np.array([b""], dtype=np.object_)}, RequestLimits())
+    assert (unpinned.source, unpinned.plan_id) == (BlockSource.WARMUP, None)
+    pinned = parse_generate_request({**base, "warmup_plan": np.array([b"p1"], dtype=np.object_)}, RequestLimits())
+    assert (pinned.source, pinned.plan_id) == (BlockSource.WARMUP, "p1")

@@ -1,0 +1,176 @@
+"""The package's metrics on Triton's ``/metrics``, through the Python backend's ``pb_utils.MetricFamily``.
+
+Like :mod:`warmup_tools.triton.io`, the classes take the ``pb_utils`` module as an argument, so they
+import anywhere and unit tests can hand them a fake.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+
+class CacheMetrics:
+    """A cache's lookups (hit or miss), entries and bytes, on Triton's /metrics.
+
+    NOTE: metrics with identical labels are shared by every instance of a model; the gauges carry the
+    instance name so instances do not overwrite each other, the counters add up across instances.
+    """
+
+    def __init__(self, pb_utils: Any, model: str, instance: str) -> None:
+        lookups = pb_utils.MetricFamily(
+            name="warmup_cache_lookups_total",
+            description="Cache lookups by model and result (hit: local tier, shared_hit: Redis tier, miss)",
+            kind=pb_utils.MetricFamily.COUNTER,
+        )
+        entries = pb_utils.MetricFamily(
+            name="warmup_cache_entries", description="Entries held by a model instance's cache",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        used = pb_utils.MetricFamily(
+            name="warmup_cache_bytes", description="Bytes held by a model instance's cache",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        self._families = (lookups, entries, used)
+        self._results = {
+            source: lookups.Metric(labels={"model": model, "result": result})
+            for source, result in (("local", "hit"), ("shared", "shared_hit"), ("miss", "miss"))
+        }
+        self._entries = entries.Metric(labels={"model": model, "instance": instance})
+        self._bytes = used.Metric(labels={"model": model, "instance": instance})
+        self._last = (-1, -1)
+
+    def record(self, source: str, stats: Any) -> None:
+        """One lookup answered from ``source`` (local, shared, or anything else: a miss)."""
+        self._results.get(source, self._results["miss"]).increment(1)
+        if (stats.entries, stats.bytes_used) != self._last:
+            self._entries.set(stats.entries)
+            self._bytes.set(stats.bytes_used)
+            self._last = (stats.entries, stats.bytes_used)
+
+
+#: Buckets (seconds) of the server-side time-to-first-token histogram.
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class GenerationMetrics:
+    """Per-adapter requests, cold requests, cached vs prefilled prompt tokens and TTFT on /metrics."""
+
+    def __init__(self, pb_utils: Any, model: str, instance: str) -> None:
+        self._model = model
+        self._instance = instance
+        self.requests = pb_utils.MetricFamily(
+            name="warmup_generate_requests_total",
+            description="Generate requests by adapter; cold=true when no prompt token came from the KV cache",
+            kind=pb_utils.MetricFamily.COUNTER)
+        self.tokens = pb_utils.MetricFamily(
+            name="warmup_prompt_tokens_total",
+            description="Prompt tokens by adapter and source (cached: from the KV prefix cache; prefilled: computed)",
+            kind=pb_utils.MetricFamily.COUNTER)
+        self.ttft = pb_utils.MetricFamily(
+            name="warmup_ttft_seconds", description="Server-side time to first token by adapter",
+            kind=pb_utils.MetricFamily.HISTOGRAM)
+        self._per_adapter: dict[str, tuple[Any, ...]] = {}
+        self.cache_bytes = pb_utils.MetricFamily(
+            name="warmup_kv_cache_bytes", description="KV prefix cache bytes held per adapter and instance",
+            kind=pb_utils.MetricFamily.GAUGE)
+        self.evictions = pb_utils.MetricFamily(
+            name="warmup_kv_evictions_total", description="KV prefix cache blocks evicted per adapter",
+            kind=pb_utils.MetricFamily.COUNTER)
+        self.hit_ratio = pb_utils.MetricFamily(
+            name="warmup_kv_hit_ratio",
+            description="Share of prompt tokens served from the KV prefix cache, per adapter and instance",
+            kind=pb_utils.MetricFamily.GAUGE)
+        self.state = pb_utils.MetricFamily(
+            name="warmup_adapter_state", description="1 for the adapter's current lifecycle state on an instance",
+            kind=pb_utils.MetricFamily.GAUGE)
+        self._gauges: dict[tuple[str, ...], Any] = {}
+        self._values: dict[tuple[Any, ...], float] = {}
+        self._evicted: dict[str, int] = {}
+        self._tokens: dict[str, list[int]] = {}
+
+    def record(self, adapter: str | None, prompt_tokens: int, cached_tokens: int, ttft_s: float) -> None:
+        name = adapter or "base"
+        metrics = self._per_adapter.get(name)
+        if metrics is None:
+            labels = {"model": self._model, "adapter": name}
+            metrics = (
+                self.requests.Metric(labels={**labels, "cold": "false"}),
+                self.requests.Metric(labels={**labels, "cold": "true"}),
+                self.tokens.Metric(labels={**labels, "source": "cached"}),
+                self.tokens.Metric(labels={**labels, "source": "prefilled"}),
+                self.ttft.Metric(labels=labels, buckets=list(TTFT_BUCKETS)),
+            )
+            self._per_adapter[name] = metrics
+        warm, cold, cached, prefilled, ttft = metrics
+        totals = self._tokens.setdefault(name, [0, 0])
+        totals[0] += cached_tokens
+        totals[1] += prompt_tokens
+        self._set(self.hit_ratio, {"adapter": name}, totals[0] / totals[1] if totals[1] else 0.0)
+        (cold if cached_tokens == 0 else warm).increment(1)
+        cached.increment(cached_tokens)
+        prefilled.increment(prompt_tokens - cached_tokens)
+        ttft.observe(ttft_s)
+
+    def record_state(self, service: Any) -> None:
+        """Cache bytes and evictions per adapter, and each adapter's lifecycle state, after a batch."""
+        cache = service.engine.prefix_cache
+        if cache is not None:
+            for owner, used in list(cache.stats.bytes_by_owner.items()):
+                self._set(self.cache_bytes, {"adapter": owner or "base"}, used)
+            for owner, count in list(cache.stats.evictions_by_owner.items()):
+                name = owner or "base"
+                delta = count - self._evicted.get(name, 0)
+                if delta > 0:
+                    self._gauge(self.evictions, {"adapter": name}, per_instance=False).increment(delta)
+                    self._evicted[name] = count
+        for name, status in service.lifecycle.snapshot().items():
+            for state in type(status.state):
+                self._set(self.state, {"adapter": name, "state": state.value}, 1 if status.state is state else 0)
+
+    def _set(self, family: Any, labels: dict[str, str], value: float) -> None:
+        """Set a per-instance gauge, skipping the IPC to the server when the value did not change."""
+        key = (id(family), *sorted(labels.items()))
+        if self._values.get(key) != value:
+            self._gauge(family, labels).set(value)
+            self._values[key] = value
+
+    def _gauge(self, family: Any, labels: dict[str, str], per_instance: bool = True) -> Any:
+        full = {"model": self._model, **labels}
+        if per_instance:
+            full["instance"] = self._instance
+        key = (id(family), *sorted(full.items()))
+        metric = self._gauges.get(key)
+        if metric is None:
+            metric = self._gauges[key] = family.Metric(labels=full)
+        return metric
+
+
+class HeatMetrics:
+    """Heat per (cluster, adapter, window) on /metrics: the ``top`` hottest keys of each window."""
+
+    def __init__(self, pb_utils: Any, instance: str, top: int = 50) -> None:
+        self._family = pb_utils.MetricFamily(
+            name="warmup_heat_requests",
+            description="Estimated requests per semantic cluster and adapter over a sliding window",
+            kind=pb_utils.MetricFamily.GAUGE)
+        self._instance = instance
+        self._top = top
+        self._metrics: dict[tuple[int, str, float], Any] = {}
+
+    def publish(self, entries: Iterable[Any]) -> None:
+        by_window: dict[float, list[Any]] = {}
+        for entry in entries:
+            by_window.setdefault(entry.window_s, []).append(entry)
+        seen = set()
+        for window, items in by_window.items():
+            for entry in sorted(items, key=lambda e: -e.requests)[: self._top]:
+                key = (entry.cluster_id, entry.adapter, window)
+                seen.add(key)
+                metric = self._metrics.get(key)
+                if metric is None:
+                    metric = self._metrics[key] = self._family.Metric(labels={
+                        "cluster": str(entry.cluster_id), "adapter": entry.adapter or "base",
+                        "window": f"{window:g}s", "instance": self._instance})
+                metric.set(entry.requests)
+        for key in set(self._metrics) - seen:
+            self._metrics[key].set(0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -17,26 +18,26 @@ REPO = Path(__file__).resolve().parents[2] / "model_repository"
 
 
 def test_plan_from_day1_warms_day2_first_requests(demo_assets, served_assets, tmp_path):
-    from transformers import AutoTokenizer
-
     from warmup_tools.embedding_cache.embedder import OnnxEmbedder
-    from warmup_tools.planning.planner import Budgets, build_plan, prefix_kv_bytes_per_token
+    from warmup_tools.planning.plan import Budgets
+    from warmup_tools.planning.select import build_plan
+    from warmup_tools.planning.target import PlanTarget
     from warmup_tools.sim.traffic import TrafficConfig, generate
 
     config = TrafficConfig(seed=3, requests_per_day=400)
     records = list(generate(config))
     day2 = config.start + 86400
     day1 = [r for r in records if r["ts"] < day2]
-    plan = build_plan(day1, AutoTokenizer.from_pretrained(demo_assets.lm_dir),
-                      OnnxEmbedder(demo_assets.embedder_dir), Budgets(kv_bytes_total=64 << 20,
-                                                                       kv_bytes_per_adapter=32 << 20),
-                      now=day2, kv_bytes_per_token=prefix_kv_bytes_per_token(demo_assets.lm_dir), progress=False)
-    planned_scopes = {(i["tenant"], i["adapter"]) for i in plan.to_dict()["items"]}
-    assert planned_scopes
-
     repo = tmp_path / "repo"
     shutil.copytree(REPO, repo)
-    write_plan_stanzas(plan.to_dict(), repo)
+    target = PlanTarget.from_repository(repo, {**os.environ, "WARMUP_ASSETS_DIR": str(demo_assets.root)})
+    plan = build_plan(day1, target.load_tokenizer(), OnnxEmbedder(target.embedder_dir),
+                      Budgets(kv_bytes_total=64 << 20, kv_bytes_per_adapter=32 << 20), now=day2,
+                      block_size=target.block_size, kv_bytes_per_token=target.kv_bytes_per_token, progress=False)
+    planned_scopes = {(i["tenant"], i["adapter"]) for i in plan.items}
+    assert planned_scopes
+
+    write_plan_stanzas(plan, repo, target=target)
     assert check_repository(repo) == []
 
     firsts = {}

@@ -1,7 +1,12 @@
-"""Content fingerprints of model and adapter folders, stable across processes and restarts.
+"""Digests, fingerprints and derived seeds: identical in every process and across restarts.
 
-KV blocks are keyed by these fingerprints, so KV computed with one set of weights is never served
-with another: replacing an adapter's weights changes its fingerprint and strands its old KV.
+* :func:`text_digest` names a prompt in every cache and in the request log;
+* :func:`fingerprint_folder` names a model or adapter's weights: KV blocks are keyed by it, so KV
+  computed with one set of weights is never served with another;
+* :func:`tokenizer_fingerprint` names a tokenizer's vocabulary and rules (caches and plans never mix two);
+* :func:`stable_seed` derives a labelled sub-seed (the traffic generator, the planner, the demo assets).
+
+None of them uses Python's ``hash()`` (salted per process) or unseeded randomness.
 """
 
 from __future__ import annotations
@@ -9,6 +14,33 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 from typing import Iterable
+
+
+def text_digest(text: str) -> bytes:
+    """A stable 16-byte digest of a prompt."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+
+
+def prompt_digest(text: str) -> str:
+    """The hex form of :func:`text_digest`, as the request log writes it."""
+    return text_digest(text).hex()
+
+
+def tokenizer_fingerprint(tokenizer: object) -> str:
+    """A content hash of a Hugging Face tokenizer's vocabulary and rules."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    payload = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
+
+def stable_seed(*parts: object) -> int:
+    """A 64-bit seed derived from labelled parts (``stable_seed(seed, "lm")``).
+
+    NOTE: the traffic generator's original derivation, kept bit for bit: its seeded days are what the
+    recorded ``bench replay`` figures were measured on.
+    """
+    text = "\x1f".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
 
 #: Files up to this size are hashed whole; larger ones (multi-GB base weights) by sampling, see below.
 FULL_HASH_LIMIT = 256 << 20

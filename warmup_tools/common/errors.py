@@ -23,6 +23,11 @@ class AssetError(WarmupToolsError):
     """A model, tokenizer or adapter folder is missing or unusable."""
 
 
+class FileFormatError(WarmupToolsError, ValueError):
+    """A file that crosses a process (request log, plan, control file) is unreadable or malformed;
+    the message names the file and, where there is one, the line."""
+
+
 class ServerError(WarmupToolsError):
     """tritonserver could not be started, became unhealthy, or could not be stopped."""
 

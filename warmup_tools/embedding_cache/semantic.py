@@ -9,12 +9,19 @@ prompts; a warm-up plan is drawn from it. Both lookups are one matrix-vector pro
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from warmup_tools.common.errors import InvalidInputError
+from warmup_tools.common.files import write_atomic
+
+#: Where ``stanzas --plan`` leaves the plan's cluster centroids, relative to the embedding_cache folder;
+#: every instance loads them at start (one writer: :func:`write_centroids`).
+CENTROIDS_FILE = Path("warmup") / "wt_centroids.json"
 
 #: Cluster id reported when there are no centroids and none may be learnt.
 NO_CLUSTER = -1
@@ -235,3 +242,13 @@ class SemanticIndex:
         last_used = np.zeros(capacity, dtype=np.int64)
         last_used[:n] = self._last_used[:n]
         self._entries, self._entry_clusters, self._last_used = entries, clusters, last_used
+
+
+def write_centroids(path: Path, clusters: Iterable[Mapping[str, Any]]) -> int:
+    """Write ``[{"cluster": id, "centroid": [...]}, ...]`` atomically (removing the file when empty)."""
+    rows = [{"cluster": int(c["cluster"]), "centroid": list(c["centroid"])} for c in clusters if c.get("centroid")]
+    if not rows:
+        Path(path).unlink(missing_ok=True)
+        return 0
+    write_atomic(Path(path), json.dumps(rows))
+    return len(rows)

@@ -19,7 +19,6 @@ from warmup_tools.embedding_cache.semantic import SemanticIndex
 LOGGER = logging.getLogger(__name__)
 
 #: Where ``stanzas --plan`` leaves the plan's cluster centroids for this model.
-CENTROIDS_FILE = Path("warmup") / "wt_centroids.json"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -27,6 +27,9 @@ from warmup_tools.kv.blocks import (
     EVICTION_POLICIES, BlockSource, CachedBlock, PrefixCacheStats, PrefixMatch,
 )
 from warmup_tools.kv.codecs import STORAGE_CODECS
+from warmup_tools.kv.config import (
+    DEFAULT_BLOCK_SIZE, DEFAULT_EVICTION, DEFAULT_LIVE_RESERVE, DEFAULT_STORAGE, DEFAULT_TTL_S, warmup_budget,
+)
 from warmup_tools.kv.hashing import NONE_HASH, BlockHash
 
 
@@ -36,12 +39,12 @@ class PrefixCache:
     def __init__(
         self,
         budget_bytes: int,
-        block_size: int = 16,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         *,
-        live_reserve: float = 0.15,
-        eviction: str = "lfu_ttl",
-        ttl_s: float = 3600.0,
-        storage: str = "fp",
+        live_reserve: float = DEFAULT_LIVE_RESERVE,
+        eviction: str = DEFAULT_EVICTION,
+        ttl_s: float = DEFAULT_TTL_S,
+        storage: str = DEFAULT_STORAGE,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if budget_bytes < 0 or block_size < 1 or not 0.0 <= live_reserve < 1.0:
@@ -70,7 +73,7 @@ class PrefixCache:
     @property
     def warmup_budget(self) -> int:
         """Bytes warm-up may hold: the budget less the share reserved for live traffic."""
-        return int(self.budget_bytes * (1.0 - self.live_reserve))
+        return warmup_budget(self.budget_bytes, self.live_reserve)
 
     def match(self, hashes: Sequence[BlockHash]) -> PrefixMatch:
         """The longest cached prefix of ``hashes``; each matched block is held until :meth:`release`."""

@@ -20,6 +20,7 @@ from warmup_tools.lora_adapter.detokenize import IncrementalDetokenizer
 from warmup_tools.common.errors import AssetError, InvalidInputError, UnknownAdapterError
 from warmup_tools.common.digests import fingerprint_folder
 from warmup_tools.kv.blocks import BlockSource, PrefixMatch
+from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.kv.hashing import BlockHash, CacheScope, block_hashes
 from warmup_tools.kv.prefix_cache import PrefixCache
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
@@ -37,13 +38,8 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
     num_threads: int = 0
-    #: KV prefix cache of this instance; 0 bytes disables it.
-    kv_cache_bytes: int = 256 << 20
-    kv_block_size: int = 16
-    kv_storage: str = "fp"
-    kv_eviction: str = "lfu_ttl"
-    kv_ttl_s: float = 3600.0
-    kv_live_reserve: float = 0.15
+    #: KV prefix cache of this instance; ``budget_bytes`` 0 disables it.
+    kv: KVCacheConfig = KVCacheConfig()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,11 +82,11 @@ class LoraEngine:
         self.eos_token_ids = _eos_ids(model.config, self.tokenizer)
         self.base_fingerprint = fingerprint_folder(config.base_model)
         self.prefix_cache: PrefixCache | None = None
-        if config.kv_cache_bytes > 0:
+        if config.kv.budget_bytes > 0:
             try:
                 self.prefix_cache = PrefixCache(
-                    config.kv_cache_bytes, config.kv_block_size, live_reserve=config.kv_live_reserve,
-                    eviction=config.kv_eviction, ttl_s=config.kv_ttl_s, storage=config.kv_storage)
+                    config.kv.budget_bytes, config.kv.block_size, live_reserve=config.kv.live_reserve,
+                    eviction=config.kv.eviction, ttl_s=config.kv.ttl_s, storage=config.kv.storage)
             except ValueError as exc:
                 raise AssetError(f"KV prefix cache configuration: {exc}") from None
         self._peft = None

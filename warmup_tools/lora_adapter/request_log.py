@@ -6,9 +6,7 @@ background thread writes the lines in batches to ``<dir>/requests-<instance>.jso
 instance: instances are separate processes) and rotates it at ``max_bytes``, keeping ``backups`` old
 files. The warm-up planner reads these files (``python -m warmup_tools plan logs/*.jsonl*``).
 
-Record keys: ``ts`` (epoch seconds at arrival), ``tenant``, ``adapter`` ("" for the base model),
-``prompt_digest``, ``prompt`` (omitted when redaction is on), ``prompt_tokens``, ``cached_tokens``,
-``ttft_ms``, ``output_tokens``, ``cluster``.
+Each line is a :class:`~warmup_tools.common.records.RequestRecord` (its ``to_json``).
 """
 
 from __future__ import annotations
@@ -20,27 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from warmup_tools.common.jsonl import RotatingJsonLines
-from warmup_tools.tokenizer_cache.service import text_digest
+from warmup_tools.common.records import RequestRecord
 
 LOGGER = logging.getLogger(__name__)
-
-
-def prompt_digest(text: str) -> str:
-    """The hex form of the digest the caches key prompts by."""
-    return text_digest(text).hex()
-
-
-def make_record(*, ts: float, tenant: str, adapter: str | None, prompt: str | None, prompt_tokens: int,
-                cached_tokens: int, ttft_ms: float, output_tokens: int, cluster: int, redact: bool) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "ts": round(ts, 3), "tenant": tenant, "adapter": adapter or "",
-        "prompt_digest": prompt_digest(prompt) if prompt is not None else None,
-        "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens, "ttft_ms": round(ttft_ms, 2),
-        "output_tokens": output_tokens, "cluster": cluster,
-    }
-    if prompt is not None and not redact:
-        record["prompt"] = prompt
-    return record
 
 
 class RequestLogWriter:
@@ -58,10 +38,10 @@ class RequestLogWriter:
         self._thread = threading.Thread(target=self._run, name="request-log", daemon=True)
         self._thread.start()
 
-    def log(self, record: dict[str, Any]) -> bool:
+    def log(self, record: RequestRecord) -> bool:
         """Queue a record; returns False (and counts a drop) instead of ever blocking."""
         try:
-            self._queue.put_nowait(record)
+            self._queue.put_nowait(record.to_json())
             return True
         except queue.Full:
             self.dropped += 1

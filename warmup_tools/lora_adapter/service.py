@@ -19,11 +19,9 @@ from warmup_tools.adapters.registry import AdapterLifecycle, AdapterSpec, Adapte
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.lora_adapter.engine import GenerationStep, LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest
+from warmup_tools.lora_adapter.settings import WARM_PRIORITIES
 
 LOGGER = logging.getLogger(__name__)
-
-
-WARM_PRIORITIES = ("live_first", "fifo")
 
 
 class EngineGate:
@@ -31,7 +29,7 @@ class EngineGate:
 
     With ``priority="live_first"`` a live request waits at most for the one background step (an adapter
     load, or one chunk of a warm prompt) already running: background work takes the engine only when no live request is waiting.
-    With ``background_share < 1`` each background step is followed by a rest, so that background work
+    With ``warm_share < 1`` each background step is followed by a rest, so that background work
     holds the engine for at most that share of the time and requests that arrive meanwhile find it free.
     ``priority="fifo"`` with share 1 is a plain mutex (whoever the scheduler wakes first), kept to measure
     the difference (``python -m warmup_tools bench preload``).
@@ -39,13 +37,13 @@ class EngineGate:
     Not reentrant: the engine never calls back into the service.
     """
 
-    def __init__(self, priority: str = "live_first", background_share: float = 0.5) -> None:
+    def __init__(self, priority: str = "live_first", warm_share: float = 0.5) -> None:
         if priority not in WARM_PRIORITIES:
             raise ConfigError(f"warm_priority must be one of {', '.join(WARM_PRIORITIES)}, not {priority!r}")
-        if not 0.0 < background_share <= 1.0:
-            raise ConfigError(f"warm_share must be a share of time in (0, 1], not {background_share}")
+        if not 0.0 < warm_share <= 1.0:
+            raise ConfigError(f"warm_share must be a share of time in (0, 1], not {warm_share}")
         self.priority = priority
-        self.background_share = background_share
+        self.warm_share = warm_share
         self._cond = threading.Condition()
         self._busy = False
         self._live_waiting = 0
@@ -81,8 +79,8 @@ class EngineGate:
         finally:
             held = time.perf_counter() - start
             self._release()
-            if self.background_share < 1.0:
-                time.sleep(held * (1.0 - self.background_share) / self.background_share)
+            if self.warm_share < 1.0:
+                time.sleep(held * (1.0 - self.warm_share) / self.warm_share)
 
     def _release(self) -> None:
         with self._cond:

@@ -55,10 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="decide what to warm from request logs; writes a versioned plan")
     plan.add_argument("logs", nargs="+", type=Path, help="request logs (.jsonl or .jsonl.gz)")
     plan.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "plan.json")
-    plan.add_argument("--assets-dir", type=Path, default=REPO_ROOT / ".assets",
-                      help="folder with lm/ (tokenizer, model config) and embedder/")
-    plan.add_argument("--kv-bytes-total", type=int, default=int((256 << 20) * 0.85),
-                      help="KV bytes per instance the plan may fill (kv_cache_bytes less the live reserve)")
+    plan.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository",
+                      help="the repository the plan is for: KV block size, storage, dtype and budget, the "
+                           "tokenizer and the embedder are read from its configs")
+    plan.add_argument("--kv-bytes-total", type=int,
+                      help="KV bytes per instance the plan may fill (default: lora_adapter's kv_cache_bytes "
+                           "less kv_live_reserve)")
     plan.add_argument("--kv-bytes-per-adapter", type=int, help="default: half of --kv-bytes-total")
     plan.add_argument("--embedding-entries", type=int, default=256)
     plan.add_argument("--tokenizer-entries", type=int, default=256)
@@ -189,14 +191,15 @@ def _cmd_assets(args: argparse.Namespace) -> int:
 
 
 def _cmd_stanzas(args: argparse.Namespace) -> int:
-    from warmup_tools.planning.plan_stanzas import check_repository, load_plan, write_plan_stanzas  # noqa: PLC0415
     from warmup_tools.planning.defaults import write_default_stanzas  # noqa: PLC0415
+    from warmup_tools.planning.plan import Plan  # noqa: PLC0415
+    from warmup_tools.planning.plan_stanzas import check_repository, write_plan_stanzas  # noqa: PLC0415
 
     if not args.check:
         if args.plan:
-            plan = load_plan(args.plan)
+            plan = Plan.load(args.plan)
             counts = write_plan_stanzas(plan, args.model_repository)
-            print(f"wrote stanzas of plan {plan['plan_id']} into {args.model_repository}: {counts}")
+            print(f"wrote stanzas of plan {plan.plan_id} into {args.model_repository}: {counts}")
         else:
             files = write_default_stanzas(args.model_repository, args.tokenizer)
             print(f"wrote the demo model_warmup stanzas ({len(files)} data files) into {args.model_repository}")
@@ -210,21 +213,24 @@ def _cmd_stanzas(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from transformers import AutoTokenizer  # noqa: PLC0415
-
+    from warmup_tools.common.jsonl import ReadStats  # noqa: PLC0415
+    from warmup_tools.common.records import read_request_log  # noqa: PLC0415
     from warmup_tools.embedding_cache.embedder import OnnxEmbedder  # noqa: PLC0415
-    from warmup_tools.planning.planner import Budgets, build_plan, format_summary, iter_log_records, prefix_kv_bytes_per_token  # noqa: PLC0415
+    from warmup_tools.planning.select import build_plan, format_summary  # noqa: PLC0415
+    from warmup_tools.planning.target import PlanTarget  # noqa: PLC0415
 
-    budgets = Budgets(kv_bytes_total=args.kv_bytes_total,
-                      kv_bytes_per_adapter=args.kv_bytes_per_adapter or args.kv_bytes_total // 2,
-                      embedding_entries=args.embedding_entries, tokenizer_entries=args.tokenizer_entries,
-                      warm_seconds=args.warm_seconds)
-    plan = build_plan(iter_log_records(args.logs), AutoTokenizer.from_pretrained(args.assets_dir / "lm"),
-                      OnnxEmbedder(args.assets_dir / "embedder"), budgets, now=args.now,
-                      kv_bytes_per_token=prefix_kv_bytes_per_token(args.assets_dir / "lm"),
-                      progress=not args.no_progress)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    target = PlanTarget.from_repository(args.model_repository)
+    budgets = target.default_budgets(kv_bytes_total=args.kv_bytes_total, kv_bytes_per_adapter=args.kv_bytes_per_adapter,
+                                     embedding_entries=args.embedding_entries, tokenizer_entries=args.tokenizer_entries,
+                                     warm_seconds=args.warm_seconds)
+    stats = ReadStats()
+    plan = build_plan(read_request_log(args.logs, stats), target.load_tokenizer(), OnnxEmbedder(target.embedder_dir),
+                      budgets, now=args.now, block_size=target.block_size,
+                      kv_bytes_per_token=target.kv_bytes_per_token, progress=not args.no_progress)
     plan.save(args.out)
+    if stats.skipped:
+        print(f"skipped {stats.skipped} bad or torn log line(s) of {stats.records + stats.skipped}; first: "
+              + "; ".join(str(s) for s in stats.examples[:5]), file=sys.stderr)
     print(format_summary(plan))
     print(f"plan {plan.plan_id} written to {args.out}; apply it with "
           f"`python -m warmup_tools stanzas --plan {args.out}`")

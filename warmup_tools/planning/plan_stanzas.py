@@ -19,40 +19,33 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from warmup_tools.common.errors import ConfigError
+from warmup_tools.common.digests import tokenizer_fingerprint as fingerprint_of
+from warmup_tools.embedding_cache.semantic import CENTROIDS_FILE, write_centroids
+from warmup_tools.planning.plan import Plan
+from warmup_tools.planning.target import PlanTarget
 from warmup_tools.planning.stanzas import (
     BEGIN_MARKER, COMPOSING_MODELS, WARMUP_DIR, WarmupInput, WarmupSample, deserialize_tensor, string_input, write_model_warmup,
 )
 
 
-def load_plan(path: Path) -> dict[str, Any]:
-    try:
-        plan = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read plan {path}: {exc}") from exc
-    if not isinstance(plan, dict) or plan.get("format") != 1 or "plan_id" not in plan:
-        raise ConfigError(f"{path} is not a warm-up plan (format 1); make one with `python -m warmup_tools plan`")
-    return plan
-
-
-def samples_from_plan(plan: Mapping[str, Any]) -> dict[str, list[WarmupSample]]:
+def samples_from_plan(plan: Plan) -> dict[str, list[WarmupSample]]:
     """Warm-up samples per composing model for ``plan``."""
-    plan_id = str(plan["plan_id"])
+    plan_id = plan.plan_id
     tag = plan_id[:8]
     samples: dict[str, list[WarmupSample]] = {m: [] for m in COMPOSING_MODELS}
-    for i, item in enumerate(plan.get("tokenizer_templates", [])):
+    for i, item in enumerate(plan.tokenizer_templates):
         samples["tokenizer_cache"].append(WarmupSample(f"plan_{tag}_tok_{i:04d}", (
             string_input("text_input", item["text"]),
             string_input("tenant_id", item.get("tenant") or "default"),
             string_input("warmup_plan", plan_id),
         )))
-    for i, item in enumerate(plan.get("embedding_items", [])):
+    for i, item in enumerate(plan.embedding_items):
         samples["embedding_cache"].append(WarmupSample(f"plan_{tag}_emb_{i:04d}", (
             string_input("text_input", item["text"]),
             string_input("tenant_id", item.get("tenant") or "default"),
             string_input("warmup_plan", plan_id),
         )))
-    for i, item in enumerate(plan.get("items", [])):
+    for i, item in enumerate(plan.items):
         if item.get("kind") != "kv_prefix":
             continue
         inputs = [
@@ -67,18 +60,24 @@ def samples_from_plan(plan: Mapping[str, Any]) -> dict[str, list[WarmupSample]]:
     return samples
 
 
-def write_plan_stanzas(plan: Mapping[str, Any], model_repository: Path) -> dict[str, int]:
-    """Write the plan's samples into the repository (idempotent); returns samples per model."""
+def write_plan_stanzas(plan: Plan, model_repository: Path, *, target: PlanTarget | None = None,
+                       tokenizer_fingerprint: str | None = None) -> dict[str, int]:
+    """Check ``plan`` against the repository, then write its samples (idempotent); samples per model.
+
+    ``target`` and ``tokenizer_fingerprint`` default to what the repository's ``lora_adapter`` serves with;
+    a plan made for another block size, tokenizer or budget raises
+    :class:`~warmup_tools.planning.plan.PlanError` before anything is written.
+    """
+    model_repository = Path(model_repository)
+    target = target or PlanTarget.from_repository(model_repository)
+    if tokenizer_fingerprint is None:
+        tokenizer_fingerprint = fingerprint_of(target.load_tokenizer())
+    target.check(plan, tokenizer_fingerprint)
     counts = {}
     for model, model_samples in samples_from_plan(plan).items():
         write_model_warmup(model_repository / model, model_samples)
         counts[model] = len(model_samples)
-    centroids = [c for c in plan.get("clusters", []) if c.get("centroid")]
-    target = model_repository / "embedding_cache" / WARMUP_DIR / "wt_centroids.json"
-    if centroids:
-        target.write_text(json.dumps([{"cluster": c["cluster"], "centroid": c["centroid"]} for c in centroids]))
-    elif target.exists():
-        target.unlink()
+    write_centroids(model_repository / "embedding_cache" / CENTROIDS_FILE, plan.clusters)
     return counts
 
 

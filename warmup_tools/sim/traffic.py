@@ -15,7 +15,7 @@ through a diurnal UTC profile (busy working hours, quiet nights) plus hourly bur
 template's rate is multiplied. Day to day the template ranking drifts: part of it is reshuffled, and
 one or two new templates per pair appear while as many bottom-ranked ones retire.
 
-Records use the serving log schema (see :data:`RECORD_KEYS`). The fields a real server fills
+Records use the serving log schema (:class:`~warmup_tools.common.records.RequestRecord`). The fields a real server fills
 (``prompt_tokens``, ``cached_tokens``, ``ttft_ms``, ``output_tokens``, ``cluster``) are null here;
 ``template`` is the generator's ground-truth label, which tests use to score clustering and which the
 planner must ignore, because real logs don't have it.
@@ -44,24 +44,19 @@ from pathlib import Path
 
 from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 from warmup_tools.common.errors import ConfigError, WarmupToolsError
-from warmup_tools.lora_adapter.request_log import prompt_digest
+from warmup_tools.common.digests import prompt_digest, stable_seed
+from warmup_tools.common.jsonl import read_json_lines, write_json_lines
+from warmup_tools.common.records import RequestRecord
 
 DAY_SECONDS = 86_400
 BASE_MODEL = ""
 """The ``adapter`` value of a request served by the base model."""
 
-RECORD_KEYS = ("ts", "tenant", "adapter", "prompt_digest", "prompt", "prompt_tokens", "cached_tokens",
-               "ttft_ms", "output_tokens", "cluster", "template")
-"""The keys of every log record, in the order they are written."""
 
 _KINDS = ("rag", "intent", "fewshot")
 _KIND_WEIGHTS = (0.35, 0.40, 0.25)
 _MINUTES = DAY_SECONDS // 60
 _MAX_TS_MS = DAY_SECONDS * 1000 - 1
-
-
-class TrafficLogError(WarmupToolsError, ValueError):
-    """A traffic log file cannot be read, or one of its lines is not a JSON object."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,51 +188,9 @@ def write_logs(config: TrafficConfig, out_dir: Path, *, gzip: bool = False) -> l
     paths = []
     for day, records in _generate_days(config):
         path = out_dir / f"day{day}.jsonl{'.gz' if gzip else ''}"
-        data = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records).encode()
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            with open(tmp, "wb") as raw:
-                if gzip:
-                    # NOTE: no file name and mtime 0 in the gzip header, so the same seed gives the same
-                    # bytes (with the same zlib; the uncompressed lines are the same everywhere).
-                    with GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6, mtime=0) as packed:
-                        packed.write(data)
-                else:
-                    raw.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_json_lines(path, records, compress=gzip)
         paths.append(path)
     return paths
-
-
-def read_logs(paths: Iterable[Path]) -> Iterator[dict]:
-    """Yield the records of ``.jsonl`` and ``.jsonl.gz`` files in turn, skipping blank lines.
-
-    Raises :class:`TrafficLogError` (a ``ValueError``) naming the file and line of a line that is not a
-    JSON object, or the file when it cannot be read.
-    """
-    for path in paths:
-        path = Path(path)
-        lineno = 0
-        try:
-            with _open_text(path) as lines:
-                for lineno, line in enumerate(lines, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise TrafficLogError(f"{path}, line {lineno}: not valid JSON ({exc.msg}): "
-                                              f"{line.strip()[:60]!r}") from exc
-                    if not isinstance(record, dict):
-                        raise TrafficLogError(f"{path}, line {lineno}: expected a JSON object, "
-                                              f"got {type(record).__name__}")
-                    yield record
-        except (OSError, EOFError, UnicodeDecodeError) as exc:
-            where = f"after line {lineno}" if lineno else "cannot read"
-            raise TrafficLogError(f"{path}, {where}: {exc}") from exc
 
 
 def summarize(records: Iterable[dict], *, day_start: float, label: str = "") -> DaySummary:
@@ -288,7 +241,7 @@ def main_traffic(out_dir: Path, seed: int, days: int, requests_per_day: int, gzi
     """CLI entry: write the logs, print a summary table per day (read back from the files), return the paths."""
     config = TrafficConfig(seed=seed, days=days, requests_per_day=requests_per_day)
     paths = write_logs(config, out_dir, gzip=gzip)
-    summaries = [summarize(read_logs([path]), day_start=config.start + i * DAY_SECONDS, label=path.name)
+    summaries = [summarize(read_json_lines([path]), day_start=config.start + i * DAY_SECONDS, label=path.name)
                  for i, path in enumerate(paths)]
     print(format_summary(summaries, config.adapters))
     return paths
@@ -300,26 +253,15 @@ def main_traffic(out_dir: Path, seed: int, days: int, requests_per_day: int, gzi
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
-def _open_text(path: Path) -> io.TextIOWrapper:
-    if path.name.endswith(".gz"):
-        return io.TextIOWrapper(GzipFile(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
-
-
 def _check_int(name: str, value: object, *, minimum: int | None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
         bound = f" >= {minimum}" if minimum is not None else ""
         raise ConfigError(f"traffic {name} must be an integer{bound}, got {value!r}")
 
 
-def _stable_int(*parts: object) -> int:
-    text = "\x1f".join(str(p) for p in parts)
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
-
-
 def _rng(*parts: object) -> random.Random:
     """A generator seeded from labelled parts, identical in every process."""
-    return random.Random(_stable_int(*parts))
+    return random.Random(stable_seed(*parts))
 
 
 @dataclass(slots=True)
@@ -507,10 +449,9 @@ def _bursts(rng: random.Random, world: _World, rankings: list[list[Template]], z
 
 
 def _record(ts: float, tenant: str, adapter: str, prompt: str, template: str | None) -> dict:
-    return {"ts": ts, "tenant": tenant, "adapter": adapter,
-            "prompt_digest": prompt_digest(prompt), "prompt": prompt,
-            "prompt_tokens": None, "cached_tokens": None, "ttft_ms": None, "output_tokens": None,
-            "cluster": None, "template": template}
+    record = RequestRecord(ts=ts, tenant=tenant, adapter=adapter, prompt_digest=prompt_digest(prompt), prompt=prompt,
+                           template=template)
+    return record.to_json(with_template=True)
 
 
 def _templated(rng: random.Random, pair: _Pair, template: Template, ts: float) -> dict:
@@ -570,7 +511,7 @@ def _rag_body(rng: random.Random, profile: _Profile, adapter: str, content: _Con
     related = [doc for doc in content.docs if doc[0] in intent.docs] or list(content.docs)
     first = rng.choice(related)
     docs = [first, *rng.sample([doc for doc in content.docs if doc is not first], rng.randint(1, 2))]
-    lines = [f"[{content.doc_prefix}{_stable_int(profile.brand, adapter, title) % 9000 + 1000}] {title}: {text}"
+    lines = [f"[{content.doc_prefix}{stable_seed(profile.brand, adapter, title) % 9000 + 1000}] {title}: {text}"
              for title, text in docs]
     head = f"{rng.choice(content.rag_preambles)} Conversation topic: {intent.name}."
     return _fit([head, "<documents>", *lines, "</documents>"], f"\n\n{content.lead}: ", keep=4)
@@ -774,7 +715,7 @@ _KNOWN_TENANTS = {"acme": "cloud", "globex": "logistics", "initech": "payroll"}
 def _profile(tenant: str) -> _Profile:
     """A tenant's business: fixed for the demo tenants, derived from the name for any other."""
     archetypes = sorted(_ARCHETYPES)
-    kind = _KNOWN_TENANTS.get(tenant) or archetypes[_stable_int("archetype", tenant) % len(archetypes)]
+    kind = _KNOWN_TENANTS.get(tenant) or archetypes[stable_seed("archetype", tenant) % len(archetypes)]
     a = _ARCHETYPES[kind]
     name = tenant[:1].upper() + tenant[1:]
     brand = f"{name} {a['suffix']}"

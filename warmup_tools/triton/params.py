@@ -32,22 +32,23 @@ def parse_bool(value: str) -> bool:
     raise ValueError(f"{value!r} is not a boolean (use true or false)")
 
 
-def expand_path(value: str, base: Path | None = None) -> Path:
+def expand_path(value: str, base: Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
     """Expand ``$VAR``, ``${VAR}`` and ``${VAR:-default}``; relative results are taken relative to ``base``."""
-    path = Path(expand_env(value)).expanduser()
+    path = Path(expand_env(value, environ)).expanduser()
     if not path.is_absolute() and base is not None:
         path = base / path
     return path
 
 
-def expand_env(value: str) -> str:
-    """``value`` with ``$VAR``, ``${VAR}`` and ``${VAR:-default}`` replaced from the environment."""
+def expand_env(value: str, environ: Mapping[str, str] | None = None) -> str:
+    """``value`` with ``$VAR``, ``${VAR}`` and ``${VAR:-default}`` replaced from ``environ`` (the process's)."""
+    env = os.environ if environ is None else environ
 
     def _sub(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(3)
         default = match.group(2)
-        if os.environ.get(name):
-            return os.environ[name]
+        if env.get(name):
+            return env[name]
         if default is not None:
             return default
         raise ValueError(f"environment variable {name} is not set (referenced by {value!r})")
@@ -58,19 +59,21 @@ def expand_env(value: str) -> str:
 class ModelParameters:
     """Typed access to a model config's ``parameters``; every key must be declared through :meth:`get`."""
 
-    def __init__(self, model_config: Mapping[str, Any] | str, *, base_dir: Path | None = None) -> None:
+    def __init__(self, model_config: Mapping[str, Any] | str, *, base_dir: Path | None = None,
+                 environ: Mapping[str, str] | None = None) -> None:
         config = json.loads(model_config) if isinstance(model_config, str) else dict(model_config)
         self.model_name = str(config.get("name", "?"))
         raw = config.get("parameters") or {}
         self._raw: dict[str, str] = {k: str(v.get("string_value", "")) for k, v in raw.items()}
         self._declared: set[str] = set()
         self._base_dir = base_dir
+        self._environ = environ
 
     def get(self, name: str, cast: Callable[[str], Any] = str, default: Any = _UNSET) -> Any:
         """The parameter ``name`` cast with ``cast``; ``default`` when absent or empty."""
         self._declared.add(name)
         try:
-            value = expand_env(self._raw.get(name, ""))
+            value = expand_env(self._raw.get(name, ""), self._environ)
         except ValueError as exc:
             raise ConfigError(f"model '{self.model_name}': parameter '{name}': {exc}") from exc
         if value == "":
@@ -87,7 +90,7 @@ class ModelParameters:
         value = self.get(name, str, default)
         if value is None:
             raise ConfigError(f"model '{self.model_name}': parameter '{name}' is required in config.pbtxt")
-        return expand_path(value, self._base_dir)
+        return expand_path(value, self._base_dir, self._environ)
 
     def check_unknown(self) -> None:
         """Raise if the config sets a parameter nobody asked for (usually a typo)."""

@@ -9,7 +9,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from warmup_tools.embedding_cache.embedder import OnnxEmbedder
-from warmup_tools.embedding_cache.service import CENTROIDS_FILE, EmbeddingService
+from warmup_tools.embedding_cache.semantic import CENTROIDS_FILE
+from warmup_tools.embedding_cache.service import EmbeddingService
 from warmup_tools.triton.inputs import parse_optional_string, parse_text
 from warmup_tools.triton.io import (
     collect_inputs, error_response, log_unexpected, model_parameters, redis_tier_from_params,

@@ -1,6 +1,6 @@
 """lora_adapter: token ids + adapter + sampling inputs to a stream of text pieces (decoupled).
 
-All logic lives in ``warmup_tools.lora_adapter.service`` / ``generation``; this file only adapts Triton's
+All logic lives in ``warmup_tools.lora_adapter`` (service, engine, settings); this file only adapts Triton's
 request objects.
 """
 
@@ -14,8 +14,9 @@ from warmup_tools.triton.io import collect_inputs, error_for, log_unexpected, mo
 from warmup_tools.triton.metrics import GenerationMetrics
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
 from warmup_tools.lora_adapter.service import LoraService
-from warmup_tools.triton.params import parse_bool
-from warmup_tools.lora_adapter.request_log import RequestLogWriter, make_record
+from warmup_tools.lora_adapter.settings import LoraAdapterSettings
+from warmup_tools.common.records import RequestRecord
+from warmup_tools.lora_adapter.request_log import RequestLogWriter
 from warmup_tools.lora_adapter.requests import RequestLimits, parse_generate_request
 
 INPUTS = ("input_ids", "adapter_id", "tenant_id", "max_tokens", "stream", "temperature",
@@ -25,41 +26,20 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = model_parameters(args)
-        adapters = params.get("adapters", str, "")
+        settings = LoraAdapterSettings.from_parameters(model_parameters(args))
         engine = LoraEngine(EngineConfig(
-            base_model=params.path("base_model"),
-            adapter_root=params.path("adapter_root"),
-            adapters=tuple(a.strip() for a in adapters.split(",") if a.strip()) or None,
-            device=params.get("device", str, "auto"),
-            dtype=params.get("dtype", str, "auto"),
-            num_threads=params.get("num_threads", int, 0),
-            kv_cache_bytes=params.get("kv_cache_bytes", int, 256 << 20),
-            kv_block_size=params.get("kv_block_size", int, 16),
-            kv_storage=params.get("kv_storage", str, "fp"),
-            kv_eviction=params.get("kv_eviction", str, "lfu_ttl"),
-            kv_ttl_s=params.get("kv_ttl_s", float, 3600.0),
-            kv_live_reserve=params.get("kv_live_reserve", float, 0.15),
-        ))
-        control = params.get("control_dir", str, "")
+            base_model=settings.base_model, adapter_root=settings.adapter_root, adapters=settings.adapters,
+            device=settings.device, dtype=settings.dtype, num_threads=settings.num_threads, kv=settings.kv))
         self.instance = args["model_instance_name"]
         self.service = LoraService(
-            engine, instance=self.instance,
-            control_dir=params.path("control_dir") if control else None,
-            serve_cold=params.get("serve_cold", parse_bool, False),
-            warm_priority=params.get("warm_priority", str, "live_first"),
-            warm_share=params.get("warm_share", float, 0.5),
-            warm_chunk_tokens=params.get("warm_chunk_tokens", int, 128),
-        )
-        self.limits = RequestLimits(
-            max_tokens_limit=params.get("max_tokens_limit", int, 512),
-            default_max_tokens=params.get("default_max_tokens", int, 16),
-            vocab_size=engine.vocab_size,
-        )
-        log_dir = params.get("request_log_dir", str, "")
-        self.redact = params.get("request_log_redact", parse_bool, False)
-        params.check_unknown()
-        self.request_log = RequestLogWriter(params.path("request_log_dir"), self.instance) if log_dir else None
+            engine, instance=self.instance, control_dir=settings.control_dir, serve_cold=settings.serve_cold,
+            warm_priority=settings.warm_priority, warm_share=settings.warm_share,
+            warm_chunk_tokens=settings.warm_chunk_tokens)
+        self.limits = RequestLimits(max_tokens_limit=settings.max_tokens_limit,
+                                    default_max_tokens=settings.default_max_tokens, vocab_size=engine.vocab_size)
+        self.redact = settings.request_log_redact
+        self.request_log = (RequestLogWriter(settings.request_log_dir, self.instance)
+                            if settings.request_log_dir is not None else None)
         self.metrics = GenerationMetrics(pb_utils, "lora_adapter", self.instance)
         pb_utils.Logger.log_info(f"lora_adapter: device {engine.device}, adapters {sorted(engine.adapters)}")
 
@@ -92,7 +72,7 @@ class TritonPythonModel:
                 self.metrics.record(req.adapter, step.prompt_tokens, step.cached_tokens, step.elapsed)
                 ttft_ms = step.elapsed * 1000
             if step.finished and self.request_log is not None and not req.is_warmup:
-                self.request_log.log(make_record(
+                self.request_log.log(RequestRecord.served(
                     ts=arrived, tenant=req.tenant, adapter=req.adapter, prompt=parse_optional_text(inputs),
                     prompt_tokens=step.prompt_tokens, cached_tokens=step.cached_tokens, ttft_ms=ttft_ms,
                     output_tokens=step.output_tokens, cluster=req.cluster_id, redact=self.redact))

@@ -7,6 +7,7 @@ import shutil
 import pytest
 import torch
 
+from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 from warmup_tools.common.errors import InvalidInputError, UnknownAdapterError
@@ -17,13 +18,13 @@ from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 @pytest.fixture(scope="module")
 def engine(demo_assets):
     return LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
-                                   kv_cache_bytes=64 << 20, kv_block_size=16))
+                                   kv=KVCacheConfig(budget_bytes=64 << 20)))
 
 
 @pytest.fixture(scope="module")
 def plain_engine(demo_assets):
     return LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
-                                   kv_cache_bytes=0))
+                                   kv=KVCacheConfig(budget_bytes=0)))
 
 
 def request(engine, text, adapter="support", tenant="acme", max_tokens=12, plan=None, **sampling):
@@ -74,7 +75,7 @@ def test_prefix_warmed_for_one_tenant_or_adapter_is_a_miss_for_another(engine):
 def test_changed_adapter_weights_never_reuse_stale_kv(demo_assets, tmp_path):
     root = tmp_path / "adapters"
     shutil.copytree(demo_assets.adapter_root / "support", root / "support")
-    config = EngineConfig(base_model=demo_assets.lm_dir, adapter_root=root, kv_cache_bytes=16 << 20)
+    config = EngineConfig(base_model=demo_assets.lm_dir, adapter_root=root, kv=KVCacheConfig(budget_bytes=16 << 20))
     before = LoraEngine(config)
     from safetensors.torch import load_file, save_file
 

@@ -20,7 +20,7 @@ def wait_until(predicate, timeout=10.0):
 
 
 def test_a_waiting_live_request_goes_before_the_next_warm_step():
-    gate = EngineGate("live_first", background_share=1.0)
+    gate = EngineGate("live_first", warm_share=1.0)
     order: list[str] = []
     holding, release = threading.Event(), threading.Event()
 
@@ -54,7 +54,7 @@ def test_a_waiting_live_request_goes_before_the_next_warm_step():
 
 
 def test_warm_up_waits_while_a_live_request_holds_the_engine():
-    gate = EngineGate("live_first", background_share=1.0)
+    gate = EngineGate("live_first", warm_share=1.0)
     done = threading.Event()
 
     def warm_step():
@@ -76,7 +76,7 @@ def test_warm_steps_rest_so_they_hold_at_most_their_share(monkeypatch, share, re
     slept: list[float] = []
     monkeypatch.setattr(lora_service.time, "perf_counter", lambda: next(clock))
     monkeypatch.setattr(lora_service.time, "sleep", slept.append)
-    gate = EngineGate("live_first", background_share=share)
+    gate = EngineGate("live_first", warm_share=share)
     with gate.background():
         pass
     assert slept == ([] if rest is None else [pytest.approx(rest)])
@@ -86,7 +86,7 @@ def test_warm_steps_rest_so_they_hold_at_most_their_share(monkeypatch, share, re
 
 
 def test_a_failing_step_releases_the_gate():
-    gate = EngineGate("fifo", background_share=1.0)
+    gate = EngineGate("fifo", warm_share=1.0)
     with pytest.raises(RuntimeError):
         with gate.background():
             raise RuntimeError("warm prompt failed")

@@ -2,11 +2,12 @@ import json
 import threading
 import time
 
-from warmup_tools.lora_adapter.request_log import RequestLogWriter, make_record
+from warmup_tools.common.records import RECORD_KEYS, RequestRecord
+from warmup_tools.lora_adapter.request_log import RequestLogWriter
 
 
 def record(i, redact=False):
-    return make_record(ts=1000.0 + i, tenant="acme", adapter="sql", prompt=f"prompt {i}", prompt_tokens=10,
+    return RequestRecord.served(ts=1000.0 + i, tenant="acme", adapter="sql", prompt=f"prompt {i}", prompt_tokens=10,
                        cached_tokens=0, ttft_ms=12.5, output_tokens=3, cluster=-1, redact=redact)
 
 
@@ -17,13 +18,14 @@ def test_records_are_written_as_json_lines(tmp_path):
     writer.close()
     lines = [json.loads(line) for line in writer.path.read_text().splitlines()]
     assert len(lines) == 50 and lines[3]["prompt"] == "prompt 3" and lines[3]["adapter"] == "sql"
-    assert set(lines[0]) == {"ts", "tenant", "adapter", "prompt_digest", "prompt", "prompt_tokens",
-                             "cached_tokens", "ttft_ms", "output_tokens", "cluster"}
+    assert tuple(lines[0]) == tuple(k for k in RECORD_KEYS if k != "template")
+    assert RequestRecord.from_json(lines[3]) == record(3)
 
 
 def test_redaction_keeps_the_digest_but_not_the_text():
     redacted = record(1, redact=True)
-    assert "prompt" not in redacted and redacted["prompt_digest"] == record(1)["prompt_digest"]
+    assert redacted.prompt is None and "prompt" not in redacted.to_json()
+    assert redacted.prompt_digest == record(1).prompt_digest
 
 
 def test_logging_never_blocks_even_when_the_disk_is_stuck(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.adapters.registry import AdapterState, ControlRegistry
 from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
@@ -17,7 +18,7 @@ from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 def engine(demo_assets):
     # Only "support" at start; "sql" is under the root for the operator to add.
     return LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
-                                   adapters=("support",), kv_cache_bytes=64 << 20, kv_block_size=16,
+                                   adapters=("support",), kv=KVCacheConfig(budget_bytes=64 << 20),
                                    num_threads=1))
 
 
@@ -51,5 +52,5 @@ def test_an_added_adapter_is_warmed_in_chunks_and_its_prompts_are_then_cached(en
 
 
 def reference_tokens(config, ids):
-    plain = LoraEngine(dataclasses.replace(config, adapters=("sql",), kv_cache_bytes=0))
+    plain = LoraEngine(dataclasses.replace(config, adapters=("sql",), kv=KVCacheConfig(budget_bytes=0)))
     return greedy(plain, ids, "sql")[0]

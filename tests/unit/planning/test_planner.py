@@ -13,20 +13,12 @@ import numpy as np
 import pytest
 
 from warmup_tools.common.errors import ConfigError
-from warmup_tools.planning.planner import (
-    NOISE,
-    Budgets,
-    LogFormatError,
-    Plan,
-    PlanError,
-    PlanOptions,
-    analyse_traffic,
-    build_plan,
-    format_summary,
-    iter_log_records,
-    prefix_kv_bytes_per_token,
-    shared_prefix,
-)
+from warmup_tools.common.jsonl import ReadStats
+from warmup_tools.common.records import read_request_log
+from warmup_tools.lora_adapter.settings import model_kv_shape
+from warmup_tools.planning.analyse import NOISE, PlanOptions, analyse_traffic, shared_prefix
+from warmup_tools.planning.plan import Budgets, Plan, PlanError
+from warmup_tools.planning.select import build_plan, format_summary
 
 NOW = 1_700_000_000.0
 KV_PER_TOKEN = 6144  # the demo LM: 2 * 6 layers * 2 kv heads * 64 dims * 4 bytes
@@ -142,29 +134,30 @@ def purity(records, clusters):
 
 
 # ------------------------------------------------------------------------------------------- reading
-def test_log_reader_reads_jsonl_and_gzip_and_names_the_bad_line(tmp_path):
-    rows = [record(NOW, "acme", "", "hello"), record(NOW + 1, "acme", "legal", "world")]
-    plain = tmp_path / "a.jsonl"
-    plain.write_text(json.dumps(rows[0]) + "\n\n" + json.dumps(rows[1]) + "\n")
-    packed = tmp_path / "b.jsonl.gz"
+def test_a_log_with_a_torn_last_line_still_plans_and_reports_the_line(tokenizer, embedder, tmp_path):
+    rng = random.Random(4)
+    rows = [record(NOW - rng.random() * 600, "acme", "", SYSTEMS["acme"] + "\n\n" + user_part(rng)) for _ in range(40)]
+    plain = tmp_path / "requests-a.jsonl"
+    plain.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"ts": 1700000000.0, "tenant": "ac')
+    packed = tmp_path / "requests-b.jsonl.gz"
     with gzip.open(packed, "wt") as out:
-        out.write(json.dumps(rows[1]) + "\n")
-    assert list(iter_log_records([plain, packed])) == [rows[0], rows[1], rows[1]]
-
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps(rows[0]) + "\n{not json\n")
-    with pytest.raises(ValueError, match=r"bad\.jsonl:2: not valid JSON"):
-        list(iter_log_records(bad))
-    bad.write_text("[1, 2]\n")
-    with pytest.raises(LogFormatError, match=r"bad\.jsonl:1: expected a JSON object"):
-        list(iter_log_records(str(bad)))
+        out.write(json.dumps(rows[0]) + "\n")
+    stats = ReadStats()
+    plan = build_plan(read_request_log([plain, packed], stats), tokenizer, embedder, AMPLE, now=NOW,
+                      kv_bytes_per_token=KV_PER_TOKEN, progress=False, created=CREATED)
+    assert plan.summary["records"] == 41 and plan.items
+    assert stats.skipped == 1 and stats.examples[0].line == 41
+    assert "torn last line" in stats.examples[0].reason
 
 
 def test_kv_bytes_per_token_comes_from_the_model_config(demo_assets, tmp_path):
-    assert prefix_kv_bytes_per_token(demo_assets.lm_dir) == KV_PER_TOKEN
+    assert model_kv_shape(demo_assets.lm_dir).bytes_per_token("fp", 4, 16) == KV_PER_TOKEN
     (tmp_path / "config.json").write_text(json.dumps(
         {"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512}))  # no GQA, no head_dim
-    assert prefix_kv_bytes_per_token(tmp_path, dtype_bytes=2) == 2 * 4 * 8 * 64 * 2
+    shape = model_kv_shape(tmp_path)
+    assert shape.bytes_per_token("fp", 2, 16) == 2 * 4 * 8 * 64 * 2  # bf16
+    # int8: one byte a value, plus one fp16 scale per (layer, k/v, head, channel) shared by a block's 16 tokens
+    assert shape.bytes_per_token("int8", 2, 16) == 2 * 4 * 8 * 64 * (1 + 2 / 16)
 
 
 # ------------------------------------------------------------------------------------ prefix chooser

@@ -97,7 +97,7 @@ def test_layout_and_manifest(built: DemoAssets) -> None:
 
     manifest = json.loads((root / "manifest.json").read_text())
     assert manifest["seed"] == DEFAULT_SEED
-    assert manifest["format_version"] == 1
+    assert manifest["format_version"] == assets_mod.FORMAT_VERSION
     assert set(manifest["versions"]) == {"torch", "transformers", "peft", "tokenizers"}
     on_disk = {
         p.relative_to(root).as_posix()

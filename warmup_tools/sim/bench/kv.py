@@ -27,6 +27,7 @@ from typing import Sequence, TextIO
 
 import torch
 
+from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.ops.client import GenerateParams, StreamingClient
 from warmup_tools.ops.config import REPO_ROOT
 from warmup_tools.ops.server import TritonServer
@@ -123,7 +124,7 @@ def run_int8_accuracy(assets_dir: Path, *, prompts: int = 32, prefix_tokens: int
 
     def engine(storage: str) -> LoraEngine:
         return LoraEngine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",
-                                       kv_cache_bytes=256 << 20, kv_storage=storage))
+                                       kv=KVCacheConfig(storage=storage)))
 
     fp, q8 = engine("fp"), engine("int8")
     rng = random.Random(seed)
@@ -172,7 +173,7 @@ def run_flood(assets_dir: Path, *, prompts: int = 10_000, prompt_tokens: int = 4
     from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams  # noqa: PLC0415
 
     eng = LoraEngine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",
-                                  kv_cache_bytes=budget_bytes, kv_block_size=16))
+                                  kv=KVCacheConfig(budget_bytes=budget_bytes)))
     rng = random.Random(seed)
     vocab = eng.vocab_size
     peak = 0

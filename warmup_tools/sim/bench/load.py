@@ -23,6 +23,7 @@ from warmup_tools.ops.config import REPO_ROOT
 from warmup_tools.common.errors import WarmupToolsError
 from warmup_tools.sim.load.stats import read_stats_json
 from warmup_tools.ops.server import TritonServer
+from warmup_tools.common.jsonl import write_json_lines
 from warmup_tools.sim.bench.replay import prepare
 
 LOCUSTFILE = REPO_ROOT / "warmup_tools" / "sim" / "load" / "locustfile.py"
@@ -87,7 +88,7 @@ def run(assets_dir: Path, *, users: int = 4, max_tokens: int = 8, seed: int = 0,
     try:
         repos = prepare(work, assets_dir, seed=seed, requests_per_day=requests_per_day, out=out)
         log = work / "day2-first-hour.jsonl"
-        log.write_text("".join(json.dumps(record) + "\n" for record in repos.first_hour))
+        write_json_lines(log, [record.to_json() for record in repos.first_hour])
         out.write(f"{users} Locust users replay {len(repos.first_hour)} requests (max_tokens={max_tokens}) against "
                   "a freshly started server\n")
         results = [

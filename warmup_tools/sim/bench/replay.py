@@ -8,6 +8,7 @@ stanzas and with the plan's, and report the share of cold requests (``cached_tok
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import statistics
 import sys
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Sequence, TextIO
 
+from warmup_tools.common.records import RequestRecord, read_request_log
 from warmup_tools.ops.client import GenerateParams, StreamingClient
 from warmup_tools.ops.config import REPO_ROOT
 from warmup_tools.planning.plan_stanzas import COMPOSING_MODELS, write_plan_stanzas
@@ -38,17 +40,16 @@ class ReplayResult:
         return self.cold / self.requests if self.requests else 0.0
 
 
-def replay(repo: Path, records: Sequence[dict], assets_dir: Path, label: str, out: TextIO) -> ReplayResult:
-    env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": ""}
+def replay(repo: Path, records: Sequence[RequestRecord], assets_dir: Path, label: str, out: TextIO) -> ReplayResult:
     start = time.perf_counter()
-    with TritonServer(repo, env=env) as server:
+    with TritonServer(repo, env=_server_env(assets_dir)) as server:
         server.wait_ready(timeout=1800)
         load_s = time.perf_counter() - start
         cold, ttfts, cached, prompt = 0, [], 0, 0
         with StreamingClient(server.grpc_url) as client:
             for record in records:
-                result = client.generate(record["prompt"], GenerateParams(
-                    max_tokens=1, adapter_id=record["adapter"] or None, tenant_id=record["tenant"]))
+                result = client.generate(record.prompt, GenerateParams(
+                    max_tokens=1, adapter_id=record.adapter or None, tenant_id=record.tenant))
                 cold += result.cached_tokens == 0
                 ttfts.append(result.ttft_s * 1000)
                 cached += result.cached_tokens
@@ -67,42 +68,40 @@ def replay(repo: Path, records: Sequence[dict], assets_dir: Path, label: str, ou
 class Repositories:
     """Day 2's first hour and two copies of the repository: without warm-up stanzas, and with the plan's."""
 
-    first_hour: list[dict]
+    first_hour: list[RequestRecord]
     without_plan: Path
     with_plan: Path
 
 
 def prepare(work: Path, assets_dir: Path, *, seed: int, requests_per_day: int, out: TextIO) -> Repositories:
     """Generate two days of traffic, plan from day 1, and write both repositories under ``work``."""
-    from transformers import AutoTokenizer  # noqa: PLC0415
-
     from warmup_tools.embedding_cache.embedder import OnnxEmbedder  # noqa: PLC0415
-    from warmup_tools.planning.planner import Budgets, build_plan, format_summary, iter_log_records, prefix_kv_bytes_per_token  # noqa: PLC0415
+    from warmup_tools.planning.select import build_plan, format_summary  # noqa: PLC0415
+    from warmup_tools.planning.target import PlanTarget  # noqa: PLC0415
     from warmup_tools.sim.traffic import TrafficConfig, write_logs  # noqa: PLC0415
 
     config = TrafficConfig(seed=seed, requests_per_day=requests_per_day)
     day1, day2 = write_logs(config, work / "logs")[:2]
-    day1_records = list(iter_log_records([day1]))
+    day1_records = list(read_request_log([day1]))
     day2_start = config.start + 86400
-    first_hour = [r for r in iter_log_records([day2]) if r["ts"] < day2_start + 3600]
+    first_hour = [r for r in read_request_log([day2]) if r.ts < day2_start + 3600]
     out.write(f"traffic: {len(day1_records)} day-1 requests; replaying day 2's first hour: {len(first_hour)} "
               "requests\n")
-    tokenizer = AutoTokenizer.from_pretrained(assets_dir / "lm")
-    embedder = OnnxEmbedder(assets_dir / "embedder", num_threads=2)
-    kv_total = int((256 << 20) * 0.85)  # lora_adapter's kv_cache_bytes less the live reserve
-    budgets = Budgets(kv_bytes_total=kv_total, kv_bytes_per_adapter=kv_total // 2)
-    plan = build_plan(day1_records, tokenizer, embedder, budgets, now=day2_start,
-                      kv_bytes_per_token=prefix_kv_bytes_per_token(assets_dir / "lm"), progress=False)
-    plan.save(work / "plan.json")
-    out.write(format_summary(plan) + "\n")
-
     baseline = work / "repo-without-plan"
     planned = work / "repo-with-plan"
     shutil.copytree(REPO_ROOT / "model_repository", baseline)
     shutil.copytree(REPO_ROOT / "model_repository", planned)
+    target = PlanTarget.from_repository(planned, {**os.environ, **_server_env(assets_dir)})
+    tokenizer = target.load_tokenizer()
+    embedder = OnnxEmbedder(target.embedder_dir, num_threads=2)
+    plan = build_plan(day1_records, tokenizer, embedder, target.default_budgets(), now=day2_start,
+                      block_size=target.block_size, kv_bytes_per_token=target.kv_bytes_per_token, progress=False)
+    plan.save(work / "plan.json")
+    out.write(format_summary(plan) + "\n")
+
     for model in COMPOSING_MODELS:
         write_model_warmup(baseline / model, [])
-    counts = write_plan_stanzas(plan.to_dict(), planned)
+    counts = write_plan_stanzas(plan, planned, target=target)
     out.write(f"stanzas from plan {plan.plan_id}: {counts}\n")
     out.flush()
     return Repositories(first_hour, baseline, planned)
@@ -121,3 +120,7 @@ def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, out: T
                       f"{r.ttft_p90_ms:.1f} | {r.cached_share:.1%} | {r.load_s:.0f} |\n")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _server_env(assets_dir: Path) -> dict[str, str]:
+    return {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": ""}

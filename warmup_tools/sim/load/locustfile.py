@@ -50,10 +50,10 @@ class ReplayCursor:
     """One cursor over a request log, shared by all users (greenlets: no lock needed)."""
 
     def __init__(self, path: str) -> None:
-        from warmup_tools.planning.planner import iter_log_records  # noqa: PLC0415
+        from warmup_tools.common.records import RequestRecord, read_request_log  # noqa: PLC0415
 
         self.path = path
-        self._records: Iterator[dict] = iter_log_records(path)
+        self._records: Iterator[RequestRecord] = read_request_log(path)
         self.sent = 0
         self.in_flight = 0
         self.exhausted = False
@@ -63,12 +63,11 @@ class ReplayCursor:
         if record is None:
             self.exhausted = True
             return None
-        prompt = record.get("prompt")
-        if not isinstance(prompt, str):
+        if record.prompt is None:
             raise ValueError(f"{self.path}: record {self.sent + 1} has no prompt text (was the log redacted?)")
         self.sent += 1
-        return prompt, GenerateParams(max_tokens=max_tokens, adapter_id=record.get("adapter") or None,
-                                      tenant_id=record.get("tenant") or None)
+        return record.prompt, GenerateParams(max_tokens=max_tokens, adapter_id=record.adapter or None,
+                                             tenant_id=record.tenant or None)
 
 
 _cursor: ReplayCursor | None = None

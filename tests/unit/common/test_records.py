@@ -1,0 +1,32 @@
+"""The request record crosses processes: one type, versioned, read through one reader."""
+
+import json
+
+from warmup_tools.common.jsonl import ReadStats
+from warmup_tools.common.records import RECORD_KEYS, RequestRecord, read_request_log
+
+
+def test_served_record_round_trips_and_redaction_drops_the_text():
+    rec = RequestRecord.served(ts=1.23456, tenant="acme", adapter=None, prompt="hello", prompt_tokens=3,
+                               cached_tokens=0, ttft_ms=1.234, output_tokens=2, cluster=-1, redact=False)
+    assert (rec.adapter, rec.ts, rec.ttft_ms) == ("", 1.235, 1.23)
+    assert RequestRecord.from_json(rec.to_json()) == rec
+    assert tuple(rec.to_json()) == tuple(k for k in RECORD_KEYS if k != "template")
+    hidden = RequestRecord.served(ts=1, tenant="acme", adapter="sql", prompt="hello", prompt_tokens=3,
+                                  cached_tokens=0, ttft_ms=1, output_tokens=2, cluster=-1, redact=True)
+    assert "prompt" not in hidden.to_json() and hidden.prompt_digest == rec.prompt_digest
+
+
+def test_the_log_reader_skips_bad_records_naming_their_line(tmp_path):
+    path = tmp_path / "requests-x.jsonl"
+    lines = [{"ts": 1.0, "tenant": "a", "prompt": "p"},             # no "v": an older log, version 1
+             {"v": 2, "ts": 2.0},                                     # a newer layout
+             {"v": 1, "ts": "yesterday"},                             # a bad field
+             {"v": 1, "ts": 3.0, "adapter": "sql", "prompt": "q"}]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"v": 1, "ts": 4')
+    stats = ReadStats()
+    got = list(read_request_log(path, stats))
+    assert [(r.ts, r.tenant, r.adapter) for r in got] == [(1.0, "a", ""), (3.0, "default", "sql")]
+    assert stats.records == 2 and stats.skipped == 3
+    assert [s.line for s in stats.examples] == [2, 3, 5]
+    assert "version 2" in stats.examples[0].reason and "'ts'" in stats.examples[1].reason

@@ -1,0 +1,40 @@
+"""Atomic file writes: a reader sees the old complete file or the new one, never half of one."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o644, min_mtime_ns: int | None = None) -> None:
+    """Write ``data`` to a temporary file next to ``path``, fsync it and rename it over ``path``.
+
+    ``mode`` is the new file's permission bits; ``min_mtime_ns`` keeps its mtime from going backwards
+    (readers that poll by ``stat`` must see a change).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(payload)
+            file.flush()
+            # NOTE: mkstemp makes the file 0600; the CLI and tritonserver may run as different users.
+            os.fchmod(file.fileno(), mode)
+            os.fsync(file.fileno())
+        if min_mtime_ns is not None and os.stat(tmp).st_mtime_ns < min_mtime_ns:
+            os.utime(tmp, ns=(min_mtime_ns, min_mtime_ns))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable; not possible on every filesystem
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

@@ -1,0 +1,119 @@
+"""The request record: one line of the request log, the unit the planner learns from.
+
+One typed, versioned record crosses three processes: ``lora_adapter`` writes it
+(:mod:`warmup_tools.lora_adapter.request_log`), the traffic generator writes the same shape
+(:mod:`warmup_tools.sim.traffic`), and the planner and the Locust replay read it back through
+:func:`read_request_log`. Version 1 logs written before the ``v`` field existed read as version 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+from warmup_tools.common.digests import prompt_digest
+from warmup_tools.common.jsonl import ReadStats, iter_json_lines
+
+#: The record layout this package writes and reads; a newer one is skipped and counted, not guessed at.
+RECORD_VERSION = 1
+
+#: The JSON keys of a record, in the order they are written.
+RECORD_KEYS = ("v", "ts", "tenant", "adapter", "prompt_digest", "prompt", "prompt_tokens", "cached_tokens",
+               "ttft_ms", "output_tokens", "cluster", "template")
+
+
+class RecordError(ValueError):
+    """A JSON object is not a request record; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One served (or generated) request. Fields a generator cannot know are None."""
+
+    #: Epoch seconds at arrival.
+    ts: float
+    tenant: str = "default"
+    #: The LoRA adapter; "" for the base model.
+    adapter: str = ""
+    prompt_digest: str | None = None
+    #: The prompt text; None when the log is redacted.
+    prompt: str | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    ttft_ms: float | None = None
+    output_tokens: int | None = None
+    cluster: int | None = None
+    #: The traffic generator's ground-truth template label (tests only; a real log has none).
+    template: str | None = None
+
+    @classmethod
+    def served(cls, *, ts: float, tenant: str, adapter: str | None, prompt: str | None, prompt_tokens: int,
+               cached_tokens: int, ttft_ms: float, output_tokens: int, cluster: int, redact: bool) -> RequestRecord:
+        """The record of a request ``lora_adapter`` served (the prompt dropped when ``redact``)."""
+        return cls(ts=round(ts, 3), tenant=tenant, adapter=adapter or "",
+                   prompt_digest=prompt_digest(prompt) if prompt is not None else None,
+                   prompt=None if redact else prompt, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
+                   ttft_ms=round(ttft_ms, 2), output_tokens=output_tokens, cluster=cluster)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RequestRecord:
+        """Validate one JSON object; :class:`RecordError` names the field that is wrong."""
+        version = data.get("v", 1)
+        if version != RECORD_VERSION:
+            raise RecordError(f"record version {version!r}; this package reads version {RECORD_VERSION}")
+        ts = data.get("ts")
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+            raise RecordError(f"'ts' must be epoch seconds, got {ts!r}")
+        prompt = data.get("prompt")
+        if prompt is not None and not isinstance(prompt, str):
+            raise RecordError(f"'prompt' must be text, got {type(prompt).__name__}")
+        digest = data.get("prompt_digest")
+        return cls(
+            ts=float(ts),
+            tenant=str(data.get("tenant") or "default"),
+            adapter=str(data.get("adapter") or ""),
+            prompt_digest=str(digest) if digest else None,
+            prompt=prompt if prompt else None,
+            prompt_tokens=_optional(data, "prompt_tokens", int),
+            cached_tokens=_optional(data, "cached_tokens", int),
+            ttft_ms=_optional(data, "ttft_ms", float),
+            output_tokens=_optional(data, "output_tokens", int),
+            cluster=_optional(data, "cluster", int),
+            template=None if data.get("template") is None else str(data["template"]),
+        )
+
+    def to_json(self, *, with_template: bool = False) -> dict[str, Any]:
+        """The JSON object in :data:`RECORD_KEYS` order; a redacted record has no ``prompt`` key."""
+        out: dict[str, Any] = {"v": RECORD_VERSION}
+        for key in RECORD_KEYS[1:]:
+            value = getattr(self, key)
+            if key == "prompt" and value is None:
+                continue
+            if key == "template" and not with_template:
+                continue
+            out[key] = value
+        return out
+
+
+def read_request_log(paths: str | Path | Iterable[str | Path],
+                     stats: ReadStats | None = None) -> Iterator[RequestRecord]:
+    """Request records from JSON-lines logs (gzip too); bad lines and bad records are skipped and
+    counted in ``stats`` with their file and line."""
+    stats = stats if stats is not None else ReadStats()
+    for path, line, data in iter_json_lines(paths, stats):
+        try:
+            yield RequestRecord.from_json(data)
+        except RecordError as exc:
+            stats.records -= 1
+            stats.skip(path, line, str(exc))
+
+
+def _optional(data: Mapping[str, Any], key: str, cast: type) -> Any:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RecordError(f"'{key}' must be a number or null, got {value!r}")
+    return cast(value)

@@ -1,0 +1,158 @@
+"""Every ``lora_adapter`` parameter of ``config.pbtxt``, read once into one typed object.
+
+The server (``model.py``'s ``initialize``), the planner and the stanza writer all build a
+:class:`LoraAdapterSettings` through :meth:`LoraAdapterSettings.from_parameters`: the defaults live here
+(and in :mod:`warmup_tools.kv.config` for the KV cache) and nowhere else, and
+:meth:`LoraAdapterSettings.from_repository` reads a repository's ``lora_adapter/config.pbtxt`` the way
+Triton hands it to the model, so a plan is made for the block size, storage and budget the server uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from warmup_tools.common.errors import AssetError, ConfigError
+from warmup_tools.kv.config import (
+    DEFAULT_BLOCK_SIZE, DEFAULT_BUDGET_BYTES, DEFAULT_EVICTION, DEFAULT_LIVE_RESERVE, DEFAULT_STORAGE, DEFAULT_TTL_S,
+    KVCacheConfig, KVShape,
+)
+from warmup_tools.triton.params import ModelParameters, parse_bool
+
+MODEL_NAME = "lora_adapter"
+
+#: Who may use the engine next while an adapter warms: live requests first, or first come first served.
+WARM_PRIORITIES = ("live_first", "fifo")
+
+#: Bytes per value of each torch dtype name the ``dtype`` parameter resolves to.
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoraAdapterSettings:
+    base_model: Path
+    adapter_root: Path | None
+    #: Adapters to load at start; None loads every folder under ``adapter_root``.
+    adapters: tuple[str, ...] | None
+    device: str
+    dtype: str
+    num_threads: int
+    kv: KVCacheConfig
+    control_dir: Path | None
+    serve_cold: bool
+    warm_priority: str
+    #: The largest share of the engine's time adapter warm-up may hold.
+    warm_share: float
+    warm_chunk_tokens: int
+    max_tokens_limit: int
+    default_max_tokens: int
+    request_log_dir: Path | None
+    request_log_redact: bool
+
+    @classmethod
+    def from_parameters(cls, params: ModelParameters) -> LoraAdapterSettings:
+        """Read and check every parameter; unknown ones are refused (a typo fails the load)."""
+        adapters = params.get("adapters", str, "")
+        names = tuple(a.strip() for a in adapters.split(",") if a.strip()) or None
+        settings = cls(
+            base_model=params.path("base_model"),
+            adapter_root=params.path("adapter_root") if params.get("adapter_root", str, "") else None,
+            adapters=names,
+            device=params.get("device", str, "auto"),
+            dtype=params.get("dtype", str, "auto"),
+            num_threads=params.get("num_threads", int, 0),
+            kv=KVCacheConfig(
+                budget_bytes=params.get("kv_cache_bytes", int, DEFAULT_BUDGET_BYTES),
+                block_size=params.get("kv_block_size", int, DEFAULT_BLOCK_SIZE),
+                storage=params.get("kv_storage", str, DEFAULT_STORAGE),
+                eviction=params.get("kv_eviction", str, DEFAULT_EVICTION),
+                ttl_s=params.get("kv_ttl_s", float, DEFAULT_TTL_S),
+                live_reserve=params.get("kv_live_reserve", float, DEFAULT_LIVE_RESERVE),
+            ),
+            control_dir=params.path("control_dir") if params.get("control_dir", str, "") else None,
+            serve_cold=params.get("serve_cold", parse_bool, False),
+            warm_priority=params.get("warm_priority", str, "live_first"),
+            warm_share=params.get("warm_share", float, 0.5),
+            warm_chunk_tokens=params.get("warm_chunk_tokens", int, 128),
+            max_tokens_limit=params.get("max_tokens_limit", int, 512),
+            default_max_tokens=params.get("default_max_tokens", int, 16),
+            request_log_dir=params.path("request_log_dir") if params.get("request_log_dir", str, "") else None,
+            request_log_redact=params.get("request_log_redact", parse_bool, False),
+        )
+        params.check_unknown()
+        settings.check()
+        return settings
+
+    @classmethod
+    def from_repository(cls, model_repository: Path, environ: Mapping[str, str] | None = None) -> LoraAdapterSettings:
+        """The settings a server on ``model_repository`` (with ``environ``, default this process's) would
+        run ``lora_adapter`` with."""
+        return cls.from_parameters(repository_parameters(model_repository, MODEL_NAME, environ))
+
+    def check(self) -> None:
+        """Refuse values no instance could serve with, naming the parameter."""
+        if self.warm_priority not in WARM_PRIORITIES:
+            raise ConfigError(f"lora_adapter parameter warm_priority must be one of {', '.join(WARM_PRIORITIES)}, "
+                              f"not {self.warm_priority!r}")
+        if not 0.0 < self.warm_share <= 1.0:
+            raise ConfigError(f"lora_adapter parameter warm_share must be a share of time in (0, 1], "
+                              f"not {self.warm_share}")
+        if self.warm_chunk_tokens < 0:
+            raise ConfigError(f"lora_adapter parameter warm_chunk_tokens must be 0 (whole prompts) or a token "
+                              f"count, not {self.warm_chunk_tokens}")
+        if self.kv.block_size < 1 or self.kv.budget_bytes < 0 or not 0.0 <= self.kv.live_reserve < 1.0:
+            raise ConfigError("lora_adapter parameters: kv_block_size >= 1, kv_cache_bytes >= 0 and "
+                              f"0 <= kv_live_reserve < 1 are required (got {self.kv.block_size}, "
+                              f"{self.kv.budget_bytes}, {self.kv.live_reserve})")
+
+    def kv_bytes_per_token(self, device_dtype: str | None = None) -> float:
+        """KV bytes one cached token takes: from the base model's config.json, dtype and ``kv_storage``.
+
+        ``device_dtype`` is the torch dtype name ``dtype=auto`` resolves to on the serving device;
+        by default ``auto`` resolves as it would on this machine.
+        """
+        dtype = device_dtype or self.dtype
+        if dtype == "auto":
+            from warmup_tools.lora_adapter.engine import select_dtype, select_device  # noqa: PLC0415  (torch)
+
+            dtype = str(select_dtype("auto", select_device(self.device))).removeprefix("torch.")
+        if dtype not in _DTYPE_BYTES:
+            raise ConfigError(f"lora_adapter parameter dtype {dtype!r} is not one of auto, "
+                              f"{', '.join(_DTYPE_BYTES)}")
+        return model_kv_shape(self.base_model).bytes_per_token(self.kv.storage, _DTYPE_BYTES[dtype],
+                                                               self.kv.block_size)
+
+
+def model_kv_shape(model_dir: Path) -> KVShape:
+    """The KV shape of a Hugging Face model folder, from its ``config.json``."""
+    config_path = Path(model_dir) / "config.json"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AssetError(f"{config_path} does not exist; point base_model at a Hugging Face model folder") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise AssetError(f"{config_path} is not readable JSON ({exc})") from None
+    try:
+        return KVShape.from_model_config(config)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AssetError(f"{config_path} lacks a usable {exc} entry for the KV size") from None
+
+
+def repository_parameters(model_repository: Path, model: str,
+                          environ: Mapping[str, str] | None = None) -> ModelParameters:
+    """A model's ``config.pbtxt`` parameters as Triton hands them to ``initialize`` (paths relative to
+    the model's folder, ``${ENV}`` expanded from this process's environment)."""
+    from google.protobuf import json_format, text_format  # noqa: PLC0415
+    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415
+
+    path = Path(model_repository) / model / "config.pbtxt"
+    try:
+        config = text_format.Parse(path.read_text(encoding="utf-8"), model_config_pb2.ModelConfig())
+    except FileNotFoundError:
+        raise ConfigError(f"{path} does not exist; point --model-repository at a repository with {model}") from None
+    except text_format.ParseError as exc:
+        raise ConfigError(f"{path} does not parse: {exc}") from None
+    data: dict[str, Any] = json_format.MessageToDict(config, preserving_proto_field_name=True)
+    return ModelParameters(data, base_dir=path.parent, environ=environ)

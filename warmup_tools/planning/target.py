@@ -1,0 +1,68 @@
+"""What a plan is made for, read from the model repository it will be written into.
+
+The planner and the stanza writer take the KV block size, storage, dtype and budget from the repository's
+``lora_adapter/config.pbtxt`` (through :class:`~warmup_tools.lora_adapter.settings.LoraAdapterSettings`,
+the same code the server runs), the tokenizer from ``lora_adapter``'s ``base_model`` and the embedder
+from ``embedding_cache``'s ``embedder_path``. No second default, no hand-computed copy: a plan made for
+one repository and applied to another with a different block size, tokenizer or budget is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+from warmup_tools.lora_adapter.settings import LoraAdapterSettings, repository_parameters
+from warmup_tools.planning.plan import Budgets, Plan, PlanError
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlanTarget:
+    settings: LoraAdapterSettings
+    tokenizer_dir: Path
+    embedder_dir: Path
+    #: KV bytes one cached token takes on this repository's server (model config, dtype, kv_storage).
+    kv_bytes_per_token: int
+
+    @classmethod
+    def from_repository(cls, model_repository: Path, environ: Mapping[str, str] | None = None) -> PlanTarget:
+        """From the repository's configs, ``${ENV}`` taken from ``environ`` (default: this process's)."""
+        settings = LoraAdapterSettings.from_repository(model_repository, environ)
+        embedder_dir = repository_parameters(model_repository, "embedding_cache", environ).path("embedder_path")
+        return cls(settings, settings.base_model, embedder_dir, math.ceil(settings.kv_bytes_per_token()))
+
+    @property
+    def block_size(self) -> int:
+        return self.settings.kv.block_size
+
+    def default_budgets(self, **overrides: Any) -> Budgets:
+        """The repository's warm-up share of the KV budget, half of it at most per adapter."""
+        total = overrides.pop("kv_bytes_total", None) or self.settings.kv.warmup_budget_bytes
+        per_adapter = overrides.pop("kv_bytes_per_adapter", None) or total // 2
+        return Budgets(kv_bytes_total=total, kv_bytes_per_adapter=per_adapter, **overrides)
+
+    def load_tokenizer(self) -> Any:
+        from transformers import AutoTokenizer  # noqa: PLC0415 (heavy; only for planning)
+
+        return AutoTokenizer.from_pretrained(self.tokenizer_dir)
+
+    def check(self, plan: Plan, tokenizer_fingerprint: str) -> None:
+        """Refuse a plan made for another block size, tokenizer or budget, naming both values."""
+        where = f"plan {plan.plan_id}"
+        if plan.block_size != self.block_size:
+            raise PlanError(f"{where} was made for KV block size {plan.block_size}, but lora_adapter's "
+                            f"kv_block_size is {self.block_size}: make a new plan against this repository")
+        if plan.tokenizer_fingerprint != tokenizer_fingerprint:
+            raise PlanError(f"{where} was made with tokenizer {plan.tokenizer_fingerprint}, but lora_adapter's "
+                            f"base_model tokenizer is {tokenizer_fingerprint}: its token ids would not match; "
+                            "make a new plan against this repository")
+        tokens = sum(len(item["token_ids"]) for item in plan.items)
+        planned_per_token = plan.settings.get("kv_bytes_per_token") or self.kv_bytes_per_token
+        new_bytes = plan.summary.get("kv_bytes", 0) / planned_per_token * self.kv_bytes_per_token
+        budget = self.settings.kv.warmup_budget_bytes
+        if new_bytes > budget:
+            raise PlanError(f"{where} needs {int(new_bytes)} KV bytes here ({tokens} planned tokens at "
+                            f"{self.kv_bytes_per_token} bytes each), but lora_adapter's warm-up share is {budget} "
+                            "bytes (kv_cache_bytes less kv_live_reserve): make a new plan against this repository")

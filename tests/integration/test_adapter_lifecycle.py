@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from warmup_tools.adapters.registry import AdapterState, ControlRegistry
+from warmup_tools.adapters.registry import ControlRegistry
+from warmup_tools.adapters.state import AdapterState
 from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient, metric_sum, scrape_metrics
 from warmup_tools.ops.demo import demo_prompt
 from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS

@@ -33,104 +33,24 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
-
 from warmup_tools.common.errors import AdapterUnavailableError, ConfigError, UnknownAdapterError
+from warmup_tools.common.files import write_atomic
+from warmup_tools.adapters.state import AdapterSpec, AdapterState, AdapterStatus, LifecycleError, validate_name
+
 
 LOGGER = logging.getLogger(__name__)
 
 
-class AdapterState(str, enum.Enum):
-    REGISTERED = "registered"
-    LOADING = "loading"
-    WARMING = "warming"
-    LIVE = "live"
-    FAILED = "failed"
-    RETIRED = "retired"
-
-
-_S = AdapterState
-
-#: Allowed transitions. registered->retired retires an adapter that was never loaded, and
-#: retired->registered re-adds one as registered only; both are needed to reach every AdapterSpec target.
-TRANSITIONS: Mapping[AdapterState, frozenset[AdapterState]] = {
-    _S.REGISTERED: frozenset({_S.LOADING, _S.RETIRED}),
-    _S.LOADING: frozenset({_S.WARMING, _S.LIVE, _S.FAILED}),
-    _S.WARMING: frozenset({_S.LIVE, _S.FAILED}),
-    # live->warming re-warms after a plan change; live->loading reloads changed weights.
-    _S.LIVE: frozenset({_S.RETIRED, _S.WARMING, _S.LOADING}),
-    _S.FAILED: frozenset({_S.LOADING, _S.RETIRED}),
-    _S.RETIRED: frozenset({_S.LOADING, _S.REGISTERED}),
-}
-
-#: What an operator can ask for: the state every instance should bring the adapter to.
-TARGETS = frozenset({"live", "registered", "retired"})
-
-#: Adapter and instance names become file and folder names: no separators, no leading dot.
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-
 DESIRED_FILE = "desired.json"
+
+
 STATUS_DIR = "status"
+
+
 LOCK_FILE = ".lock"
+
+
 FORMAT_VERSION = 1
-
-
-class LifecycleError(ConfigError):
-    """An illegal adapter state transition, a bad adapter name, or an unreadable control file."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class AdapterSpec:
-    """The desired state of one adapter, written by the operator."""
-
-    name: str
-    #: "live", "registered" (known, not loaded) or "retired".
-    target: str
-    #: Prompt texts to pre-fill into the instance's KV cache before the adapter goes live.
-    warm_prompts: tuple[str, ...] = ()
-    #: Bumped by every change of this spec; instances redo their work when it changes.
-    revision: int = 0
-    #: Folder name under the adapter root; None means ``name``.
-    path: str | None = None
-
-    def __post_init__(self) -> None:
-        validate_name(self.name)
-        if self.target not in TARGETS:
-            targets = ", ".join(sorted(TARGETS))
-            raise LifecycleError(f"adapter {self.name!r}: target {self.target!r} is not one of {targets}")
-        prompts = tuple(self.warm_prompts)
-        if not all(isinstance(p, str) and p for p in prompts):
-            raise LifecycleError(f"adapter {self.name!r}: every warm prompt must be a non-empty string")
-        object.__setattr__(self, "warm_prompts", prompts)
-        if not isinstance(self.revision, int) or isinstance(self.revision, bool) or self.revision < 0:
-            raise LifecycleError(f"adapter {self.name!r}: revision must be an int >= 0, got {self.revision!r}")
-        if self.path is not None:
-            validate_name(self.path, what="adapter path")
-
-    @property
-    def folder(self) -> str:
-        """The folder name under the adapter root."""
-        return self.path or self.name
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class AdapterStatus:
-    """What one instance reports for one adapter."""
-
-    state: AdapterState
-    revision: int
-    #: The failure message, or what was done, e.g. "warmed 3 prompts (512 tokens)".
-    detail: str = ""
-    #: ``time.time()`` of the last change.
-    updated_at: float = 0.0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Action:
-    """One step an instance takes towards the desired state."""
-
-    kind: str  # "register" | "load" | "warm" | "go_live" | "retire"
-    name: str
-    spec: AdapterSpec
 
 
 class ControlRegistry:
@@ -219,7 +139,7 @@ class ControlRegistry:
             "reported_at": time.time(),
             "adapters": {name: _status_to_json(st) for name, st in sorted(statuses.items())},
         }
-        _write_atomic(self.status_dir / f"{instance}.json", _dump(document))
+        write_atomic(self.status_dir / f"{instance}.json", _dump(document))
 
     def statuses(self) -> dict[str, dict[str, AdapterStatus]]:
         """``instance -> adapter name -> status`` of every readable status file; others are skipped."""
@@ -264,7 +184,7 @@ class ControlRegistry:
                 raise LifecycleError(f"adapter {name!r} is not in {self.desired_path}; add it first")
             reports = {inst: adapters.get(name) for inst, adapters in self.statuses().items()}
             for inst, st in reports.items():
-                if st is not None and st.revision == spec.revision and st.state is _S.FAILED and state is not _S.FAILED:
+                if st is not None and st.revision == spec.revision and st.state is AdapterState.FAILED and state is not AdapterState.FAILED:
                     raise LifecycleError(f"adapter {name!r} failed on instance {inst}: {st.detail or 'no detail'}")
             ready = {inst: st for inst, st in reports.items()
                      if st is not None and st.state is state and st.revision == spec.revision}
@@ -300,7 +220,7 @@ class ControlRegistry:
             }
             # NOTE: readers compare (inode, size, mtime_ns). Two writes in one clock tick could give an
             # equal size and mtime, and a reused inode, so each write moves mtime strictly forward.
-            _write_atomic(self.desired_path, _dump(document), min_mtime_ns=None if key is None else key[2] + 1000)
+            write_atomic(self.desired_path, _dump(document), min_mtime_ns=None if key is None else key[2] + 1000)
             return new
 
     def _read_desired(self) -> tuple[int, dict[str, AdapterSpec], tuple[int, int, int] | None]:
@@ -334,246 +254,6 @@ class ControlRegistry:
         return generation, specs, key
 
 
-def plan_reconcile(desired: Mapping[str, AdapterSpec], current: Mapping[str, AdapterStatus]) -> list[Action]:
-    """The ordered actions one instance must take to move ``current`` to ``desired`` (a pure function).
-
-    - target live: an adapter that is unknown, registered, retired, failed at an older revision, or live
-      at an older revision gets (register if unknown) -> load -> (warm if it has warm prompts) -> go_live.
-      Live at the current revision: nothing. Failed at the current revision: nothing (a new revision retries).
-    - target registered: register if unknown, retired, or registered at an older revision.
-    - target retired: retire unless retired (an unknown adapter is registered, then retired, so that every
-      instance reports it).
-    - loading or warming: nothing; the reconcile in flight finishes or fails it.
-    - adapters in ``current`` but absent from ``desired`` are left alone (they come from the static config).
-
-    Retirements come first, so memory is freed before new adapters load.
-    """
-    retires: list[Action] = []
-    others: list[Action] = []
-    for name, spec in desired.items():
-        steps = _PLANNERS[spec.target](spec, current.get(name))
-        actions = [Action(kind, name, spec) for kind in steps]
-        (retires if spec.target == "retired" else others).extend(actions)
-    return retires + others
-
-
-class AdapterLifecycle:
-    """One instance's adapter states, thread-safe. The base model (name None) is always live."""
-
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._states: dict[str, AdapterStatus] = {}
-
-    def register(self, name: str, revision: int = 0) -> None:
-        """Make ``name`` REGISTERED at ``revision``: a new name, a retired one, or a registered one (re-stamped)."""
-        with self._lock:
-            old = self._states.get(name)
-            if old is not None and old.state is not _S.REGISTERED:
-                self._check(name, old.state, _S.REGISTERED)
-            self._states[name] = AdapterStatus(_S.REGISTERED, revision, "", self._clock())
-
-    def transition(self, name: str, state: AdapterState, *, revision: int | None = None,
-                   detail: str = "") -> AdapterStatus:
-        """Move ``name`` to ``state`` (keeping its revision unless given); raises LifecycleError if illegal."""
-        state = AdapterState(state)
-        with self._lock:
-            old = self._states.get(name)
-            if old is None:
-                raise LifecycleError(f"adapter {name!r} is not registered on this instance; register it first")
-            self._check(name, old.state, state)
-            new = AdapterStatus(state, old.revision if revision is None else revision, detail, self._clock())
-            self._states[name] = new
-            return new
-
-    def status(self, name: str) -> AdapterStatus | None:
-        with self._lock:
-            return self._states.get(name)
-
-    def snapshot(self) -> dict[str, AdapterStatus]:
-        with self._lock:
-            return dict(self._states)
-
-    def check_servable(self, name: str | None, *, serve_cold: bool = False) -> bool:
-        """True if a request for ``name`` may be served now, else a RequestError that says why.
-
-        With ``serve_cold`` a warming adapter is served before its prefixes are warm.
-        """
-        if name is None:
-            return True
-        with self._lock:
-            st = self._states.get(name)
-            if st is None:
-                live = ", ".join(sorted(n for n, s in self._states.items() if s.state is _S.LIVE)) or "none"
-                raise UnknownAdapterError(
-                    f"unknown adapter '{name}'; live adapters: {live} (or empty for the base model)"
-                )
-        if st.state is _S.LIVE or (st.state is _S.WARMING and serve_cold):
-            return True
-        raise AdapterUnavailableError(_UNAVAILABLE[st.state].format(name=name, detail=st.detail or "no detail"))
-
-    # ------------------------------------------------------------------------------------- helpers
-    @staticmethod
-    def _check(name: str, old: AdapterState, new: AdapterState) -> None:
-        if new not in TRANSITIONS[old]:
-            allowed = ", ".join(sorted(s.value for s in TRANSITIONS[old]))
-            raise LifecycleError(
-                f"adapter {name!r}: illegal transition {old.value} -> {new.value} (from {old.value}: {allowed})"
-            )
-
-
-class Reconciler:
-    """Applies the control folder's desired state to one instance.
-
-    Call :meth:`maybe_reconcile` before serving each request (one stat when nothing changed). ``load``
-    loads (or reloads) an adapter's weights, ``warm`` pre-fills its warm prompts and returns a detail such
-    as "warmed 3 prompts (512 tokens)", ``unload`` frees it. An exception from one of them marks that
-    adapter FAILED with the message and leaves the other adapters alone.
-    """
-
-    def __init__(self, registry: ControlRegistry, lifecycle: AdapterLifecycle, instance: str, *,
-                 load: Callable[[str, AdapterSpec], None], warm: Callable[[str, AdapterSpec], str],
-                 unload: Callable[[str], None] | None = None) -> None:
-        validate_name(instance, what="instance name")
-        self.registry = registry
-        self.lifecycle = lifecycle
-        self.instance = instance
-        self._load = load
-        self._warm = warm
-        self._unload = unload
-        #: Serializes reconciles; hold it to keep adapters from changing under a request.
-        self.lock = threading.RLock()
-        self._generation = -1  # NOTE: -1, so the first call always reports, even with no desired.json.
-        self._warmed: dict[str, str] = {}
-
-    def maybe_reconcile(self) -> bool:
-        """Reconcile and report if desired.json changed since the last reconcile; True if it did."""
-        if not self.registry.changed_since(self._generation):
-            return False
-        with self.lock:
-            try:
-                generation, specs = self.registry.desired()
-            except LifecycleError as exc:
-                LOGGER.error("instance %s keeps its adapters as they are: %s", self.instance, exc)
-                return False
-            if generation == self._generation:
-                return False
-            for action in plan_reconcile(specs, self.lifecycle.snapshot()):
-                self._apply(action)
-            try:
-                self.registry.report(self.instance, self.lifecycle.snapshot())
-            except OSError as exc:
-                # NOTE: the generation is not recorded, so the next request reconciles (a no-op) and reports again.
-                LOGGER.error("instance %s cannot write its status to %s: %s",
-                             self.instance, self.registry.status_dir, exc)
-                return True
-            self._generation = generation
-            return True
-
-    def report(self) -> None:
-        """Write this instance's statuses now (e.g. after registering the statically configured adapters)."""
-        self.registry.report(self.instance, self.lifecycle.snapshot())
-
-    # ------------------------------------------------------------------------------------- helpers
-    def _apply(self, action: Action) -> None:
-        name, spec = action.name, action.spec
-        current = self.lifecycle.status(name)
-        if action.kind in ("warm", "go_live") and current is not None and current.state is _S.FAILED:
-            return  # the load of this plan failed
-        try:
-            _APPLY[action.kind](self, name, spec)
-        except Exception as exc:  # noqa: BLE001 - NOTE: any load/warm error fails this adapter, not the instance
-            LOGGER.exception("instance %s: %s of adapter %s failed", self.instance, action.kind, name)
-            self._warmed.pop(name, None)
-            with contextlib.suppress(LifecycleError):  # an illegal transition is logged above; nothing to mark
-                self.lifecycle.transition(name, _S.FAILED, revision=spec.revision,
-                                          detail=f"{action.kind} failed: {type(exc).__name__}: {exc}")
-
-    def _do_register(self, name: str, spec: AdapterSpec) -> None:
-        self.lifecycle.register(name, spec.revision)
-
-    def _do_load(self, name: str, spec: AdapterSpec) -> None:
-        self.lifecycle.transition(name, _S.LOADING, revision=spec.revision, detail=f"loading {spec.folder}")
-        self._load(name, spec)
-
-    def _do_warm(self, name: str, spec: AdapterSpec) -> None:
-        self.lifecycle.transition(name, _S.WARMING, revision=spec.revision,
-                                  detail=f"warming {len(spec.warm_prompts)} prompts")
-        self._warmed[name] = self._warm(name, spec)
-
-    def _do_go_live(self, name: str, spec: AdapterSpec) -> None:
-        detail = self._warmed.pop(name, None) or f"loaded {spec.folder}"
-        self.lifecycle.transition(name, _S.LIVE, revision=spec.revision, detail=detail)
-
-    def _do_retire(self, name: str, spec: AdapterSpec) -> None:
-        detail = "retired"
-        if self._unload is not None:
-            try:
-                self._unload(name)
-            except Exception as exc:  # noqa: BLE001 - NOTE: retired means "not served"; freeing memory is best effort
-                LOGGER.exception("instance %s: unloading adapter %s failed", self.instance, name)
-                detail = f"retired; unloading failed: {type(exc).__name__}: {exc}"
-        self.lifecycle.transition(name, _S.RETIRED, revision=spec.revision, detail=detail)
-
-
-_APPLY: Mapping[str, Callable[[Reconciler, str, AdapterSpec], None]] = {
-    "register": Reconciler._do_register,
-    "load": Reconciler._do_load,
-    "warm": Reconciler._do_warm,
-    "go_live": Reconciler._do_go_live,
-    "retire": Reconciler._do_retire,
-}
-
-
-def validate_name(name: object, *, what: str = "adapter name") -> str:
-    """``name`` if it is safe as a file or folder name, else LifecycleError."""
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name) or name in (".", ".."):
-        raise LifecycleError(
-            f"{what} {name!r} is not allowed: use 1 to 64 letters, digits, '_', '.' or '-', "
-            "starting with a letter or digit (no '/' or '..')"
-        )
-    return name
-
-
-# ----------------------------------------------------------------------------------- planning helpers
-def _plan_live(spec: AdapterSpec, st: AdapterStatus | None) -> list[str]:
-    bring_up = ["load", *(["warm"] if spec.warm_prompts else []), "go_live"]
-    if st is None:
-        return ["register", *bring_up]
-    if st.state in (_S.LOADING, _S.WARMING):
-        return []
-    if st.state in (_S.LIVE, _S.FAILED) and st.revision == spec.revision:
-        return []
-    return bring_up
-
-
-def _plan_registered(spec: AdapterSpec, st: AdapterStatus | None) -> list[str]:
-    if st is None or st.state is _S.RETIRED or (st.state is _S.REGISTERED and st.revision != spec.revision):
-        return ["register"]
-    return []
-
-
-def _plan_retired(spec: AdapterSpec, st: AdapterStatus | None) -> list[str]:
-    if st is None:
-        return ["register", "retire"]
-    if st.state in (_S.RETIRED, _S.LOADING, _S.WARMING):
-        return []
-    return ["retire"]
-
-
-_PLANNERS: Mapping[str, Callable[[AdapterSpec, AdapterStatus | None], list[str]]] = {
-    "live": _plan_live,
-    "registered": _plan_registered,
-    "retired": _plan_retired,
-}
-
-_UNAVAILABLE: Mapping[AdapterState, str] = {
-    _S.REGISTERED: "adapter '{name}' is registered but not loaded; an operator must make it live before it is served",
-    _S.LOADING: "adapter '{name}' is loading, not live yet; retry shortly",
-    _S.WARMING: "adapter '{name}' is warming, not live yet; retry shortly",
-    _S.FAILED: "adapter '{name}' failed to load: {detail}",
-    _S.RETIRED: "adapter '{name}' is retired",
-}
 
 
 # ------------------------------------------------------------------------------------- file helpers
@@ -597,31 +277,6 @@ def _flocked(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
-
-
-def _write_atomic(path: Path, data: bytes, *, min_mtime_ns: int | None = None) -> None:
-    """Write ``data`` to a temporary file next to ``path``, fsync it and rename it over ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-            file.flush()
-            # NOTE: mkstemp makes the file 0600; the CLI and tritonserver may run as different users.
-            os.fchmod(file.fileno(), 0o644)
-            os.fsync(file.fileno())
-        if min_mtime_ns is not None and os.stat(tmp).st_mtime_ns < min_mtime_ns:
-            os.utime(tmp, ns=(min_mtime_ns, min_mtime_ns))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable; not possible on every filesystem
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 def _dump(document: Mapping[str, Any]) -> bytes:
@@ -681,3 +336,4 @@ def _describe_reports(reports: Mapping[str, AdapterStatus | None], now: float) -
             age = f"{now - st.updated_at:.0f} s ago"
             parts.append(f"{inst}: {st.state.value} at revision {st.revision} ({age}{detail})")
     return "; ".join(parts)
+

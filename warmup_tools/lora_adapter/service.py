@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from warmup_tools.adapters.registry import AdapterLifecycle, AdapterSpec, AdapterState, ControlRegistry, Reconciler
+from warmup_tools.adapters.reconcile import Reconciler
+from warmup_tools.adapters.registry import ControlRegistry
+from warmup_tools.adapters.state import AdapterLifecycle, AdapterSpec, AdapterState
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.lora_adapter.engine import GenerationStep, LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest

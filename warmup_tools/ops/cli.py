@@ -248,7 +248,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_adapters(args: argparse.Namespace) -> int:
-    from warmup_tools.adapters.registry import AdapterState, ControlRegistry  # noqa: PLC0415
+    from warmup_tools.adapters.registry import ControlRegistry  # noqa: PLC0415
+    from warmup_tools.adapters.state import AdapterState  # noqa: PLC0415
 
     registry = ControlRegistry(args.control_dir)
     if args.action == "status":

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
 import numpy as np
+from warmup_tools.common.files import write_atomic
 from warmup_tools.common.errors import AssetError, ConfigError, FileFormatError
 from warmup_tools.planning.forecast import HeatForecast, forecast_heat
 from warmup_tools.common.digests import stable_seed, text_digest, tokenizer_fingerprint
@@ -103,17 +104,7 @@ class Plan:
 
     def save(self, path: Path) -> None:
         """Write the plan atomically (a reader never sees half a file)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(self.to_json())
-                out.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(Path(path), self.to_json() + "\n")
 
     @classmethod
     def load(cls, path: Path) -> Plan:

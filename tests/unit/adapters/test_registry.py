@@ -6,17 +6,10 @@ import time
 import pytest
 
 from warmup_tools.adapters import registry as adapters
-from warmup_tools.adapters.registry import (
-    TRANSITIONS,
-    Action,
-    AdapterLifecycle,
-    AdapterSpec,
-    AdapterState,
-    AdapterStatus,
-    ControlRegistry,
-    LifecycleError,
-    Reconciler,
-    plan_reconcile,
+from warmup_tools.adapters.reconcile import Reconciler, plan_reconcile
+from warmup_tools.adapters.registry import ControlRegistry
+from warmup_tools.adapters.state import (
+    TRANSITIONS, Action, AdapterLifecycle, AdapterSpec, AdapterState, AdapterStatus, LifecycleError,
 )
 from warmup_tools.common.errors import AdapterUnavailableError, ConfigError, UnknownAdapterError
 

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from warmup_tools.kv.config import KVCacheConfig
-from warmup_tools.adapters.registry import AdapterState, ControlRegistry
+from warmup_tools.adapters.registry import ControlRegistry
+from warmup_tools.adapters.state import AdapterState
 from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
 from warmup_tools.lora_adapter.service import LoraService

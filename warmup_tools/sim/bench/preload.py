@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from warmup_tools.adapters.registry import AdapterState, ControlRegistry
+from warmup_tools.adapters.registry import ControlRegistry
+from warmup_tools.adapters.state import AdapterState
 from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
 from warmup_tools.lora_adapter.service import LoraService

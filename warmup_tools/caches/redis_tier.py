@@ -2,7 +2,7 @@
 
 Every Triton model instance is its own process and every replica its own machine, so the local
 :class:`~warmup_tools.caches.policies.LRUCache` of one never sees what another computed or what warm-up filled.
-:class:`TieredCache` looks in the local cache first, then in Redis (:class:`SharedTier`), then
+:class:`~warmup_tools.caches.tiered.TieredCache` looks in the local cache first, then in Redis (:class:`SharedTier`), then
 computes, and writes what it computed to both.
 
 The shared tier is an optimisation, never a dependency:
@@ -30,30 +30,45 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, Generic, TypeVar
 from urllib.parse import urlsplit, urlunsplit
-
 from warmup_tools.caches.policies import LocalCache
 from warmup_tools.common.errors import ConfigError
+
 
 if TYPE_CHECKING:
     import numpy as np
 
+
 LOGGER = logging.getLogger(__name__)
 
-V = TypeVar("V")
 
 #: First bytes of every value this module writes; anything else under our keys is foreign.
 MAGIC = b"WTC"
+
+
 #: Envelope format version; a reader treats any other version as a miss.
 FORMAT_VERSION = 1
-#: The text digest must be at least this long (blake2b-128 in :func:`tokenization.text_digest`).
+
+
+#: The text digest must be at least this long (blake2b-128 in :func:`warmup_tools.common.digests.text_digest`).
 MIN_DIGEST_BYTES = 16
+
 
 # magic (3) | version (1) | blake2b-64 checksum of the payload (8) | payload length, uint32 LE (4)
 _HEADER = struct.Struct("<3sB8sI")
+
+
 _CHECKSUM_BYTES = 8
+
+
 _MAX_PAYLOAD_BYTES = (1 << 32) - 1
+
+
 _ARRAY_HEADER = struct.Struct("<BB")  # dtype-string length, ndim
+
+
 _ARRAY_DIM = struct.Struct("<Q")
+
+
 #: Get latencies kept for :meth:`TierStats.p50` / :meth:`TierStats.p99`.
 LATENCY_SAMPLES = 4096
 
@@ -68,8 +83,8 @@ class TierKey:
     digest: bytes  # content digest of the text
 
     def __post_init__(self) -> None:
-        _check_key_part("kind", self.kind)
-        _check_key_part("fingerprint", self.fingerprint)
+        check_key_part("kind", self.kind)
+        check_key_part("fingerprint", self.fingerprint)
         if not isinstance(self.digest, bytes) or len(self.digest) < MIN_DIGEST_BYTES:
             raise ValueError(f"digest must be at least {MIN_DIGEST_BYTES} bytes")
 
@@ -342,97 +357,8 @@ class SharedTier:
             LOGGER.debug("shared cache tier at %s still down: %s", self.where, exc)
 
 
-@dataclasses.dataclass(slots=True)
-class TieredStats:
-    """Where :class:`TieredCache` answers came from."""
-
-    local_hits: int = 0
-    shared_hits: int = 0
-    misses: int = 0  # neither tier had it (get_or_compute then computes)
-    computed: int = 0
-    undecodable: int = 0  # shared payloads the decode function rejected (read as misses)
-    unencodable: int = 0  # values the encode function rejected (kept local only)
-
-
-class TieredCache(Generic[V]):
-    """A local cache (any :class:`~warmup_tools.caches.policies.LocalCache`) with an optional SharedTier behind it."""
-
-    def __init__(
-        self,
-        local: LocalCache,
-        shared: SharedTier | None,
-        *,
-        kind: str,
-        fingerprint: str,
-        encode: Callable[[V], bytes],
-        decode: Callable[[bytes], V],
-    ) -> None:
-        _check_key_part("kind", kind)
-        _check_key_part("fingerprint", fingerprint)
-        self.local = local
-        self.shared = shared
-        self.kind = kind
-        self.fingerprint = fingerprint
-        self._encode = encode
-        self._decode = decode
-        self.stats = TieredStats()
-
-    def get(self, tenant: str, digest: bytes) -> tuple[V | None, str]:
-        """``(value, "local" | "shared" | "miss")``; a shared hit is copied into the local tier."""
-        local_key = self._local_key(tenant, digest)
-        value = self.local.get(local_key)
-        if value is not None:
-            self.stats.local_hits += 1
-            return value, "local"
-        if self.shared is not None:
-            payload = self.shared.get(TierKey(self.kind, tenant, self.fingerprint, digest))
-            if payload is not None:
-                try:
-                    value = self._decode(payload)
-                except Exception:  # noqa: BLE001  (a payload we cannot read is a miss)
-                    self.stats.undecodable += 1
-                    LOGGER.debug("undecodable %s value in the shared tier", self.kind, exc_info=True)
-                else:
-                    self.local.put(local_key, value)
-                    self.stats.shared_hits += 1
-                    return value, "shared"
-        self.stats.misses += 1
-        return None, "miss"
-
-    def put(self, tenant: str, digest: bytes, value: V) -> None:
-        """Store in the local tier, and in the shared tier when there is one (best effort)."""
-        self.local.put(self._local_key(tenant, digest), value)
-        if self.shared is None:
-            return
-        try:
-            payload = self._encode(value)
-        except Exception:  # noqa: BLE001
-            self.stats.unencodable += 1
-            LOGGER.debug("cannot encode a %s value for the shared tier", self.kind, exc_info=True)
-            return
-        self.shared.put(TierKey(self.kind, tenant, self.fingerprint, digest), payload)
-
-    def get_or_compute(self, tenant: str, digest: bytes, compute: Callable[[], V]) -> tuple[V, str]:
-        """``(value, "local" | "shared" | "computed")``; a computed value is stored in both tiers.
-
-        Errors raised by ``compute`` propagate: they belong to the request, not to the cache.
-        """
-        value, source = self.get(tenant, digest)
-        if value is not None:
-            return value, source
-        value = compute()
-        self.stats.computed += 1
-        self.put(tenant, digest, value)
-        return value, "computed"
-
-    def _local_key(self, tenant: str, digest: bytes) -> tuple[str, str, str, bytes]:
-        # NOTE: the tenant is part of the local key too: tenants never share an entry in either tier.
-        if not isinstance(digest, bytes) or len(digest) < MIN_DIGEST_BYTES:
-            raise ValueError(f"digest must be at least {MIN_DIGEST_BYTES} bytes")
-        return (self.kind, self.fingerprint, tenant, digest)
-
-
-def _check_key_part(name: str, value: str) -> None:
+def check_key_part(name: str, value: str) -> None:
+    """A key component must be non-empty and free of the ':' separator."""
     if not isinstance(value, str) or not value or ":" in value:
         raise ValueError(f"{name} {value!r} must be a non-empty string without ':'")
 
@@ -450,3 +376,4 @@ def _redact(url: str) -> str:
         return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
     except ValueError:
         return "<unparsable redis URL>"
+

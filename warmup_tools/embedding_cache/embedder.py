@@ -18,8 +18,9 @@ import numpy as np
 from warmup_tools.caches.policies import DecayedLFUCache
 from warmup_tools.common.errors import AssetError
 from warmup_tools.common.digests import fingerprint_file
-from warmup_tools.caches.redis_tier import SharedTier, TieredCache, decode_array, encode_array
-from warmup_tools.tokenizer_cache.service import text_digest
+from warmup_tools.caches.redis_tier import SharedTier, decode_array, encode_array
+from warmup_tools.caches.tiered import TieredCache
+from warmup_tools.common.digests import text_digest
 
 LOGGER = logging.getLogger(__name__)
 

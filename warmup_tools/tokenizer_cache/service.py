@@ -15,15 +15,12 @@ import numpy as np
 
 from warmup_tools.caches.policies import SegmentedLRUCache
 from warmup_tools.common.errors import AssetError
-from warmup_tools.caches.redis_tier import SharedTier, TieredCache, decode_array, encode_array
+from warmup_tools.common.digests import text_digest, tokenizer_fingerprint
+from warmup_tools.caches.redis_tier import SharedTier, decode_array, encode_array
+from warmup_tools.caches.tiered import TieredCache
 from warmup_tools.tokenizer_cache.templates import TemplateTokenizer
 
 LOGGER = logging.getLogger(__name__)
-
-
-def text_digest(text: str) -> bytes:
-    """A stable digest of a prompt (the same in every process and across restarts)."""
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
 
 
 class TokenizerService:
@@ -61,10 +58,3 @@ class TokenizerService:
         ids = np.asarray(ids, dtype=np.int32)
         ids.setflags(write=False)
         return ids
-
-
-def tokenizer_fingerprint(tokenizer: object) -> str:
-    """A content hash of the tokenizer's vocabulary and rules, so caches never mix two tokenizers."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    payload = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]

@@ -9,15 +9,8 @@ import numpy as np
 import pytest
 
 from warmup_tools.caches.policies import LRUCache
-from warmup_tools.caches.redis_tier import (
-    SharedTier,
-    TieredCache,
-    TierKey,
-    decode_array,
-    decode_value,
-    encode_array,
-    encode_value,
-)
+from warmup_tools.caches.redis_tier import SharedTier, TierKey, decode_array, decode_value, encode_array, encode_value
+from warmup_tools.caches.tiered import TieredCache
 
 from tests.redis_support import REDIS_SERVER, RedisServer, free_port
 
@@ -31,7 +24,7 @@ RETRY_AFTER_S = 0.2
 
 
 def digest(text: str) -> bytes:
-    from warmup_tools.tokenizer_cache.service import text_digest
+    from warmup_tools.common.digests import text_digest
 
     return text_digest(text)
 

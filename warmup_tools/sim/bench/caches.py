@@ -97,7 +97,8 @@ def run(assets_dir: Path, *, n: int = 300, out: TextIO = sys.stdout) -> None:
 
 def _tier_latency(out: TextIO) -> None:
     from warmup_tools.caches.policies import SegmentedLRUCache  # noqa: PLC0415
-    from warmup_tools.caches.redis_tier import SharedTier, TieredCache, decode_array, encode_array  # noqa: PLC0415
+    from warmup_tools.caches.redis_tier import SharedTier, decode_array, encode_array  # noqa: PLC0415
+    from warmup_tools.caches.tiered import TieredCache  # noqa: PLC0415
 
     binary = shutil.which("redis-server")
     if binary is None:

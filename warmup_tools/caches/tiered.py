@@ -1,0 +1,118 @@
+"""A local cache with an optional shared tier behind it: local first, then the shared tier, then compute.
+
+Like LMCache's storage backends, the tiers share one small interface: any
+:class:`~warmup_tools.caches.policies.LocalCache` in front, a :class:`~warmup_tools.caches.redis_tier.SharedTier`
+(or none) behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import hashlib
+import logging
+import struct
+import threading
+import time
+from typing import TYPE_CHECKING, Callable, Generic, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+from warmup_tools.caches.policies import LocalCache
+from warmup_tools.common.errors import ConfigError
+from warmup_tools.caches.redis_tier import MIN_DIGEST_BYTES, SharedTier, TierKey, check_key_part
+
+LOGGER = logging.getLogger(__name__)
+
+
+V = TypeVar("V")
+
+
+@dataclasses.dataclass(slots=True)
+class TieredStats:
+    """Where :class:`TieredCache` answers came from."""
+
+    local_hits: int = 0
+    shared_hits: int = 0
+    misses: int = 0  # neither tier had it (get_or_compute then computes)
+    computed: int = 0
+    undecodable: int = 0  # shared payloads the decode function rejected (read as misses)
+    unencodable: int = 0  # values the encode function rejected (kept local only)
+
+
+class TieredCache(Generic[V]):
+    """A local cache (any :class:`~warmup_tools.caches.policies.LocalCache`) with an optional SharedTier behind it."""
+
+    def __init__(
+        self,
+        local: LocalCache,
+        shared: SharedTier | None,
+        *,
+        kind: str,
+        fingerprint: str,
+        encode: Callable[[V], bytes],
+        decode: Callable[[bytes], V],
+    ) -> None:
+        check_key_part("kind", kind)
+        check_key_part("fingerprint", fingerprint)
+        self.local = local
+        self.shared = shared
+        self.kind = kind
+        self.fingerprint = fingerprint
+        self._encode = encode
+        self._decode = decode
+        self.stats = TieredStats()
+
+    def get(self, tenant: str, digest: bytes) -> tuple[V | None, str]:
+        """``(value, "local" | "shared" | "miss")``; a shared hit is copied into the local tier."""
+        local_key = self._local_key(tenant, digest)
+        value = self.local.get(local_key)
+        if value is not None:
+            self.stats.local_hits += 1
+            return value, "local"
+        if self.shared is not None:
+            payload = self.shared.get(TierKey(self.kind, tenant, self.fingerprint, digest))
+            if payload is not None:
+                try:
+                    value = self._decode(payload)
+                except Exception:  # noqa: BLE001  (a payload we cannot read is a miss)
+                    self.stats.undecodable += 1
+                    LOGGER.debug("undecodable %s value in the shared tier", self.kind, exc_info=True)
+                else:
+                    self.local.put(local_key, value)
+                    self.stats.shared_hits += 1
+                    return value, "shared"
+        self.stats.misses += 1
+        return None, "miss"
+
+    def put(self, tenant: str, digest: bytes, value: V) -> None:
+        """Store in the local tier, and in the shared tier when there is one (best effort)."""
+        self.local.put(self._local_key(tenant, digest), value)
+        if self.shared is None:
+            return
+        try:
+            payload = self._encode(value)
+        except Exception:  # noqa: BLE001
+            self.stats.unencodable += 1
+            LOGGER.debug("cannot encode a %s value for the shared tier", self.kind, exc_info=True)
+            return
+        self.shared.put(TierKey(self.kind, tenant, self.fingerprint, digest), payload)
+
+    def get_or_compute(self, tenant: str, digest: bytes, compute: Callable[[], V]) -> tuple[V, str]:
+        """``(value, "local" | "shared" | "computed")``; a computed value is stored in both tiers.
+
+        Errors raised by ``compute`` propagate: they belong to the request, not to the cache.
+        """
+        value, source = self.get(tenant, digest)
+        if value is not None:
+            return value, source
+        value = compute()
+        self.stats.computed += 1
+        self.put(tenant, digest, value)
+        return value, "computed"
+
+    def _local_key(self, tenant: str, digest: bytes) -> tuple[str, str, str, bytes]:
+        # NOTE: the tenant is part of the local key too: tenants never share an entry in either tier.
+        if not isinstance(digest, bytes) or len(digest) < MIN_DIGEST_BYTES:
+            raise ValueError(f"digest must be at least {MIN_DIGEST_BYTES} bytes")
+        return (self.kind, self.fingerprint, tenant, digest)
+

@@ -7,12 +7,12 @@ STAMP := $(VENV)/.installed
 ASSETS := .assets
 PYTEST_ARGS ?=
 
-.PHONY: demo test assets venv serve clean redis
+.PHONY: demo test assets venv serve clean redis lint
 
 demo: assets
 	$(PY) -m warmup_tools demo
 
-test: assets redis
+test: assets redis lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 	@! pgrep -a -f 'bin/[t]ritonserver|[t]riton_python_backend_stub' || \
 		{ echo "error: a tritonserver or stub outlived the tests"; exit 1; }
@@ -31,6 +31,10 @@ $(STAMP): pyproject.toml
 assets: $(STAMP)
 	$(PY) -m warmup_tools assets --out $(ASSETS)
 	$(PY) -m warmup_tools stanzas --tokenizer $(ASSETS)/lm
+
+# ruff (configured in pyproject.toml) before the tests: a lint failure fails `make test`.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 # The shared-tier tests run a real redis-server (started and stopped by the tests themselves).
 redis:

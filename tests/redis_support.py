@@ -23,7 +23,7 @@ class RedisServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 10.0) -> None:
-        log = open(self.work_dir / "redis.log", "ab")  # noqa: SIM115  (the child keeps it open)
+        log = open(self.work_dir / "redis.log", "ab")
         self.proc = subprocess.Popen(
             [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.work_dir)],

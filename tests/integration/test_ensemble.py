@@ -6,8 +6,8 @@ import pytest
 import requests
 
 from warmup_tools.ops.client import GenerateParams, http_generate, http_generate_stream, metric_sum, scrape_metrics
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 from warmup_tools.ops.demo import demo_prompt
+from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

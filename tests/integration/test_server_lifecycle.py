@@ -30,7 +30,8 @@ class TritonPythonModel:
         {init}
 
     def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+        return [pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
                 for r in requests]
 """
 

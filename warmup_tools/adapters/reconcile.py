@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import enum
-import fcntl
-import json
 import logging
-import os
-import re
-import tempfile
 import threading
-import time
-from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
-from warmup_tools.common.errors import AdapterUnavailableError, ConfigError, UnknownAdapterError
+from typing import Callable, Mapping
+
 from warmup_tools.adapters.registry import ControlRegistry
-from warmup_tools.adapters.state import Action, AdapterLifecycle, AdapterSpec, AdapterState, AdapterStatus, LifecycleError, validate_name
+from warmup_tools.adapters.state import (
+    Action,
+    AdapterLifecycle,
+    AdapterSpec,
+    AdapterState,
+    AdapterStatus,
+    LifecycleError,
+    validate_name,
+)
 
 LOGGER = logging.getLogger(__name__)
 
@@ -105,7 +104,7 @@ class Reconciler:
             return  # the load of this plan failed
         try:
             _APPLY[action.kind](self, name, spec)
-        except Exception as exc:  # noqa: BLE001 - NOTE: any load/warm error fails this adapter, not the instance
+        except Exception as exc:
             LOGGER.exception("instance %s: %s of adapter %s failed", self.instance, action.kind, name)
             self._warmed.pop(name, None)
             with contextlib.suppress(LifecycleError):  # an illegal transition is logged above; nothing to mark
@@ -133,7 +132,7 @@ class Reconciler:
         if self._unload is not None:
             try:
                 self._unload(name)
-            except Exception as exc:  # noqa: BLE001 - NOTE: retired means "not served"; freeing memory is best effort
+            except Exception as exc:
                 LOGGER.exception("instance %s: unloading adapter %s failed", self.instance, name)
                 detail = f"retired; unloading failed: {type(exc).__name__}: {exc}"
         self.lifecycle.transition(name, AdapterState.RETIRED, revision=spec.revision, detail=detail)
@@ -152,7 +151,8 @@ def _plan_live(spec: AdapterSpec, st: AdapterStatus | None) -> list[str]:
 
 
 def _plan_registered(spec: AdapterSpec, st: AdapterStatus | None) -> list[str]:
-    if st is None or st.state is AdapterState.RETIRED or (st.state is AdapterState.REGISTERED and st.revision != spec.revision):
+    stale = st is not None and st.state is AdapterState.REGISTERED and st.revision != spec.revision
+    if st is None or st.state is AdapterState.RETIRED or stale:
         return ["register"]
     return []
 

@@ -21,22 +21,17 @@ sees either the old or the new complete file, never a half-written one.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import enum
 import fcntl
 import json
 import logging
 import os
-import re
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
-from warmup_tools.common.errors import AdapterUnavailableError, ConfigError, UnknownAdapterError
-from warmup_tools.common.files import write_atomic
-from warmup_tools.adapters.state import AdapterSpec, AdapterState, AdapterStatus, LifecycleError, validate_name
 
+from warmup_tools.adapters.state import AdapterSpec, AdapterState, AdapterStatus, LifecycleError, validate_name
+from warmup_tools.common.files import write_atomic
 
 LOGGER = logging.getLogger(__name__)
 
@@ -184,7 +179,8 @@ class ControlRegistry:
                 raise LifecycleError(f"adapter {name!r} is not in {self.desired_path}; add it first")
             reports = {inst: adapters.get(name) for inst, adapters in self.statuses().items()}
             for inst, st in reports.items():
-                if st is not None and st.revision == spec.revision and st.state is AdapterState.FAILED and state is not AdapterState.FAILED:
+                failed = st is not None and st.revision == spec.revision and st.state is AdapterState.FAILED
+                if failed and state is not AdapterState.FAILED:
                     raise LifecycleError(f"adapter {name!r} failed on instance {inst}: {st.detail or 'no detail'}")
             ready = {inst: st for inst, st in reports.items()
                      if st is not None and st.state is state and st.revision == spec.revision}

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
-import fcntl
-import json
-import logging
-import os
 import re
-import tempfile
 import threading
 import time
-from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Callable, Mapping
+
 from warmup_tools.common.errors import AdapterUnavailableError, ConfigError, UnknownAdapterError
 
 
@@ -183,7 +177,8 @@ def validate_name(name: object, *, what: str = "adapter name") -> str:
 
 
 _UNAVAILABLE: Mapping[AdapterState, str] = {
-    AdapterState.REGISTERED: "adapter '{name}' is registered but not loaded; an operator must make it live before it is served",
+    AdapterState.REGISTERED: ("adapter '{name}' is registered but not loaded; an operator must make it live "
+                              "before it is served"),
     AdapterState.LOADING: "adapter '{name}' is loading, not live yet; retry shortly",
     AdapterState.WARMING: "adapter '{name}' is warming, not live yet; retry shortly",
     AdapterState.FAILED: "adapter '{name}' failed to load: {detail}",

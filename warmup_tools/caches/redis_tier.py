@@ -2,7 +2,8 @@
 
 Every Triton model instance is its own process and every replica its own machine, so the local
 :class:`~warmup_tools.caches.policies.LRUCache` of one never sees what another computed or what warm-up filled.
-:class:`~warmup_tools.caches.tiered.TieredCache` looks in the local cache first, then in Redis (:class:`SharedTier`), then
+:class:`~warmup_tools.caches.tiered.TieredCache` looks in the local cache first, then in Redis
+(:class:`SharedTier`), then
 computes, and writes what it computed to both.
 
 The shared tier is an optimisation, never a dependency:
@@ -28,11 +29,10 @@ import logging
 import struct
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Callable
 from urllib.parse import urlsplit, urlunsplit
-from warmup_tools.caches.policies import LocalCache
-from warmup_tools.common.errors import ConfigError
 
+from warmup_tools.common.errors import ConfigError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -131,7 +131,7 @@ def decode_value(blob: bytes) -> bytes | None:
 
 def encode_array(a: np.ndarray) -> bytes:
     """A numpy array as bytes: dtype string, shape, raw C-order data (see :func:`decode_array`)."""
-    import numpy as np  # noqa: PLC0415  (only the array codecs need numpy)
+    import numpy as np  # only the array codecs need numpy
 
     a = np.asarray(a)
     if a.dtype.hasobject:
@@ -143,7 +143,7 @@ def encode_array(a: np.ndarray) -> bytes:
 
 def decode_array(b: bytes) -> np.ndarray:
     """The array written by :func:`encode_array`, read-only; ValueError if ``b`` is not one."""
-    import numpy as np  # noqa: PLC0415
+    import numpy as np
 
     try:
         dtype_len, ndim = _ARRAY_HEADER.unpack_from(b)
@@ -220,9 +220,9 @@ class SharedTier:
         if ttl_s is not None and ttl_s <= 0:
             raise ConfigError(f"shared tier ttl_s must be > 0 or None, got {ttl_s}")
         try:
-            import redis  # noqa: PLC0415  (optional: only a configured shared tier needs it)
-            from redis.backoff import NoBackoff  # noqa: PLC0415
-            from redis.retry import Retry  # noqa: PLC0415
+            import redis  # optional: only a configured shared tier needs it
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
         except ImportError as exc:
             raise ConfigError("a shared cache tier needs the redis package: pip install 'redis>=5'") from exc
 
@@ -313,7 +313,7 @@ class SharedTier:
         self._closed = True
         try:
             self._client.close()
-        except Exception:  # noqa: BLE001
+        except Exception:
             LOGGER.debug("closing the shared cache tier at %s failed", self.where, exc_info=True)
 
     # -- circuit breaker ----------------------------------------------------------------------------

@@ -7,18 +7,11 @@ Like LMCache's storage backends, the tiers share one small interface: any
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import functools
-import hashlib
 import logging
-import struct
-import threading
-import time
-from typing import TYPE_CHECKING, Callable, Generic, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from typing import Callable, Generic, TypeVar
+
 from warmup_tools.caches.policies import LocalCache
-from warmup_tools.common.errors import ConfigError
 from warmup_tools.caches.redis_tier import MIN_DIGEST_BYTES, SharedTier, TierKey, check_key_part
 
 LOGGER = logging.getLogger(__name__)
@@ -74,7 +67,7 @@ class TieredCache(Generic[V]):
             if payload is not None:
                 try:
                     value = self._decode(payload)
-                except Exception:  # noqa: BLE001  (a payload we cannot read is a miss)
+                except Exception:
                     self.stats.undecodable += 1
                     LOGGER.debug("undecodable %s value in the shared tier", self.kind, exc_info=True)
                 else:
@@ -91,7 +84,7 @@ class TieredCache(Generic[V]):
             return
         try:
             payload = self._encode(value)
-        except Exception:  # noqa: BLE001
+        except Exception:
             self.stats.unencodable += 1
             LOGGER.debug("cannot encode a %s value for the shared tier", self.kind, exc_info=True)
             return

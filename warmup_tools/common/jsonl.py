@@ -54,7 +54,8 @@ class ReadStats:
         LOGGER.warning("%s:%d: skipped (%s)", path, line, reason)
 
 
-def read_json_lines(paths: str | Path | Iterable[str | Path], stats: ReadStats | None = None) -> Iterator[dict[str, Any]]:
+def read_json_lines(paths: str | Path | Iterable[str | Path],
+                    stats: ReadStats | None = None) -> Iterator[dict[str, Any]]:
     """The JSON objects of ``.jsonl`` files (gzip detected by content), in order; blank lines ignored.
 
     Bad and torn lines are skipped and counted in ``stats``; a missing or unreadable file raises
@@ -126,13 +127,13 @@ class RotatingJsonLines:
             return 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
         size = self.path.stat().st_size if self.path.exists() else 0
-        out = open(self.path, "ab")  # noqa: SIM115 - reopened after each rotation
+        out = open(self.path, "ab")
         try:
             for line in lines:
                 if size and size + len(line) > self.max_bytes:
                     out.close()
                     self._rotate()
-                    out = open(self.path, "ab")  # noqa: SIM115
+                    out = open(self.path, "ab")
                     size = 0
                 out.write(line)
                 size += len(line)

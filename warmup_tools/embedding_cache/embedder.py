@@ -16,11 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from warmup_tools.caches.policies import DecayedLFUCache
-from warmup_tools.common.errors import AssetError
-from warmup_tools.common.digests import fingerprint_file
 from warmup_tools.caches.redis_tier import SharedTier, decode_array, encode_array
 from warmup_tools.caches.tiered import TieredCache
-from warmup_tools.common.digests import text_digest
+from warmup_tools.common.digests import fingerprint_file, text_digest
+from warmup_tools.common.errors import AssetError
 
 LOGGER = logging.getLogger(__name__)
 
@@ -43,7 +42,7 @@ def choose_providers(requested: str = "auto") -> list[str]:
     NOTE: onnxruntime-gpu lists CUDAExecutionProvider even on machines without a GPU, and asking for it
     there prints a wall of errors; we ask only when a device exists.
     """
-    import onnxruntime as ort  # noqa: PLC0415
+    import onnxruntime as ort
 
     if requested != "auto":
         return [p.strip() for p in requested.split(",") if p.strip()]
@@ -67,8 +66,8 @@ class OnnxEmbedder:
 
     def __init__(self, model_dir: Path, *, cache_bytes: int = 64 << 20, providers: str = "auto",
                  num_threads: int = 0, shared: SharedTier | None = None) -> None:
-        import onnxruntime as ort  # noqa: PLC0415
-        from tokenizers import Tokenizer  # noqa: PLC0415
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
 
         model_path = model_dir / "model.onnx"
         if not model_path.exists():

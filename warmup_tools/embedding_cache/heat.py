@@ -3,7 +3,12 @@
 A :class:`HeatSampler` counts (possibly sampled) requests in time buckets of ``bucket_s`` seconds; a window
 of ``w`` seconds is the sum of the last ``ceil(w / bucket_s)`` buckets, the current one included, so it
 covers between ``w - bucket_s`` and ``w`` seconds of history. Closed buckets are drained as compact
-records that a :class:`HeatLogWriter` appends to disk for the warm-up planner.
+records that a :class:`HeatLogWriter` appends to disk.
+
+NOTE: the heat log is an operational metric (dashboards, ad-hoc analysis of what is hot right now),
+not the planner's input: the planner learns from the request log, which has the prompt text and the
+exact tokens a KV prefix needs (:mod:`warmup_tools.common.records`). Clusters in the heat log are the
+embedding step's online clusters, which a plan may renumber.
 """
 
 from __future__ import annotations

@@ -24,11 +24,20 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from warmup_tools.kv.blocks import (
-    EVICTION_POLICIES, BlockSource, CachedBlock, PrefixCacheStats, PrefixMatch,
+    EVICTION_POLICIES,
+    BlockSource,
+    CachedBlock,
+    PrefixCacheStats,
+    PrefixMatch,
 )
 from warmup_tools.kv.codecs import STORAGE_CODECS
 from warmup_tools.kv.config import (
-    DEFAULT_BLOCK_SIZE, DEFAULT_EVICTION, DEFAULT_LIVE_RESERVE, DEFAULT_STORAGE, DEFAULT_TTL_S, warmup_budget,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_EVICTION,
+    DEFAULT_LIVE_RESERVE,
+    DEFAULT_STORAGE,
+    DEFAULT_TTL_S,
+    warmup_budget,
 )
 from warmup_tools.kv.hashing import NONE_HASH, BlockHash
 

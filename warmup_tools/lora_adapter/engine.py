@@ -12,17 +12,17 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import torch
 
-from warmup_tools.lora_adapter.detokenize import IncrementalDetokenizer
-from warmup_tools.common.errors import AssetError, InvalidInputError, UnknownAdapterError
 from warmup_tools.common.digests import fingerprint_folder
+from warmup_tools.common.errors import AssetError, InvalidInputError, UnknownAdapterError
 from warmup_tools.kv.blocks import BlockSource, PrefixMatch
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.kv.hashing import BlockHash, CacheScope, block_hashes
 from warmup_tools.kv.prefix_cache import PrefixCache
+from warmup_tools.lora_adapter.detokenize import IncrementalDetokenizer
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.sampling import make_generator, next_token
 
@@ -61,7 +61,7 @@ class LoraEngine:
     """Loads a base causal LM plus LoRA adapters and streams generations."""
 
     def __init__(self, config: EngineConfig) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.config = config
         if config.num_threads > 0:
@@ -120,7 +120,7 @@ class LoraEngine:
         """Prefill the prompt (reusing its longest cached prefix, storing its new blocks); yields the
         last position's logits, the KV cache to decode with, and how many tokens came from the cache."""
         with self._adapter(request.adapter), torch.inference_mode():
-            from transformers import DynamicCache  # noqa: PLC0415
+            from transformers import DynamicCache
 
             hashes, match, flight = self._acquire_prefix(request)
             try:
@@ -250,12 +250,13 @@ class LoraEngine:
             return
         if name not in self.adapters:
             known = ", ".join(sorted(self.adapters)) or "none"
-            raise UnknownAdapterError(f"unknown adapter '{name}'; known adapters: {known} (or empty for the base model)")
+            raise UnknownAdapterError(
+                f"unknown adapter '{name}'; known adapters: {known} (or empty for the base model)")
         self._peft.set_adapter(name)
         yield
 
     def _load_adapter(self, name: str, path: Path) -> None:
-        from peft import PeftModel  # noqa: PLC0415
+        from peft import PeftModel
 
         LOGGER.info("loading adapter %s from %s", name, path)
         if self._peft is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+
 from warmup_tools.common.errors import InvalidInputError
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.triton.inputs import Inputs, parse_optional_string, parse_scalar
@@ -78,7 +79,8 @@ def parse_generate_request(inputs: Inputs, limits: RequestLimits) -> GenerateReq
         raise InvalidInputError(f"input 'max_tokens'={max_tokens} is out of range: use 1 to {limits.max_tokens_limit}")
     temperature = parse_scalar(inputs, "temperature", float, 0.0)
     if not math.isfinite(temperature) or not 0.0 <= temperature <= MAX_TEMPERATURE:
-        raise InvalidInputError(f"input 'temperature'={temperature} is out of range: use 0 (greedy) to {MAX_TEMPERATURE:g}")
+        raise InvalidInputError(
+            f"input 'temperature'={temperature} is out of range: use 0 (greedy) to {MAX_TEMPERATURE:g}")
     top_p = parse_scalar(inputs, "top_p", float, 1.0)
     if top_p == 0.0:
         top_p = 1.0  # NOTE: TensorRT-LLM clients send top_p=0 to mean "no nucleus filtering".

@@ -30,7 +30,8 @@ class EngineGate:
     """Who may use the engine next: live requests first, background work (warm-up) in the gaps.
 
     With ``priority="live_first"`` a live request waits at most for the one background step (an adapter
-    load, or one chunk of a warm prompt) already running: background work takes the engine only when no live request is waiting.
+    load, or one chunk of a warm prompt) already running: background work takes the engine only when no live
+    request is waiting.
     With ``warm_share < 1`` each background step is followed by a rest, so that background work
     holds the engine for at most that share of the time and requests that arrive meanwhile find it free.
     ``priority="fifo"`` with share 1 is a plain mutex (whoever the scheduler wakes first), kept to measure
@@ -184,5 +185,5 @@ class LoraService:
         while not self._stop.wait(poll_s):
             try:
                 self.reconciler.maybe_reconcile()
-            except Exception:  # noqa: BLE001 - NOTE: a bad control file must not kill the poller
+            except Exception:
                 LOGGER.exception("instance %s: adapter reconcile failed", self.instance)

@@ -16,8 +16,14 @@ from typing import Any, Mapping
 
 from warmup_tools.common.errors import AssetError, ConfigError
 from warmup_tools.kv.config import (
-    DEFAULT_BLOCK_SIZE, DEFAULT_BUDGET_BYTES, DEFAULT_EVICTION, DEFAULT_LIVE_RESERVE, DEFAULT_STORAGE, DEFAULT_TTL_S,
-    KVCacheConfig, KVShape,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_BUDGET_BYTES,
+    DEFAULT_EVICTION,
+    DEFAULT_LIVE_RESERVE,
+    DEFAULT_STORAGE,
+    DEFAULT_TTL_S,
+    KVCacheConfig,
+    KVShape,
 )
 from warmup_tools.triton.params import ModelParameters, parse_bool
 
@@ -115,7 +121,7 @@ class LoraAdapterSettings:
         """
         dtype = device_dtype or self.dtype
         if dtype == "auto":
-            from warmup_tools.lora_adapter.engine import select_dtype, select_device  # noqa: PLC0415  (torch)
+            from warmup_tools.lora_adapter.engine import select_device, select_dtype  # torch
 
             dtype = str(select_dtype("auto", select_device(self.device))).removeprefix("torch.")
         if dtype not in _DTYPE_BYTES:
@@ -144,8 +150,8 @@ def repository_parameters(model_repository: Path, model: str,
                           environ: Mapping[str, str] | None = None) -> ModelParameters:
     """A model's ``config.pbtxt`` parameters as Triton hands them to ``initialize`` (paths relative to
     the model's folder, ``${ENV}`` expanded from this process's environment)."""
-    from google.protobuf import json_format, text_format  # noqa: PLC0415
-    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
 
     path = Path(model_repository) / model / "config.pbtxt"
     try:

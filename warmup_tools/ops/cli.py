@@ -9,8 +9,8 @@ import sys
 import threading
 from pathlib import Path
 
-from warmup_tools.ops.config import REPO_ROOT, ServeConfig, load_config
 from warmup_tools.common.errors import WarmupToolsError
+from warmup_tools.ops.config import REPO_ROOT, ServeConfig, load_config
 
 LOGGER = logging.getLogger("warmup_tools")
 
@@ -154,13 +154,14 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
 
 def _serve_config(args: argparse.Namespace) -> ServeConfig:
     flags = {name: getattr(args, name) for name in (
-        "model_repository", "assets_dir", "control_dir", "http_port", "grpc_port", "metrics_port", "host", "log_verbose",
+        "model_repository", "assets_dir", "control_dir", "http_port", "grpc_port", "metrics_port", "host",
+        "log_verbose",
         "ready_timeout_s", "log_file")}
     return load_config(ServeConfig, args.config, flags)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from warmup_tools.ops.server import ServerPorts, TritonServer  # noqa: PLC0415
+    from warmup_tools.ops.server import ServerPorts, TritonServer
 
     config = _serve_config(args)
     stop = threading.Event()
@@ -183,7 +184,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_assets(args: argparse.Namespace) -> int:
-    from warmup_tools.sim.assets import build_demo_assets, ensure_demo_assets  # noqa: PLC0415
+    from warmup_tools.sim.assets import build_demo_assets, ensure_demo_assets
 
     assets = build_demo_assets(args.out, args.seed) if args.force else ensure_demo_assets(args.out, args.seed)
     print(f"demo assets ready in {assets.root} (adapters: {', '.join(assets.adapters)})")
@@ -191,9 +192,9 @@ def _cmd_assets(args: argparse.Namespace) -> int:
 
 
 def _cmd_stanzas(args: argparse.Namespace) -> int:
-    from warmup_tools.planning.defaults import write_default_stanzas  # noqa: PLC0415
-    from warmup_tools.planning.plan import Plan  # noqa: PLC0415
-    from warmup_tools.planning.plan_stanzas import check_repository, write_plan_stanzas  # noqa: PLC0415
+    from warmup_tools.planning.defaults import write_default_stanzas
+    from warmup_tools.planning.plan import Plan
+    from warmup_tools.planning.plan_stanzas import check_repository, write_plan_stanzas
 
     if not args.check:
         if args.plan:
@@ -213,11 +214,11 @@ def _cmd_stanzas(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from warmup_tools.common.jsonl import ReadStats  # noqa: PLC0415
-    from warmup_tools.common.records import read_request_log  # noqa: PLC0415
-    from warmup_tools.embedding_cache.embedder import OnnxEmbedder  # noqa: PLC0415
-    from warmup_tools.planning.select import build_plan, format_summary  # noqa: PLC0415
-    from warmup_tools.planning.target import PlanTarget  # noqa: PLC0415
+    from warmup_tools.common.jsonl import ReadStats
+    from warmup_tools.common.records import read_request_log
+    from warmup_tools.embedding_cache.embedder import OnnxEmbedder
+    from warmup_tools.planning.select import build_plan, format_summary
+    from warmup_tools.planning.target import PlanTarget
 
     target = PlanTarget.from_repository(args.model_repository)
     budgets = target.default_budgets(kv_bytes_total=args.kv_bytes_total, kv_bytes_per_adapter=args.kv_bytes_per_adapter,
@@ -238,8 +239,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from warmup_tools.sim.assets import ensure_demo_assets  # noqa: PLC0415
-    from warmup_tools.ops.demo import run_demo  # noqa: PLC0415
+    from warmup_tools.ops.demo import run_demo
+    from warmup_tools.sim.assets import ensure_demo_assets
 
     config = _serve_config(args)
     ensure_demo_assets(config.assets_dir)
@@ -248,8 +249,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_adapters(args: argparse.Namespace) -> int:
-    from warmup_tools.adapters.registry import ControlRegistry  # noqa: PLC0415
-    from warmup_tools.adapters.state import AdapterState  # noqa: PLC0415
+    from warmup_tools.adapters.registry import ControlRegistry
+    from warmup_tools.adapters.state import AdapterState
 
     registry = ControlRegistry(args.control_dir)
     if args.action == "status":
@@ -278,9 +279,9 @@ def _cmd_adapters(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    import importlib  # noqa: PLC0415
+    import importlib
 
-    from warmup_tools.sim.assets import ensure_demo_assets  # noqa: PLC0415
+    from warmup_tools.sim.assets import ensure_demo_assets
 
     module = importlib.import_module(f"warmup_tools.sim.bench.{args.bench}")
     module.run(ensure_demo_assets(args.assets_dir).root, **bench_options(args))
@@ -293,7 +294,7 @@ def bench_options(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _cmd_traffic(args: argparse.Namespace) -> int:
-    from warmup_tools.sim.traffic import main_traffic  # noqa: PLC0415
+    from warmup_tools.sim.traffic import main_traffic
 
     main_traffic(args.out, args.seed, args.days, args.requests_per_day, args.gzip)
     return 0

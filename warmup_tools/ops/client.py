@@ -54,7 +54,7 @@ class GenerateParams:
 
 def grpc_inputs(text: str | bytes, params: GenerateParams, stream: bool) -> list[Any]:
     """The ``ensemble`` input tensors for one request (optional inputs only when set)."""
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+    import tritonclient.grpc as grpcclient
 
     raw = text if isinstance(text, bytes) else text.encode("utf-8")
     tensors: list[tuple[str, np.ndarray, str]] = [
@@ -90,7 +90,7 @@ def _closing_once_client_class() -> type:
     NOTE: tritonclient's ``__del__`` calls ``close()`` again after an explicit close. Under gevent (Locust),
     that second ``grpc.Channel.close`` during interpreter shutdown hung the process after the run had
     finished, about one run in two on a loaded machine (py-spy: ``__del__`` -> ``Channel._close``)."""
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+    import tritonclient.grpc as grpcclient
 
     class ClosingOnceClient(grpcclient.InferenceServerClient):
         _closed = False
@@ -200,7 +200,7 @@ class StreamingClient(_Closeable):
 def http_generate(url: str, text: str, params: GenerateParams = GenerateParams(), model: str = "ensemble",
                   timeout_s: float = 300.0) -> dict[str, Any]:
     """``POST /v2/models/<model>/generate``: one JSON answer (raises GenerateError on an error status)."""
-    import requests  # noqa: PLC0415
+    import requests
 
     body = {"text_input": text, "stream": False, **params.as_json()}
     response = requests.post(f"http://{url}/v2/models/{model}/generate", json=body, timeout=timeout_s)
@@ -213,7 +213,7 @@ def http_generate_stream(url: str, text: str, params: GenerateParams = GenerateP
                          model: str = "ensemble", timeout_s: float = 300.0,
                          session: Any = None) -> Iterator[dict[str, Any]]:
     """``POST /v2/models/<model>/generate_stream``: yields each server-sent event's JSON."""
-    import requests  # noqa: PLC0415
+    import requests
 
     body = {"text_input": text, "stream": True, **params.as_json()}
     with (session or requests).post(f"http://{url}/v2/models/{model}/generate_stream", json=body, stream=True,
@@ -234,7 +234,7 @@ class HttpStreamingClient(_Closeable):
     one keep-alive session. ``url`` is Triton's HTTP address."""
 
     def __init__(self, url: str, model: str = "ensemble", timeout_s: float = 300.0) -> None:
-        import requests  # noqa: PLC0415
+        import requests
 
         self.url = url
         self.model = model
@@ -261,8 +261,8 @@ def _error_text(body: str) -> str:
 
 def scrape_metrics(metrics_url: str, prefix: str = "warmup_") -> dict[tuple[str, frozenset], float]:
     """Samples from Triton's /metrics whose name starts with ``prefix``: ``{(name, labels): value}``."""
-    import requests  # noqa: PLC0415
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
 
     text = requests.get(metrics_url, timeout=10).text
     samples: dict[tuple[str, frozenset], float] = {}

@@ -8,8 +8,8 @@ from typing import TextIO
 
 from warmup_tools.ops.client import GenerateParams, StreamingClient
 from warmup_tools.ops.config import ServeConfig
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 from warmup_tools.ops.server import ServerPorts, TritonServer
+from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 
 LOGGER = logging.getLogger(__name__)
 

@@ -80,7 +80,7 @@ class TritonDistribution:
 
     @classmethod
     def from_pytriton(cls, work_dir: Path) -> "TritonDistribution":
-        import pytriton  # noqa: PLC0415  (optional dependency)
+        import pytriton  # optional dependency
 
         dist = Path(pytriton.__file__).parent / "tritonserver"
         libs = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
@@ -176,9 +176,9 @@ class TritonServer:
         cmd = self.command(dist)
         env = self.environment(dist)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = open(self.log_path, "ab", buffering=0)  # noqa: SIM115 (closed in stop())
+        self._log_file = open(self.log_path, "ab", buffering=0)
         LOGGER.info("starting tritonserver: %s", " ".join(cmd))
-        self._process = subprocess.Popen(  # noqa: S603
+        self._process = subprocess.Popen(
             cmd,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -202,7 +202,7 @@ class TritonServer:
                     f"errors in its log:\n{self.log_errors()}\nlog tail:\n{self.log_tail(20)}"
                 )
             try:
-                with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310
+                with urllib.request.urlopen(url, timeout=2) as response:
                     if response.status == 200:
                         LOGGER.info("tritonserver ready on http %s grpc %s", self.http_url, self.grpc_url)
                         return

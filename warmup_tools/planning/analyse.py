@@ -60,24 +60,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import datetime
-import gzip
-import hashlib
-import io
-import json
 import logging
 import math
-import os
-import tempfile
-from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Iterable, Mapping, Protocol, Sequence
+
 import numpy as np
-from warmup_tools.common.errors import AssetError, ConfigError, FileFormatError
-from warmup_tools.planning.forecast import HeatForecast, forecast_heat
-from warmup_tools.common.digests import stable_seed, text_digest, tokenizer_fingerprint
+
+from warmup_tools.common.digests import stable_seed, text_digest
+from warmup_tools.common.errors import ConfigError, FileFormatError
 from warmup_tools.common.records import RecordError, RequestRecord
 from warmup_tools.kv.config import DEFAULT_BLOCK_SIZE
-
+from warmup_tools.planning.forecast import HeatForecast, forecast_heat
 
 LOGGER = logging.getLogger(__name__)
 
@@ -123,6 +116,10 @@ class PlanOptions:
                               "must be >= 1")
         if not 0.0 < self.holdout < 1.0:
             raise ConfigError(f"holdout must be in (0, 1), got {self.holdout!r}")
+
+
+#: The analysis options the module docstring argues for.
+DEFAULT_OPTIONS = PlanOptions()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -208,7 +205,7 @@ def analyse_traffic(
     *,
     now: float | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
-    options: PlanOptions = PlanOptions(),
+    options: PlanOptions = DEFAULT_OPTIONS,
     progress: bool = True,
 ) -> TrafficAnalysis:
     """Attribute, embed, cluster and heat the traffic in ``records`` (steps 1-5 of the module docstring)."""
@@ -222,7 +219,9 @@ def analyse_traffic(
 
     scopes: dict[tuple[str, str], ScopeTraffic] = {}
     for row in rows:
-        scope = scopes.setdefault((row.tenant, row.adapter), ScopeTraffic(row.tenant, row.adapter, BlockTrie(block_size)))
+        scope = scopes.get((row.tenant, row.adapter))
+        if scope is None:
+            scope = scopes[(row.tenant, row.adapter)] = ScopeTraffic(row.tenant, row.adapter, BlockTrie(block_size))
         row.weight = 0.5 ** (max(now - row.ts, 0.0) / options.half_life_s)
         scope.total_weight += row.weight
         if row.prompt is not None:
@@ -446,7 +445,7 @@ def _embed_samples(scopes: Mapping[tuple[str, str], ScopeTraffic], embedder: Emb
 
 
 def _cluster_scope(scope: ScopeTraffic, vectors: Mapping[bytes, np.ndarray], options: PlanOptions) -> None:
-    from sklearn.cluster import HDBSCAN  # noqa: PLC0415
+    from sklearn.cluster import HDBSCAN
 
     sampled = [p for p in scope.prompts.values() if p.sampled]
     repeats = [min(p.count, options.min_cluster_size) for p in sampled]
@@ -490,7 +489,7 @@ def _split_templates(scope: ScopeTraffic, vectors: Mapping[bytes, np.ndarray], e
     groups HDBSCAN finds there become clusters of their own, with their longer shared prefixes. Members
     it leaves as noise stay in the parent cluster.
     """
-    from sklearn.cluster import HDBSCAN  # noqa: PLC0415
+    from sklearn.cluster import HDBSCAN
 
     sampled = [p for p in scope.prompts.values() if p.sampled]
     next_label = max([p.label for p in sampled] + [NOISE]) + 1
@@ -673,7 +672,7 @@ def _forecast_factors(scopes: Mapping[tuple[str, str], ScopeTraffic], forecast: 
 def _progress(items: Sequence[Any], enabled: bool, desc: str, unit: str) -> Iterable[Any]:
     if not enabled:
         return items
-    from tqdm import tqdm  # noqa: PLC0415
+    from tqdm import tqdm
 
     return tqdm(items, desc=desc, unit=unit, leave=False)
 

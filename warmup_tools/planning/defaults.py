@@ -9,9 +9,8 @@ from typing import Mapping
 
 import numpy as np
 
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 from warmup_tools.planning.stanzas import COMPOSING_MODELS, WarmupInput, WarmupSample, string_input, write_model_warmup
-
+from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 
 
 def default_samples(tokenizer: object, prompts: Mapping[str, str] = SYSTEM_PROMPTS) -> dict[str, list[WarmupSample]]:
@@ -39,7 +38,7 @@ def default_samples(tokenizer: object, prompts: Mapping[str, str] = SYSTEM_PROMP
 
 def write_default_stanzas(model_repository: Path, tokenizer_path: Path) -> list[Path]:
     """Write the default samples into the repository's composing models; returns the data files."""
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     written: list[Path] = []

@@ -105,7 +105,7 @@ class _Table:
 
 
 def _fit(table: _Table, keys: Sequence[Hashable], first: float, last: float, window: float, seed: int):
-    from lightgbm import LGBMRegressor  # noqa: PLC0415
+    from lightgbm import LGBMRegressor
 
     starts = np.arange(first, last + 1e-6, HOUR)
     if len(starts) == 0:

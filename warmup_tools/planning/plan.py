@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import datetime
-import gzip
 import hashlib
-import io
 import json
-import logging
 import math
-import os
-import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
-import numpy as np
-from warmup_tools.common.files import write_atomic
-from warmup_tools.common.errors import AssetError, ConfigError, FileFormatError
-from warmup_tools.planning.forecast import HeatForecast, forecast_heat
-from warmup_tools.common.digests import stable_seed, text_digest, tokenizer_fingerprint
-from warmup_tools.common.records import RecordError, RequestRecord
+from typing import Any, Mapping, Sequence
 
+from warmup_tools.common.errors import ConfigError
+from warmup_tools.common.files import write_atomic
 
 #: Version of the plan file layout; :meth:`Plan.load` refuses any other.
 PLAN_FORMAT = 1

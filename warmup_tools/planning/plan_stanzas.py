@@ -13,19 +13,25 @@ Every sample carries ``warmup_plan`` (the plan id). The ensemble gets none (Trit
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from warmup_tools.common.digests import tokenizer_fingerprint as fingerprint_of
 from warmup_tools.embedding_cache.semantic import CENTROIDS_FILE, write_centroids
 from warmup_tools.planning.plan import Plan
-from warmup_tools.planning.target import PlanTarget
 from warmup_tools.planning.stanzas import (
-    BEGIN_MARKER, COMPOSING_MODELS, WARMUP_DIR, WarmupInput, WarmupSample, deserialize_tensor, string_input, write_model_warmup,
+    BEGIN_MARKER,
+    COMPOSING_MODELS,
+    WARMUP_DIR,
+    WarmupInput,
+    WarmupSample,
+    deserialize_tensor,
+    string_input,
+    write_model_warmup,
 )
+from warmup_tools.planning.target import PlanTarget
 
 
 def samples_from_plan(plan: Plan) -> dict[str, list[WarmupSample]]:
@@ -83,8 +89,8 @@ def write_plan_stanzas(plan: Plan, model_repository: Path, *, target: PlanTarget
 
 def check_repository(model_repository: Path) -> list[str]:
     """Problems with the repository's ``model_warmup`` stanzas: names, types, shapes and data files."""
-    from google.protobuf import text_format  # noqa: PLC0415
-    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
 
     problems: list[str] = []
     for config_path in sorted(Path(model_repository).glob("*/config.pbtxt")):
@@ -113,7 +119,7 @@ def check_repository(model_repository: Path) -> list[str]:
 
 
 def _check_input(model_dir: Path, where: str, name: str, value: Any, declared: Any) -> list[str]:
-    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415
+    from tritonclient.grpc import model_config_pb2
 
     if declared is None:
         return [f"{where}: input '{name}' is not an input of the model"]

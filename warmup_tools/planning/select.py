@@ -1,28 +1,27 @@
-"""Choosing what to warm under the budgets, and the plan that says so (steps 6 and 7 of :mod:`warmup_tools.planning.analyse`)."""
+"""Choosing what to warm under the budgets, and the plan that says so.
+
+Steps 6 and 7 of the pipeline described in :mod:`warmup_tools.planning.analyse`.
+"""
 
 from __future__ import annotations
 
 import collections
 import dataclasses
 import datetime
-import gzip
-import hashlib
-import io
-import json
-import logging
-import math
-import os
-import tempfile
-from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
-import numpy as np
-from warmup_tools.common.errors import AssetError, ConfigError, FileFormatError
-from warmup_tools.planning.forecast import HeatForecast, forecast_heat
-from warmup_tools.common.digests import stable_seed, text_digest
+from typing import Any, Iterable, Mapping, Sequence
+
 from warmup_tools.common.digests import tokenizer_fingerprint as fingerprint_of
-from warmup_tools.common.records import RecordError, RequestRecord
+from warmup_tools.common.errors import ConfigError
+from warmup_tools.common.records import RequestRecord
 from warmup_tools.kv.config import DEFAULT_BLOCK_SIZE
-from warmup_tools.planning.analyse import Embedder, PlanOptions, ScopeTraffic, TrafficAnalysis, analyse_traffic
+from warmup_tools.planning.analyse import (
+    DEFAULT_OPTIONS,
+    Embedder,
+    PlanOptions,
+    ScopeTraffic,
+    TrafficAnalysis,
+    analyse_traffic,
+)
 from warmup_tools.planning.plan import Budgets, Plan
 
 
@@ -36,7 +35,7 @@ def build_plan(
     block_size: int = DEFAULT_BLOCK_SIZE,
     kv_bytes_per_token: int,
     progress: bool = True,
-    options: PlanOptions = PlanOptions(),
+    options: PlanOptions = DEFAULT_OPTIONS,
     tokenizer_fingerprint: str | None = None,
     created: datetime.datetime | None = None,
 ) -> Plan:
@@ -181,7 +180,7 @@ def _select(analysis: TrafficAnalysis, budgets: Budgets, kv_bytes_per_token: int
     pending = sorted(candidates.values(), key=lambda c: (c[0].key(), c[1]))
     while pending:
         best = None
-        for position, (scope, chain, clusters) in enumerate(pending):
+        for position, (scope, chain, _) in enumerate(pending):
             owned = chosen[scope.key()]
             start = next((i for i, node in enumerate(chain) if node not in owned), len(chain))
             new = chain[start:]

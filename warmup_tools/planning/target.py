@@ -44,7 +44,7 @@ class PlanTarget:
         return Budgets(kv_bytes_total=total, kv_bytes_per_adapter=per_adapter, **overrides)
 
     def load_tokenizer(self) -> Any:
-        from transformers import AutoTokenizer  # noqa: PLC0415 (heavy; only for planning)
+        from transformers import AutoTokenizer  # heavy; only for planning
 
         return AutoTokenizer.from_pretrained(self.tokenizer_dir)
 

@@ -17,7 +17,6 @@ manifest has been written, so an interrupted build never leaves a folder that lo
 
 from __future__ import annotations
 
-from warmup_tools.common.digests import stable_seed
 import contextlib
 import copy
 import hashlib
@@ -33,6 +32,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from warmup_tools.common.digests import stable_seed
 
 __all__ = [
     "DEFAULT_ASSETS_DIR",
@@ -534,7 +535,7 @@ def _export_onnx(module: Any, example: tuple[Any, ...], onnx_path: Path) -> None
                 do_constant_folding=True,
             )
         return
-    except Exception as exc:  # any failure here means "try the other exporter"
+    except Exception as exc:  # noqa: BLE001 (any failure here means "try the other exporter")
         logger.warning("TorchScript ONNX export failed (%s); using the dynamo exporter", exc)
         onnx_path.unlink(missing_ok=True)
     _export_onnx_dynamo(module, example, onnx_path)

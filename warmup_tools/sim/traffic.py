@@ -26,11 +26,8 @@ so the same config writes byte-identical files in every process.
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import math
-import os
 import random
 import re
 from bisect import bisect_right
@@ -38,15 +35,14 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
-from gzip import GzipFile
 from itertools import accumulate
 from pathlib import Path
 
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
-from warmup_tools.common.errors import ConfigError, WarmupToolsError
 from warmup_tools.common.digests import prompt_digest, stable_seed
+from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.jsonl import read_json_lines, write_json_lines
 from warmup_tools.common.records import RequestRecord
+from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 
 DAY_SECONDS = 86_400
 #: The generator's word lists and content tables (real-looking filler, no model of its own).
@@ -389,7 +385,7 @@ def _day_records(world: _World, day: int, seen: set[str]) -> list[dict]:
         pick = rng.random() * totals[minute]
         if pick >= base[minute]:
             pick -= base[minute]
-            for pair, template, extra in bursts[minute]:
+            for pair, template, extra in bursts[minute]:  # noqa: B007 (used after the break)
                 if pick < extra:
                     break
                 pick -= extra

@@ -7,17 +7,16 @@ tokenizer's fingerprint: tenants never share an entry and two tokenizers never m
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from pathlib import Path
 
 import numpy as np
 
 from warmup_tools.caches.policies import SegmentedLRUCache
-from warmup_tools.common.errors import AssetError
-from warmup_tools.common.digests import text_digest, tokenizer_fingerprint
 from warmup_tools.caches.redis_tier import SharedTier, decode_array, encode_array
 from warmup_tools.caches.tiered import TieredCache
+from warmup_tools.common.digests import text_digest, tokenizer_fingerprint
+from warmup_tools.common.errors import AssetError
 from warmup_tools.tokenizer_cache.templates import TemplateTokenizer
 
 LOGGER = logging.getLogger(__name__)
@@ -28,7 +27,7 @@ class TokenizerService:
 
     def __init__(self, tokenizer_path: Path, cache_bytes: int = 64 << 20, *,
                  shared: SharedTier | None = None, max_templates: int = 256) -> None:
-        from transformers import AutoTokenizer  # noqa: PLC0415
+        from transformers import AutoTokenizer
 
         if not tokenizer_path.exists():
             raise AssetError(

@@ -353,7 +353,7 @@ class TemplateTokenizer:
 
     def _pieces(self, text: str) -> list[Piece]:
         """Normalized pre-tokens of one segment with their offsets (characters) in ``text``."""
-        from tokenizers import PreTokenizedString  # noqa: PLC0415
+        from tokenizers import PreTokenizedString
 
         pre = PreTokenizedString(text)
         if self._normalizer is not None:

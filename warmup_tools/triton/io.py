@@ -23,7 +23,7 @@ def redis_tier_from_params(params: ModelParameters) -> Any:
     retry_after_s = params.get("redis_retry_after_s", float, 2.0)
     if not url:
         return None
-    from warmup_tools.caches.redis_tier import SharedTier  # noqa: PLC0415
+    from warmup_tools.caches.redis_tier import SharedTier
 
     return SharedTier(url, timeout_ms=timeout_ms, retry_after_s=retry_after_s)
 

@@ -9,7 +9,13 @@ from warmup_tools.adapters import registry as adapters
 from warmup_tools.adapters.reconcile import Reconciler, plan_reconcile
 from warmup_tools.adapters.registry import ControlRegistry
 from warmup_tools.adapters.state import (
-    TRANSITIONS, Action, AdapterLifecycle, AdapterSpec, AdapterState, AdapterStatus, LifecycleError,
+    TRANSITIONS,
+    Action,
+    AdapterLifecycle,
+    AdapterSpec,
+    AdapterState,
+    AdapterStatus,
+    LifecycleError,
 )
 from warmup_tools.common.errors import AdapterUnavailableError, ConfigError, UnknownAdapterError
 

@@ -8,11 +8,10 @@ import time
 import numpy as np
 import pytest
 
+from tests.redis_support import REDIS_SERVER, RedisServer, free_port
 from warmup_tools.caches.policies import LRUCache
 from warmup_tools.caches.redis_tier import SharedTier, TierKey, decode_array, decode_value, encode_array, encode_value
 from warmup_tools.caches.tiered import TieredCache
-
-from tests.redis_support import REDIS_SERVER, RedisServer, free_port
 
 redis = pytest.importorskip("redis", reason="the shared tier tests need redis-py: pip install 'redis>=5'")
 
@@ -225,7 +224,7 @@ def test_outage_degrades_to_local_and_compute_then_recovers(redis_server, tiers,
         assert stored is False and elapsed < CALL_BOUND_S
         # Requests still succeed: from the local tier, or by computing.
         assert cache.get_or_compute("t1", warm, lambda: pytest.fail("local hit expected"))[1] == "local"
-        value, source = cache.get_or_compute("t1", digest(f"new {i}"), lambda: np.array([i], dtype=np.int32))
+        value, source = cache.get_or_compute("t1", digest(f"new {i}"), lambda i=i: np.array([i], dtype=np.int32))
         assert source == "computed" and value.tolist() == [i]
     assert tier.available is False
     assert tier.stats.errors >= 1 and tier.stats.skipped >= 10

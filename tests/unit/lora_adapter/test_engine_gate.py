@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from warmup_tools.lora_adapter import service as lora_service
 from warmup_tools.common.errors import ConfigError
+from warmup_tools.lora_adapter import service as lora_service
 from warmup_tools.lora_adapter.service import EngineGate, warm_chunk_ends
 
 

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from warmup_tools.ops.config import ServeConfig, load_config
 from warmup_tools.common.errors import ConfigError
+from warmup_tools.ops.config import ServeConfig, load_config
 from warmup_tools.triton.params import ModelParameters, expand_path
 
 

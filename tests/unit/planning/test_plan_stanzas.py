@@ -74,7 +74,8 @@ def test_check_finds_broken_stanzas(repo, target):
 
 
 def test_a_plan_for_another_block_size_is_refused_naming_both(repo, target):
-    plan = make_plan(block_size=32, items=[{"kind": "kv_prefix", "tenant": "a", "adapter": "", "token_ids": list(range(32))}])
+    item = {"kind": "kv_prefix", "tenant": "a", "adapter": "", "token_ids": list(range(32))}
+    plan = make_plan(block_size=32, items=[item])
     with pytest.raises(PlanError, match="block size 32, but lora_adapter's kv_block_size is 16"):
         write_plan_stanzas(plan, repo, target=target, tokenizer_fingerprint=TOKENIZER)
     assert not list((repo / "lora_adapter" / "warmup").glob("plan_*"))  # nothing written

@@ -1,7 +1,12 @@
 import numpy as np
 
 from warmup_tools.planning.stanzas import (
-    BEGIN_MARKER, WarmupInput, WarmupSample, deserialize_tensor, serialize_tensor, string_input,
+    BEGIN_MARKER,
+    WarmupInput,
+    WarmupSample,
+    deserialize_tensor,
+    serialize_tensor,
+    string_input,
     write_model_warmup,
 )
 

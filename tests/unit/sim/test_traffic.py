@@ -1,7 +1,5 @@
 import gzip
 import hashlib
-import json
-import re
 from collections import Counter, defaultdict
 
 import pytest
@@ -10,7 +8,13 @@ from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.jsonl import read_json_lines
 from warmup_tools.common.records import RECORD_KEYS, RequestRecord
 from warmup_tools.sim.traffic import (
-    BASE_MODEL, DAY_SECONDS, TrafficConfig, generate, main_traffic, system_prompt, templates,
+    BASE_MODEL,
+    DAY_SECONDS,
+    TrafficConfig,
+    generate,
+    main_traffic,
+    system_prompt,
+    templates,
     write_logs,
 )
 

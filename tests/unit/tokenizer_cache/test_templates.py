@@ -24,7 +24,8 @@ WORDS = ["the", "cache", "warm", "Triton", "server", "model", "token", "prompt",
          "Ελλάδα", "مرحبا", "x", "I", "GPU", "LoRA", "adapter", "42", "3.14", "2024", "1,000", "0x1F"]
 PUNCT = [".", ",", ":", ";", "!", "?", "-", "--", "...", "(", ")", "[", "]", "{", "}", "\"", "'", "`", "/",
          "#", "$", "%", "&", "*", "+", "=", "<", ">", "|", "~", "@", "_"]
-ODD = ["<|eot|>", "<|eot", "|>", "é", "e\u0301", "\u0301", "😀", "👩‍💻", "🇫🇷", "\u200b", "\u00a0", "\u3000", "\t", "\r\n", "\x0b", "\x1c",
+ODD = ["<|eot|>", "<|eot", "|>", "é", "e\u0301", "\u0301", "😀", "👩‍💻", "🇫🇷", "\u200b", "\u00a0", "\u3000", "\t",
+       "\r\n", "\x0b", "\x1c",
        "ﬁ", "Ⅻ", "²", "١٢٣", "ß", "İ", "ς", "Σ", "\ufffd", "\x00", "<s>", "</s>", "<pad>", "[CLS]", "[SEP]",
        "[MASK]", "<mask>", "<", "</", "s>", "/s>", "[CL", "LS]", "SEP]", "<ma", "sk>", "'s", "'ll", "'re",
        "'d", "'t", "'m", "'ve", "n't", "'S"]
@@ -85,7 +86,8 @@ def check_property(tokenizer, n_prompts: int, seed: int, *, max_templates: int =
             text = template + random_remainder(rng)
         expected = tokenizer.encode(text, add_special_tokens=True)
         ids, how = tt.encode(text)
-        assert ids == expected, f"prompt {i}: {text!r} ({how}, templates={[t for t in templates if text.startswith(t)]!r})"
+        matching = [t for t in templates if text.startswith(t)]
+        assert ids == expected, f"prompt {i}: {text!r} ({how}, templates={matching!r})"
     return tt
 
 

@@ -52,10 +52,10 @@ def zipf_prompts(tokenizer: object, *, distinct: int, requests: int, s: float, r
 
 
 def run(assets_dir: Path, *, n: int = 300, out: TextIO = sys.stdout) -> None:
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoTokenizer
 
-    from warmup_tools.embedding_cache.embedder import OnnxEmbedder  # noqa: PLC0415
-    from warmup_tools.tokenizer_cache.service import TokenizerService  # noqa: PLC0415
+    from warmup_tools.embedding_cache.embedder import OnnxEmbedder
+    from warmup_tools.tokenizer_cache.service import TokenizerService
 
     rng = random.Random(0)
     tok = AutoTokenizer.from_pretrained(assets_dir / "lm")
@@ -96,9 +96,9 @@ def run(assets_dir: Path, *, n: int = 300, out: TextIO = sys.stdout) -> None:
 
 
 def _tier_latency(out: TextIO) -> None:
-    from warmup_tools.caches.policies import SegmentedLRUCache  # noqa: PLC0415
-    from warmup_tools.caches.redis_tier import SharedTier, decode_array, encode_array  # noqa: PLC0415
-    from warmup_tools.caches.tiered import TieredCache  # noqa: PLC0415
+    from warmup_tools.caches.policies import SegmentedLRUCache
+    from warmup_tools.caches.redis_tier import SharedTier, decode_array, encode_array
+    from warmup_tools.caches.tiered import TieredCache
 
     binary = shutil.which("redis-server")
     if binary is None:
@@ -109,7 +109,7 @@ def _tier_latency(out: TextIO) -> None:
     proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                              "--dir", str(work)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        import redis  # noqa: PLC0415
+        import redis
 
         admin = redis.Redis(port=port, socket_timeout=1, socket_connect_timeout=1)
         for _ in range(100):
@@ -142,7 +142,7 @@ def _tier_latency(out: TextIO) -> None:
 
 
 def _ensemble_overhead(assets_dir: Path, tok: object, rng: random.Random, out: TextIO) -> None:
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+    import tritonclient.grpc as grpcclient
 
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": ""}
     prompts = [make_text(tok, 300, rng) for _ in range(20)]

@@ -59,7 +59,7 @@ def run_ttft(assets_dir: Path, *, prefixes: Sequence[int] = (64, 256, 512, 1024)
              repeats: int = 7, storages: Sequence[str] = ("fp", "int8"), seed: int = 0, lm_threads: int = 0,
              out: TextIO = sys.stdout) -> list[KVBenchRow]:
     """Cold, warm and suffix-only TTFT per prefix length and storage (medians over ``repeats``)."""
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(assets_dir / "lm")
     rows: list[KVBenchRow] = []
@@ -119,8 +119,8 @@ class Int8Accuracy:
 def run_int8_accuracy(assets_dir: Path, *, prompts: int = 32, prefix_tokens: int = 256, seed: int = 1) -> Int8Accuracy:
     """INT8 cached KV against full precision on a fixed prompt set: the last-token logits after a
     cached prefix, and the next 16 greedy tokens."""
-    from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine  # noqa: PLC0415
-    from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams  # noqa: PLC0415
+    from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
+    from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 
     def engine(storage: str) -> LoraEngine:
         return LoraEngine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",
@@ -141,7 +141,8 @@ def run_int8_accuracy(assets_dir: Path, *, prompts: int = 32, prefix_tokens: int
         for eng in (fp, q8):
             list(eng.generate(GenerateRequest(warm_ids, adapter, "bench", False, SamplingParams(max_tokens=1))))
             logits = eng.prompt_logits(GenerateRequest(probe_ids, adapter, "bench", False, SamplingParams()))
-            steps = list(eng.generate(GenerateRequest(probe_ids, adapter, "bench", False, SamplingParams(max_tokens=16))))
+            probe = GenerateRequest(probe_ids, adapter, "bench", False, SamplingParams(max_tokens=16))
+            steps = list(eng.generate(probe))
             results.append((logits, [s.token_id for s in steps], steps[0].cached_tokens))
         (fp_logits, fp_tokens, _), (q_logits, q_tokens, q_cached) = results
         assert q_cached > 0, "the INT8 engine did not reuse the prefix"
@@ -169,8 +170,8 @@ class FloodResult:
 def run_flood(assets_dir: Path, *, prompts: int = 10_000, prompt_tokens: int = 40,
               budget_bytes: int = 16 << 20, seed: int = 2) -> FloodResult:
     """Unique prompts through one engine with a small KV budget: the cache never exceeds it."""
-    from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine  # noqa: PLC0415
-    from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams  # noqa: PLC0415
+    from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
+    from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 
     eng = LoraEngine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",
                                   kv=KVCacheConfig(budget_bytes=budget_bytes)))

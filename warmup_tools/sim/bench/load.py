@@ -10,7 +10,6 @@ plan's. It reports what a load test sees right after a scale-out: TTFT percentil
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import subprocess
 import sys
@@ -19,12 +18,12 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from warmup_tools.ops.config import REPO_ROOT
 from warmup_tools.common.errors import WarmupToolsError
-from warmup_tools.sim.load.stats import read_stats_json
-from warmup_tools.ops.server import TritonServer
 from warmup_tools.common.jsonl import write_json_lines
+from warmup_tools.ops.config import REPO_ROOT
+from warmup_tools.ops.server import TritonServer
 from warmup_tools.sim.bench.replay import prepare
+from warmup_tools.sim.load.stats import read_stats_json
 
 LOCUSTFILE = REPO_ROOT / "warmup_tools" / "sim" / "load" / "locustfile.py"
 

@@ -25,10 +25,10 @@ from typing import TextIO
 
 from warmup_tools.adapters.registry import ControlRegistry
 from warmup_tools.adapters.state import AdapterState
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
-from warmup_tools.lora_adapter.service import LoraService
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+from warmup_tools.lora_adapter.service import LoraService
+from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 
 CONFIGS = (("fifo", 0, 1.0), ("live_first", 0, 1.0), ("live_first", 128, 1.0), ("live_first", 128, 0.5))
 

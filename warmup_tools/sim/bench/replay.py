@@ -20,8 +20,8 @@ from typing import Sequence, TextIO
 from warmup_tools.common.records import RequestRecord, read_request_log
 from warmup_tools.ops.client import GenerateParams, StreamingClient
 from warmup_tools.ops.config import REPO_ROOT
-from warmup_tools.planning.plan_stanzas import COMPOSING_MODELS, write_plan_stanzas
 from warmup_tools.ops.server import TritonServer
+from warmup_tools.planning.plan_stanzas import COMPOSING_MODELS, write_plan_stanzas
 from warmup_tools.planning.stanzas import write_model_warmup
 
 
@@ -75,10 +75,10 @@ class Repositories:
 
 def prepare(work: Path, assets_dir: Path, *, seed: int, requests_per_day: int, out: TextIO) -> Repositories:
     """Generate two days of traffic, plan from day 1, and write both repositories under ``work``."""
-    from warmup_tools.embedding_cache.embedder import OnnxEmbedder  # noqa: PLC0415
-    from warmup_tools.planning.select import build_plan, format_summary  # noqa: PLC0415
-    from warmup_tools.planning.target import PlanTarget  # noqa: PLC0415
-    from warmup_tools.sim.traffic import TrafficConfig, write_logs  # noqa: PLC0415
+    from warmup_tools.embedding_cache.embedder import OnnxEmbedder
+    from warmup_tools.planning.select import build_plan, format_summary
+    from warmup_tools.planning.target import PlanTarget
+    from warmup_tools.sim.traffic import TrafficConfig, write_logs
 
     config = TrafficConfig(seed=seed, requests_per_day=requests_per_day)
     day1, day2 = write_logs(config, work / "logs")[:2]

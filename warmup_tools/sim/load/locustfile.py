@@ -50,7 +50,7 @@ class ReplayCursor:
     """One cursor over a request log, shared by all users (greenlets: no lock needed)."""
 
     def __init__(self, path: str) -> None:
-        from warmup_tools.common.records import RequestRecord, read_request_log  # noqa: PLC0415
+        from warmup_tools.common.records import RequestRecord, read_request_log
 
         self.path = path
         self._records: Iterator[RequestRecord] = read_request_log(path)

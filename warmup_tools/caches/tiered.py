@@ -8,6 +8,7 @@ Like LMCache's storage backends, the tiers share one small interface: any
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 from typing import Callable, Generic, TypeVar
 
@@ -15,6 +16,17 @@ from warmup_tools.caches.policies import LocalCache
 from warmup_tools.caches.redis_tier import MIN_DIGEST_BYTES, SharedTier, TierKey, check_key_part
 
 LOGGER = logging.getLogger(__name__)
+
+
+class CacheSource(str, enum.Enum):
+    """Where a cached value came from (a ``str``, so it is also the metric label and the JSON value)."""
+
+    LOCAL = "local"
+    SHARED = "shared"
+    MISS = "miss"
+    COMPUTED = "computed"
+    #: Not computed on purpose (the embedding step samples its misses).
+    SKIPPED = "skipped"
 
 
 V = TypeVar("V")
@@ -56,12 +68,12 @@ class TieredCache(Generic[V]):
         self.stats = TieredStats()
 
     def get(self, tenant: str, digest: bytes) -> tuple[V | None, str]:
-        """``(value, "local" | "shared" | "miss")``; a shared hit is copied into the local tier."""
+        """``(value, LOCAL | SHARED | MISS)``; a shared hit is copied into the local tier."""
         local_key = self._local_key(tenant, digest)
         value = self.local.get(local_key)
         if value is not None:
             self.stats.local_hits += 1
-            return value, "local"
+            return value, CacheSource.LOCAL
         if self.shared is not None:
             payload = self.shared.get(TierKey(self.kind, tenant, self.fingerprint, digest))
             if payload is not None:
@@ -73,9 +85,9 @@ class TieredCache(Generic[V]):
                 else:
                     self.local.put(local_key, value)
                     self.stats.shared_hits += 1
-                    return value, "shared"
+                    return value, CacheSource.SHARED
         self.stats.misses += 1
-        return None, "miss"
+        return None, CacheSource.MISS
 
     def put(self, tenant: str, digest: bytes, value: V) -> None:
         """Store in the local tier, and in the shared tier when there is one (best effort)."""
@@ -91,7 +103,7 @@ class TieredCache(Generic[V]):
         self.shared.put(TierKey(self.kind, tenant, self.fingerprint, digest), payload)
 
     def get_or_compute(self, tenant: str, digest: bytes, compute: Callable[[], V]) -> tuple[V, str]:
-        """``(value, "local" | "shared" | "computed")``; a computed value is stored in both tiers.
+        """``(value, LOCAL | SHARED | COMPUTED)``; a computed value is stored in both tiers.
 
         Errors raised by ``compute`` propagate: they belong to the request, not to the cache.
         """
@@ -101,7 +113,7 @@ class TieredCache(Generic[V]):
         value = compute()
         self.stats.computed += 1
         self.put(tenant, digest, value)
-        return value, "computed"
+        return value, CacheSource.COMPUTED
 
     def _local_key(self, tenant: str, digest: bytes) -> tuple[str, str, str, bytes]:
         # NOTE: the tenant is part of the local key too: tenants never share an entry in either tier.

@@ -17,7 +17,7 @@ import numpy as np
 
 from warmup_tools.caches.policies import DecayedLFUCache
 from warmup_tools.caches.redis_tier import SharedTier, decode_array, encode_array
-from warmup_tools.caches.tiered import TieredCache
+from warmup_tools.caches.tiered import CacheSource, TieredCache
 from warmup_tools.common.digests import fingerprint_file, text_digest
 from warmup_tools.common.errors import AssetError
 
@@ -58,7 +58,7 @@ class EmbeddingResult:
 
     vector: np.ndarray | None
     #: local, shared, computed, or skipped (a miss that was not sampled)
-    source: str
+    source: CacheSource
 
 
 class OnnxEmbedder:
@@ -107,11 +107,11 @@ class OnnxEmbedder:
         if vector is not None:
             return EmbeddingResult(vector, source)
         if sample_rate <= 0.0 or (sample_rate < 1.0 and rng.random() >= sample_rate):
-            return EmbeddingResult(None, "skipped")
+            return EmbeddingResult(None, CacheSource.SKIPPED)
         vector = self.embed_batch([text])[0]
         vector.setflags(write=False)
         self.cache.put(tenant, digest, vector)
-        return EmbeddingResult(vector, "computed")
+        return EmbeddingResult(vector, CacheSource.COMPUTED)
 
     def embed(self, text: str, tenant: str = "default") -> np.ndarray:
         """The embedding of one text, from the cache or computed (always)."""

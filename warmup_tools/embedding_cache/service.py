@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from warmup_tools.caches.tiered import CacheSource
 from warmup_tools.embedding_cache.embedder import OnnxEmbedder
 from warmup_tools.embedding_cache.heat import HeatEntry, HeatLogWriter, HeatSampler
 from warmup_tools.embedding_cache.semantic import SemanticIndex
@@ -27,7 +28,7 @@ class EmbeddingOutcome:
     cluster_id: int
     similarity: float
     #: local, shared, computed, or skipped
-    source: str
+    source: CacheSource
 
 
 class EmbeddingService:
@@ -60,7 +61,8 @@ class EmbeddingService:
         if not warmup:
             # NOTE: hits are counted once; sampled misses stand for 1 / sample_rate requests each, so the
             # heat estimate stays unbiased while most misses skip the embedding.
-            weight = 1.0 if result.source in ("local", "shared") else 1.0 / max(self.sample_rate, 1e-9)
+            hit = result.source in (CacheSource.LOCAL, CacheSource.SHARED)
+            weight = 1.0 if hit else 1.0 / max(self.sample_rate, 1e-9)
             self.heat.record(assignment.cluster_id, adapter, prompt_tokens=prompt_tokens, weight=weight)
         return EmbeddingOutcome(result.vector, assignment.cluster_id, assignment.similarity, result.source)
 

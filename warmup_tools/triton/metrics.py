@@ -33,14 +33,14 @@ class CacheMetrics:
         self._families = (lookups, entries, used)
         self._results = {
             source: lookups.Metric(labels={"model": model, "result": result})
-            for source, result in (("local", "hit"), ("shared", "shared_hit"), ("miss", "miss"))
+            for source, result in (("local", "hit"), ("shared", "shared_hit"), ("miss", "miss"))  # CacheSource values
         }
         self._entries = entries.Metric(labels={"model": model, "instance": instance})
         self._bytes = used.Metric(labels={"model": model, "instance": instance})
         self._last = (-1, -1)
 
     def record(self, source: str, stats: Any) -> None:
-        """One lookup answered from ``source`` (local, shared, or anything else: a miss)."""
+        """One lookup answered from ``source`` (a CacheSource: local, shared, or anything else: a miss)."""
         self._results.get(source, self._results["miss"]).increment(1)
         if (stats.entries, stats.bytes_used) != self._last:
             self._entries.set(stats.entries)
@@ -121,7 +121,7 @@ class GenerationMetrics:
                 name = owner or "base"
                 delta = count - self._evicted.get(name, 0)
                 if delta > 0:
-                    self._gauge(self.evictions, {"adapter": name}, per_instance=False).increment(delta)
+                    self._metric(self.evictions, {"adapter": name}, per_instance=False).increment(delta)
                     self._evicted[name] = count
         for name, status in service.lifecycle.snapshot().items():
             for state in type(status.state):
@@ -131,10 +131,10 @@ class GenerationMetrics:
         """Set a per-instance gauge, skipping the IPC to the server when the value did not change."""
         key = (id(family), *sorted(labels.items()))
         if self._values.get(key) != value:
-            self._gauge(family, labels).set(value)
+            self._metric(family, labels).set(value)
             self._values[key] = value
 
-    def _gauge(self, family: Any, labels: dict[str, str], per_instance: bool = True) -> Any:
+    def _metric(self, family: Any, labels: dict[str, str], per_instance: bool = True) -> Any:
         full = {"model": self._model, **labels}
         if per_instance:
             full["instance"] = self._instance

@@ -1,7 +1,8 @@
 """Bounded in-process caches.
 
 Every cache here has a byte budget and evicts to stay within it, so a flood of unique prompts cannot
-grow a process without bound. Sizes are estimated from the stored values by a ``sizeof`` function.
+grow a process without bound. An entry costs its value (a ``sizeof`` function), its key (a tenant id is
+client input: a 256 KiB one must cost 256 KiB) and a fixed bookkeeping overhead.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-#: Bookkeeping cost of one entry (key object, dict slot, list node), added to each value's size.
+#: Bookkeeping cost of one entry (dict slot, list node), added to its value's and key's sizes.
 ENTRY_OVERHEAD_BYTES = 128
 
 
@@ -82,7 +83,7 @@ class LRUCache(Generic[K, V]):
 
     def put(self, key: K, value: V) -> bool:
         """Store ``value``; returns False when it alone is larger than the budget (not stored)."""
-        size = self._sizeof(value) + ENTRY_OVERHEAD_BYTES
+        size = self._sizeof(value) + sizeof_value(key) + ENTRY_OVERHEAD_BYTES
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
@@ -145,7 +146,7 @@ class SegmentedLRUCache(Generic[K, V]):
             return item[0]
 
     def put(self, key: K, value: V) -> bool:
-        size = self._sizeof(value) + ENTRY_OVERHEAD_BYTES
+        size = self._sizeof(value) + sizeof_value(key) + ENTRY_OVERHEAD_BYTES
         with self._lock:
             self._remove(key)
             if size > self.budget_bytes:
@@ -223,7 +224,7 @@ class DecayedLFUCache(Generic[K, V]):
             return item[0]
 
     def put(self, key: K, value: V) -> bool:
-        size = self._sizeof(value) + ENTRY_OVERHEAD_BYTES
+        size = self._sizeof(value) + sizeof_value(key) + ENTRY_OVERHEAD_BYTES
         with self._lock:
             self._remove(key)
             if size > self.budget_bytes:

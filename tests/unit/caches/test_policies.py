@@ -13,7 +13,7 @@ def test_lru_stays_within_budget_under_a_flood_of_unique_keys():
 
 
 def test_lru_evicts_least_recently_used_and_counts_hits():
-    entry = 400 + ENTRY_OVERHEAD_BYTES
+    entry = 400 + 1 + ENTRY_OVERHEAD_BYTES  # value, one-letter key, overhead
     cache = LRUCache(budget_bytes=3 * entry)
     for key in "abc":
         cache.put(key, np.zeros(100, dtype=np.int32))
@@ -32,7 +32,7 @@ def test_value_larger_than_budget_is_not_stored():
 def test_segmented_lru_keeps_entries_that_are_hit_again_through_a_burst_of_one_offs():
     from warmup_tools.caches.policies import SegmentedLRUCache
 
-    entry = 400 + ENTRY_OVERHEAD_BYTES
+    entry = 400 + 8 + ENTRY_OVERHEAD_BYTES  # keys of at most 8 characters
     cache = SegmentedLRUCache(budget_bytes=10 * entry)
     for key in ("hot1", "hot2"):
         cache.put(key, np.zeros(100, dtype=np.int32))
@@ -48,7 +48,7 @@ def test_decayed_lfu_evicts_cold_entries_and_forgets_old_heat():
     from warmup_tools.caches.policies import DecayedLFUCache
 
     now = [0.0]
-    entry = 400 + ENTRY_OVERHEAD_BYTES
+    entry = 400 + 9 + ENTRY_OVERHEAD_BYTES  # keys of at most 9 characters
     cache = DecayedLFUCache(budget_bytes=20 * entry, half_life_s=10, sample_size=20, clock=lambda: now[0])
     cache.put("hot", np.zeros(100, dtype=np.int32))
     for _ in range(50):
@@ -79,3 +79,15 @@ def test_tokenizer_service_gives_full_tokenisation_ids_through_templates(demo_as
     assert service.templates.stats.hits >= 1
     assert service.encode(template + "Clause 7?", "acme")[1] == "local"
     assert service.encode(template + "Clause 7?", "globex")[1] == "computed"  # tenants never share
+
+
+def test_keys_count_in_the_budget_a_flood_of_huge_tenant_ids_stays_within_it():
+    """2,000 entries keyed by a 256 KiB client-chosen tenant id: the budget bounds keys, not only values."""
+    from warmup_tools.caches.policies import DecayedLFUCache, SegmentedLRUCache
+
+    budget = 4 << 20
+    for cache in (LRUCache(budget), SegmentedLRUCache(budget), DecayedLFUCache(budget)):
+        for i in range(2000):
+            cache.put((f"{i:06d}" + "t" * (256 << 10), b"digest"), np.zeros(4, dtype=np.int32))
+            assert cache.stats.bytes_used <= budget
+        assert len(cache) <= budget // (256 << 10)

@@ -2,7 +2,10 @@
 
 The base model and adapters load through the ordinary Hugging Face paths (``AutoModelForCausalLM``,
 ``PeftModel``), so a real model folder and real adapter folders work by changing config parameters.
-One engine serves one model instance; requests run one at a time, each with its adapter switched in.
+One engine serves one model instance. :meth:`LoraEngine.generate` runs one request at a time with its
+adapter switched in (the ``serial`` scheduler); :meth:`LoraEngine.forward_batch` runs one forward for
+many sequences with different adapters, which the continuous-batching scheduler
+(:mod:`warmup_tools.lora_adapter.scheduler`) calls once per step.
 """
 
 from __future__ import annotations
@@ -46,6 +49,32 @@ class EngineConfig:
     kv_live_reserve: float = 0.15
 
 
+#: peft's name for "no adapter" in a mixed-adapter batch (``adapter_names=[...]``).
+BASE_ADAPTER_NAME = "__base__"
+
+#: Per layer ``(keys, values)``, each ``[1, kv_heads, tokens, head_dim]``: one sequence's KV.
+SequenceKV = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchRow:
+    """One sequence's share of a batched forward: its new tokens on top of its KV so far."""
+
+    token_ids: Sequence[int]
+    #: Tokens already computed for this sequence (the length of ``past``).
+    position: int
+    past: SequenceKV | None
+    adapter: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RowOutput:
+    """The logits after a row's last new token, and the row's KV including its new tokens."""
+
+    logits: torch.Tensor
+    kv: SequenceKV
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class GenerationStep:
     """One generated token's worth of output (``text`` may be empty while a character is incomplete)."""
@@ -85,6 +114,7 @@ class LoraEngine:
         self.vocab_size = int(model.config.vocab_size)
         self.eos_token_ids = _eos_ids(model.config, self.tokenizer)
         self.base_fingerprint = fingerprint_folder(config.base_model)
+        self.kv_bytes_per_token = _kv_bytes_per_token(model.config, self.dtype)
         self.prefix_cache: PrefixCache | None = None
         if config.kv_cache_bytes > 0:
             try:
@@ -104,15 +134,81 @@ class LoraEngine:
     def generate(self, request: GenerateRequest) -> Iterator[GenerationStep]:
         """Yield one :class:`GenerationStep` per generated token; the last has ``finished=True``."""
         start = time.perf_counter()
-        params = request.sampling
-        prompt_len = len(request.prompt_ids)
-        if prompt_len + params.max_tokens > self.context_length:
-            raise InvalidInputError(
-                f"the prompt has {prompt_len} tokens and max_tokens is {params.max_tokens}: together they exceed "
-                f"the model's context of {self.context_length} tokens; shorten the prompt or lower max_tokens"
-            )
+        self.check_request(request)
         with self._prefilled(request) as (logits, cache, cached_tokens):
             yield from self._decode(request, logits, cache, cached_tokens, start)
+
+    def check_request(self, request: GenerateRequest) -> None:
+        """Raise the request's error if it cannot be served: too long for the context, unknown adapter."""
+        prompt_len, max_tokens = len(request.prompt_ids), request.sampling.max_tokens
+        if prompt_len + max_tokens > self.context_length:
+            raise InvalidInputError(
+                f"the prompt has {prompt_len} tokens and max_tokens is {max_tokens}: together they exceed "
+                f"the model's context of {self.context_length} tokens; shorten the prompt or lower max_tokens"
+            )
+        if request.adapter is not None and request.adapter not in self.adapters:
+            known = ", ".join(sorted(self.adapters)) or "none"
+            raise UnknownAdapterError(
+                f"unknown adapter '{request.adapter}'; known adapters: {known} (or empty for the base model)")
+
+    def forward_batch(self, rows: Sequence[BatchRow]) -> list[RowOutput]:
+        """One forward for several sequences, each with its own KV, position and adapter.
+
+        The batch is padded: past KV left-padded to the longest past, new tokens right-padded to the
+        longest row, with an explicit 4D mask and per-row position ids, so each row computes exactly
+        what it would alone. Rows with different adapters (or the base model) share the forward through
+        peft's per-row ``adapter_names``.
+        """
+        from transformers import DynamicCache  # noqa: PLC0415
+
+        batch = len(rows)
+        past_len = max(row.position for row in rows)
+        new_len = max(len(row.token_ids) for row in rows)
+        ids = torch.full((batch, new_len), self._pad_id, dtype=torch.long, device=self.device)
+        positions = torch.zeros((batch, new_len), dtype=torch.long, device=self.device)
+        # NOTE: a 4D mask is used as given by transformers (no padding or packing inference from
+        # position ids); True means "may attend". Keys: [padded past | new tokens].
+        allowed = torch.zeros((batch, 1, new_len, past_len + new_len), dtype=torch.bool, device=self.device)
+        causal = torch.ones((new_len, new_len), dtype=torch.bool, device=self.device).tril()
+        for i, row in enumerate(rows):
+            n = len(row.token_ids)
+            ids[i, :n] = torch.tensor(list(row.token_ids), dtype=torch.long, device=self.device)
+            # Padded query positions repeat the last real position: harmless, and never read.
+            positions[i] = torch.arange(new_len, device=self.device).clamp(max=n - 1) + row.position
+            allowed[i, 0, :, past_len - row.position:past_len] = True
+            allowed[i, 0, :, past_len:] = causal
+            allowed[i, 0, :, past_len + n:] = False
+            allowed[i, 0, n:, past_len:past_len + n] = True  # padded queries see real keys only (no empty row)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        if past_len:
+            cache = DynamicCache(ddp_cache_data=self._padded_past(rows, past_len), config=self.model_config)
+        else:
+            cache = DynamicCache(config=self.model_config)
+        last = sorted({len(row.token_ids) - 1 for row in rows})
+        kwargs = {}
+        model = self._lm
+        if self._peft is not None and self.adapters:
+            kwargs["adapter_names"] = [row.adapter or BASE_ADAPTER_NAME for row in rows]
+            model = self._peft
+        with torch.inference_mode():
+            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                        logits_to_keep=torch.tensor(last, device=self.device), **kwargs)
+        outputs = []
+        for i, row in enumerate(rows):
+            n = len(row.token_ids)
+            logits = out.logits[i, last.index(n - 1)]
+            kv: SequenceKV = []
+            for layer_index, layer in enumerate(cache.layers):
+                new_k = layer.keys[i:i + 1, :, past_len:past_len + n]
+                new_v = layer.values[i:i + 1, :, past_len:past_len + n]
+                if row.past:
+                    old_k, old_v = row.past[layer_index]
+                    kv.append((torch.cat((old_k, new_k), dim=2), torch.cat((old_v, new_v), dim=2)))
+                else:
+                    kv.append((new_k.clone(), new_v.clone()))
+            outputs.append(RowOutput(logits, kv))
+        return outputs
 
     def prompt_logits(self, request: GenerateRequest) -> torch.Tensor:
         """The logits after the prompt's last token (through the prefix cache, as a request would)."""
@@ -243,6 +339,27 @@ class LoraEngine:
         out = self._lm(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]
 
+    @property
+    def _pad_id(self) -> int:
+        pad = getattr(self.model_config, "pad_token_id", None)
+        return int(pad) if isinstance(pad, int) else 0
+
+    def _padded_past(self, rows: Sequence[BatchRow], past_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer ``(keys, values)`` of shape ``[batch, kv_heads, past_len, head_dim]``, left-padded."""
+        template = next(row.past for row in rows if row.past)
+        layers = []
+        for layer_index, (k0, _) in enumerate(template):
+            shape = (len(rows), k0.shape[1], past_len, k0.shape[3])
+            keys = torch.zeros(shape, dtype=k0.dtype, device=k0.device)
+            values = torch.zeros(shape, dtype=k0.dtype, device=k0.device)
+            for i, row in enumerate(rows):
+                if row.position:
+                    k, v = row.past[layer_index]
+                    keys[i, :, past_len - row.position:] = k[0]
+                    values[i, :, past_len - row.position:] = v[0]
+            layers.append((keys, values))
+        return layers
+
     @contextlib.contextmanager
     def _adapter(self, name: str | None) -> Iterator[None]:
         if name is None:
@@ -313,6 +430,15 @@ def discover_adapters(root: Path | None, names: tuple[str, ...] | None) -> dict[
             raise AssetError(f"adapter {name!r}: {path} has no adapter_model.safetensors (pickled weights are refused)")
         found[name] = path
     return found
+
+
+def _kv_bytes_per_token(model_config: object, dtype: torch.dtype) -> int:
+    """KV bytes one token takes in this model: ``2 * layers * kv_heads * head_dim * dtype size``."""
+    layers = int(model_config.num_hidden_layers)
+    heads = int(model_config.num_attention_heads)
+    kv_heads = int(getattr(model_config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(model_config, "head_dim", None) or model_config.hidden_size // heads)
+    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
 def _eos_ids(model_config: object, tokenizer: object) -> frozenset[int]:

@@ -1,26 +1,29 @@
 """lora_adapter: token ids + adapter + sampling inputs to a stream of text pieces (decoupled).
 
-All logic lives in ``warmup_tools.lora_adapter.service`` / ``generation``; this file only adapts Triton's
-request objects.
+All logic lives in ``warmup_tools.lora_adapter`` (engine, scheduler, service, responses); this file only
+adapts Triton's request objects. Like Triton's vLLM backend, ``execute`` hands each valid request to the
+instance's scheduler and returns at once; its responses go out through the request's response sender
+from the scheduler's thread.
 """
 
-import time
-
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from warmup_tools.common.errors import ConfigError
 from warmup_tools.triton.inputs import parse_optional_text
 from warmup_tools.triton.io import collect_inputs, error_for, log_unexpected, model_parameters
-from warmup_tools.triton.metrics import GenerationMetrics
+from warmup_tools.triton.metrics import GenerationMetrics, SchedulerMetrics
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
+from warmup_tools.lora_adapter.responses import ResponseSink
+from warmup_tools.lora_adapter.scheduler import Scheduler, SchedulerConfig
 from warmup_tools.lora_adapter.service import LoraService
 from warmup_tools.triton.params import parse_bool
-from warmup_tools.lora_adapter.request_log import RequestLogWriter, make_record
+from warmup_tools.lora_adapter.request_log import RequestLogWriter
 from warmup_tools.lora_adapter.requests import RequestLimits, parse_generate_request
 
 INPUTS = ("input_ids", "adapter_id", "tenant_id", "max_tokens", "stream", "temperature",
           "top_p", "top_k", "seed", "cluster_id", "warmup_plan", "text_input")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+SCHEDULERS = ("continuous", "serial")
 
 
 class TritonPythonModel:
@@ -43,8 +46,15 @@ class TritonPythonModel:
         ))
         control = params.get("control_dir", str, "")
         self.instance = args["model_instance_name"]
-        self.service = LoraService(
-            engine, instance=self.instance,
+        mode = params.get("scheduler", str, "continuous")
+        if mode not in SCHEDULERS:
+            raise ConfigError(f"lora_adapter: parameter 'scheduler'={mode!r}: use one of {', '.join(SCHEDULERS)}")
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=params.get("max_num_seqs", int, 8),
+            max_queue=params.get("max_queue", int, 64),
+            max_num_batched_tokens=params.get("max_num_batched_tokens", int, 256),
+        )
+        service_options = dict(
             control_dir=params.path("control_dir") if control else None,
             serve_cold=params.get("serve_cold", parse_bool, False),
             warm_priority=params.get("warm_priority", str, "live_first"),
@@ -59,6 +69,17 @@ class TritonPythonModel:
         log_dir = params.get("request_log_dir", str, "")
         self.redact = params.get("request_log_redact", parse_bool, False)
         params.check_unknown()
+        self.scheduler = None
+        if mode == "continuous":
+            observer = SchedulerMetrics(pb_utils, "lora_adapter", self.instance).observe
+            self.scheduler = Scheduler(engine, scheduler_config, observer=observer)
+            self.scheduler.start()  # before the service: its first reconcile may load adapters through it
+        try:
+            self.service = LoraService(engine, instance=self.instance, scheduler=self.scheduler, **service_options)
+        except Exception:
+            if self.scheduler is not None:
+                self.scheduler.stop()
+            raise
         self.request_log = RequestLogWriter(params.path("request_log_dir"), self.instance) if log_dir else None
         self.metrics = GenerationMetrics(pb_utils, "lora_adapter", self.instance)
         pb_utils.Logger.log_info(f"lora_adapter: device {engine.device}, adapters {sorted(engine.adapters)}")
@@ -69,45 +90,20 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                self._serve(request, sender)
+                inputs = collect_inputs(pb_utils, request, INPUTS)
+                req = parse_generate_request(inputs, self.limits)
+                prompt = parse_optional_text(inputs) if self.request_log is not None else None
+                sink = ResponseSink(pb_utils, sender, req, metrics=self.metrics, request_log=self.request_log,
+                                    prompt_text=prompt, redact=self.redact)
+                self.service.serve(req, sink)  # continuous: queued, returns at once; serial: runs to the end
             except Exception as exc:  # noqa: BLE001 (one bad request never fails the batch)
                 log_unexpected(pb_utils, "lora_adapter", exc)
                 sender.send(pb_utils.InferenceResponse(error=error_for(pb_utils, exc)), flags=FINAL)
         self.metrics.record_state(self.service)
         return None
 
-    def _serve(self, request, sender):
-        arrived = time.time()
-        inputs = collect_inputs(pb_utils, request, INPUTS)
-        req = parse_generate_request(inputs, self.limits)
-        text = []
-        for step in self.service.generate(req):
-            if req.stream:
-                sender.send(_response(step.text, step), flags=FINAL if step.finished else 0)
-            else:
-                text.append(step.text)
-                if step.finished:
-                    sender.send(_response("".join(text), step), flags=FINAL)
-            if step.output_tokens == 1:  # NOTE: after the send, so metrics never delay the first token
-                self.metrics.record(req.adapter, step.prompt_tokens, step.cached_tokens, step.elapsed)
-                ttft_ms = step.elapsed * 1000
-            if step.finished and self.request_log is not None and not req.is_warmup:
-                self.request_log.log(make_record(
-                    ts=arrived, tenant=req.tenant, adapter=req.adapter, prompt=parse_optional_text(inputs),
-                    prompt_tokens=step.prompt_tokens, cached_tokens=step.cached_tokens, ttft_ms=ttft_ms,
-                    output_tokens=step.output_tokens, cluster=req.cluster_id, redact=self.redact))
-
     def finalize(self):
         self.service.close()
         if self.request_log is not None:
             self.request_log.close()
 
-
-def _response(text, step):
-    return pb_utils.InferenceResponse(output_tensors=[
-        pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
-        pb_utils.Tensor("cached_tokens", np.array([step.cached_tokens], dtype=np.int32)),
-        pb_utils.Tensor("prompt_tokens", np.array([step.prompt_tokens], dtype=np.int32)),
-        pb_utils.Tensor("output_tokens", np.array([step.output_tokens], dtype=np.int32)),
-        pb_utils.Tensor("finish_reason", np.array([step.finish_reason.encode()], dtype=np.object_)),
-    ])

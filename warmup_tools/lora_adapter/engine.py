@@ -125,6 +125,9 @@ class LoraEngine:
                 raise AssetError(f"KV prefix cache configuration: {exc}") from None
         self._peft = None
         self._lm = model
+        #: Adapter name per batch row of the forward running now (None: not a mixed-adapter forward).
+        self._current_rows: list[str] | None = None
+        self._row_hooked: set[int] = set()
         self.adapters: dict[str, Path] = {}
         self.adapter_fingerprints: dict[str, str] = {}
         for name, path in discover_adapters(config.adapter_root, config.adapters).items():
@@ -186,14 +189,9 @@ class LoraEngine:
         else:
             cache = DynamicCache(config=self.model_config)
         last = sorted({len(row.token_ids) - 1 for row in rows})
-        kwargs = {}
-        model = self._lm
-        if self._peft is not None and self.adapters:
-            kwargs["adapter_names"] = [row.adapter or BASE_ADAPTER_NAME for row in rows]
-            model = self._peft
-        with torch.inference_mode():
-            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-                        logits_to_keep=torch.tensor(last, device=self.device), **kwargs)
+        with torch.inference_mode(), self._row_adapters([row.adapter for row in rows]):
+            out = self._lm(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                           logits_to_keep=torch.tensor(last, device=self.device))
         outputs = []
         for i, row in enumerate(rows):
             n = len(row.token_ids)
@@ -339,6 +337,39 @@ class LoraEngine:
         out = self._lm(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]
 
+    @contextlib.contextmanager
+    def _row_adapters(self, adapters: list[str | None]) -> Iterator[None]:
+        """Run the next forward with one adapter per batch row (peft's mixed-batch LoRA forward).
+
+        NOTE: ``PeftModel(..., adapter_names=...)`` would do the same, but it walks every module twice
+        per call to check the names and to register its injecting hooks (about 5 ms a step on the demo
+        model); here the hooks are registered once and read the names of the current forward. Names are
+        checked before (:meth:`check_request`, and the scheduler before each step).
+        """
+        if self._peft is None or not self.adapters:
+            yield
+            return
+        self._current_rows = [name or BASE_ADAPTER_NAME for name in adapters]
+        try:
+            yield
+        finally:
+            self._current_rows = None
+
+    def _install_row_hooks(self) -> None:
+        from peft.tuners.lora import LoraLayer  # noqa: PLC0415
+        from peft.utils.other import AuxiliaryTrainingWrapper  # noqa: PLC0415
+
+        hooked = self._row_hooked
+        for module in self._peft.modules():
+            if isinstance(module, (LoraLayer, AuxiliaryTrainingWrapper)) and id(module) not in hooked:
+                module.register_forward_pre_hook(self._inject_row_adapters, with_kwargs=True)
+                hooked.add(id(module))
+
+    def _inject_row_adapters(self, module: object, args: tuple, kwargs: dict) -> None:
+        rows = self._current_rows
+        if rows is not None:
+            kwargs["adapter_names"] = rows
+
     @property
     def _pad_id(self) -> int:
         pad = getattr(self.model_config, "pad_token_id", None)
@@ -388,6 +419,7 @@ class LoraEngine:
             self._peft.to(self.device)
         self.adapters[name] = path
         self.adapter_fingerprints[name] = fingerprint_folder(path)
+        self._install_row_hooks()
 
 
 def select_device(spec: str) -> torch.device:

@@ -128,6 +128,8 @@ class LoraEngine:
         #: Adapter name per batch row of the forward running now (None: not a mixed-adapter forward).
         self._current_rows: list[str] | None = None
         self._row_hooked: set[int] = set()
+        #: The last two batched forwards (cache, rows' KV, all rows of one length), for reuse.
+        self._recent_batches: list[tuple[object, list[SequenceKV], bool]] = []
         self.adapters: dict[str, Path] = {}
         self.adapter_fingerprints: dict[str, str] = {}
         for name, path in discover_adapters(config.adapter_root, config.adapters).items():
@@ -165,8 +167,13 @@ class LoraEngine:
         from transformers import DynamicCache  # noqa: PLC0415
 
         batch = len(rows)
-        past_len = max(row.position for row in rows)
         new_len = max(len(row.token_ids) for row in rows)
+        cache = self._reusable_cache(rows)
+        past_len = cache.get_seq_length() if cache is not None else max(row.position for row in rows)
+        if cache is None and past_len:
+            cache = DynamicCache(ddp_cache_data=self._padded_past(rows, past_len), config=self.model_config)
+        elif cache is None:
+            cache = DynamicCache(config=self.model_config)
         ids = torch.full((batch, new_len), self._pad_id, dtype=torch.long, device=self.device)
         positions = torch.zeros((batch, new_len), dtype=torch.long, device=self.device)
         # NOTE: a 4D mask is used as given by transformers (no padding or packing inference from
@@ -184,10 +191,6 @@ class LoraEngine:
             allowed[i, 0, n:, past_len:past_len + n] = True  # padded queries see real keys only (no empty row)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        if past_len:
-            cache = DynamicCache(ddp_cache_data=self._padded_past(rows, past_len), config=self.model_config)
-        else:
-            cache = DynamicCache(config=self.model_config)
         last = sorted({len(row.token_ids) - 1 for row in rows})
         with torch.inference_mode(), self._row_adapters([row.adapter for row in rows]):
             out = self._lm(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
@@ -195,18 +198,30 @@ class LoraEngine:
         outputs = []
         for i, row in enumerate(rows):
             n = len(row.token_ids)
-            logits = out.logits[i, last.index(n - 1)]
-            kv: SequenceKV = []
-            for layer_index, layer in enumerate(cache.layers):
-                new_k = layer.keys[i:i + 1, :, past_len:past_len + n]
-                new_v = layer.values[i:i + 1, :, past_len:past_len + n]
-                if row.past:
-                    old_k, old_v = row.past[layer_index]
-                    kv.append((torch.cat((old_k, new_k), dim=2), torch.cat((old_v, new_v), dim=2)))
-                else:
-                    kv.append((new_k.clone(), new_v.clone()))
-            outputs.append(RowOutput(logits, kv))
+            start, end = past_len - row.position, past_len + n
+            # NOTE: a row's KV is a view of the batch's cache (its real tokens are contiguous there):
+            # no copy per row and step; the next step copies it only if the batch changed.
+            kv: SequenceKV = [(layer.keys[i:i + 1, :, start:end], layer.values[i:i + 1, :, start:end])
+                              for layer in cache.layers]
+            outputs.append(RowOutput(out.logits[i, last.index(n - 1)], kv))
+        uniform = all(len(row.token_ids) == new_len for row in rows)
+        self._recent_batches = [*self._recent_batches[-1:], (cache, [o.kv for o in outputs], uniform)]
         return outputs
+
+    def forget_batches(self) -> None:
+        """Drop the caches kept for reuse (the scheduler calls this when nothing runs)."""
+        self._recent_batches.clear()
+
+    def _reusable_cache(self, rows: Sequence[BatchRow]) -> object | None:
+        """The cache of a recent forward if these rows are exactly its rows, in order, each continuing
+        from what that forward returned: in steady decoding the batch then grows by one column and is
+        not rebuilt from each row's KV."""
+        for index, (cache, kvs, uniform) in enumerate(self._recent_batches):
+            # Every row of that batch ended at its last column only if all rows had the same new tokens.
+            if uniform and len(kvs) == len(rows) and all(row.past is kv for row, kv in zip(rows, kvs)):
+                del self._recent_batches[index]  # its cache grows in place from here on
+                return cache
+        return None
 
     def prompt_logits(self, request: GenerateRequest) -> torch.Tensor:
         """The logits after the prompt's last token (through the prefix cache, as a request would)."""

@@ -234,6 +234,8 @@ class Scheduler:
         finished = 0
         if plan:
             finished = self._run(plan)
+        if not self._running and self._warm is None:
+            self.engine.forget_batches()
         self.stats.steps += 1
         self.stats.running = len(self._running)
         self.stats.waiting = len(self._waiting)
@@ -350,8 +352,12 @@ class Scheduler:
                 self._running.append(seq)
         if self._warm is None and self._warm_waiting:
             seq = self._warm_waiting[0]
-            if self._try_admit(seq):
+            admitted = self._try_admit(seq)
+            if admitted:
                 self._warm = self._warm_waiting.popleft()
+            elif admitted is None and not self._running:
+                self._warm_waiting.popleft()
+                self._finish(seq, RequestError("the KV memory budget is too small for this warm prompt"))
 
     def _try_admit(self, seq: Sequence) -> bool | None:
         """Match the cached prefix and take its memory: True if admitted, False to wait (single

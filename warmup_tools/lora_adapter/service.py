@@ -216,7 +216,9 @@ class LoraService:
             return f"warmed {len(spec.warm_prompts)} prompts (0 tokens, 0 steps: no KV cache)"
         tokens = steps = 0
         for prompt in spec.warm_prompts:
-            ids = self.engine.encode(prompt)
+            # NOTE: tokenised on the scheduler's thread: the fast tokenizer is not safe to share across
+            # threads, and the scheduler decodes with it.
+            ids = self.scheduler.call(lambda text=prompt: self.engine.encode(text)).result()
             steps += self.scheduler.submit_warm(name, ids, plan_id=cache.active_plan).result()
             tokens += len(ids)
         return f"warmed {len(spec.warm_prompts)} prompts ({tokens} tokens, {steps} steps)"

@@ -147,6 +147,8 @@ class SchedulerStats:
     running: int = 0
     waiting: int = 0
     preemptions: int = 0
+    #: Warm prompts whose KV was dropped to make room for live sequences (they start again later).
+    warm_restarts: int = 0
     steps: int = 0
     #: Output tokens per adapter ("" for the base model).
     output_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -412,6 +414,12 @@ class Scheduler:
             if count <= 0:
                 continue
             while not self._reserve(seq, count):
+                if self._warm is not None:  # warm-up gives way first: its KV is dropped, it starts again
+                    warm, self._warm = self._warm, None
+                    self._release(warm)
+                    self._warm_waiting.appendleft(warm)
+                    self.stats.warm_restarts += 1
+                    continue
                 victim = self._running[-1]
                 self._preempt(victim)
                 preempted += 1

@@ -258,3 +258,21 @@ def test_adapter_unload_runs_between_steps_and_ends_its_sequences(demo_assets):
     drain(scheduler)
     loaded.result(timeout=0)
     assert engine.has_adapter("sql")
+
+
+def test_warm_up_gives_its_memory_way_to_live_sequences(fresh_cache, reference):
+    engine = fresh_cache
+    warm_ids = engine.encode(SYSTEM_PROMPTS["sql"] + SYSTEM_PROMPTS["legal"])
+    # Room for the warm prompt alone, not for it and the live request together.
+    engine.prefix_cache = PrefixCache((len(warm_ids) + 5) * engine.kv_bytes_per_token, 16)
+    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=16))
+    live = make_request(engine, "Hello there", "support", max_tokens=40)
+    sink = RecordingSink()
+    scheduler.submit(live, sink)
+    done = scheduler.submit_warm("sql", warm_ids)
+    drain(scheduler, limit=5000)
+    assert not sink.errors and sink.tokens == reference(live)[0]
+    assert scheduler.stats.warm_restarts > 0  # the warm prompt gave its KV up...
+    assert scheduler.stats.preemptions == 0  # ...and no live sequence was preempted for it
+    assert done.result(timeout=0) > 0
+    assert engine.prefix_cache.stats.running_bytes == 0

@@ -162,21 +162,27 @@ class SchedulerMetrics:
         family = pb_utils.MetricFamily
         labels = {"model": model, "instance": instance}
         self._model = model
-        self._running = family(name="warmup_scheduler_running_sequences",
-                               description="Sequences in the running batch of an instance",
-                               kind=family.GAUGE).Metric(labels=labels)
-        self._waiting = family(name="warmup_scheduler_waiting_sequences",
-                               description="Sequences waiting for a running slot on an instance",
-                               kind=family.GAUGE).Metric(labels=labels)
-        self._batch = family(name="warmup_scheduler_batch_size", description="Sequences per scheduler step",
-                             kind=family.HISTOGRAM).Metric(labels=labels, buckets=list(BATCH_SIZE_BUCKETS))
-        self._step = family(name="warmup_scheduler_step_seconds", description="Seconds per scheduler step",
-                            kind=family.HISTOGRAM).Metric(labels=labels, buckets=list(STEP_BUCKETS))
-        self._preemptions = family(name="warmup_scheduler_preemptions_total",
-                                   description="Running sequences preempted (KV dropped, recomputed later)",
-                                   kind=family.COUNTER).Metric(labels={"model": model})
-        self._tokens_family = family(name="warmup_output_tokens_total",
-                                     description="Generated tokens by adapter", kind=family.COUNTER)
+        # NOTE: the families are kept: Triton refuses a Metric whose MetricFamily was garbage collected.
+        self._families = (
+            family(name="warmup_scheduler_running_sequences",
+                   description="Sequences in the running batch of an instance", kind=family.GAUGE),
+            family(name="warmup_scheduler_waiting_sequences",
+                   description="Sequences waiting for a running slot on an instance", kind=family.GAUGE),
+            family(name="warmup_scheduler_batch_size", description="Sequences per scheduler step",
+                   kind=family.HISTOGRAM),
+            family(name="warmup_scheduler_step_seconds", description="Seconds per scheduler step",
+                   kind=family.HISTOGRAM),
+            family(name="warmup_scheduler_preemptions_total",
+                   description="Running sequences preempted (KV dropped, recomputed later)", kind=family.COUNTER),
+            family(name="warmup_output_tokens_total", description="Generated tokens by adapter",
+                   kind=family.COUNTER),
+        )
+        running, waiting, batch, step, preemptions, self._tokens_family = self._families
+        self._running = running.Metric(labels=labels)
+        self._waiting = waiting.Metric(labels=labels)
+        self._batch = batch.Metric(labels=labels, buckets=list(BATCH_SIZE_BUCKETS))
+        self._step = step.Metric(labels=labels, buckets=list(STEP_BUCKETS))
+        self._preemptions = preemptions.Metric(labels={"model": model})
         self._tokens: dict[str, Any] = {}
         self._last = {"running": -1, "waiting": -1, "preemptions": 0}
         self._sent_tokens: dict[str, int] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import types
+import weakref
 
 from warmup_tools.common.errors import ServerBusyError
 from warmup_tools.lora_adapter.engine import GenerationStep
@@ -15,17 +16,27 @@ FINAL = 1
 
 
 class FakeMetric:
-    def __init__(self, labels, buckets=None):
+    """Like Triton's: refuses to be used once its family was garbage collected."""
+
+    def __init__(self, family, labels, buckets=None):
+        self.family = weakref.ref(family)
         self.labels, self.value, self.observed = labels, 0, []
 
     def set(self, value):
+        self._check()
         self.value = value
 
     def increment(self, value):
+        self._check()
         self.value += value
 
     def observe(self, value):
+        self._check()
         self.observed.append(value)
+
+    def _check(self):
+        if self.family() is None:
+            raise RuntimeError("Invalid metric operation as the corresponding 'MetricFamily' has been deleted")
 
 
 class FakeFamily:
@@ -36,7 +47,7 @@ class FakeFamily:
         self.name = name
 
     def Metric(self, labels, buckets=None):  # noqa: N802 - pb_utils' spelling
-        metric = FakeMetric(labels, buckets)
+        metric = FakeMetric(self, labels, buckets)
         FakeFamily.created[(self.name, tuple(sorted(labels.items())))] = metric
         return metric
 

@@ -126,7 +126,8 @@ def _parser() -> argparse.ArgumentParser:
                             help="tokens/s, TTFT and inter-token latency at 1, 4, 8 and 16 concurrent streams")
     conc.add_argument("--levels", type=lambda v: tuple(int(x) for x in v.split(",")), default=(1, 4, 8, 16),
                       help="comma-separated stream counts")
-    conc.add_argument("--rounds", type=int, default=6, help="requests each stream sends back to back")
+    conc.add_argument("--rounds", type=int, default=6, help="requests each stream sends back to back (at least)")
+    conc.add_argument("--min-requests", type=int, default=24, help="requests per level (at least)")
     conc.add_argument("--max-tokens", type=int, default=32)
     conc.add_argument("--scheduler", choices=("continuous", "serial"), default="continuous")
     conc.add_argument("--max-num-seqs", type=int, default=16)

@@ -2,7 +2,8 @@
 
 One run starts the real server on the model repository and, for 1, 4, 8 and 16 concurrent streams,
 has each stream (its own gRPC connection to ``ensemble``, streaming) send ``rounds`` requests back to
-back: scopes support, legal, sql and the base model in turn, each a warm system prompt (pre-filled by
+back (more at low levels, so that every level has at least ``min_requests`` samples): scopes support,
+legal, sql and the base model in turn, each a warm system prompt (pre-filled by
 the model_warmup samples; the base model's after its first request) followed by a distinct question,
 ``max_tokens`` 32. Per level it prints output tokens/s (all streams' output tokens over the level's
 wall time), time to first token and inter-token latency (p50/p95/p99, client side), and errors; then
@@ -54,8 +55,8 @@ def pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int = 6, max_tokens: int = 32,
-        scheduler: str = "continuous", max_num_seqs: int = 16, lm_threads: int = 1,
+def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int = 6, min_requests: int = 24,
+        max_tokens: int = 32, scheduler: str = "continuous", max_num_seqs: int = 16, lm_threads: int = 1,
         out: TextIO = sys.stdout) -> list[LevelResult]:
     """Measure each concurrency level on one server; prints a table and the 8-vs-1 ratios."""
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_LM_THREADS": str(lm_threads),
@@ -64,13 +65,13 @@ def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int 
     with TritonServer(REPO_ROOT / "model_repository", env=env) as server:
         server.wait_ready(timeout=600)
         out.write(f"server ready (scheduler {scheduler}, max_num_seqs {max_num_seqs}, lm threads {lm_threads}); "
-                  f"{rounds} requests per stream, max_tokens {max_tokens}\n")
+                  f"at least {rounds} requests per stream and {min_requests} per level, max_tokens {max_tokens}\n")
         out.flush()
         with StreamingClient(server.grpc_url) as client:  # one-off costs, and the base model's prefix
             for adapter, scope in SCOPES:
                 client.generate(demo_prompt(scope, "warm-up"), GenerateParams(max_tokens=2, adapter_id=adapter))
         for streams in levels:
-            result = _level(server.grpc_url, streams, rounds, max_tokens)
+            result = _level(server.grpc_url, streams, max(rounds, -(-min_requests // streams)), max_tokens)
             results.append(result)
             out.write(_row(result) + "\n")
             out.flush()

@@ -450,6 +450,9 @@ class Scheduler:
         """Run the planned rows and hand out their tokens; returns how many sequences finished."""
         # NOTE: decode rows and prefill chunks run as two forwards, not one: padding 1-token decode rows
         # to a 256-token chunk would multiply the work; each forward is still batched across sequences.
+        # Decode rows go first (Sarathi-Serve's decode priority). Prefill first was measured (bench
+        # concurrency, back-to-back runs at 8 streams): TTFT p50 lower, but TTFT p95, ITL p95 and
+        # tokens/s worse.
         groups = [[r for r in plan if r[1] == 1], [r for r in plan if r[1] > 1]]
         finished = 0
         for group in groups:

@@ -57,3 +57,15 @@ class AdapterUnavailableError(RequestError):
     """The adapter is known but is not live (loading, warming, failed or retired)."""
 
     code = "UNAVAILABLE"
+
+
+class ServerBusyError(RequestError):
+    """The instance already holds as many requests as it may queue; the client should retry later."""
+
+    code = "UNAVAILABLE"
+
+
+class RequestCancelledError(RequestError):
+    """The client cancelled the request (or went away) before it finished."""
+
+    code = "CANCELLED"

@@ -71,6 +71,8 @@ class PrefixCacheStats:
     #: Blocks a store could not place (budget full of pinned or in-use blocks, or warm-up cap reached).
     rejected_blocks: int = 0
     bytes_used: int = 0
+    #: KV bytes of running sequences reserved against the same budget (not part of ``bytes_used``).
+    running_bytes: int = 0
     warmup_bytes: int = 0
     pinned_bytes: int = 0
     blocks: int = 0

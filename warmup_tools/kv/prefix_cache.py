@@ -6,7 +6,9 @@ Reads like vLLM's ``kv_cache_utils`` / ``block_pool`` and SGLang's ``radix_cache
   (:mod:`warmup_tools.kv.hashing`); the scope in the hash keeps tenants and adapters apart;
 * a request reuses the KV of its longest cached block prefix and prefills only the rest;
 * memory is a byte budget per instance. A share of it (15% by default) is reserved for live traffic:
-  warm-up may not fill it. Eviction is chosen from :data:`EVICTION_POLICIES` (LFU with TTL by default);
+  warm-up may not fill it. The KV of running sequences (the continuous-batching scheduler's) is counted
+  against the same budget (:meth:`PrefixCache.reserve`): cached blocks are evicted to make room for it.
+  Eviction is chosen from :data:`~warmup_tools.kv.blocks.EVICTION_POLICIES` (LFU with TTL by default);
   blocks pinned by the active warm-up plan, blocks in use by a running request, and blocks that have
   cached children are never evicted (evicting a parent would strand its children).
 
@@ -169,6 +171,25 @@ class PrefixCache:
             self.stats.stored_blocks += stored
         return stored
 
+    def reserve(self, nbytes: int) -> bool:
+        """Count ``nbytes`` of a running sequence's KV against the budget, evicting blocks to make room.
+
+        False (nothing reserved) when even evicting every evictable block would not make room: the
+        caller then preempts a sequence. Give the bytes back with :meth:`unreserve`.
+        """
+        if nbytes <= 0:
+            return True
+        with self._lock:
+            if not self._make_room(nbytes, BlockSource.LIVE):
+                return False
+            self.stats.running_bytes += nbytes
+            return True
+
+    def unreserve(self, nbytes: int) -> None:
+        """Give back bytes taken with :meth:`reserve` (a sequence finished, was cancelled or preempted)."""
+        with self._lock:
+            self.stats.running_bytes = max(0, self.stats.running_bytes - nbytes)
+
     def activate_plan(self, plan_id: str | None) -> int:
         """Make ``plan_id`` the active warm-up plan; blocks pinned by any other plan are unpinned."""
         unpinned = 0
@@ -226,7 +247,7 @@ class PrefixCache:
     def _make_room(self, nbytes: int, source: BlockSource) -> bool:
         if source is BlockSource.WARMUP and self.stats.warmup_bytes + nbytes > self.warmup_budget:
             return False
-        while self.stats.bytes_used + nbytes > self.budget_bytes:
+        while self.stats.bytes_used + self.stats.running_bytes + nbytes > self.budget_bytes:
             victim = self._policy.victim(self._clock())
             if victim is None:
                 return False

@@ -2,7 +2,10 @@
 
 The base model and adapters load through the ordinary Hugging Face paths (``AutoModelForCausalLM``,
 ``PeftModel``), so a real model folder and real adapter folders work by changing config parameters.
-One engine serves one model instance; requests run one at a time, each with its adapter switched in.
+One engine serves one model instance. :meth:`LoraEngine.generate` runs one request at a time with its
+adapter switched in (the ``serial`` scheduler); :meth:`LoraEngine.forward_batch` runs one forward for
+many sequences with different adapters, which the continuous-batching scheduler
+(:mod:`warmup_tools.lora_adapter.scheduler`) calls once per step.
 """
 
 from __future__ import annotations
@@ -40,6 +43,32 @@ class EngineConfig:
     num_threads: int = 0
     #: KV prefix cache of this instance; ``budget_bytes`` 0 disables it.
     kv: KVCacheConfig = KVCacheConfig()
+
+
+#: peft's name for "no adapter" in a mixed-adapter batch (``adapter_names=[...]``).
+BASE_ADAPTER_NAME = "__base__"
+
+#: Per layer ``(keys, values)``, each ``[1, kv_heads, tokens, head_dim]``: one sequence's KV.
+SequenceKV = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchRow:
+    """One sequence's share of a batched forward: its new tokens on top of its KV so far."""
+
+    token_ids: Sequence[int]
+    #: Tokens already computed for this sequence (the length of ``past``).
+    position: int
+    past: SequenceKV | None
+    adapter: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RowOutput:
+    """The logits after a row's last new token, and the row's KV including its new tokens."""
+
+    logits: torch.Tensor
+    kv: SequenceKV
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -81,6 +110,7 @@ class LoraEngine:
         self.vocab_size = int(model.config.vocab_size)
         self.eos_token_ids = _eos_ids(model.config, self.tokenizer)
         self.base_fingerprint = fingerprint_folder(config.base_model)
+        self.kv_bytes_per_token = _kv_bytes_per_token(model.config, self.dtype)
         self.prefix_cache: PrefixCache | None = None
         if config.kv.budget_bytes > 0:
             try:
@@ -91,6 +121,11 @@ class LoraEngine:
                 raise AssetError(f"KV prefix cache configuration: {exc}") from None
         self._peft = None
         self._lm = model
+        #: Adapter name per batch row of the forward running now (None: not a mixed-adapter forward).
+        self._current_rows: list[str] | None = None
+        self._row_hooked: set[int] = set()
+        #: The last two batched forwards (cache, rows' KV, all rows of one length), for reuse.
+        self._recent_batches: list[tuple[object, list[SequenceKV], bool]] = []
         self.adapters: dict[str, Path] = {}
         self.adapter_fingerprints: dict[str, str] = {}
         for name, path in discover_adapters(config.adapter_root, config.adapters).items():
@@ -100,15 +135,89 @@ class LoraEngine:
     def generate(self, request: GenerateRequest) -> Iterator[GenerationStep]:
         """Yield one :class:`GenerationStep` per generated token; the last has ``finished=True``."""
         start = time.perf_counter()
-        params = request.sampling
-        prompt_len = len(request.prompt_ids)
-        if prompt_len + params.max_tokens > self.context_length:
-            raise InvalidInputError(
-                f"the prompt has {prompt_len} tokens and max_tokens is {params.max_tokens}: together they exceed "
-                f"the model's context of {self.context_length} tokens; shorten the prompt or lower max_tokens"
-            )
+        self.check_request(request)
         with self._prefilled(request) as (logits, cache, cached_tokens):
             yield from self._decode(request, logits, cache, cached_tokens, start)
+
+    def check_request(self, request: GenerateRequest) -> None:
+        """Raise the request's error if it cannot be served: too long for the context, unknown adapter."""
+        prompt_len, max_tokens = len(request.prompt_ids), request.sampling.max_tokens
+        if prompt_len + max_tokens > self.context_length:
+            raise InvalidInputError(
+                f"the prompt has {prompt_len} tokens and max_tokens is {max_tokens}: together they exceed "
+                f"the model's context of {self.context_length} tokens; shorten the prompt or lower max_tokens"
+            )
+        if request.adapter is not None and request.adapter not in self.adapters:
+            known = ", ".join(sorted(self.adapters)) or "none"
+            raise UnknownAdapterError(
+                f"unknown adapter '{request.adapter}'; known adapters: {known} (or empty for the base model)")
+
+    def forward_batch(self, rows: Sequence[BatchRow]) -> list[RowOutput]:
+        """One forward for several sequences, each with its own KV, position and adapter.
+
+        The batch is padded: past KV left-padded to the longest past, new tokens right-padded to the
+        longest row, with an explicit 4D mask and per-row position ids, so each row computes exactly
+        what it would alone. Rows with different adapters (or the base model) share the forward through
+        peft's per-row ``adapter_names``.
+        """
+        from transformers import DynamicCache
+
+        batch = len(rows)
+        new_len = max(len(row.token_ids) for row in rows)
+        cache = self._reusable_cache(rows)
+        past_len = cache.get_seq_length() if cache is not None else max(row.position for row in rows)
+        if cache is None and past_len:
+            cache = DynamicCache(ddp_cache_data=self._padded_past(rows, past_len), config=self.model_config)
+        elif cache is None:
+            cache = DynamicCache(config=self.model_config)
+        ids = torch.full((batch, new_len), self._pad_id, dtype=torch.long, device=self.device)
+        positions = torch.zeros((batch, new_len), dtype=torch.long, device=self.device)
+        # NOTE: a 4D mask is used as given by transformers (no padding or packing inference from
+        # position ids); True means "may attend". Keys: [padded past | new tokens].
+        allowed = torch.zeros((batch, 1, new_len, past_len + new_len), dtype=torch.bool, device=self.device)
+        causal = torch.ones((new_len, new_len), dtype=torch.bool, device=self.device).tril()
+        for i, row in enumerate(rows):
+            n = len(row.token_ids)
+            ids[i, :n] = torch.tensor(list(row.token_ids), dtype=torch.long, device=self.device)
+            # Padded query positions repeat the last real position: harmless, and never read.
+            positions[i] = torch.arange(new_len, device=self.device).clamp(max=n - 1) + row.position
+            allowed[i, 0, :, past_len - row.position:past_len] = True
+            allowed[i, 0, :, past_len:] = causal
+            allowed[i, 0, :, past_len + n:] = False
+            allowed[i, 0, n:, past_len:past_len + n] = True  # padded queries see real keys only (no empty row)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        last = sorted({len(row.token_ids) - 1 for row in rows})
+        with torch.inference_mode(), self._row_adapters([row.adapter for row in rows]):
+            out = self._lm(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                           logits_to_keep=torch.tensor(last, device=self.device))
+        outputs = []
+        for i, row in enumerate(rows):
+            n = len(row.token_ids)
+            start, end = past_len - row.position, past_len + n
+            # NOTE: a row's KV is a view of the batch's cache (its real tokens are contiguous there):
+            # no copy per row and step; the next step copies it only if the batch changed.
+            kv: SequenceKV = [(layer.keys[i:i + 1, :, start:end], layer.values[i:i + 1, :, start:end])
+                              for layer in cache.layers]
+            outputs.append(RowOutput(out.logits[i, last.index(n - 1)], kv))
+        uniform = all(len(row.token_ids) == new_len for row in rows)
+        self._recent_batches = [*self._recent_batches[-1:], (cache, [o.kv for o in outputs], uniform)]
+        return outputs
+
+    def forget_batches(self) -> None:
+        """Drop the caches kept for reuse (the scheduler calls this when nothing runs)."""
+        self._recent_batches.clear()
+
+    def _reusable_cache(self, rows: Sequence[BatchRow]) -> object | None:
+        """The cache of a recent forward if these rows are exactly its rows, in order, each continuing
+        from what that forward returned: in steady decoding the batch then grows by one column and is
+        not rebuilt from each row's KV."""
+        for index, (cache, kvs, uniform) in enumerate(self._recent_batches):
+            # Every row of that batch ended at its last column only if all rows had the same new tokens.
+            if uniform and len(kvs) == len(rows) and all(row.past is kv for row, kv in zip(rows, kvs)):
+                del self._recent_batches[index]  # its cache grows in place from here on
+                return cache
+        return None
 
     def prompt_logits(self, request: GenerateRequest) -> torch.Tensor:
         """The logits after the prompt's last token (through the prefix cache, as a request would)."""
@@ -240,6 +349,60 @@ class LoraEngine:
         return out.logits[0, -1]
 
     @contextlib.contextmanager
+    def _row_adapters(self, adapters: list[str | None]) -> Iterator[None]:
+        """Run the next forward with one adapter per batch row (peft's mixed-batch LoRA forward).
+
+        NOTE: ``PeftModel(..., adapter_names=...)`` would do the same, but it walks every module twice
+        per call to check the names and to register its injecting hooks (about 5 ms a step on the demo
+        model); here the hooks are registered once and read the names of the current forward. Names are
+        checked before (:meth:`check_request`, and the scheduler before each step).
+        """
+        if self._peft is None or not self.adapters:
+            yield
+            return
+        self._current_rows = [name or BASE_ADAPTER_NAME for name in adapters]
+        try:
+            yield
+        finally:
+            self._current_rows = None
+
+    def _install_row_hooks(self) -> None:
+        from peft.tuners.lora import LoraLayer
+        from peft.utils.other import AuxiliaryTrainingWrapper
+
+        hooked = self._row_hooked
+        for module in self._peft.modules():
+            if isinstance(module, (LoraLayer, AuxiliaryTrainingWrapper)) and id(module) not in hooked:
+                module.register_forward_pre_hook(self._inject_row_adapters, with_kwargs=True)
+                hooked.add(id(module))
+
+    def _inject_row_adapters(self, module: object, args: tuple, kwargs: dict) -> None:
+        rows = self._current_rows
+        if rows is not None:
+            kwargs["adapter_names"] = rows
+
+    @property
+    def _pad_id(self) -> int:
+        pad = getattr(self.model_config, "pad_token_id", None)
+        return int(pad) if isinstance(pad, int) else 0
+
+    def _padded_past(self, rows: Sequence[BatchRow], past_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer ``(keys, values)`` of shape ``[batch, kv_heads, past_len, head_dim]``, left-padded."""
+        template = next(row.past for row in rows if row.past)
+        layers = []
+        for layer_index, (k0, _) in enumerate(template):
+            shape = (len(rows), k0.shape[1], past_len, k0.shape[3])
+            keys = torch.zeros(shape, dtype=k0.dtype, device=k0.device)
+            values = torch.zeros(shape, dtype=k0.dtype, device=k0.device)
+            for i, row in enumerate(rows):
+                if row.position:
+                    k, v = row.past[layer_index]
+                    keys[i, :, past_len - row.position:] = k[0]
+                    values[i, :, past_len - row.position:] = v[0]
+            layers.append((keys, values))
+        return layers
+
+    @contextlib.contextmanager
     def _adapter(self, name: str | None) -> Iterator[None]:
         if name is None:
             if self._peft is None or not self.adapters:
@@ -268,6 +431,7 @@ class LoraEngine:
             self._peft.to(self.device)
         self.adapters[name] = path
         self.adapter_fingerprints[name] = fingerprint_folder(path)
+        self._install_row_hooks()
 
 
 def select_device(spec: str) -> torch.device:
@@ -310,6 +474,15 @@ def discover_adapters(root: Path | None, names: tuple[str, ...] | None) -> dict[
             raise AssetError(f"adapter {name!r}: {path} has no adapter_model.safetensors (pickled weights are refused)")
         found[name] = path
     return found
+
+
+def _kv_bytes_per_token(model_config: object, dtype: torch.dtype) -> int:
+    """KV bytes one token takes in this model: ``2 * layers * kv_heads * head_dim * dtype size``."""
+    layers = int(model_config.num_hidden_layers)
+    heads = int(model_config.num_attention_heads)
+    kv_heads = int(getattr(model_config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(model_config, "head_dim", None) or model_config.hidden_size // heads)
+    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
 def _eos_ids(model_config: object, tokenizer: object) -> frozenset[int]:

@@ -21,6 +21,7 @@ from warmup_tools.adapters.state import AdapterLifecycle, AdapterSpec, AdapterSt
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.lora_adapter.engine import GenerationStep, LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest
+from warmup_tools.lora_adapter.scheduler import Scheduler, SequenceSink
 from warmup_tools.lora_adapter.settings import WARM_PRIORITIES
 
 LOGGER = logging.getLogger(__name__)
@@ -106,12 +107,20 @@ def warm_chunk_ends(num_tokens: int, chunk_tokens: int, block_size: int) -> list
 
 
 class LoraService:
-    """Serves generate requests on one engine, keeping its adapters in step with the control folder."""
+    """Serves generate requests on one engine, keeping its adapters in step with the control folder.
+
+    With a :class:`Scheduler` (``scheduler=continuous``, started by the caller) requests are batched
+    continuously and adapter loads, unloads and warm prompts run inside the scheduler, between or within
+    its steps (warm chunks in the token budget live sequences leave); without one (``serial``) requests
+    run one at a time and the :class:`EngineGate` orders them against warm-up.
+    """
 
     def __init__(self, engine: LoraEngine, *, instance: str, control_dir: Path | None = None,
                  serve_cold: bool = False, poll_s: float = 0.5, warm_priority: str = "live_first",
-                 warm_share: float = 0.5, warm_chunk_tokens: int = 128) -> None:
+                 warm_share: float = 0.5, warm_chunk_tokens: int = 128,
+                 scheduler: Scheduler | None = None) -> None:
         self.engine = engine
+        self.scheduler = scheduler
         self.instance = instance
         self.serve_cold = serve_cold
         self.lifecycle = AdapterLifecycle()
@@ -148,6 +157,16 @@ class LoraService:
             self.lifecycle.check_servable(request.adapter, serve_cold=self.serve_cold)
             yield from self.engine.generate(request)
 
+    def serve(self, request: GenerateRequest, sink: SequenceSink) -> None:
+        """Serve one request into ``sink``: queued on the scheduler (returns at once), or run to its last
+        token here (serial). A request that cannot be served raises its RequestError at once."""
+        if self.scheduler is None:
+            for step in self.generate(request):
+                sink.send(step)
+            return
+        self.lifecycle.check_servable(request.adapter, serve_cold=self.serve_cold)
+        self.scheduler.submit(request, sink)
+
     def adapters_changed(self) -> bool:
         """True once after each change of any adapter's state (cheap: compares a snapshot)."""
         snapshot = {name: (st.state, st.revision) for name, st in self.lifecycle.snapshot().items()}
@@ -159,17 +178,27 @@ class LoraService:
         self._stop.set()
         if self._poller is not None:
             self._poller.join(timeout=5)
+        if self.scheduler is not None:
+            self.scheduler.stop()
 
     def _load(self, name: str, spec: AdapterSpec) -> None:
+        if self.scheduler is not None:
+            self.scheduler.load_adapter(name, spec.path).result()
+            return
         with self.gate.background():
             self.engine.load_adapter(name, spec.path)
 
     def _unload(self, name: str) -> None:
+        if self.scheduler is not None:
+            self.scheduler.unload_adapter(name).result()
+            return
         with self.gate.background():
             self.engine.unload_adapter(name)
 
     def _warm(self, name: str, spec: AdapterSpec) -> str:
         cache = self.engine.prefix_cache
+        if self.scheduler is not None:
+            return self._warm_scheduled(name, spec)
         block_size = cache.block_size if cache is not None else 0
         tokens = steps = 0
         for prompt in spec.warm_prompts:
@@ -178,6 +207,20 @@ class LoraService:
                 with self.gate.background():
                     self.engine.warm_ids(name, ids[:end])
                 steps += 1
+            tokens += len(ids)
+        return f"warmed {len(spec.warm_prompts)} prompts ({tokens} tokens, {steps} steps)"
+
+    def _warm_scheduled(self, name: str, spec: AdapterSpec) -> str:
+        """Warm prompts as the scheduler's lowest class: it chunks them into the budget live traffic leaves."""
+        cache = self.engine.prefix_cache
+        if cache is None:
+            return f"warmed {len(spec.warm_prompts)} prompts (0 tokens, 0 steps: no KV cache)"
+        tokens = steps = 0
+        for prompt in spec.warm_prompts:
+            # NOTE: tokenised on the scheduler's thread: the fast tokenizer is not safe to share across
+            # threads, and the scheduler decodes with it.
+            ids = self.scheduler.call(lambda text=prompt: self.engine.encode(text)).result()
+            steps += self.scheduler.submit_warm(name, ids, plan_id=cache.active_plan).result()
             tokens += len(ids)
         return f"warmed {len(spec.warm_prompts)} prompts ({tokens} tokens, {steps} steps)"
 

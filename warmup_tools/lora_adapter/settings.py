@@ -32,8 +32,37 @@ MODEL_NAME = "lora_adapter"
 #: Who may use the engine next while an adapter warms: live requests first, or first come first served.
 WARM_PRIORITIES = ("live_first", "fifo")
 
+#: How ``execute`` serves: ``continuous`` (iteration-level batching on the scheduler's thread) or
+#: ``serial`` (each request to its last token inside ``execute``, one at a time; kept to measure against).
+SCHEDULERS = ("continuous", "serial")
+
 #: Bytes per value of each torch dtype name the ``dtype`` parameter resolves to.
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Knobs of one instance's scheduler (``config.pbtxt`` parameters of ``lora_adapter``)."""
+
+    #: Sequences running at once (in one batch).
+    max_num_seqs: int = 8
+    #: Requests that may wait for a running slot; one more is refused with UNAVAILABLE.
+    max_queue: int = 64
+    #: New tokens per step (decode tokens plus prefill chunks).
+    max_num_batched_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_queue < 0:
+            raise ConfigError(f"max_num_seqs must be >= 1 and max_queue >= 0, not {self.max_num_seqs}, "
+                              f"{self.max_queue}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # NOTE: every running sequence's decode token must fit in one step, or decodes would starve.
+            raise ConfigError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                              f"max_num_seqs ({self.max_num_seqs})")
+
+
+#: The scheduler defaults (one source: the parameters below fall back to these).
+DEFAULT_BATCHING = SchedulerConfig()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -56,6 +85,9 @@ class LoraAdapterSettings:
     default_max_tokens: int
     request_log_dir: Path | None
     request_log_redact: bool
+    #: One of :data:`SCHEDULERS`.
+    scheduler: str
+    batching: SchedulerConfig
 
     @classmethod
     def from_parameters(cls, params: ModelParameters) -> LoraAdapterSettings:
@@ -86,6 +118,13 @@ class LoraAdapterSettings:
             default_max_tokens=params.get("default_max_tokens", int, 16),
             request_log_dir=params.path("request_log_dir") if params.get("request_log_dir", str, "") else None,
             request_log_redact=params.get("request_log_redact", parse_bool, False),
+            scheduler=params.get("scheduler", str, "continuous"),
+            batching=SchedulerConfig(
+                max_num_seqs=params.get("max_num_seqs", int, DEFAULT_BATCHING.max_num_seqs),
+                max_queue=params.get("max_queue", int, DEFAULT_BATCHING.max_queue),
+                max_num_batched_tokens=params.get("max_num_batched_tokens", int,
+                                                  DEFAULT_BATCHING.max_num_batched_tokens),
+            ),
         )
         params.check_unknown()
         settings.check()
@@ -99,6 +138,9 @@ class LoraAdapterSettings:
 
     def check(self) -> None:
         """Refuse values no instance could serve with, naming the parameter."""
+        if self.scheduler not in SCHEDULERS:
+            raise ConfigError(f"lora_adapter parameter scheduler must be one of {', '.join(SCHEDULERS)}, "
+                              f"not {self.scheduler!r}")
         if self.warm_priority not in WARM_PRIORITIES:
             raise ConfigError(f"lora_adapter parameter warm_priority must be one of {', '.join(WARM_PRIORITIES)}, "
                               f"not {self.warm_priority!r}")

@@ -124,6 +124,17 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument("--seed", type=int, default=0)
     load.add_argument("--requests-per-day", type=int, default=6000)
 
+    conc = which.add_parser("concurrency", parents=[assets],
+                            help="tokens/s, TTFT and inter-token latency at 1, 4, 8 and 16 concurrent streams")
+    conc.add_argument("--levels", type=lambda v: tuple(int(x) for x in v.split(",")), default=(1, 4, 8, 16),
+                      help="comma-separated stream counts")
+    conc.add_argument("--rounds", type=int, default=6, help="requests each stream sends back to back (at least)")
+    conc.add_argument("--min-requests", type=int, default=24, help="requests per level (at least)")
+    conc.add_argument("--max-tokens", type=int, default=32)
+    conc.add_argument("--scheduler", choices=("continuous", "serial"), default="continuous")
+    conc.add_argument("--max-num-seqs", type=int, default=16)
+    conc.add_argument("--lm-threads", type=int, default=1, help="torch threads of lora_adapter (0: torch default)")
+
     pre = which.add_parser("preload", parents=[assets],
                            help="live TTFT while a new adapter warms: fifo vs live-first, chunked")
     pre.add_argument("--prompts", type=int, default=12, help="warm prompts of the new adapter")

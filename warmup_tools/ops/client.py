@@ -36,6 +36,8 @@ class GenerateResult:
     prompt_tokens: int
     output_tokens: int
     finish_reason: str
+    #: Seconds from the request's send to each response (one per token when streaming).
+    arrivals_s: list[float] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,10 +117,12 @@ class _Collector:
         self.pieces: list[str] = []
         self.ttft: float | None = None
         self.last: dict[str, Any] = {}
+        self.arrivals: list[float] = []
 
     def piece(self, text: str, fields: dict[str, Any]) -> None:
+        self.arrivals.append(time.perf_counter() - self.start)
         if self.ttft is None:
-            self.ttft = time.perf_counter() - self.start
+            self.ttft = self.arrivals[-1]
         self.pieces.append(text)
         if self.on_piece is not None and text:
             self.on_piece(text)
@@ -134,7 +138,7 @@ class _Collector:
             text="".join(self.pieces), pieces=self.pieces, ttft_s=self.ttft if self.ttft is not None else total,
             total_s=total, cached_tokens=self.last.get("cached_tokens", 0),
             prompt_tokens=self.last.get("prompt_tokens", 0), output_tokens=self.last.get("output_tokens", 0),
-            finish_reason=self.last.get("finish_reason", ""),
+            finish_reason=self.last.get("finish_reason", ""), arrivals_s=self.arrivals,
         )
 
 

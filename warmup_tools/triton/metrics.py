@@ -145,6 +145,72 @@ class GenerationMetrics:
         return metric
 
 
+#: Buckets of the scheduler's per-step histograms: sequences per batch, and seconds per step.
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+STEP_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class SchedulerMetrics:
+    """The continuous-batching scheduler on /metrics: running and waiting sequences, batch size,
+    preemptions, step time and output tokens per adapter.
+
+    :meth:`observe` is the scheduler's observer (called on its thread after each step that ran a
+    forward); gauges are only sent when they change, counters as deltas of the scheduler's totals.
+    """
+
+    def __init__(self, pb_utils: Any, model: str, instance: str) -> None:
+        family = pb_utils.MetricFamily
+        labels = {"model": model, "instance": instance}
+        self._model = model
+        # NOTE: the families are kept: Triton refuses a Metric whose MetricFamily was garbage collected.
+        self._families = (
+            family(name="warmup_scheduler_running_sequences",
+                   description="Sequences in the running batch of an instance", kind=family.GAUGE),
+            family(name="warmup_scheduler_waiting_sequences",
+                   description="Sequences waiting for a running slot on an instance", kind=family.GAUGE),
+            family(name="warmup_scheduler_batch_size", description="Sequences per scheduler step",
+                   kind=family.HISTOGRAM),
+            family(name="warmup_scheduler_step_seconds", description="Seconds per scheduler step",
+                   kind=family.HISTOGRAM),
+            family(name="warmup_scheduler_preemptions_total",
+                   description="Running sequences preempted (KV dropped, recomputed later)", kind=family.COUNTER),
+            family(name="warmup_output_tokens_total", description="Generated tokens by adapter",
+                   kind=family.COUNTER),
+        )
+        running, waiting, batch, step, preemptions, self._tokens_family = self._families
+        self._running = running.Metric(labels=labels)
+        self._waiting = waiting.Metric(labels=labels)
+        self._batch = batch.Metric(labels=labels, buckets=list(BATCH_SIZE_BUCKETS))
+        self._step = step.Metric(labels=labels, buckets=list(STEP_BUCKETS))
+        self._preemptions = preemptions.Metric(labels={"model": model})
+        self._tokens: dict[str, Any] = {}
+        self._last = {"running": -1, "waiting": -1, "preemptions": 0}
+        self._sent_tokens: dict[str, int] = {}
+
+    def observe(self, report: Any, scheduler: Any) -> None:
+        stats = scheduler.stats
+        for key, metric, value in (("running", self._running, stats.running),
+                                   ("waiting", self._waiting, stats.waiting)):
+            if self._last[key] != value:
+                metric.set(value)
+                self._last[key] = value
+        self._batch.observe(report.batch_size)
+        self._step.observe(report.seconds)
+        if stats.preemptions > self._last["preemptions"]:
+            self._preemptions.increment(stats.preemptions - self._last["preemptions"])
+            self._last["preemptions"] = stats.preemptions
+        for adapter, total in list(stats.output_tokens.items()):
+            delta = total - self._sent_tokens.get(adapter, 0)
+            if delta > 0:
+                name = adapter or "base"
+                metric = self._tokens.get(name)
+                if metric is None:
+                    metric = self._tokens[name] = self._tokens_family.Metric(
+                        labels={"model": self._model, "adapter": name})
+                metric.increment(delta)
+                self._sent_tokens[adapter] = total
+
+
 class HeatMetrics:
     """Heat per (cluster, adapter, window) on /metrics: the ``top`` hottest keys of each window."""
 

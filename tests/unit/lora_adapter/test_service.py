@@ -55,3 +55,47 @@ def test_an_added_adapter_is_warmed_in_chunks_and_its_prompts_are_then_cached(en
 def reference_tokens(config, ids):
     plain = LoraEngine(dataclasses.replace(config, adapters=("sql",), kv=KVCacheConfig(budget_bytes=0)))
     return greedy(plain, ids, "sql")[0]
+
+
+def test_with_the_scheduler_an_added_adapter_loads_and_warms_inside_it(engine, tmp_path):
+    from warmup_tools.lora_adapter.scheduler import Scheduler
+
+    prompt = SYSTEM_PROMPTS["sql"] + "User: list the tables (scheduled)\nAssistant:"
+    ids = engine.encode(prompt)
+    registry = ControlRegistry(tmp_path)
+    scheduler = Scheduler(engine)
+    scheduler.start()
+    service = LoraService(engine, instance="test_0", control_dir=tmp_path, poll_s=0.05, scheduler=scheduler)
+    try:
+        registry.add("sql", [prompt])
+        registry.wait_until("sql", AdapterState.LIVE, instances=1, timeout_s=120)
+        assert "warmed 1 prompts" in service.lifecycle.snapshot()["sql"].detail
+        sink = _Sink()
+        service.serve(GenerateRequest(tuple(ids), "sql", "default", False, SamplingParams(max_tokens=8)), sink)
+        assert sink.done.wait(120)
+        assert sink.steps[0].cached_tokens == (len(ids) - 1) // 16 * 16 > 0
+    finally:
+        registry.retire("sql")
+        registry.wait_until("sql", AdapterState.RETIRED, instances=1, timeout_s=60)
+        service.close()
+    assert not engine.has_adapter("sql")  # unloaded on the scheduler's thread
+    assert [s.token_id for s in sink.steps] == reference_tokens(engine.config, ids)
+
+
+class _Sink:
+    def __init__(self):
+        import threading
+
+        self.steps, self.errors, self.done = [], [], threading.Event()
+
+    def send(self, step):
+        self.steps.append(step)
+        if step.finished:
+            self.done.set()
+
+    def fail(self, error):
+        self.errors.append(error)
+        self.done.set()
+
+    def is_cancelled(self):
+        return False

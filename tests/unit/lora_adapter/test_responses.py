@@ -1,0 +1,131 @@
+"""The response sink (model.py's side of the scheduler) and the scheduler's metrics, with a fake pb_utils."""
+
+from __future__ import annotations
+
+import types
+import weakref
+
+from warmup_tools.common.errors import ServerBusyError
+from warmup_tools.lora_adapter.engine import GenerationStep
+from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+from warmup_tools.lora_adapter.responses import ResponseSink
+from warmup_tools.lora_adapter.scheduler import SchedulerStats, StepReport
+from warmup_tools.triton.metrics import SchedulerMetrics
+
+FINAL = 1
+
+
+class FakeMetric:
+    """Like Triton's: refuses to be used once its family was garbage collected."""
+
+    def __init__(self, family, labels, buckets=None):
+        self.family = weakref.ref(family)
+        self.labels, self.value, self.observed = labels, 0, []
+
+    def set(self, value):
+        self._check()
+        self.value = value
+
+    def increment(self, value):
+        self._check()
+        self.value += value
+
+    def observe(self, value):
+        self._check()
+        self.observed.append(value)
+
+    def _check(self):
+        if self.family() is None:
+            raise RuntimeError("Invalid metric operation as the corresponding 'MetricFamily' has been deleted")
+
+
+class FakeFamily:
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+    created: dict = {}
+
+    def __init__(self, name, description, kind):
+        self.name = name
+
+    def Metric(self, labels, buckets=None):
+        metric = FakeMetric(self, labels, buckets)
+        FakeFamily.created[(self.name, tuple(sorted(labels.items())))] = metric
+        return metric
+
+
+class FakeError:
+    INVALID_ARG, UNAVAILABLE, INTERNAL, CANCELLED = "invalid", "unavailable", "internal", "cancelled"
+
+    def __init__(self, message, code):
+        self.message, self.code = message, code
+
+
+def fake_pb_utils():
+    return types.SimpleNamespace(
+        TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL, MetricFamily=FakeFamily, TritonError=FakeError,
+        Tensor=lambda name, array: (name, array.tolist()),
+        InferenceResponse=lambda output_tensors=None, error=None: {"outputs": dict(output_tensors or []),
+                                                                    "error": error})
+
+
+class FakeSender:
+    def __init__(self):
+        self.sent = []
+        self.cancelled = False
+
+    def send(self, response, flags=0):
+        self.sent.append((response, flags))
+
+    def is_cancelled(self):
+        return self.cancelled
+
+
+def steps(n):
+    return [GenerationStep(text=f"t{i}", token_id=i, prompt_tokens=5, cached_tokens=0, output_tokens=i,
+                           finished=i == n, finish_reason="length" if i == n else "", elapsed=0.01 * i)
+            for i in range(1, n + 1)]
+
+
+def request(stream):
+    return GenerateRequest((1, 2, 3, 4, 5), "sql", "acme", stream, SamplingParams(max_tokens=3))
+
+
+def test_streaming_sends_one_response_per_token_with_final_on_the_last():
+    sender = FakeSender()
+    sink = ResponseSink(fake_pb_utils(), sender, request(stream=True))
+    for step in steps(3):
+        sink.send(step)
+    assert [flags for _, flags in sender.sent] == [0, 0, FINAL]
+    assert [r["outputs"]["text_output"] for r, _ in sender.sent] == [[b"t1"], [b"t2"], [b"t3"]]
+
+
+def test_non_streaming_sends_the_whole_text_once_and_errors_carry_their_code():
+    sender = FakeSender()
+    sink = ResponseSink(fake_pb_utils(), sender, request(stream=False))
+    for step in steps(3):
+        sink.send(step)
+    assert len(sender.sent) == 1 and sender.sent[0][0]["outputs"]["text_output"] == [b"t1t2t3"]
+    sink.fail(ServerBusyError("server busy"))
+    response, flags = sender.sent[-1]
+    assert flags == FINAL and response["error"].code == "unavailable" and "busy" in response["error"].message
+    assert not sink.is_cancelled()
+    sender.cancelled = True
+    assert sink.is_cancelled()
+
+
+def test_scheduler_metrics_send_gauges_and_counter_deltas():
+    metrics = SchedulerMetrics(fake_pb_utils(), "lora_adapter", "lora_adapter_0_0")
+    stats = SchedulerStats(running=3, waiting=1, preemptions=2, output_tokens={"": 4, "sql": 5})
+    scheduler = types.SimpleNamespace(stats=stats)
+    metrics.observe(StepReport(batch_size=3, seconds=0.02), scheduler)
+    stats.output_tokens["sql"] = 7
+    stats.running = 2
+    metrics.observe(StepReport(batch_size=2, seconds=0.01), scheduler)
+    created = FakeFamily.created
+    labels = (("instance", "lora_adapter_0_0"), ("model", "lora_adapter"))
+    assert created[("warmup_scheduler_running_sequences", labels)].value == 2
+    assert created[("warmup_scheduler_waiting_sequences", labels)].value == 1
+    assert created[("warmup_scheduler_batch_size", labels)].observed == [3, 2]
+    assert created[("warmup_scheduler_preemptions_total", (("model", "lora_adapter"),))].value == 2
+    sql = created[("warmup_output_tokens_total", (("adapter", "sql"), ("model", "lora_adapter")))]
+    base = created[("warmup_output_tokens_total", (("adapter", "base"), ("model", "lora_adapter")))]
+    assert (sql.value, base.value) == (7, 4)

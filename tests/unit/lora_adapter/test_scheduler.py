@@ -1,0 +1,282 @@
+"""The continuous-batching scheduler on the demo LM and adapters, driven step by step (no thread, no timing)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from warmup_tools.common.errors import RequestCancelledError, ServerBusyError, UnknownAdapterError
+from warmup_tools.kv.config import KVCacheConfig
+from warmup_tools.kv.prefix_cache import PrefixCache
+from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
+from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+from warmup_tools.lora_adapter.scheduler import Scheduler
+from warmup_tools.lora_adapter.settings import SchedulerConfig
+from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
+
+ADAPTERS = (None, "support", "legal", "sql")
+
+
+@pytest.fixture(scope="module")
+def engine(demo_assets):
+    return LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
+                                   dtype="float32", kv=KVCacheConfig(budget_bytes=64 << 20)))
+
+
+@pytest.fixture(scope="module")
+def reference(demo_assets):
+    """The same model without a cache, serving one request at a time: what each request must produce."""
+    plain = LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
+                                    dtype="float32", kv=KVCacheConfig(budget_bytes=0)))
+
+    def generate(req):
+        steps = list(plain.generate(req))
+        return [s.token_id for s in steps], "".join(s.text for s in steps)
+
+    return generate
+
+
+@pytest.fixture()
+def fresh_cache(engine):
+    """A fresh prefix cache per test (so tests do not see each other's blocks); a test may replace it."""
+    saved = engine.prefix_cache
+    engine.prefix_cache = PrefixCache(64 << 20, 16)
+    yield engine
+    engine.prefix_cache = saved
+
+
+@dataclasses.dataclass
+class RecordingSink:
+    steps: list = dataclasses.field(default_factory=list)
+    errors: list = dataclasses.field(default_factory=list)
+    cancelled: bool = False
+
+    def send(self, step):
+        self.steps.append(step)
+
+    def fail(self, error):
+        self.errors.append(error)
+
+    def is_cancelled(self):
+        return self.cancelled
+
+    @property
+    def tokens(self):
+        return [s.token_id for s in self.steps]
+
+    @property
+    def text(self):
+        return "".join(s.text for s in self.steps)
+
+
+def make_request(engine, text, adapter, max_tokens=12, tenant="acme", **sampling):
+    sampling = SamplingParams(max_tokens=max_tokens, **sampling)
+    return GenerateRequest(engine.encode(text), adapter, tenant, True, sampling)
+
+
+def drain(scheduler, limit=2000):
+    reports = []
+    while scheduler.has_work():
+        reports.append(scheduler.step())
+        assert len(reports) < limit, "the scheduler made no progress"
+    return reports
+
+
+def mixed_requests(engine):
+    """Four requests, base model and three adapters, prompts of very different lengths."""
+    texts = [
+        "Hello, who are you?",
+        SYSTEM_PROMPTS["support"] + "User: my invoice shows two charges\nAssistant:",
+        SYSTEM_PROMPTS["legal"][:150] + " Clause 3?",
+        SYSTEM_PROMPTS["sql"] + SYSTEM_PROMPTS["sql"] + "User: orders per day?\nAssistant:",
+    ]
+    return [make_request(engine, text, adapter) for text, adapter in zip(texts, ADAPTERS)]
+
+
+def test_batched_greedy_output_equals_each_request_alone(fresh_cache, reference):
+    engine = fresh_cache
+    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64))
+    requests = mixed_requests(engine)
+    sinks = [RecordingSink() for _ in requests]
+    for req, sink in zip(requests, sinks):
+        scheduler.submit(req, sink)
+    reports = drain(scheduler)
+    for req, sink in zip(requests, sinks):
+        assert not sink.errors
+        assert (sink.tokens, sink.text) == reference(req)
+        assert sink.steps[-1].finished and sink.steps[-1].output_tokens == len(sink.steps) == 12
+    # Every step stayed in the token budget, and the long prompts were prefilled in chunks while
+    # the short ones were already decoding.
+    assert all(r.live_tokens <= 64 for r in reports)
+    assert any(r.batch_size == 4 for r in reports)
+    assert any(r.live_tokens > r.batch_size > 1 for r in reports)  # decode tokens and a prefill chunk together
+    assert engine.prefix_cache.stats.running_bytes == 0
+
+
+def test_one_step_mixes_adapters_and_the_base_model(fresh_cache):
+    engine = fresh_cache
+    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512))
+    for req in mixed_requests(engine):
+        scheduler.submit(req, RecordingSink())
+    reports = drain(scheduler)
+    assert any(set(r.adapters) == set(ADAPTERS) for r in reports)
+
+
+def test_seeded_sampling_in_a_batch_is_reproducible(fresh_cache, reference):
+    engine = fresh_cache
+    scheduler = Scheduler(engine)
+    sampled = make_request(engine, "Tell me a story", "support", max_tokens=16, temperature=1.0, top_p=0.9,
+                           top_k=50, seed=7)
+    sinks = [RecordingSink(), RecordingSink()]
+    scheduler.submit(sampled, sinks[0])
+    scheduler.submit(mixed_requests(engine)[1], sinks[1])
+    drain(scheduler)
+    assert sinks[0].tokens == reference(sampled)[0]
+
+
+def test_prefix_cache_cached_tokens_are_exact_and_a_shared_prefix_is_computed_once(fresh_cache, reference):
+    engine = fresh_cache
+    scheduler = Scheduler(engine, SchedulerConfig(max_num_batched_tokens=64))
+    system = SYSTEM_PROMPTS["legal"]
+    first, second = (make_request(engine, system + q, "legal") for q in ("User: who signs?", "User: when due?"))
+    sinks = [RecordingSink(), RecordingSink()]
+    scheduler.submit(first, sinks[0])
+    scheduler.submit(second, sinks[1])  # same uncached prefix: waits for the first to compute it
+    drain(scheduler)
+    common = next(i for i, (a, b) in enumerate(zip(first.prompt_ids, second.prompt_ids)) if a != b)
+    assert sinks[0].steps[0].cached_tokens == 0
+    assert sinks[1].steps[0].cached_tokens == common // 16 * 16 > 0
+    assert [s.tokens for s in sinks] == [reference(first)[0], reference(second)[0]]
+
+
+def test_preemption_under_a_tiny_budget_leaves_outputs_unchanged_and_raises_no_error(fresh_cache, reference):
+    engine = fresh_cache
+    requests = mixed_requests(engine)
+    longest = max(len(r.prompt_ids) for r in requests) + 12
+    # Room for the longest request and a little more: running all four at once must preempt.
+    engine.prefix_cache = PrefixCache(int(longest * 1.5) * engine.kv_bytes_per_token, 16)
+    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=256))
+    sinks = [RecordingSink() for _ in requests]
+    for req, sink in zip(requests, sinks):
+        scheduler.submit(req, sink)
+    drain(scheduler, limit=5000)
+    assert scheduler.stats.preemptions > 0
+    for req, sink in zip(requests, sinks):
+        assert not sink.errors
+        assert sink.tokens == reference(req)[0]
+    assert engine.prefix_cache.stats.running_bytes == 0
+    cache = engine.prefix_cache
+    assert cache.stats.bytes_used <= cache.budget_bytes
+
+
+def test_cancellation_frees_the_slot_and_the_memory(fresh_cache):
+    engine = fresh_cache
+    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=1, max_queue=4))
+    keep, cancel = RecordingSink(), RecordingSink()
+    scheduler.submit(make_request(engine, "Cancel me please", None, max_tokens=50), cancel)
+    scheduler.submit(make_request(engine, "Keep me", "sql", max_tokens=4), keep)
+    for _ in range(3):
+        scheduler.step()
+    assert len(cancel.steps) == 3 and not keep.steps  # one slot: the second waits
+    held = engine.prefix_cache.stats.running_bytes
+    assert held >= len(cancel.steps) * engine.kv_bytes_per_token
+    cancel.cancelled = True
+    scheduler.step()
+    assert isinstance(cancel.errors[0], RequestCancelledError)
+    assert [s.request.prompt_ids for s in scheduler.running] == [engine.encode("Keep me")]
+    drain(scheduler)
+    assert len(cancel.steps) == 3 and len(keep.steps) == 4
+    assert engine.prefix_cache.stats.running_bytes == 0
+
+
+def test_a_failed_send_drops_the_sequence(fresh_cache):
+    engine = fresh_cache
+    scheduler = Scheduler(engine)
+
+    class GoneSink(RecordingSink):
+        def send(self, step):
+            raise ConnectionError("client went away")
+
+    scheduler.submit(make_request(engine, "Hello", None, max_tokens=8), GoneSink())
+    drain(scheduler)
+    assert scheduler.stats.output_tokens == {"": 1}
+    assert engine.prefix_cache.stats.running_bytes == 0
+
+
+def test_beyond_the_queue_bound_a_request_is_refused_at_once_with_unavailable(fresh_cache):
+    engine = fresh_cache
+    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=2, max_queue=1))
+    for _ in range(3):
+        scheduler.submit(make_request(engine, "Hello", None), RecordingSink())
+    with pytest.raises(ServerBusyError, match="busy") as info:
+        scheduler.submit(make_request(engine, "Hello", None), RecordingSink())
+    assert info.value.code == "UNAVAILABLE"
+    with pytest.raises(UnknownAdapterError):
+        scheduler.submit(make_request(engine, "Hello", "nope"), RecordingSink())
+
+
+def test_warm_up_only_uses_the_budget_live_sequences_leave(fresh_cache, reference):
+    engine = fresh_cache
+    budget = 64
+    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=budget))
+    live = make_request(engine, SYSTEM_PROMPTS["support"] + "User: hi\nAssistant:", "support", max_tokens=20)
+    sink = RecordingSink()
+    scheduler.submit(live, sink)
+    warm_ids = engine.encode(SYSTEM_PROMPTS["sql"])
+    done = scheduler.submit_warm("sql", warm_ids, plan_id="plan-w")
+    reports = drain(scheduler)
+    assert done.result(timeout=0) > 1  # warmed in several chunks
+    for report in reports:
+        assert report.live_tokens + report.warm_tokens <= budget
+        if report.live_tokens == budget:  # the live prompt took the whole step: no warm-up
+            assert report.warm_tokens == 0
+    assert any(r.live_tokens == budget for r in reports)
+    assert any(r.live_tokens == 1 and r.warm_tokens == budget - 1 for r in reports)
+    assert sink.tokens == reference(live)[0]
+    # The warm prompt's blocks are cached and pinned under the plan: a live request for it hits them.
+    assert engine.prefix_cache.active_plan == "plan-w" and engine.prefix_cache.stats.pinned_bytes > 0
+    again = RecordingSink()
+    scheduler.submit(GenerateRequest(warm_ids, "sql", "default", True, SamplingParams(max_tokens=2)), again)
+    drain(scheduler)
+    assert again.steps[0].cached_tokens == (len(warm_ids) - 1) // 16 * 16
+
+
+def test_adapter_unload_runs_between_steps_and_ends_its_sequences(demo_assets):
+    engine = LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
+                                     adapters=("support", "sql"), dtype="float32",
+                                     kv=KVCacheConfig(budget_bytes=8 << 20)))
+    scheduler = Scheduler(engine)
+    gone, other = RecordingSink(), RecordingSink()
+    scheduler.submit(make_request(engine, "Hello", "sql", max_tokens=8), gone)
+    scheduler.submit(make_request(engine, "Hello", "support", max_tokens=8), other)
+    scheduler.step()
+    unloaded = scheduler.unload_adapter("sql")
+    assert not unloaded.done()  # queued for between steps, not run from this thread
+    drain(scheduler)
+    unloaded.result(timeout=0)
+    assert not engine.has_adapter("sql")
+    assert len(gone.steps) == 1 and "retired" in str(gone.errors[0])
+    assert len(other.steps) == 8 and not other.errors
+    loaded = scheduler.load_adapter("sql")
+    drain(scheduler)
+    loaded.result(timeout=0)
+    assert engine.has_adapter("sql")
+
+
+def test_warm_up_gives_its_memory_way_to_live_sequences(fresh_cache, reference):
+    engine = fresh_cache
+    warm_ids = engine.encode(SYSTEM_PROMPTS["sql"] + SYSTEM_PROMPTS["legal"])
+    # Room for the warm prompt alone, not for it and the live request together.
+    engine.prefix_cache = PrefixCache((len(warm_ids) + 5) * engine.kv_bytes_per_token, 16)
+    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=16))
+    live = make_request(engine, "Hello there", "support", max_tokens=40)
+    sink = RecordingSink()
+    scheduler.submit(live, sink)
+    done = scheduler.submit_warm("sql", warm_ids)
+    drain(scheduler, limit=5000)
+    assert not sink.errors and sink.tokens == reference(live)[0]
+    assert scheduler.stats.warm_restarts > 0  # the warm prompt gave its KV up...
+    assert scheduler.stats.preemptions == 0  # ...and no live sequence was preempted for it
+    assert done.result(timeout=0) > 0
+    assert engine.prefix_cache.stats.running_bytes == 0

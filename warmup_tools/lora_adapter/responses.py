@@ -1,0 +1,76 @@
+"""One ``lora_adapter`` request's output through Triton's response sender (decoupled).
+
+:class:`ResponseSink` is the :class:`~warmup_tools.lora_adapter.scheduler.SequenceSink` model.py hands
+the scheduler: streaming requests get one response per token with FINAL on the last, the others one
+response with the whole text; metrics and the request log are recorded as tokens go out. It takes the
+``pb_utils`` module as an argument (it only exists inside a Python backend stub), so unit tests can hand
+it a fake.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+
+from warmup_tools.common.records import RequestRecord
+from warmup_tools.lora_adapter.engine import GenerationStep
+from warmup_tools.lora_adapter.request_log import RequestLogWriter
+from warmup_tools.lora_adapter.requests import GenerateRequest
+from warmup_tools.triton.io import error_for
+
+
+@dataclasses.dataclass(slots=True)
+class ResponseSink:
+    """Sends a sequence's tokens through its request's response sender."""
+
+    pb_utils: Any
+    sender: Any
+    request: GenerateRequest
+    metrics: Any | None = None
+    request_log: RequestLogWriter | None = None
+    #: The prompt text, for the request log only.
+    prompt_text: str | None = None
+    redact: bool = False
+    arrived: float = dataclasses.field(default_factory=time.time)
+    _pieces: list[str] = dataclasses.field(default_factory=list)
+    _ttft_ms: float = 0.0
+
+    def send(self, step: GenerationStep) -> None:
+        final = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if self.request.stream:
+            self.sender.send(self._response(step.text, step), flags=final if step.finished else 0)
+        else:
+            self._pieces.append(step.text)
+            if step.finished:
+                self.sender.send(self._response("".join(self._pieces), step), flags=final)
+        if step.output_tokens == 1:  # NOTE: after the send, so metrics never delay the first token
+            self._ttft_ms = step.elapsed * 1000
+            if self.metrics is not None:
+                self.metrics.record(self.request.adapter, step.prompt_tokens, step.cached_tokens, step.elapsed)
+        if step.finished and self.request_log is not None and not self.request.is_warmup:
+            req = self.request
+            self.request_log.log(RequestRecord.served(
+                ts=self.arrived, tenant=req.tenant, adapter=req.adapter, prompt=self.prompt_text,
+                prompt_tokens=step.prompt_tokens, cached_tokens=step.cached_tokens, ttft_ms=self._ttft_ms,
+                output_tokens=step.output_tokens, cluster=req.cluster_id, redact=self.redact))
+
+    def fail(self, error: BaseException) -> None:
+        self.sender.send(self.pb_utils.InferenceResponse(error=error_for(self.pb_utils, error)),
+                         flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def is_cancelled(self) -> bool:
+        check = getattr(self.sender, "is_cancelled", None)
+        return bool(check()) if check is not None else False
+
+    def _response(self, text: str, step: GenerationStep) -> Any:
+        tensor = self.pb_utils.Tensor
+        return self.pb_utils.InferenceResponse(output_tensors=[
+            tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
+            tensor("cached_tokens", np.array([step.cached_tokens], dtype=np.int32)),
+            tensor("prompt_tokens", np.array([step.prompt_tokens], dtype=np.int32)),
+            tensor("output_tokens", np.array([step.output_tokens], dtype=np.int32)),
+            tensor("finish_reason", np.array([step.finish_reason.encode()], dtype=np.object_)),
+        ])

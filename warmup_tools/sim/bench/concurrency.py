@@ -1,0 +1,147 @@
+"""``python -m warmup_tools bench concurrency``: throughput and latency as concurrent streams grow.
+
+One run starts the real server on the model repository and, for 1, 4, 8 and 16 concurrent streams,
+has each stream (its own gRPC connection to ``ensemble``, streaming) send ``rounds`` requests back to
+back (more at low levels, so that every level has at least ``min_requests`` samples): scopes support,
+legal, sql and the base model in turn, each a warm system prompt (pre-filled by
+the model_warmup samples; the base model's after its first request) followed by a distinct question,
+``max_tokens`` 32. Per level it prints output tokens/s (all streams' output tokens over the level's
+wall time), time to first token and inter-token latency (p50/p95/p99, client side), and errors; then
+8 streams against 1 against the targets of issue 9 (tokens/s >= 3.0x, TTFT p95 <= 3x, ITL p95 <= 2.5x).
+
+``--scheduler serial`` runs the same against one-request-at-a-time serving, for comparison.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Sequence, TextIO
+
+from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient
+from warmup_tools.ops.config import REPO_ROOT
+from warmup_tools.ops.demo import demo_prompt
+from warmup_tools.ops.server import TritonServer
+from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
+
+#: (adapter_id, system prompt scope) per request, in turn; None is the base model.
+SCOPES: tuple[tuple[str | None, str], ...] = (("support", "support"), ("legal", "legal"), ("sql", "sql"),
+                                              (None, "support"))
+#: Targets at 8 streams against 1 (issue 9).
+TARGETS = {"tokens_per_s": 3.0, "ttft_p95": 3.0, "itl_p95": 2.5}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LevelResult:
+    streams: int
+    requests: int
+    errors: int
+    output_tokens: int
+    wall_s: float
+    ttft_ms: list[float]
+    itl_ms: list[float]
+    error_messages: tuple[str, ...] = ()
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.wall_s if self.wall_s else 0.0
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int = 6, min_requests: int = 24,
+        max_tokens: int = 32, scheduler: str = "continuous", max_num_seqs: int = 16, lm_threads: int = 1,
+        out: TextIO = sys.stdout) -> list[LevelResult]:
+    """Measure each concurrency level on one server; prints a table and the 8-vs-1 ratios."""
+    env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_LM_THREADS": str(lm_threads),
+           "WARMUP_SCHEDULER": scheduler, "WARMUP_MAX_NUM_SEQS": str(max_num_seqs)}
+    results: list[LevelResult] = []
+    with TritonServer(REPO_ROOT / "model_repository", env=env) as server:
+        server.wait_ready(timeout=600)
+        out.write(f"server ready (scheduler {scheduler}, max_num_seqs {max_num_seqs}, lm threads {lm_threads}); "
+                  f"at least {rounds} requests per stream and {min_requests} per level, max_tokens {max_tokens}\n")
+        out.flush()
+        with StreamingClient(server.grpc_url) as client:  # one-off costs, and the base model's prefix
+            for adapter, scope in SCOPES:
+                client.generate(demo_prompt(scope, "warm-up"), GenerateParams(max_tokens=2, adapter_id=adapter))
+        for streams in levels:
+            result = _level(server.grpc_url, streams, max(rounds, -(-min_requests // streams)), max_tokens)
+            results.append(result)
+            out.write(_row(result) + "\n")
+            out.flush()
+            for message in result.error_messages[:3]:
+                out.write(f"    error: {message}\n")
+    out.write(format_ratios(results) + "\n")
+    return results
+
+
+def format_ratios(results: Sequence[LevelResult]) -> str:
+    by_streams = {r.streams: r for r in results}
+    one, eight = by_streams.get(1), by_streams.get(8)
+    if one is None or eight is None or not one.ttft_ms or not eight.ttft_ms:
+        return "8 vs 1 streams: not measured"
+    ratios = {
+        "tokens_per_s": eight.tokens_per_s / one.tokens_per_s,
+        "ttft_p95": pct(eight.ttft_ms, 0.95) / pct(one.ttft_ms, 0.95),
+        "itl_p95": pct(eight.itl_ms, 0.95) / pct(one.itl_ms, 0.95),
+    }
+    met = {
+        "tokens_per_s": ratios["tokens_per_s"] >= TARGETS["tokens_per_s"],
+        "ttft_p95": ratios["ttft_p95"] <= TARGETS["ttft_p95"],
+        "itl_p95": ratios["itl_p95"] <= TARGETS["itl_p95"],
+    }
+    return (f"8 vs 1 streams: tokens/s x{ratios['tokens_per_s']:.2f} (target >= {TARGETS['tokens_per_s']}: "
+            f"{'met' if met['tokens_per_s'] else 'NOT met'}), TTFT p95 x{ratios['ttft_p95']:.2f} "
+            f"(target <= {TARGETS['ttft_p95']}: {'met' if met['ttft_p95'] else 'NOT met'}), ITL p95 "
+            f"x{ratios['itl_p95']:.2f} (target <= {TARGETS['itl_p95']}: {'met' if met['itl_p95'] else 'NOT met'})")
+
+
+def _level(url: str, streams: int, rounds: int, max_tokens: int) -> LevelResult:
+    lock = threading.Lock()
+    ttft: list[float] = []
+    itl: list[float] = []
+    errors: list[str] = []
+    tokens = [0]
+    start_line = threading.Barrier(streams + 1)
+
+    def stream(index: int) -> None:
+        with StreamingClient(url, timeout_s=600) as client:
+            start_line.wait()
+            for i in range(rounds):
+                adapter, scope = SCOPES[(index + i) % len(SCOPES)]
+                question = USER_QUESTIONS[scope][(index + i) % len(USER_QUESTIONS[scope])]
+                prompt = f"{SYSTEM_PROMPTS[scope]}User: {question} (stream {index}, request {i})\nAssistant:"
+                try:
+                    result = client.generate(prompt, GenerateParams(max_tokens=max_tokens, adapter_id=adapter))
+                except GenerateError as exc:
+                    with lock:
+                        errors.append(str(exc))
+                    continue
+                gaps = [b - a for a, b in zip(result.arrivals_s, result.arrivals_s[1:])]
+                with lock:
+                    ttft.append(result.ttft_s * 1000)
+                    itl.extend(g * 1000 for g in gaps)
+                    tokens[0] += result.output_tokens
+
+    threads = [threading.Thread(target=stream, args=(i,), name=f"stream-{i}") for i in range(streams)]
+    for thread in threads:
+        thread.start()
+    start_line.wait()
+    began = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - began
+    return LevelResult(streams, streams * rounds, len(errors), tokens[0], wall, ttft, itl, tuple(errors))
+
+
+def _row(r: LevelResult) -> str:
+    return (f"  {r.streams:2d} streams: {r.tokens_per_s:7.1f} output tokens/s  "
+            f"TTFT p50/p95/p99 {pct(r.ttft_ms, .5):7.1f} {pct(r.ttft_ms, .95):7.1f} {pct(r.ttft_ms, .99):7.1f} ms  "
+            f"ITL p50/p95/p99 {pct(r.itl_ms, .5):6.1f} {pct(r.itl_ms, .95):6.1f} {pct(r.itl_ms, .99):6.1f} ms  "
+            f"requests {r.requests}, errors {r.errors}")

@@ -9,7 +9,10 @@ The scheduler owns the engine. A thread calls :meth:`Scheduler.step` in a loop; 
    KV block prefix (prefix cache, single flight: a sequence whose next uncached block another running
    sequence is computing waits for it);
 4. plans at most ``max_num_batched_tokens`` new tokens: one for each decoding sequence, then prefill
-   chunks in admission order, then warm-up chunks (adapter warm prompts) in what is left;
+   chunks in admission order, then a warm-up chunk (adapter warm prompts) in what is left: none beside
+   a live prefill or while a live request waits; while live traffic flows at most ``warm_chunk_tokens``,
+   followed by a rest that keeps warm-up within ``warm_share`` of the time; the whole step once the
+   instance has been quiet for ``live_quiet_s``;
 5. reserves the new tokens' KV bytes against the prefix cache's budget; when they do not fit, the most
    recently admitted sequence is preempted (its KV dropped, recomputed later, invisible to its client);
 6. runs the batched forward (:meth:`LoraEngine.forward_batch`), stores newly completed prompt blocks in
@@ -141,8 +144,12 @@ class Scheduler:
     """Continuous batching over one :class:`LoraEngine`; see the module docstring."""
 
     def __init__(self, engine: LoraEngine, config: SchedulerConfig = DEFAULT_BATCHING, *,
-                 observer: Callable[[StepReport, "Scheduler"], None] | None = None) -> None:
+                 observer: Callable[[StepReport, "Scheduler"], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
+        self._clock = clock
+        self._last_live = float("-inf")
+        self._warm_rest_until = float("-inf")
         self.config = config
         self.observer = observer
         self.stats = SchedulerStats()
@@ -211,6 +218,7 @@ class Scheduler:
     def step(self) -> StepReport:
         """One iteration: calls, cancellations, admission, one batched forward, outputs."""
         started = time.perf_counter()
+        began = self._clock()
         self._run_calls()
         self._take_inbox()
         self._drop_cancelled()
@@ -231,6 +239,12 @@ class Scheduler:
             seq_ids=tuple(s.seq_id for s, _ in plan),
             adapters=tuple(s.request.adapter for s, _ in plan),
             preempted=preempted, finished=finished, seconds=time.perf_counter() - started)
+        if report.warm_tokens and self._live_recent():
+            # NOTE: warm_share, as in the serial gate: after a warm chunk, warm-up rests so that it holds the
+            # engine for at most that share of the time, and most live requests find no warm chunk running.
+            share = self.config.warm_share
+            now = self._clock()
+            self._warm_rest_until = now + (now - began) * (1.0 - share) / share
         if self.observer is not None and plan:
             try:
                 self.observer(report, self)
@@ -288,9 +302,15 @@ class Scheduler:
                 if self._stopped:
                     return
             try:
-                self.step()
+                report = self.step()
             except Exception:
                 LOGGER.exception("scheduler step failed")
+                continue
+            rest = self._warm_rest_until - self._clock()
+            if report.batch_size == 0 and rest > 0:
+                with self._cond:  # only resting warm-up is left: sleep until the rest ends or a request comes
+                    if not (self._inbox or self._calls or self._stopped):
+                        self._cond.wait(rest)
 
     def _run_calls(self) -> None:
         with self._cond:
@@ -306,6 +326,8 @@ class Scheduler:
             inbox, self._inbox = self._inbox, []
         for seq in inbox:
             (self._warm_waiting if seq.klass is SequenceClass.WARM else self._waiting).append(seq)
+        if self._waiting or self._running:
+            self._last_live = self._clock()
 
     def _drop_cancelled(self) -> None:
         for seq in [*self._running, *self._waiting]:
@@ -419,8 +441,9 @@ class Scheduler:
                 f"{len(seq.tokens)} tokens"))
         used = sum(n for _, n in planned.values())
         warm = self._warm
-        if warm is not None and used < budget:
-            count = min(warm.remaining, budget - used)
+        if (warm is not None and used < budget and not self._live_prefill(planned)
+                and (self._clock() >= self._warm_rest_until or not self._live_recent())):
+            count = min(warm.remaining, budget - used, self._warm_step_tokens())
             if self._reserve(warm, count):
                 planned[warm.seq_id] = (warm, count)
             elif not self._running:
@@ -428,6 +451,23 @@ class Scheduler:
                 self._release(warm)
                 self._finish(warm, RequestError("the KV memory budget is too small for this warm prompt"))
         return list(planned.values()), preempted
+
+    def _live_prefill(self, planned: dict[int, tuple[Sequence, int]]) -> bool:
+        """True when a live request is prefilling this step or waiting to: warm-up then stays out.
+
+        NOTE: a warm chunk beside a live prefill would delay that request's first token by the chunk's
+        cost; beside decode rows it costs each stream one chunk's time, which the cap bounds.
+        """
+        return bool(self._waiting or any(n > 1 for _, n in planned.values()))
+
+    def _warm_step_tokens(self) -> int:
+        """Warm tokens a step may take: ``warm_chunk_tokens`` while live traffic flows, the whole step
+        budget once none has arrived for ``live_quiet_s`` (the step that is running when a live request
+        arrives is what it waits for)."""
+        return self.config.warm_chunk_tokens if self._live_recent() else self.config.max_num_batched_tokens
+
+    def _live_recent(self) -> bool:
+        return self._clock() - self._last_live < self.config.live_quiet_s
 
     def _run(self, plan: list[tuple[Sequence, int]]) -> int:
         """Run the planned rows and hand out their tokens; returns how many sequences finished."""

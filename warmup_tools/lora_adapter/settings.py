@@ -25,6 +25,7 @@ from warmup_tools.kv.config import (
     KVCacheConfig,
     KVShape,
 )
+from warmup_tools.lora_adapter.requests import RequestLimits
 from warmup_tools.triton.params import ModelParameters, parse_bool
 
 MODEL_NAME = "lora_adapter"
@@ -50,17 +51,30 @@ class SchedulerConfig:
     max_queue: int = 64
     #: New tokens per step (decode tokens plus prefill chunks).
     max_num_batched_tokens: int = 256
+    #: Warm-up tokens per step while live traffic flows (``warm_chunk_tokens``): warm chunks never share a
+    #: step with a live prefill, and a live request waits for at most one such chunk.
+    warm_chunk_tokens: int = 32
+    #: While live traffic flows, the largest share of the time warm chunks may take (``warm_share``).
+    warm_share: float = 0.5
+    #: Seconds without a live request after which warm-up takes whole steps (an idle instance warms fast).
+    live_quiet_s: float = 0.5
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0:
             raise ConfigError(f"max_num_seqs must be >= 1 and max_queue >= 0, not {self.max_num_seqs}, "
                               f"{self.max_queue}")
+        if self.warm_chunk_tokens < 1 or self.live_quiet_s < 0 or not 0.0 < self.warm_share <= 1.0:
+            raise ConfigError(f"warm_chunk_tokens must be >= 1, live_quiet_s >= 0 and 0 < warm_share <= 1 with "
+                              f"the continuous scheduler, not {self.warm_chunk_tokens}, {self.live_quiet_s}, "
+                              f"{self.warm_share}")
         if self.max_num_batched_tokens < self.max_num_seqs:
             # NOTE: every running sequence's decode token must fit in one step, or decodes would starve.
             raise ConfigError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                               f"max_num_seqs ({self.max_num_seqs})")
 
 
+#: Request bounds when config.pbtxt sets none.
+DEFAULT_LIMITS = RequestLimits()
 #: The scheduler defaults (one source: the parameters below fall back to these).
 DEFAULT_BATCHING = SchedulerConfig()
 
@@ -94,6 +108,8 @@ class LoraAdapterSettings:
         """Read and check every parameter; unknown ones are refused (a typo fails the load)."""
         adapters = params.get("adapters", str, "")
         names = tuple(a.strip() for a in adapters.split(",") if a.strip()) or None
+        warm_chunk = params.get("warm_chunk_tokens", int, DEFAULT_BATCHING.warm_chunk_tokens)
+        warm_share = params.get("warm_share", float, DEFAULT_BATCHING.warm_share)
         settings = cls(
             base_model=params.path("base_model"),
             adapter_root=params.path("adapter_root") if params.get("adapter_root", str, "") else None,
@@ -112,10 +128,10 @@ class LoraAdapterSettings:
             control_dir=params.path("control_dir") if params.get("control_dir", str, "") else None,
             serve_cold=params.get("serve_cold", parse_bool, False),
             warm_priority=params.get("warm_priority", str, "live_first"),
-            warm_share=params.get("warm_share", float, 0.5),
-            warm_chunk_tokens=params.get("warm_chunk_tokens", int, 128),
-            max_tokens_limit=params.get("max_tokens_limit", int, 512),
-            default_max_tokens=params.get("default_max_tokens", int, 16),
+            warm_share=warm_share,
+            warm_chunk_tokens=warm_chunk,
+            max_tokens_limit=params.get("max_tokens_limit", int, DEFAULT_LIMITS.max_tokens_limit),
+            default_max_tokens=params.get("default_max_tokens", int, DEFAULT_LIMITS.default_max_tokens),
             request_log_dir=params.path("request_log_dir") if params.get("request_log_dir", str, "") else None,
             request_log_redact=params.get("request_log_redact", parse_bool, False),
             scheduler=params.get("scheduler", str, "continuous"),
@@ -124,6 +140,8 @@ class LoraAdapterSettings:
                 max_queue=params.get("max_queue", int, DEFAULT_BATCHING.max_queue),
                 max_num_batched_tokens=params.get("max_num_batched_tokens", int,
                                                   DEFAULT_BATCHING.max_num_batched_tokens),
+                warm_chunk_tokens=warm_chunk,
+                warm_share=warm_share,
             ),
         )
         params.check_unknown()

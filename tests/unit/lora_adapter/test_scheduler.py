@@ -216,10 +216,12 @@ def test_beyond_the_queue_bound_a_request_is_refused_at_once_with_unavailable(fr
         scheduler.submit(make_request(engine, "Hello", "nope"), RecordingSink())
 
 
-def test_warm_up_only_uses_the_budget_live_sequences_leave(fresh_cache, reference):
+def test_warm_up_stays_out_of_live_prefills_and_takes_small_chunks_while_live_traffic_flows(fresh_cache, reference):
     engine = fresh_cache
-    budget = 64
-    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=budget))
+    budget, chunk = 64, 16
+    now = [0.0]  # NOTE: a fake clock: "live traffic is recent" is decided by it, not by machine speed
+    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=budget,
+                                                  warm_chunk_tokens=chunk, live_quiet_s=0.5), clock=lambda: now[0])
     live = make_request(engine, SYSTEM_PROMPTS["support"] + "User: hi\nAssistant:", "support", max_tokens=20)
     sink = RecordingSink()
     scheduler.submit(live, sink)
@@ -229,10 +231,11 @@ def test_warm_up_only_uses_the_budget_live_sequences_leave(fresh_cache, referenc
     assert done.result(timeout=0) > 1  # warmed in several chunks
     for report in reports:
         assert report.live_tokens + report.warm_tokens <= budget
-        if report.live_tokens == budget:  # the live prompt took the whole step: no warm-up
+        if report.live_tokens > 1:  # a live prefill: warm-up stays out of its step
             assert report.warm_tokens == 0
+        assert report.warm_tokens <= chunk  # live traffic is recent (the clock never moved)
     assert any(r.live_tokens == budget for r in reports)
-    assert any(r.live_tokens == 1 and r.warm_tokens == budget - 1 for r in reports)
+    assert any(r.live_tokens == 1 and r.warm_tokens == chunk for r in reports)
     assert sink.tokens == reference(live)[0]
     # The warm prompt's blocks are cached and pinned under the plan: a live request for it hits them.
     assert engine.prefix_cache.active_plan == "plan-w" and engine.prefix_cache.stats.pinned_bytes > 0
@@ -240,6 +243,10 @@ def test_warm_up_only_uses_the_budget_live_sequences_leave(fresh_cache, referenc
     scheduler.submit(GenerateRequest(warm_ids, "sql", "default", True, SamplingParams(max_tokens=2)), again)
     drain(scheduler)
     assert again.steps[0].cached_tokens == (len(warm_ids) - 1) // 16 * 16
+    # Quiet for live_quiet_s: warm-up takes whole steps.
+    now[0] = 1.0
+    scheduler.submit_warm("legal", engine.encode(SYSTEM_PROMPTS["legal"]))
+    assert any(r.warm_tokens == budget for r in drain(scheduler))
 
 
 def test_adapter_unload_runs_between_steps_and_ends_its_sequences(demo_assets):
@@ -269,8 +276,9 @@ def test_warm_up_gives_its_memory_way_to_live_sequences(fresh_cache, reference):
     warm_ids = engine.encode(SYSTEM_PROMPTS["sql"] + SYSTEM_PROMPTS["legal"])
     # Room for the warm prompt alone, not for it and the live request together.
     engine.prefix_cache = PrefixCache((len(warm_ids) + 5) * engine.kv_bytes_per_token, 16)
-    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=16))
-    live = make_request(engine, "Hello there", "support", max_tokens=40)
+    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=16), clock=lambda: 0.0)
+    # Long enough that its KV outgrows what the warm prompt leaves free.
+    live = make_request(engine, "Hello there", "support", max_tokens=64)
     sink = RecordingSink()
     scheduler.submit(live, sink)
     done = scheduler.submit_warm("sql", warm_ids)
@@ -280,3 +288,29 @@ def test_warm_up_gives_its_memory_way_to_live_sequences(fresh_cache, reference):
     assert scheduler.stats.preemptions == 0  # ...and no live sequence was preempted for it
     assert done.result(timeout=0) > 0
     assert engine.prefix_cache.stats.running_bytes == 0
+
+
+def test_warm_up_rests_after_each_chunk_so_it_keeps_within_warm_share(fresh_cache, monkeypatch):
+    engine = fresh_cache
+    now = [0.0]
+    forward = engine.forward_batch
+
+    def slow_forward(*args, **kwargs):  # NOTE: a fake clock: every forward "takes" 0.1 s
+        now[0] += 0.1
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "forward_batch", slow_forward)
+    scheduler = Scheduler(engine, SchedulerConfig(warm_chunk_tokens=16, warm_share=0.25, live_quiet_s=5.0),
+                          clock=lambda: now[0])
+    live = RecordingSink()
+    scheduler.submit(make_request(engine, "Hi", "support", max_tokens=1), live)
+    scheduler.step()  # the live request: traffic is now recent
+    scheduler.submit_warm("sql", engine.encode(SYSTEM_PROMPTS["sql"]))
+    first = scheduler.step()
+    assert first.warm_tokens == 16
+    # share 0.25: a 0.1 s chunk is followed by 0.3 s of rest.
+    assert scheduler.step().warm_tokens == 0
+    now[0] += 0.29
+    assert scheduler.step().warm_tokens == 0
+    now[0] += 0.02
+    assert scheduler.step().warm_tokens == 16

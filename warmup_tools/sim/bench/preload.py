@@ -8,7 +8,10 @@ instance's control thread pre-fills. Live TTFT is measured before and during tha
 - ``fifo``, whole prompts, share 1: a plain engine lock, what a naive preload does;
 - ``live_first``, whole prompts, share 1: live requests go first, but wait for a whole warm prompt;
 - ``live_first``, 128-token chunks, share 1: a live request waits for one chunk at most;
-- ``live_first``, 128-token chunks, share 0.5: the shipped default (warm-up rests as long as it works).
+- ``live_first``, 128-token chunks, share 0.5: the serial scheduler's default (warm-up rests as long as
+  it works);
+- ``continuous``: the continuous-batching scheduler (the shipped default), where warm chunks are the
+  lowest class and only use the token budget live sequences leave in a step.
 """
 
 from __future__ import annotations
@@ -27,10 +30,13 @@ from warmup_tools.adapters.registry import ControlRegistry
 from warmup_tools.adapters.state import AdapterState
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.service import LoraService
+from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING
 from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 
-CONFIGS = (("fifo", 0, 1.0), ("live_first", 0, 1.0), ("live_first", 128, 1.0), ("live_first", 128, 0.5))
+CONFIGS = (("fifo", 0, 1.0), ("live_first", 0, 1.0), ("live_first", 128, 1.0), ("live_first", 128, 0.5),
+           ("continuous", 0, 1.0))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -44,6 +50,8 @@ class PreloadResult:
 
     @property
     def label(self) -> str:
+        if self.priority == "continuous":
+            return "continuous scheduler, warm class"
         chunks = f"{self.chunk_tokens}-token chunks" if self.chunk_tokens else "whole prompts"
         return f"{self.priority}, {chunks}, share {self.share:g}"
 
@@ -70,8 +78,14 @@ def measure(assets_dir: Path, priority: str, chunk_tokens: int, share: float, *,
     engine = LoraEngine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",
                                      adapters=("support",), num_threads=lm_threads))
     control = Path(tempfile.mkdtemp(prefix="bench-preload-"))
-    service = LoraService(engine, instance="bench_0", control_dir=control, poll_s=0.02, warm_priority=priority,
-                          warm_share=share, warm_chunk_tokens=chunk_tokens)
+    scheduler = None
+    if priority == "continuous":
+        scheduler = Scheduler(engine, DEFAULT_BATCHING)
+        scheduler.start()
+        service = LoraService(engine, instance="bench_0", control_dir=control, poll_s=0.02, scheduler=scheduler)
+    else:
+        service = LoraService(engine, instance="bench_0", control_dir=control, poll_s=0.02,
+                              warm_priority=priority, warm_share=share, warm_chunk_tokens=chunk_tokens)
     registry = ControlRegistry(control)
     texts = warm_prompts(prompts, prompt_tokens, engine, seed)
     system = SYSTEM_PROMPTS["support"]
@@ -84,8 +98,13 @@ def measure(assets_dir: Path, priority: str, chunk_tokens: int, share: float, *,
             ids = engine.encode(system + "User: " + rng.choice(USER_QUESTIONS["support"]) + f" ({rng.random():.6f})")
             request = GenerateRequest(ids, "support", "bench", False, SamplingParams(max_tokens=1))
             start = time.perf_counter()
-            for _ in service.generate(request):
-                break
+            if scheduler is None:
+                for _ in service.generate(request):
+                    break
+            else:
+                sink = _FirstToken()
+                service.serve(request, sink)
+                sink.wait()
             samples.append((start, (time.perf_counter() - start) * 1000))
             time.sleep(think_s)
 
@@ -100,11 +119,35 @@ def measure(assets_dir: Path, priority: str, chunk_tokens: int, share: float, *,
     finally:
         stop.set()
         client.join(timeout=60)
-        service.close()
+        service.close()  # stops the scheduler too
     first = samples[0][0] if samples else 0.0
     idle = [ms for start, ms in samples if first + 0.5 <= start < warm_start]  # after the first requests
     warming = [ms for start, ms in samples if warm_start <= start < warm_end]
     return PreloadResult(priority, chunk_tokens, share, warm_end - warm_start, idle, warming)
+
+
+class _FirstToken:
+    """A sequence sink that wakes the live client at its first token (or its error)."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self.error: BaseException | None = None
+
+    def send(self, step: object) -> None:
+        self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self._done.set()
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def wait(self) -> None:
+        if not self._done.wait(600):
+            raise TimeoutError("no first token within 600 s")
+        if self.error is not None:
+            raise self.error
 
 
 def run(assets_dir: Path, *, prompts: int = 12, prompt_tokens: int = 768, idle_s: float = 3.0, think_s: float = 0.01,

@@ -134,6 +134,8 @@ def _parser() -> argparse.ArgumentParser:
     conc.add_argument("--scheduler", choices=("continuous", "serial"), default="continuous")
     conc.add_argument("--max-num-seqs", type=int, default=16)
     conc.add_argument("--lm-threads", type=int, default=1, help="torch threads of lora_adapter (0: torch default)")
+    conc.add_argument("--disconnects", type=int, default=7,
+                      help="abandoned streams per transport before measuring the next request's TTFT (0: skip)")
 
     pre = which.add_parser("preload", parents=[assets],
                            help="live TTFT while a new adapter warms: fifo vs live-first, chunked")

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient
+from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient, grpc_inputs
 from warmup_tools.ops.config import REPO_ROOT
 from warmup_tools.ops.demo import demo_prompt
 from warmup_tools.ops.server import TritonServer
@@ -57,7 +57,7 @@ def pct(values: Sequence[float], q: float) -> float:
 
 def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int = 6, min_requests: int = 24,
         max_tokens: int = 32, scheduler: str = "continuous", max_num_seqs: int = 16, lm_threads: int = 1,
-        out: TextIO = sys.stdout) -> list[LevelResult]:
+        disconnects: int = 7, out: TextIO = sys.stdout) -> list[LevelResult]:
     """Measure each concurrency level on one server; prints a table and the 8-vs-1 ratios."""
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_LM_THREADS": str(lm_threads),
            "WARMUP_SCHEDULER": scheduler, "WARMUP_MAX_NUM_SEQS": str(max_num_seqs)}
@@ -77,8 +77,47 @@ def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int 
             out.flush()
             for message in result.error_messages[:3]:
                 out.write(f"    error: {message}\n")
+        if disconnects:
+            out.write(measure_disconnects(server, disconnects) + "\n")
     out.write(format_ratios(results) + "\n")
     return results
+
+
+def measure_disconnects(server: TritonServer, count: int) -> str:
+    """The next request's TTFT after a client abandons a long stream at its first token (gRPC: the
+    stream cancelled; HTTP: the generate_stream connection closed), against no abandoned stream."""
+    import requests
+    import tritonclient.grpc as grpcclient
+
+    probe = demo_prompt("support", "where is my order?")
+
+    def next_ttft() -> float:
+        with StreamingClient(server.grpc_url) as client:
+            return client.generate(probe, GenerateParams(max_tokens=1, adapter_id="support")).ttft_s * 1000
+
+    baseline = [next_ttft() for _ in range(count)]
+    after_grpc, after_http = [], []
+    for i in range(count):
+        first = threading.Event()
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        client.start_stream(callback=lambda result, error, first=first: first.set())
+        client.async_stream_infer("ensemble", grpc_inputs(f"Tell me a long story, part {i}.",
+                                                          GenerateParams(max_tokens=400, adapter_id="legal"), True))
+        first.wait(120)
+        client.stop_stream(cancel_requests=True)
+        client.close()
+        after_grpc.append(next_ttft())
+    for i in range(count):
+        body = {"text_input": f"Another long story, part {i}.", "max_tokens": 400, "stream": True,
+                "adapter_id": "legal"}
+        with requests.post(f"http://{server.http_url}/v2/models/ensemble/generate_stream", json=body, stream=True,
+                           timeout=120) as response:
+            next(line for line in response.iter_lines() if line)
+        after_http.append(next_ttft())
+    return (f"next request's TTFT, median of {count}: no abandoned stream {pct(baseline, 0.5):.1f} ms; after a gRPC "
+            f"stream (max_tokens 400) cancelled at its first token {pct(after_grpc, 0.5):.1f} ms; after an HTTP "
+            f"generate_stream connection closed at its first event {pct(after_http, 0.5):.1f} ms "
+            f"(max {max(after_http):.0f} ms)")
 
 
 def format_ratios(results: Sequence[LevelResult]) -> str:

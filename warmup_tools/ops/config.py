@@ -26,8 +26,8 @@ class ServeConfig:
 
     model_repository: Path = REPO_ROOT / "model_repository"
     assets_dir: Path = REPO_ROOT / ".assets"
-    #: Folder through which operators change the adapter set (``warmup_tools adapters``).
-    control_dir: Path = REPO_ROOT / ".control"
+    #: Folder through which operators change the adapter set (``warmup_tools adapters``); empty disables it.
+    control_dir: Path | None = REPO_ROOT / ".control"
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
@@ -48,7 +48,7 @@ class ServeConfig:
 
     def server_env(self) -> dict[str, str]:
         return {"WARMUP_ASSETS_DIR": str(Path(self.assets_dir).resolve()),
-                "WARMUP_CONTROL_DIR": str(Path(self.control_dir).resolve())}
+                "WARMUP_CONTROL_DIR": str(Path(self.control_dir).resolve()) if self.control_dir else ""}
 
 
 def load_config(cls: type[C], file: Path | None = None, flags: Mapping[str, Any] | None = None,

@@ -41,3 +41,10 @@ def test_expand_path_env_and_default(monkeypatch, tmp_path):
     monkeypatch.delenv("WT_TEST_DIR")
     with pytest.raises(ValueError, match="WT_TEST_DIR"):
         expand_path("${WT_TEST_DIR}/lm")
+
+
+def test_an_empty_control_dir_disables_operator_control():
+    from warmup_tools.ops.config import ServeConfig, load_config
+
+    config = load_config(ServeConfig, env={"WARMUP_CONTROL_DIR": ""})
+    assert config.control_dir is None and config.server_env()["WARMUP_CONTROL_DIR"] == ""

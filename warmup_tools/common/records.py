@@ -97,6 +97,28 @@ class RequestRecord:
         return out
 
 
+def log_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    """``paths`` with every folder replaced by the request logs in it: ``*.jsonl``, ``*.jsonl.gz`` and the
+    rotated ``*.jsonl.N`` files (oldest first, so records come roughly in time order)."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    out: list[Path] = []
+    for path in map(Path, paths):
+        if not path.is_dir():
+            out.append(path)
+            continue
+        found = [p for p in path.iterdir() if p.is_file() and _log_rank(p.name) is not None]
+        out += sorted(found, key=lambda p: (p.name.split(".jsonl")[0], -_log_rank(p.name)))
+    return out
+
+
+def _log_rank(name: str) -> int | None:
+    """0 for a current log, ``N`` for its ``N``-th rotated backup (``.jsonl.N``), None for other files."""
+    if name.endswith((".jsonl", ".jsonl.gz")):
+        return 0
+    head, _, suffix = name.rpartition(".")
+    return int(suffix) if head.endswith(".jsonl") and suffix.isdigit() else None
+
+
 def read_request_log(paths: str | Path | Iterable[str | Path],
                      stats: ReadStats | None = None) -> Iterator[RequestRecord]:
     """Request records from JSON-lines logs (gzip too); bad lines and bad records are skipped and

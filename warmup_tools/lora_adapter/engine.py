@@ -28,6 +28,7 @@ from warmup_tools.kv.prefix_cache import PrefixCache
 from warmup_tools.lora_adapter.detokenize import IncrementalDetokenizer
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.sampling import make_generator, next_token
+from warmup_tools.lora_adapter.settings import DEFAULT_CONTEXT_LENGTH, discover_adapters
 
 LOGGER = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class LoraEngine:
         model = AutoModelForCausalLM.from_pretrained(config.base_model, dtype=self.dtype, use_safetensors=True)
         model.to(self.device).eval()
         self.model_config = model.config
-        self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
+        self.context_length = int(getattr(model.config, "max_position_embeddings", DEFAULT_CONTEXT_LENGTH))
         self.vocab_size = int(model.config.vocab_size)
         self.eos_token_ids = _eos_ids(model.config, self.tokenizer)
         self.base_fingerprint = fingerprint_folder(config.base_model)
@@ -449,31 +450,6 @@ def select_dtype(spec: str, device: torch.device) -> torch.dtype:
         return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[spec]
     except KeyError:
         raise AssetError(f"dtype {spec!r} is not supported; use auto, float32, float16 or bfloat16") from None
-
-
-def discover_adapters(root: Path | None, names: tuple[str, ...] | None) -> dict[str, Path]:
-    """Adapter folders under ``root``: the given names, or every folder holding an adapter_config.json."""
-    if root is None:
-        if names:
-            raise AssetError("adapters are listed but no adapter_root is configured")
-        return {}
-    root = root.resolve()
-    if names is None:
-        if not root.is_dir():
-            raise AssetError(f"adapter_root {root} is not a folder")
-        names = tuple(sorted(p.name for p in root.iterdir() if (p / "adapter_config.json").exists()))
-    found: dict[str, Path] = {}
-    for name in names:
-        path = (root / name).resolve()
-        if path.parent != root:
-            raise AssetError(f"adapter name {name!r} escapes the adapter root {root}")
-        if not (path / "adapter_config.json").exists():
-            raise AssetError(f"adapter {name!r}: {path} has no adapter_config.json")
-        # NOTE: adapters load from safetensors only; a pickled adapter_model.bin can run code on load.
-        if not (path / "adapter_model.safetensors").exists():
-            raise AssetError(f"adapter {name!r}: {path} has no adapter_model.safetensors (pickled weights are refused)")
-        found[name] = path
-    return found
 
 
 def _kv_bytes_per_token(model_config: object, dtype: torch.dtype) -> int:

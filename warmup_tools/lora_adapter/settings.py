@@ -222,3 +222,43 @@ def repository_parameters(model_repository: Path, model: str,
         raise ConfigError(f"{path} does not parse: {exc}") from None
     data: dict[str, Any] = json_format.MessageToDict(config, preserving_proto_field_name=True)
     return ModelParameters(data, base_dir=path.parent, environ=environ)
+
+
+def discover_adapters(root: Path | None, names: tuple[str, ...] | None) -> dict[str, Path]:
+    """Adapter folders under ``root``: the given names, or every folder holding an adapter_config.json."""
+    if root is None:
+        if names:
+            raise AssetError("adapters are listed but no adapter_root is configured")
+        return {}
+    root = root.resolve()
+    if names is None:
+        if not root.is_dir():
+            raise AssetError(f"adapter_root {root} is not a folder")
+        names = tuple(sorted(p.name for p in root.iterdir() if (p / "adapter_config.json").exists()))
+    found: dict[str, Path] = {}
+    for name in names:
+        path = (root / name).resolve()
+        if path.parent != root:
+            raise AssetError(f"adapter name {name!r} escapes the adapter root {root}")
+        if not (path / "adapter_config.json").exists():
+            raise AssetError(f"adapter {name!r}: {path} has no adapter_config.json")
+        # NOTE: adapters load from safetensors only; a pickled adapter_model.bin can run code on load.
+        if not (path / "adapter_model.safetensors").exists():
+            raise AssetError(f"adapter {name!r}: {path} has no adapter_model.safetensors (pickled weights are refused)")
+        found[name] = path
+    return found
+
+
+#: The context a model config without ``max_position_embeddings`` is served with.
+DEFAULT_CONTEXT_LENGTH = 2048
+
+
+def model_context_length(model_dir: Path) -> int:
+    """The longest sequence the base model in ``model_dir`` serves (``max_position_embeddings``)."""
+    config_path = Path(model_dir) / "config.json"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise AssetError(f"{config_path} is not readable ({exc}); point base_model at a Hugging Face model "
+                         "folder") from None
+    return int(config.get("max_position_embeddings", DEFAULT_CONTEXT_LENGTH))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import logging
+import math
 import signal
 import sys
 import threading
@@ -53,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     stanzas.set_defaults(func=_cmd_stanzas)
 
     plan = sub.add_parser("plan", help="decide what to warm from request logs; writes a versioned plan")
-    plan.add_argument("logs", nargs="+", type=Path, help="request logs (.jsonl or .jsonl.gz)")
+    plan.add_argument("logs", nargs="+", type=Path,
+                      help="request logs (.jsonl, .jsonl.gz, rotated .jsonl.N) or folders holding them")
     plan.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "plan.json")
     plan.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository",
                       help="the repository the plan is for: KV block size, storage, dtype and budget, the "
@@ -66,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--tokenizer-entries", type=int, default=256)
     plan.add_argument("--warm-seconds", type=float, default=60.0)
     plan.add_argument("--now", type=float, help="epoch seconds the heat decays to (default: the last record)")
+    plan.add_argument("--since", type=_duration, metavar="DURATION",
+                      help="plan from the last DURATION of the logs only (before --now, or the last record): "
+                           "30m, 6h, 2d")
+    plan.add_argument("--previous", type=Path, metavar="PLAN",
+                      help="the plan now served: its items are kept unless clearly beaten (no flapping), and the "
+                           "new plan says what it added, kept and dropped")
     plan.add_argument("--no-progress", action="store_true")
     plan.set_defaults(func=_cmd_plan)
 
@@ -226,10 +235,23 @@ def _cmd_stanzas(args: argparse.Namespace) -> int:
     return 0
 
 
+def _duration(text: str) -> float:
+    """``90s``, ``30m``, ``6h`` or ``2d`` as seconds (argparse type)."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        value = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 30m, 6h or 2d")
+    return value
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from warmup_tools.common.jsonl import ReadStats
-    from warmup_tools.common.records import read_request_log
+    from warmup_tools.common.records import log_files, read_request_log
     from warmup_tools.embedding_cache.embedder import OnnxEmbedder
+    from warmup_tools.planning.plan import Plan
     from warmup_tools.planning.select import build_plan, format_summary
     from warmup_tools.planning.target import PlanTarget
 
@@ -237,10 +259,19 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     budgets = target.default_budgets(kv_bytes_total=args.kv_bytes_total, kv_bytes_per_adapter=args.kv_bytes_per_adapter,
                                      embedding_entries=args.embedding_entries, tokenizer_entries=args.tokenizer_entries,
                                      warm_seconds=args.warm_seconds)
+    previous = Plan.load(args.previous) if args.previous else None
     stats = ReadStats()
-    plan = build_plan(read_request_log(args.logs, stats), target.load_tokenizer(), OnnxEmbedder(target.embedder_dir),
+    records = list(read_request_log(log_files(args.logs), stats))
+    if args.since is not None:
+        end = args.now if args.now is not None else max((r.ts for r in records), default=0.0)
+        kept = [r for r in records if end - args.since <= r.ts <= end]
+        print(f"{len(kept)} of {len(records)} records in the last {args.since / 3600:g} h before "
+              f"{datetime.datetime.fromtimestamp(end, datetime.timezone.utc).isoformat(timespec='seconds')}",
+              file=sys.stderr)
+        records = kept
+    plan = build_plan(records, target.load_tokenizer(), OnnxEmbedder(target.embedder_dir),
                       budgets, now=args.now, block_size=target.block_size,
-                      kv_bytes_per_token=target.kv_bytes_per_token, progress=not args.no_progress)
+                      kv_bytes_per_token=target.kv_bytes_per_token, progress=not args.no_progress, previous=previous)
     plan.save(args.out)
     if stats.skipped:
         print(f"skipped {stats.skipped} bad or torn log line(s) of {stats.records + stats.skipped}; first: "

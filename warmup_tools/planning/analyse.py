@@ -42,17 +42,21 @@ Pipeline (:func:`warmup_tools.planning.select.build_plan`); this module does ste
    in the last 20%, weighted absolute percentage error). A learnt forecast (gradient boosted trees over
    recent counts, trend, time of day, tenant and adapter; :mod:`warmup_tools.planning.forecast`) is scored
    the same way and replaces the decayed frequency only when its error is lower; both errors are reported.
-5. **Prefix per cluster**: follow the block chain carried by at least ``share`` (0.8) of the cluster's
-   requests (count-weighted) as deep as it goes; only full blocks are cached, and a request reuses at
-   most ``(len(prompt) - 1) // block_size`` blocks (the last token is always prefilled, see
-   ``generation.py``), so a block counts only where it is usable. Fewer than one block: no candidate.
-6. **Select** under :class:`Budgets` greedily by expected saved prefill per byte. The value model is
-   exact for nested prefixes: the cached blocks of a scope form a prefix-closed set, a request saves
-   ``block_size`` tokens for every cached block on its chain, so the saving of a set of prefixes is
-   ``block_size * sum(rate of requests through each cached block)``. A candidate costs and gains only its
-   blocks not yet chosen: identical prefixes from two clusters are one item, a prefix of a chosen item
-   is free (its cluster is listed on the covering item), and an extension pays for its extra blocks.
-   A candidate that does not fit is cut to the blocks that do (``truncated``).
+5. **Prefix per cluster**, to explain the plan (not to decide it): the block chain carried by at least
+   ``share`` (0.8) of the cluster's requests (count-weighted), as deep as it goes. Only full blocks are
+   cached, and a request reuses at most ``(len(prompt) - 1) // block_size`` blocks (the last token is
+   always prefilled, see ``generation.py``), so a block counts only where it is usable.
+6. **Select KV blocks on the prefix tree** (:mod:`warmup_tools.planning.select`). KV reuse is about exact
+   token prefixes, not about meaning: distinct system prompts that open with the same words share one
+   embedding cluster, but only their first few tokens. So each scope's block-aligned token prefixes form
+   a tree (:class:`BlockTrie`, the same chaining the server hashes), each node carrying the decayed,
+   forecast-scaled rate of requests through it. A request saves ``block_size`` prefill tokens for every
+   cached block on its chain, so a set of cached blocks (prefix-closed) saves ``block_size * sum(rate)``;
+   each block costs the same KV bytes and warm seconds. A child's rate never exceeds its parent's, hence
+   taking the hottest frontier block first, under every budget, picks the best prefix-closed set. Blocks
+   carried by fewer than ``min_block_requests`` logged requests are not candidates. The chosen blocks
+   become one item per leaf (a nested prefix counted only for its extra blocks), and each item names
+   the cluster whose requests carry it most.
 7. **Emit** a versioned, content-hashed :class:`~warmup_tools.planning.plan.Plan` (JSON, sorted keys).
 """
 
@@ -107,6 +111,12 @@ class PlanOptions:
     #: Share of the observed span held out to score the heat estimate.
     holdout: float = 0.2
     seed: int = 0
+    #: A KV block is a candidate only when at least this many logged requests carry it: a block seen
+    #: once is a one-off prompt's, whose decayed rate overstates its chance to recur.
+    min_block_requests: int = 2
+    #: Rolling plans: a block the previous plan warmed ranks as if its rate were this much higher, so an
+    #: item is replaced only by one that is clearly hotter and plans do not flap between runs.
+    hysteresis: float = 0.25
 
     def __post_init__(self) -> None:
         if self.half_life_s <= 0 or not 0.0 < self.share <= 1.0 or self.min_cluster_size < 2:
@@ -116,6 +126,9 @@ class PlanOptions:
                               "must be >= 1")
         if not 0.0 < self.holdout < 1.0:
             raise ConfigError(f"holdout must be in (0, 1), got {self.holdout!r}")
+        if self.min_block_requests < 1 or not 0.0 <= self.hysteresis <= 10.0:
+            raise ConfigError(f"min_block_requests must be >= 1 and hysteresis in [0, 10], got "
+                              f"{self.min_block_requests!r} and {self.hysteresis!r}")
 
 
 #: The analysis options the module docstring argues for.
@@ -264,6 +277,7 @@ def analyse_traffic(
             rate = prompt.decayed * scale / eff_hours * factor
             for node in prompt.chain:
                 scope.trie.rate[node] += rate
+                scope.trie.count[node] += prompt.count
         for local, members in sorted(scope.members().items()):
             info, chain = _cluster_info(scope, members, vectors, scale, eff_hours, options, len(clusters))
             info.heat_per_hour *= factors.get((scope.tenant, scope.adapter, local), 1.0)
@@ -329,12 +343,23 @@ class PromptStats:
 
 
 class BlockTrie:
-    """Interns block chains: a node id names a whole prefix (like a chained block hash, but exact)."""
+    """The prefix tree of one scope over block-aligned token prefixes.
+
+    A node id names a whole prefix, like the server's chained block hash (but exact). Each node carries
+    the decayed request rate through it (``rate``, requests per hour) and the number of requests through
+    it (``count``); a child's rate and count never exceed its parent's.
+    """
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._nodes: dict[tuple[int, tuple[int, ...]], int] = {}
         self.rate: list[float] = []
+        self.count: list[int] = []
+        #: Parent node of each node (-1 for a first block).
+        self.parent: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.rate)
 
     def chain(self, ids: Sequence[int]) -> list[int]:
         """Node ids of the usable full blocks of ``ids`` (the last token is always prefilled)."""
@@ -347,8 +372,29 @@ class BlockTrie:
             if node is None:
                 node = self._nodes[key] = len(self.rate)
                 self.rate.append(0.0)
+                self.count.append(0)
+                self.parent.append(parent)
             out.append(node)
             parent = node
+        return out
+
+    def find(self, ids: Sequence[int]) -> list[int]:
+        """Node ids of the full blocks of ``ids`` already in the tree (all of ``ids``, cut where one is missing)."""
+        bs = self.block_size
+        parent, out = -1, []
+        for b in range(len(ids) // bs):
+            node = self._nodes.get((parent, tuple(ids[b * bs : (b + 1) * bs])))
+            if node is None:
+                break
+            out.append(node)
+            parent = node
+        return out
+
+    def children(self) -> list[list[int]]:
+        """Child node ids of every node, and at index ``len(self)`` the first blocks (the roots)."""
+        out: list[list[int]] = [[] for _ in range(len(self.rate) + 1)]
+        for node, parent in enumerate(self.parent):
+            out[parent if parent >= 0 else len(self.rate)].append(node)
         return out
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from warmup_tools.common.digests import tokenizer_fingerprint as fingerprint_of
+from warmup_tools.common.digests import tokenizer_fingerprint
 from warmup_tools.embedding_cache.semantic import CENTROIDS_FILE, write_centroids
 from warmup_tools.planning.plan import Plan
 from warmup_tools.planning.stanzas import (
@@ -67,18 +67,17 @@ def samples_from_plan(plan: Plan) -> dict[str, list[WarmupSample]]:
 
 
 def write_plan_stanzas(plan: Plan, model_repository: Path, *, target: PlanTarget | None = None,
-                       tokenizer_fingerprint: str | None = None) -> dict[str, int]:
+                       tokenizer: Any | None = None) -> dict[str, int]:
     """Check ``plan`` against the repository, then write its samples (idempotent); samples per model.
 
-    ``target`` and ``tokenizer_fingerprint`` default to what the repository's ``lora_adapter`` serves with;
-    a plan made for another block size, tokenizer or budget raises
+    ``target`` and ``tokenizer`` default to what the repository's ``lora_adapter`` serves with; a plan
+    made for another block size, tokenizer or budget, or with an item the server could not warm, raises
     :class:`~warmup_tools.planning.plan.PlanError` before anything is written.
     """
     model_repository = Path(model_repository)
     target = target or PlanTarget.from_repository(model_repository)
-    if tokenizer_fingerprint is None:
-        tokenizer_fingerprint = fingerprint_of(target.load_tokenizer())
-    target.check(plan, tokenizer_fingerprint)
+    tokenizer = tokenizer if tokenizer is not None else target.load_tokenizer()
+    target.check(plan, tokenizer_fingerprint(tokenizer), tokenizer)
     counts = {}
     for model, model_samples in samples_from_plan(plan).items():
         write_model_warmup(model_repository / model, model_samples)

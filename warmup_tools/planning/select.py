@@ -8,14 +8,17 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import heapq
+import logging
 from typing import Any, Iterable, Mapping, Sequence
 
-from warmup_tools.common.digests import tokenizer_fingerprint as fingerprint_of
+from warmup_tools.common.digests import tokenizer_fingerprint
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.records import RequestRecord
 from warmup_tools.kv.config import DEFAULT_BLOCK_SIZE
 from warmup_tools.planning.analyse import (
     DEFAULT_OPTIONS,
+    NOISE,
     Embedder,
     PlanOptions,
     ScopeTraffic,
@@ -23,6 +26,8 @@ from warmup_tools.planning.analyse import (
     analyse_traffic,
 )
 from warmup_tools.planning.plan import Budgets, Plan
+
+LOGGER = logging.getLogger(__name__)
 
 
 def build_plan(
@@ -36,23 +41,30 @@ def build_plan(
     kv_bytes_per_token: int,
     progress: bool = True,
     options: PlanOptions = DEFAULT_OPTIONS,
-    tokenizer_fingerprint: str | None = None,
+    fingerprint: str | None = None,
     created: datetime.datetime | None = None,
+    previous: Plan | None = None,
 ) -> Plan:
     """Analyse ``records`` and choose what to warm under ``budgets``; see the module docstring.
 
-    ``tokenizer_fingerprint`` defaults to a hash of ``tokenizer.backend_tokenizer.to_str()`` (the same
-    as :class:`~warmup_tools.tokenizer_cache.service.TokenizerService` uses); ``created`` to the current time.
+    ``fingerprint`` (of the tokenizer) defaults to a hash of ``tokenizer.backend_tokenizer.to_str()``
+    (the same as :class:`~warmup_tools.tokenizer_cache.service.TokenizerService` uses); ``created`` to the
+    current time. With ``previous`` (a rolling plan), blocks it warmed are kept unless clearly beaten
+    (``options.hysteresis``) and the summary says which items were added, kept and dropped.
     """
     if kv_bytes_per_token < 1:
         raise ConfigError(f"kv_bytes_per_token must be >= 1, got {kv_bytes_per_token}")
     analysis = analyse_traffic(records, tokenizer, embedder, now=now, block_size=block_size,
                                options=options, progress=progress)
-    fingerprint = tokenizer_fingerprint or fingerprint_of(tokenizer)
-    chosen = _select(analysis, budgets, kv_bytes_per_token)
+    fingerprint = fingerprint or tokenizer_fingerprint(tokenizer)
+    if previous is not None and (previous.block_size != block_size or previous.tokenizer_fingerprint != fingerprint):
+        LOGGER.warning("previous plan %s was made for another block size or tokenizer; planning without it",
+                       previous.plan_id)
+        previous = None
+    chosen = _select(analysis, budgets, kv_bytes_per_token, previous)
     items = [_item_json(pick, analysis, kv_bytes_per_token, tokenizer) for pick in chosen]
     by_id = {c.cluster: c for c in analysis.clusters}
-    warmed_clusters = sorted({c for pick in chosen for c in pick.proposers + pick.covered},
+    warmed_clusters = sorted({c for item in items for c in item["clusters"]},
                              key=lambda c: (-by_id[c].heat_per_hour, c))
     embedding_items = [
         {"text": by_id[c].representative, "cluster": c, "tenant": by_id[c].tenant, "adapter": by_id[c].adapter}
@@ -81,6 +93,7 @@ def build_plan(
         "kv_bytes": sum(item["kv_bytes"] for item in items),
         "expected_saved_tokens_per_hour": round(sum(item["expected_saved_tokens_per_hour"] for item in items), 1),
         "expected_warm_seconds": round(new_tokens / budgets.prefill_tokens_per_s, 3),
+        "changes": _changes(items, previous),
     }
     cluster_json = [
         {"tenant": c.tenant, "adapter": c.adapter, "cluster": c.cluster, "size": c.size,
@@ -105,6 +118,24 @@ def build_plan(
     )
 
 
+def _changes(items: Sequence[Mapping[str, Any]], previous: Plan | None) -> dict[str, Any]:
+    """What a rolling plan added, kept and dropped against ``previous`` (an item is its scope and tokens)."""
+    def key(item: Mapping[str, Any]) -> tuple[str, str, tuple[int, ...]]:
+        return (item["tenant"], item["adapter"], tuple(item["token_ids"]))
+
+    def brief(item: Mapping[str, Any]) -> dict[str, Any]:
+        return {"tenant": item["tenant"], "adapter": item["adapter"], "tokens": len(item["token_ids"]),
+                "text": str(item.get("text", ""))[:80]}
+
+    if previous is None:
+        return {"previous_plan": None, "added": len(items), "kept": 0, "dropped": 0, "dropped_items": []}
+    before = {key(item) for item in previous.items}
+    after = {key(item) for item in items}
+    dropped = [brief(item) for item in previous.items if key(item) not in after]
+    return {"previous_plan": previous.plan_id, "added": len(after - before), "kept": len(after & before),
+            "dropped": len(dropped), "dropped_items": dropped}
+
+
 def format_summary(plan: Plan) -> str:
     """A short text report of ``plan``: totals, then one row per KV item."""
     s = plan.summary
@@ -125,6 +156,10 @@ def format_summary(plan: Plan) -> str:
         f"{budgets['warm_seconds']:g} s; expected saving {s['expected_saved_tokens_per_hour']:,.0f} prefill tokens/h",
         f"caches: {len(plan.embedding_items)} embedding entries, {len(plan.tokenizer_templates)} tokenizer templates",
     ]
+    changes = s.get("changes") or {}
+    if changes.get("previous_plan"):
+        lines.append(f"against plan {changes['previous_plan']}: {changes['added']} items added, {changes['kept']} "
+                     f"kept, {changes['dropped']} dropped")
     if not plan.items:
         lines.append("no KV prefix is worth warming (no cluster shares a full block, or the budgets are zero)")
         return "\n".join(lines)
@@ -146,92 +181,126 @@ def format_summary(plan: Plan) -> str:
 
 @dataclasses.dataclass(slots=True)
 class _Pick:
+    """One item: the chain from a first block to a chosen leaf of one scope's prefix tree."""
+
     scope: ScopeTraffic
     chain: list[int]
-    #: Clusters whose chosen prefix this is; and clusters whose prefix it covers (already warmed by it).
-    proposers: list[int]
-    covered: list[int]
     new_blocks: int
     saved_per_hour: float
+    #: A child of the leaf was worth warming but did not fit the budgets.
     truncated: bool
+    #: Index of the earlier item that warms this one's first blocks.
     shared_with: int | None
 
 
-def _select(analysis: TrafficAnalysis, budgets: Budgets, kv_bytes_per_token: int) -> list[_Pick]:
-    """Greedy by marginal saved prefill tokens per KV byte, under every budget (module docstring, step 6)."""
+def _select(analysis: TrafficAnalysis, budgets: Budgets, kv_bytes_per_token: int,
+            previous: Plan | None = None) -> list[_Pick]:
+    """The hottest frontier block first, under every budget (module docstring of ``analyse``, step 6).
+
+    Every block costs the same bytes and seconds and a child is never hotter than its parent, so this
+    greedy choice is the best prefix-closed set of blocks for the budgets. Blocks of ``previous`` rank
+    ``1 + hysteresis`` times hotter (they are kept unless clearly beaten).
+    """
+    options = analysis.options
     bs = analysis.block_size
     block_bytes = bs * kv_bytes_per_token
-    candidates: dict[tuple[tuple[str, str], int], tuple[ScopeTraffic, list[int], list[int]]] = {}
-    for info in analysis.clusters:
-        scope = analysis.scopes[(info.tenant, info.adapter)]
-        chain = scope.chains.get(info.cluster)
-        if not chain:
-            continue
-        key = (scope.key(), chain[-1])  # a node names its whole chain
-        if key in candidates:
-            candidates[key][2].append(info.cluster)  # the same prefix from another cluster: one item
-        else:
-            candidates[key] = (scope, chain, [info.cluster])
-    chosen: dict[tuple[str, str], dict[int, int]] = collections.defaultdict(dict)  # scope -> node -> pick
+    scopes = sorted(analysis.scopes.values(), key=ScopeTraffic.key)
+    incumbent: dict[tuple[str, str], set[int]] = collections.defaultdict(set)
+    for item in previous.items if previous is not None else ():
+        scope = analysis.scopes.get((item["tenant"], item["adapter"]))
+        if scope is not None:
+            incumbent[scope.key()].update(scope.trie.find(item["token_ids"]))
+    children = {scope.key(): scope.trie.children() for scope in scopes}
+
+    def push(heap: list, order: int, scope: ScopeTraffic, node: int) -> None:
+        trie = scope.trie
+        if trie.count[node] >= options.min_block_requests and trie.rate[node] > 0:
+            bonus = 1.0 + options.hysteresis if node in incumbent[scope.key()] else 1.0
+            heapq.heappush(heap, (-trie.rate[node] * bonus, order, node))
+
+    heap: list[tuple[float, int, int]] = []
+    for order, scope in enumerate(scopes):
+        for node in children[scope.key()][len(scope.trie)]:
+            push(heap, order, scope, node)
+    chosen: dict[tuple[str, str], set[int]] = collections.defaultdict(set)
+    short: set[tuple[tuple[str, str], int]] = set()  # (scope, parent) whose child did not fit
     used_adapter: dict[str, int] = collections.defaultdict(int)
-    used_total = 0
-    used_seconds = 0.0
+    used_total, used_tokens = 0, 0
+    max_tokens = int(budgets.warm_seconds * budgets.prefill_tokens_per_s + 1e-6)
+    while heap:
+        _, order, node = heapq.heappop(heap)
+        scope = scopes[order]
+        if (used_adapter[scope.adapter] + block_bytes > budgets.kv_bytes_per_adapter
+                or used_total + block_bytes > budgets.kv_bytes_total or used_tokens + bs > max_tokens):
+            short.add((scope.key(), scope.trie.parent[node]))
+            continue
+        chosen[scope.key()].add(node)
+        used_adapter[scope.adapter] += block_bytes
+        used_total += block_bytes
+        used_tokens += bs
+        for child in children[scope.key()][node]:
+            push(heap, order, scope, child)
+
     picks: list[_Pick] = []
-    pending = sorted(candidates.values(), key=lambda c: (c[0].key(), c[1]))
-    while pending:
-        best = None
-        for position, (scope, chain, _) in enumerate(pending):
-            owned = chosen[scope.key()]
-            start = next((i for i, node in enumerate(chain) if node not in owned), len(chain))
-            new = chain[start:]
-            gain = sum(scope.trie.rate[n] for n in new) * bs
-            ratio = gain / (len(new) * block_bytes) if new else -1.0
-            if best is None or ratio > best[0]:
-                best = (ratio, position, start, gain)
-        ratio, position, start, gain = best
-        scope, chain, clusters = pending.pop(position)
-        owned = chosen[scope.key()]
-        if ratio < 0:  # every block already chosen: its requests are served by the covering item
-            picks[owned[chain[-1]]].covered.extend(clusters)
-            continue
-        room_bytes = min(budgets.kv_bytes_per_adapter - used_adapter[scope.adapter],
-                         budgets.kv_bytes_total - used_total)
-        room_tokens = (budgets.warm_seconds - used_seconds) * budgets.prefill_tokens_per_s
-        fits = min(len(chain) - start, int(room_bytes // block_bytes), int((room_tokens + 1e-6) // bs))
-        if fits < 1:
-            continue
-        truncated = fits < len(chain) - start
-        chain = chain[: start + fits]
+    leaves: list[tuple[float, tuple[str, str], list[int]]] = []
+    for scope in scopes:
+        nodes = chosen[scope.key()]
+        kids = children[scope.key()]
+        for node in sorted(nodes):
+            if any(child in nodes for child in kids[node]):
+                continue
+            chain = [node]
+            while scope.trie.parent[chain[-1]] >= 0:
+                chain.append(scope.trie.parent[chain[-1]])
+            chain.reverse()
+            leaves.append((sum(scope.trie.rate[n] for n in chain), scope.key(), chain))
+    # NOTE: the hottest chains first (warm-up runs the items in order), ties by scope and node: deterministic.
+    leaves.sort(key=lambda leaf: (-leaf[0], leaf[1], leaf[2]))
+    owner: dict[tuple[tuple[str, str], int], int] = {}
+    for _, key, chain in leaves:
+        scope = analysis.scopes[key]
+        start = next((i for i, n in enumerate(chain) if (key, n) not in owner), len(chain))
         new = chain[start:]
-        for node in new:
-            owned[node] = len(picks)
-        used_adapter[scope.adapter] += len(new) * block_bytes
-        used_total += len(new) * block_bytes
-        used_seconds += len(new) * bs / budgets.prefill_tokens_per_s
-        picks.append(_Pick(scope, chain, list(clusters), [], len(new), sum(scope.trie.rate[n] for n in new) * bs,
-                           truncated, owned[chain[start - 1]] if start else None))
+        shared_with = owner[(key, chain[start - 1])] if start else None
+        for n in new:
+            owner[(key, n)] = len(picks)
+        picks.append(_Pick(scope, chain, len(new), sum(scope.trie.rate[n] for n in new) * bs,
+                           (key, chain[-1]) in short, shared_with))
     return picks
 
 
 def _item_json(pick: _Pick, analysis: TrafficAnalysis, kv_bytes_per_token: int, tokenizer: Any) -> dict[str, Any]:
     scope, bs = pick.scope, analysis.block_size
     depth = len(pick.chain)
+    leaf = pick.chain[-1]
+    carriers = [p for p in scope.prompts.values() if len(p.chain) >= depth and p.chain[depth - 1] == leaf]
+    by_cluster: collections.Counter[int] = collections.Counter()
+    for p in carriers:
+        by_cluster[scope.cluster_ids.get(p.label, NOISE)] += p.count
+    # The clusters this item serves: those with requests through its first new block.
+    first = depth - pick.new_blocks
+    served = {scope.cluster_ids.get(p.label, NOISE) for p in scope.prompts.values()
+              if len(p.chain) > first and p.chain[first] == pick.chain[first]}
+    primary = min(by_cluster.items(), key=lambda kv: (kv[0] == NOISE, -kv[1], kv[0]))[0]
     by_id = {c.cluster: c for c in analysis.clusters}
-    primary = max(pick.proposers, key=lambda c: (by_id[c].heat_per_hour, -c))
-    members = [p for p in scope.prompts.values() if scope.cluster_ids.get(p.label) == primary]
-    carriers = [p for p in members if len(p.chain) >= depth and p.chain[depth - 1] == pick.chain[-1]]
-    share = sum(p.count for p in carriers) / max(sum(p.count for p in members), 1)
+    members = by_id[primary].size if primary != NOISE else sum(p.count for p in carriers)
+    share = by_cluster[primary] / max(members, 1)
     example = min(carriers, key=lambda p: (-p.count, p.text))
     token_ids = [int(t) for t in example.ids[: depth * bs]]
     tokens = len(token_ids)
-    heat = scope.trie.rate[pick.chain[-1]]
+    heat = scope.trie.rate[leaf]
     kv_bytes = pick.new_blocks * bs * kv_bytes_per_token
-    reason = (f"cluster {primary} of {by_id[primary].size} requests ({share:.0%} share this {tokens}-token prefix); "
-              f"{heat:.1f} req/h carry it (decayed); saves {pick.saved_per_hour:,.0f} prefill tokens/h "
-              f"for {_size(kv_bytes)}")
+    carried = sum(by_cluster.values())
+    if primary == NOISE:
+        reason = f"{carried} requests of no cluster carry this {tokens}-token prefix"
+    else:
+        reason = (f"cluster {primary} of {members} requests ({share:.0%} carry this {tokens}-token prefix; "
+                  f"{carried} requests in all)")
+    reason += (f"; {heat:.1f} req/h carry it (decayed); saves {pick.saved_per_hour:,.0f} prefill tokens/h "
+               f"for {_size(kv_bytes)}")
     if pick.shared_with is not None:
         reason += f"; its first {tokens - pick.new_blocks * bs} tokens are warmed by item {pick.shared_with}"
-    others = sorted(set(pick.proposers + pick.covered) - {primary})
+    others = sorted(c for c in served if c not in (primary, NOISE))
     if others:
         reason += f"; also serves cluster(s) {', '.join(map(str, others))}"
     if pick.truncated:
@@ -241,7 +310,7 @@ def _item_json(pick: _Pick, analysis: TrafficAnalysis, kv_bytes_per_token: int, 
         "tenant": scope.tenant,
         "adapter": scope.adapter,
         "cluster": primary,
-        "clusters": sorted(set(pick.proposers + pick.covered)),
+        "clusters": sorted(c for c in served | {primary} if c != NOISE),
         "token_ids": token_ids,
         "text": _prefix_text(tokenizer, example.text, token_ids),
         "tokens": tokens,
@@ -249,7 +318,8 @@ def _item_json(pick: _Pick, analysis: TrafficAnalysis, kv_bytes_per_token: int, 
         "kv_bytes": kv_bytes,
         "heat_per_hour": round(heat, 4),
         "expected_saved_tokens_per_hour": round(pick.saved_per_hour, 2),
-        "members": by_id[primary].size,
+        "requests": carried,
+        "members": members,
         "share": round(share, 4),
         "truncated": pick.truncated,
         "reason": reason,

@@ -14,7 +14,13 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from warmup_tools.lora_adapter.settings import LoraAdapterSettings, repository_parameters
+from warmup_tools.common.errors import AssetError
+from warmup_tools.lora_adapter.settings import (
+    LoraAdapterSettings,
+    discover_adapters,
+    model_context_length,
+    repository_parameters,
+)
 from warmup_tools.planning.plan import Budgets, Plan, PlanError
 
 
@@ -48,8 +54,17 @@ class PlanTarget:
 
         return AutoTokenizer.from_pretrained(self.tokenizer_dir)
 
-    def check(self, plan: Plan, tokenizer_fingerprint: str) -> None:
-        """Refuse a plan made for another block size, tokenizer or budget, naming both values."""
+    def adapters(self) -> set[str]:
+        """The adapters this repository's ``lora_adapter`` loads at start ("" is the base model)."""
+        try:
+            return {"", *discover_adapters(self.settings.adapter_root, self.settings.adapters)}
+        except AssetError as exc:
+            raise PlanError(f"the repository's adapters cannot be listed: {exc}") from None
+
+    def check(self, plan: Plan, tokenizer_fingerprint: str, tokenizer: Any | None = None) -> None:
+        """Refuse a plan made for another block size, tokenizer or budget, naming both values; then refuse
+        any item the server could not warm (longer than the model's context, for an adapter it does not
+        have, or whose token ids are not its text's under ``tokenizer``), naming the item."""
         where = f"plan {plan.plan_id}"
         if plan.block_size != self.block_size:
             raise PlanError(f"{where} was made for KV block size {plan.block_size}, but lora_adapter's "
@@ -66,3 +81,36 @@ class PlanTarget:
             raise PlanError(f"{where} needs {int(new_bytes)} KV bytes here ({tokens} planned tokens at "
                             f"{self.kv_bytes_per_token} bytes each), but lora_adapter's warm-up share is {budget} "
                             "bytes (kv_cache_bytes less kv_live_reserve): make a new plan against this repository")
+        context = model_context_length(self.settings.base_model)
+        adapters = self.adapters()
+        vocab = len(tokenizer) if tokenizer is not None else None
+        for index, item in enumerate(plan.items):
+            ids = item["token_ids"]
+            name = (f"{where} item {index} (tenant {item.get('tenant')!r}, adapter "
+                    f"{item.get('adapter') or '(base)'!r}, {str(item.get('text', ''))[:40]!r})")
+            if len(ids) >= context:
+                raise PlanError(f"{name} has {len(ids)} tokens, but the base model's context is {context} tokens "
+                                "(and warming it generates one more): drop the item or make a new plan")
+            if item.get("adapter", "") not in adapters:
+                raise PlanError(f"{name} is for adapter {item.get('adapter')!r}, which this repository does not "
+                                f"load (it has: {', '.join(sorted(a or '(base)' for a in adapters))}): add the "
+                                "adapter under adapter_root or make a new plan")
+            if vocab is not None and not _tokens_match(tokenizer, item, vocab):
+                raise PlanError(f"{name}: its token ids are not what lora_adapter's tokenizer makes of its text; "
+                                "the plan was made with another tokenizer: make a new plan against this repository")
+
+
+def _tokens_match(tokenizer: Any, item: Mapping[str, Any], vocab: int) -> bool:
+    """``item``'s ids are in the vocabulary and, where the item keeps its text, are that text's tokens.
+
+    The text is the span of the prompt the ids cover, so re-encoding it may merge its last token
+    differently (the rest of the prompt is gone): all but the last id must match.
+    """
+    ids = item["token_ids"]
+    if any(i < 0 or i >= vocab for i in ids):
+        return False
+    text = item.get("text")
+    if not text:
+        return True
+    again = list(tokenizer.encode(text, add_special_tokens=True))
+    return again[: len(ids) - 1] == list(ids[:-1])

@@ -3,7 +3,7 @@
 import json
 
 from warmup_tools.common.jsonl import ReadStats
-from warmup_tools.common.records import RECORD_KEYS, RequestRecord, read_request_log
+from warmup_tools.common.records import RECORD_KEYS, RequestRecord, log_files, read_request_log
 
 
 def test_served_record_round_trips_and_redaction_drops_the_text():
@@ -30,3 +30,13 @@ def test_the_log_reader_skips_bad_records_naming_their_line(tmp_path):
     assert stats.records == 2 and stats.skipped == 3
     assert [s.line for s in stats.examples] == [2, 3, 5]
     assert "version 2" in stats.examples[0].reason and "'ts'" in stats.examples[1].reason
+
+
+def test_log_folders_expand_to_current_and_rotated_logs_oldest_first(tmp_path):
+    for name in ("requests.jsonl", "requests.jsonl.1", "requests.jsonl.2", "other.jsonl.gz", "notes.txt",
+                 "requests.jsonl.tmp"):
+        (tmp_path / name).write_text("")
+    single = tmp_path / "x.jsonl"
+    assert log_files(single) == [single]
+    assert [p.name for p in log_files([tmp_path])] == [
+        "other.jsonl.gz", "requests.jsonl.2", "requests.jsonl.1", "requests.jsonl"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import inspect
 
@@ -17,3 +18,45 @@ def test_every_bench_flag_binds_to_its_run_function(name):
     options = bench_options(args)
     assert options, "each benchmark has flags of its own"
     inspect.signature(module.run).bind(args.assets_dir, **options)
+
+
+def test_duration_flags_parse_and_refuse_nonsense():
+    from warmup_tools.ops.cli import _duration
+
+    assert [_duration(t) for t in ("90s", "30m", "6h", "2d", "120")] == [90, 1800, 21600, 172800, 120]
+    for bad in ("", "h", "-1h", "0", "six hours", "nanh"):
+        with pytest.raises(argparse.ArgumentTypeError, match="not a duration"):
+            _duration(bad)
+
+
+def test_plan_over_a_window_of_rotated_logs_against_the_previous_plan(tmp_path, demo_assets, monkeypatch, capsys):
+    """``plan --since`` reads only the window, from a folder of rotated logs; ``--previous`` reports changes."""
+    from warmup_tools.common.jsonl import write_json_lines
+    from warmup_tools.common.records import RequestRecord
+    from warmup_tools.ops.cli import main
+    from warmup_tools.planning.plan import Plan
+
+    monkeypatch.setenv("WARMUP_ASSETS_DIR", str(demo_assets.root))
+    now = 1_700_000_000.0
+    old = "I want you to act as a travel guide for a small coastal town, suggesting walks and museums.\n"
+    new = "I want you to act as a patient maths tutor who explains every step of a proof with an example.\n"
+
+    def records(prompt, start, n):
+        return [RequestRecord(ts=start + i, tenant="acme", prompt=prompt + f"Question number {i} please.").to_json()
+                for i in range(n)]
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_json_lines(logs / "requests.jsonl.1", records(old, now - 2 * 86400, 20))
+    write_json_lines(logs / "requests.jsonl", records(new, now - 3600, 20))
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    assert main(["plan", str(logs), "--out", str(first), "--no-progress", "--now", str(now)]) == 0
+    assert main(["plan", str(logs), "--out", str(second), "--no-progress", "--now", str(now), "--since", "6h",
+                 "--previous", str(first)]) == 0
+    out = capsys.readouterr()
+    assert "20 of 40 records in the last 6 h" in out.err
+    texts = lambda path: sorted("tutor" in i["text"] for i in Plan.load(path).items)  # noqa: E731
+    assert texts(first) == [False, True] and texts(second) == [True]
+    changes = Plan.load(second).summary["changes"]
+    assert (changes["kept"], changes["dropped"]) == (1, 1) and "travel guide" in changes["dropped_items"][0]["text"]
+    assert f"against plan {Plan.load(first).plan_id}: 0 items added, 1 kept, 1 dropped" in out.out

@@ -4,16 +4,28 @@ from pathlib import Path
 
 import pytest
 
+from warmup_tools.common.digests import tokenizer_fingerprint
 from warmup_tools.planning.plan import Plan, PlanError
 from warmup_tools.planning.plan_stanzas import check_repository, samples_from_plan, write_plan_stanzas
 from warmup_tools.planning.stanzas import BEGIN_MARKER
 from warmup_tools.planning.target import PlanTarget
 
 REPO = Path(__file__).resolve().parents[3] / "model_repository"
-TOKENIZER = "tok-fingerprint"
 
 
-def make_plan(block_size=16, items=None, fingerprint=TOKENIZER, kv_bytes=48 * 6144):
+@pytest.fixture(scope="module")
+def tokenizer(demo_assets):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(demo_assets.lm_dir)
+
+
+@pytest.fixture(scope="module")
+def fingerprint(tokenizer):
+    return tokenizer_fingerprint(tokenizer)
+
+
+def make_plan(fingerprint, block_size=16, items=None, kv_bytes=48 * 6144):
     items = items if items is not None else [
         {"kind": "kv_prefix", "tenant": "acme", "adapter": "legal", "token_ids": list(range(5, 37))},
         {"kind": "kv_prefix", "tenant": "globex", "adapter": "", "token_ids": list(range(40, 56))},
@@ -28,7 +40,9 @@ def make_plan(block_size=16, items=None, fingerprint=TOKENIZER, kv_bytes=48 * 61
     )
 
 
-PLAN = make_plan()
+@pytest.fixture()
+def plan(fingerprint):
+    return make_plan(fingerprint)
 
 
 @pytest.fixture()
@@ -43,26 +57,26 @@ def repo(tmp_path):
     return target
 
 
-def test_plan_becomes_valid_stanzas_idempotently(repo, target):
-    counts = write_plan_stanzas(PLAN, repo, target=target, tokenizer_fingerprint=TOKENIZER)
+def test_plan_becomes_valid_stanzas_idempotently(repo, target, plan, tokenizer):
+    counts = write_plan_stanzas(plan, repo, target=target, tokenizer=tokenizer)
     assert counts == {"tokenizer_cache": 1, "embedding_cache": 1, "lora_adapter": 2}
     assert check_repository(repo) == []
     text = (repo / "lora_adapter" / "config.pbtxt").read_text()
     assert text.count(BEGIN_MARKER) == 1 and "dims: [ 32 ]" in text
-    write_plan_stanzas(PLAN, repo, target=target, tokenizer_fingerprint=TOKENIZER)
+    write_plan_stanzas(plan, repo, target=target, tokenizer=tokenizer)
     assert (repo / "lora_adapter" / "config.pbtxt").read_text() == text
     assert (repo / "embedding_cache" / "warmup" / "wt_centroids.json").exists()
     assert not (repo / "ensemble" / "warmup").exists()
 
 
-def test_base_model_items_carry_no_adapter():
-    kv = samples_from_plan(PLAN)["lora_adapter"]
+def test_base_model_items_carry_no_adapter(plan):
+    kv = samples_from_plan(plan)["lora_adapter"]
     assert {i.name for i in kv[0].inputs} >= {"input_ids", "adapter_id", "tenant_id", "warmup_plan"}
     assert "adapter_id" not in {i.name for i in kv[1].inputs}
 
 
-def test_check_finds_broken_stanzas(repo, target):
-    write_plan_stanzas(PLAN, repo, target=target, tokenizer_fingerprint=TOKENIZER)
+def test_check_finds_broken_stanzas(repo, target, plan, tokenizer):
+    write_plan_stanzas(plan, repo, target=target, tokenizer=tokenizer)
     data = next((repo / "lora_adapter" / "warmup").glob("*kv_0000__input_ids"))
     data.write_bytes(data.read_bytes()[:-4])
     config = repo / "tokenizer_cache" / "config.pbtxt"
@@ -73,20 +87,53 @@ def test_check_finds_broken_stanzas(repo, target):
     assert any("tokenizer_cache" in p and "TYPE_INT32" in p for p in problems)
 
 
-def test_a_plan_for_another_block_size_is_refused_naming_both(repo, target):
+def test_a_plan_for_another_block_size_is_refused_naming_both(repo, target, fingerprint, tokenizer):
     item = {"kind": "kv_prefix", "tenant": "a", "adapter": "", "token_ids": list(range(32))}
-    plan = make_plan(block_size=32, items=[item])
+    plan = make_plan(fingerprint, block_size=32, items=[item])
     with pytest.raises(PlanError, match="block size 32, but lora_adapter's kv_block_size is 16"):
-        write_plan_stanzas(plan, repo, target=target, tokenizer_fingerprint=TOKENIZER)
+        write_plan_stanzas(plan, repo, target=target, tokenizer=tokenizer)
     assert not list((repo / "lora_adapter" / "warmup").glob("plan_*"))  # nothing written
 
 
-def test_a_plan_for_another_tokenizer_or_over_the_budget_is_refused(repo, target):
-    with pytest.raises(PlanError, match="tokenizer tok-fingerprint, but lora_adapter's base_model tokenizer is other"):
-        write_plan_stanzas(PLAN, repo, target=target, tokenizer_fingerprint="other")
-    too_big = make_plan(kv_bytes=target.settings.kv.warmup_budget_bytes + 1)
+def test_a_plan_for_another_tokenizer_or_over_the_budget_is_refused(repo, target, fingerprint, tokenizer):
+    other = make_plan("other-tokenizer")
+    with pytest.raises(PlanError, match=f"tokenizer other-tokenizer, but lora_adapter's base_model tokenizer is "
+                                        f"{fingerprint}"):
+        write_plan_stanzas(other, repo, target=target, tokenizer=tokenizer)
+    too_big = make_plan(fingerprint, kv_bytes=target.settings.kv.warmup_budget_bytes + 1)
     with pytest.raises(PlanError, match="warm-up share is 228170137 bytes"):
-        write_plan_stanzas(too_big, repo, target=target, tokenizer_fingerprint=TOKENIZER)
+        write_plan_stanzas(too_big, repo, target=target, tokenizer=tokenizer)
+
+
+def _item(tokenizer, text, adapter="legal", blocks=None):
+    ids = tokenizer.encode(text, add_special_tokens=True)
+    keep = (len(ids) // 16 if blocks is None else blocks) * 16
+    return {"kind": "kv_prefix", "tenant": "acme", "adapter": adapter, "token_ids": ids[:keep],
+            "text": tokenizer.decode(ids[:keep]) if keep else text}
+
+
+TEXT = "You are a careful contracts assistant. Answer with the clause number and quote it exactly. " * 2
+
+
+def test_items_the_server_cannot_warm_are_refused_naming_the_item(repo, target, fingerprint, tokenizer):
+    good = _item(tokenizer, TEXT)
+    assert write_plan_stanzas(make_plan(fingerprint, items=[good]), repo, target=target, tokenizer=tokenizer)
+    context = target.settings.base_model / "config.json"
+    import json
+
+    limit = json.loads(context.read_text())["max_position_embeddings"]
+    cases = [
+        ({**good, "token_ids": (good["token_ids"] * (limit // len(good["token_ids"]) + 1))[: limit // 16 * 16],
+          "text": ""}, f"item 1 .*has {limit // 16 * 16} tokens, but the base model's context is {limit} tokens"),
+        (_item(tokenizer, TEXT, adapter="poetry"), "item 1 .*adapter 'poetry'.*does not load .*legal"),
+        ({**good, "token_ids": [t + 1 for t in good["token_ids"]]}, "item 1 .*not what lora_adapter's tokenizer"),
+        ({**good, "token_ids": [len(tokenizer) + 5] * 16, "text": ""}, "item 1 .*not what lora_adapter's tokenizer"),
+    ]
+    before = (repo / "lora_adapter" / "config.pbtxt").read_text()
+    for bad, message in cases:
+        with pytest.raises(PlanError, match=message):
+            write_plan_stanzas(make_plan(fingerprint, items=[good, bad]), repo, target=target, tokenizer=tokenizer)
+        assert (repo / "lora_adapter" / "config.pbtxt").read_text() == before  # nothing written
 
 
 def test_the_target_reads_the_repository_settings(target, demo_assets):

@@ -254,28 +254,76 @@ def test_a_tight_budget_takes_the_best_saving_per_byte_first(tokenizer, embedder
     assert plan(Budgets(kv_bytes_per_adapter=0, kv_bytes_total=0)).items == []
 
 
-def test_identical_prefixes_are_one_item_and_an_extension_pays_only_its_extra_blocks(tokenizer):
+def test_a_shared_prefix_is_one_item_and_an_extension_pays_only_its_extra_blocks(tokenizer):
     rng = random.Random(5)
     system = SYSTEMS["globex"] + "\n\n"
     translate = "Translate the following text into French, keeping names and figures unchanged:\n"
+    summarise = "Summarise the following report in three short bullet points for a busy executive:\n"
     records = []
-    for word, head, count in (("cooking", "", 40), ("finance", "", 40), ("french", translate, 30)):
+    for word, head, count in (("cooking", "", 40), ("french", translate, 30), ("summary", summarise, 20)):
         for _ in range(count):
             records.append(record(NOW - rng.random() * 3600, "acme", "", system + head + user_part(rng) + " " + word))
-    plan = build_plan(records, tokenizer, KeywordEmbedder(["cooking", "finance", "french"]), AMPLE, now=NOW,
-                      progress=False, kv_bytes_per_token=KV_PER_TOKEN)
+    # The user parts draw from a small vocabulary, so a few of them share a block by chance: only
+    # blocks 5 requests carry count here.
+    plan = build_plan(records, tokenizer, KeywordEmbedder(["cooking", "french", "summary"]), AMPLE, now=NOW,
+                      progress=False, kv_bytes_per_token=KV_PER_TOKEN, options=PlanOptions(min_block_requests=5))
 
     assert len(plan.clusters) == 3
     assert len({tuple(i["token_ids"]) for i in plan.items}) == len(plan.items) == 2
-    shared, extension = plan.items
-    assert len(shared["clusters"]) == 2  # cooking and finance chose the same prefix
-    assert extension["token_ids"][: shared["tokens"]] == shared["token_ids"]
-    assert extension["new_tokens"] == extension["tokens"] - shared["tokens"]
-    assert extension["kv_bytes"] == extension["new_tokens"] * KV_PER_TOKEN
-    assert plan.summary["kv_bytes"] == extension["tokens"] * KV_PER_TOKEN
-    assert "warmed by item 0" in extension["reason"]
+    first, second = plan.items
+    system_tokens = len(tokenizer.encode(system, add_special_tokens=True)) // 16 * 16
+    assert first["cluster"] != second["cluster"]
+    assert len(first["clusters"]) == 3  # the system prompt's blocks serve every cluster, cooking included
+    assert second["token_ids"][: second["tokens"] - second["new_tokens"]] == first["token_ids"][
+        : second["tokens"] - second["new_tokens"]]
+    assert second["tokens"] - second["new_tokens"] >= system_tokens - 16
+    assert second["kv_bytes"] == second["new_tokens"] * KV_PER_TOKEN
+    assert plan.summary["kv_bytes"] == (first["tokens"] + second["new_tokens"]) * KV_PER_TOKEN
+    assert "warmed by item 0" in second["reason"]
     # Requests through the shared blocks are counted once, on the item that warms them.
-    assert shared["heat_per_hour"] > extension["heat_per_hour"]
+    assert first["expected_saved_tokens_per_hour"] > second["expected_saved_tokens_per_hour"]
+
+
+def test_distinct_prompts_that_open_alike_each_get_their_own_prefix(tokenizer):
+    """Real prompt collections open the same way ("I want you to act as"): one embedding cluster, but
+    each prompt's own tokens are what a request reuses, so each gets its own prefix past the opening."""
+    rng = random.Random(3)
+    roles = ["a travel guide for a small coastal town, suggesting walks, food and museums",
+             "a patient maths tutor who explains every step of a proof with a simple example",
+             "a strict English grammar teacher who corrects spelling and explains each rule",
+             "a senior Linux system administrator answering questions about shell commands"]
+    records = []
+    for index, role in enumerate(roles):
+        prompt = f"I want you to act as {role}. Keep answers short and friendly.\n"
+        for _ in range(25 - index * 4):
+            records.append(record(NOW - rng.random() * 3600, "acme", "", prompt + user_part(rng) + " act"))
+    # One cluster for all of them, as a semantic embedder puts prompts that open alike together.
+    plan = build_plan(records, tokenizer, KeywordEmbedder(["act"]), AMPLE, now=NOW, progress=False,
+                      kv_bytes_per_token=KV_PER_TOKEN)
+    assert len(plan.clusters) == 1
+    assert len(plan.items) == len(roles)
+    for role in roles:
+        ids = tokenizer.encode(f"I want you to act as {role}. Keep answers short and friendly.\n",
+                               add_special_tokens=True)
+        item = next(i for i in plan.items if role[:20] in tokenizer.decode(i["token_ids"]))
+        assert item["tokens"] == (len(ids) // 16) * 16  # every full block of the role prompt
+    assert sorted(i["requests"] for i in plan.items) == [13, 17, 21, 25]
+    saved = [i["expected_saved_tokens_per_hour"] for i in plan.items]
+    assert saved == sorted(saved, reverse=True)  # the biggest saving is warmed first
+
+
+def test_blocks_seen_once_are_not_warmed(tokenizer):
+    rng = random.Random(4)
+    records = [record(NOW - rng.random() * 3600, "acme", "", SYSTEMS["acme"] + "\n\n" + user_part(rng) + " x")
+               for _ in range(10)]
+    one_off = "An unrelated one-off prompt that nobody else sends, long enough to fill several blocks. " * 3 + "x"
+    records.append(record(NOW, "acme", "", one_off))
+    plan = build_plan(records, tokenizer, KeywordEmbedder(["x"]), AMPLE, now=NOW, progress=False,
+                      kv_bytes_per_token=KV_PER_TOKEN)
+    assert len(plan.items) == 1 and plan.items[0]["requests"] == 10
+    two = build_plan(records + [record(NOW, "acme", "", one_off)], tokenizer, KeywordEmbedder(["x"]), AMPLE,
+                     now=NOW, progress=False, kv_bytes_per_token=KV_PER_TOKEN)
+    assert len(two.items) == 2  # sent twice, it is worth its KV
 
 
 # -------------------------------------------------------------------------------------- heat, redaction
@@ -388,3 +436,46 @@ def test_clusters_follow_templates_on_generated_traffic(tokenizer, embedder):
     print(f"purity on generated traffic: {purity:.3f} over {clustered} records, {len(analysis.clusters)} clusters")
     assert purity >= 0.75
     assert clustered >= 0.9 * sum(1 for r in records if r["template"] is not None)
+
+
+# -------------------------------------------------------------------------------------- rolling plans
+def _two_roles(rng, hot_a, hot_b):
+    records = []
+    for role, count in (("a travel guide for a small coastal town, suggesting walks and museums", hot_a),
+                        ("a patient maths tutor who explains every step of a proof with an example", hot_b)):
+        prompt = f"I want you to act as {role}. Keep answers short and friendly.\n"
+        records += [record(NOW - rng.random() * 3600, "acme", "", prompt + user_part(rng) + " act")
+                    for _ in range(count)]
+    return records
+
+
+def test_a_rolling_plan_keeps_its_items_unless_clearly_beaten(tokenizer):
+    rng = random.Random(8)
+    embedder = KeywordEmbedder(["act"])
+    make = lambda records, budgets, previous=None: build_plan(  # noqa: E731
+        records, tokenizer, embedder, budgets, now=NOW, progress=False, kv_bytes_per_token=KV_PER_TOKEN,
+        previous=previous, options=PlanOptions(min_block_requests=5))  # user parts share blocks by chance
+    first = make(_two_roles(rng, 12, 20), AMPLE)
+    assert len(first.items) == 2
+    tutor = next(i for i in first.items if "tutor" in i["text"])
+    one_item = Budgets(kv_bytes_per_adapter=1 << 30, kv_bytes_total=tutor["kv_bytes"], warm_seconds=3600.0)
+    before = make(_two_roles(rng, 12, 20), one_item)
+    assert [("tutor" in i["text"]) for i in before.items] == [True]
+    assert before.summary["changes"] == {"previous_plan": None, "added": 1, "kept": 0, "dropped": 0,
+                                         "dropped_items": []}
+
+    # The guide is now a little hotter (22 against 20 requests): within the hysteresis, the tutor stays.
+    slightly = make(_two_roles(rng, 22, 20), one_item, previous=before)
+    assert [("tutor" in i["text"]) for i in slightly.items] == [True]
+    assert slightly.summary["changes"]["kept"] == 1 and slightly.summary["changes"]["dropped"] == 0
+    # Without the previous plan the same traffic picks the guide: the plan would have flapped.
+    assert ["guide" in i["text"] for i in make(_two_roles(rng, 22, 20), one_item).items] == [True]
+
+    # Clearly hotter (40 against 20): the guide replaces it, and the plan says so.
+    clearly = make(_two_roles(rng, 40, 20), one_item, previous=before)
+    assert ["guide" in i["text"] for i in clearly.items] == [True]
+    changes = clearly.summary["changes"]
+    assert (changes["previous_plan"], changes["added"], changes["kept"], changes["dropped"]) == (
+        before.plan_id, 1, 0, 1)
+    assert "tutor" in changes["dropped_items"][0]["text"]
+    assert f"against plan {before.plan_id}: 1 items added, 0 kept, 1 dropped" in format_summary(clearly)

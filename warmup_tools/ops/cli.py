@@ -122,9 +122,13 @@ def _parser() -> argparse.ArgumentParser:
     caches.add_argument("--requests", dest="n", type=int, default=300)
 
     rep = which.add_parser("replay", parents=[assets],
-                           help="plan from day-1 logs, replay day 2's first hour with and without it")
+                           help="plan from day-1 logs, replay day 2's first hours with and without it, beside the "
+                                "floor (the best any plan could do)")
     rep.add_argument("--seed", type=int, default=0)
     rep.add_argument("--requests-per-day", type=int, default=6000)
+    rep.add_argument("--traffic", choices=("generated", "real"), default="generated",
+                     help="the project's generated traffic, or a log built from real public text")
+    rep.add_argument("--report", type=Path, metavar="DIR", help="write PNG plots and a markdown summary here")
 
     load = which.add_parser("load", parents=[assets],
                             help="Locust users replay day 2's first hour concurrently, with and without the plan")

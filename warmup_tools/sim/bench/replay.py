@@ -1,8 +1,17 @@
-"""``python -m warmup_tools bench replay``: does a plan from yesterday's logs warm today's first hour?
+"""``python -m warmup_tools bench replay``: does a plan from yesterday's logs warm today's first hours?
 
-One run: generate two days of traffic (seeded), plan from day 1, write the plan's stanzas into a copy
-of the repository, then replay day 2's first hour against the real server twice, without warm-up
-stanzas and with the plan's, and report the share of cold requests (``cached_tokens == 0``) and TTFT.
+One run: two days of traffic (the seeded generator, or ``--traffic real``: a log built from real public
+text, :mod:`warmup_tools.sim.real_traffic`), a plan from day 1, its stanzas written into a copy of the
+repository; then day 2's first three hours replayed in order against the real server twice, without
+warm-up stanzas and with the plan's. Per window (the first hour and the first three hours, both from
+the same replay, since a replay in order serves the first hour exactly as a shorter replay would):
+the share of cold requests (``cached_tokens == 0``), the share of prompt tokens served from the KV
+cache, TTFT, and the same two shares for the **floor**, the best any plan from day 1 could do.
+
+The floor: a replayed request can reuse at most the blocks of its longest block-aligned token prefix
+that some day-1 request of its tenant and adapter carried (any plan could have warmed those), or that
+an earlier replayed request carried (the server caches what it serves). A request that shares no full
+block with either is cold whatever the plan. ``--report DIR`` writes PNG plots and a markdown summary.
 """
 
 from __future__ import annotations
@@ -15,78 +24,146 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import Any, Sequence, TextIO
 
+from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.records import RequestRecord, read_request_log
 from warmup_tools.ops.client import GenerateParams, StreamingClient
 from warmup_tools.ops.config import REPO_ROOT
 from warmup_tools.ops.server import TritonServer
+from warmup_tools.planning.analyse import BlockTrie
 from warmup_tools.planning.plan_stanzas import COMPOSING_MODELS, write_plan_stanzas
 from warmup_tools.planning.stanzas import write_model_warmup
 
+TRAFFIC = ("generated", "real")
+#: The replayed windows, in hours from the start of day 2.
+WINDOWS_H = (1, 3)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ReplayResult:
+class Served:
+    """One replayed request as the server answered it."""
+
+    ts: float
+    cold: bool
+    ttft_ms: float
+    cached_tokens: int
+    prompt_tokens: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WindowFigures:
     label: str
     requests: int
     cold: int
+    cached_share: float
     ttft_p50_ms: float
     ttft_p90_ms: float
-    cached_share: float
-    load_s: float
 
     @property
     def cold_share(self) -> float:
         return self.cold / self.requests if self.requests else 0.0
 
 
-def replay(repo: Path, records: Sequence[RequestRecord], assets_dir: Path, label: str, out: TextIO) -> ReplayResult:
+def figures(label: str, served: Sequence[Served]) -> WindowFigures:
+    ttfts = sorted(s.ttft_ms for s in served) or [0.0]
+    prompt = sum(s.prompt_tokens for s in served)
+    return WindowFigures(label, len(served), sum(s.cold for s in served),
+                         sum(s.cached_tokens for s in served) / prompt if prompt else 0.0,
+                         statistics.median(ttfts), ttfts[int(0.9 * (len(ttfts) - 1))])
+
+
+def floor(day1: Sequence[RequestRecord], replayed: Sequence[RequestRecord], tokenizer: Any,
+          block_size: int) -> list[Served]:
+    """The best any plan from ``day1`` could do for ``replayed`` (module docstring), one entry per request."""
+    tries: dict[tuple[str, str], BlockTrie] = {}
+    seen: dict[tuple[str, str], set[int]] = {}
+
+    def chain(record: RequestRecord) -> tuple[tuple[str, str], list[int], int]:
+        key = (record.tenant, record.adapter)
+        trie = tries.setdefault(key, BlockTrie(block_size))
+        ids = tokenizer.encode(record.prompt or "", add_special_tokens=True)
+        return key, trie.chain(ids), len(ids)
+
+    for record in day1:
+        key, nodes, _ = chain(record)
+        seen.setdefault(key, set()).update(nodes)
+    out = []
+    for record in replayed:
+        key, nodes, tokens = chain(record)
+        known = seen.setdefault(key, set())
+        reusable = next((i for i, node in enumerate(nodes) if node not in known), len(nodes))
+        known.update(nodes)
+        out.append(Served(record.ts, reusable == 0, 0.0, reusable * block_size, tokens))
+    return out
+
+
+def replay(repo: Path, records: Sequence[RequestRecord], assets_dir: Path, label: str,
+           out: TextIO) -> tuple[list[Served], float]:
+    """Replay ``records`` in order (max_tokens 1) on a server of ``repo``; the answers and the load time."""
     start = time.perf_counter()
+    served = []
     with TritonServer(repo, env=_server_env(assets_dir)) as server:
         server.wait_ready(timeout=1800)
         load_s = time.perf_counter() - start
-        cold, ttfts, cached, prompt = 0, [], 0, 0
         with StreamingClient(server.grpc_url) as client:
             for record in records:
                 result = client.generate(record.prompt, GenerateParams(
                     max_tokens=1, adapter_id=record.adapter or None, tenant_id=record.tenant))
-                cold += result.cached_tokens == 0
-                ttfts.append(result.ttft_s * 1000)
-                cached += result.cached_tokens
-                prompt += result.prompt_tokens
-    ttfts.sort()
-    res = ReplayResult(label, len(records), cold, statistics.median(ttfts), ttfts[int(0.9 * (len(ttfts) - 1))],
-                       cached / prompt if prompt else 0.0, load_s)
-    out.write(f"  {label}: {res.requests} requests, {res.cold} cold ({res.cold_share:.1%}), TTFT p50 "
-              f"{res.ttft_p50_ms:.1f} ms, p90 {res.ttft_p90_ms:.1f} ms, {res.cached_share:.1%} of prompt tokens "
-              f"from the KV cache; server ready in {res.load_s:.0f} s\n")
+                served.append(Served(record.ts, result.cached_tokens == 0, result.ttft_s * 1000,
+                                     result.cached_tokens, result.prompt_tokens))
+    out.write(f"  {label}: {len(served)} requests replayed; server ready in {load_s:.0f} s\n")
     out.flush()
-    return res
+    return served, load_s
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Repositories:
-    """Day 2's first hour and two copies of the repository: without warm-up stanzas, and with the plan's."""
+    """Day 2's first hours, day 1, and two copies of the repository: without warm-up stanzas, and with the plan's."""
 
-    first_hour: list[RequestRecord]
+    first_hours: list[RequestRecord]
+    day1: list[RequestRecord]
+    day2_start: float
     without_plan: Path
     with_plan: Path
+    tokenizer: Any
+    block_size: int
+
+    @property
+    def first_hour(self) -> list[RequestRecord]:
+        return [r for r in self.first_hours if r.ts < self.day2_start + 3600]
 
 
-def prepare(work: Path, assets_dir: Path, *, seed: int, requests_per_day: int, out: TextIO) -> Repositories:
-    """Generate two days of traffic, plan from day 1, and write both repositories under ``work``."""
+def write_traffic(traffic: str, work: Path, *, seed: int, requests_per_day: int) -> tuple[Path, Path, float]:
+    """Two days of ``traffic`` under ``work``: day 1's log, day 2's log, and day 2's start (epoch seconds)."""
+    if traffic == "generated":
+        from warmup_tools.sim.traffic import TrafficConfig, write_logs
+
+        config = TrafficConfig(seed=seed, requests_per_day=requests_per_day)
+        day1, day2 = write_logs(config, work / "logs")[:2]
+        return day1, day2, config.start + 86400
+    if traffic == "real":
+        from warmup_tools.sim.real_traffic import RealTrafficConfig, write_real_logs
+
+        real = RealTrafficConfig(seed=seed, requests_per_day=requests_per_day)
+        day1, day2 = write_real_logs(real, work / "logs")[:2]
+        return day1, day2, real.start + 86400
+    raise ConfigError(f"traffic must be one of {', '.join(TRAFFIC)}, not {traffic!r}")
+
+
+def prepare(work: Path, assets_dir: Path, *, seed: int, requests_per_day: int, out: TextIO,
+            traffic: str = "generated", hours: float = 1.0) -> Repositories:
+    """Write two days of traffic, plan from day 1, and write both repositories under ``work``."""
     from warmup_tools.embedding_cache.embedder import OnnxEmbedder
     from warmup_tools.planning.select import build_plan, format_summary
     from warmup_tools.planning.target import PlanTarget
-    from warmup_tools.sim.traffic import TrafficConfig, write_logs
 
-    config = TrafficConfig(seed=seed, requests_per_day=requests_per_day)
-    day1, day2 = write_logs(config, work / "logs")[:2]
-    day1_records = list(read_request_log([day1]))
-    day2_start = config.start + 86400
-    first_hour = [r for r in read_request_log([day2]) if r.ts < day2_start + 3600]
-    out.write(f"traffic: {len(day1_records)} day-1 requests; replaying day 2's first hour: {len(first_hour)} "
-              "requests\n")
+    day1_path, day2_path, day2_start = write_traffic(traffic, work, seed=seed, requests_per_day=requests_per_day)
+    day1 = list(read_request_log([day1_path]))
+    first_hours = sorted((r for r in read_request_log([day2_path]) if r.ts < day2_start + hours * 3600),
+                         key=lambda r: r.ts)
+    out.write(f"traffic ({traffic}): {len(day1)} day-1 requests; replaying day 2's first {hours:g} h: "
+              f"{len(first_hours)} requests\n")
     baseline = work / "repo-without-plan"
     planned = work / "repo-with-plan"
     shutil.copytree(REPO_ROOT / "model_repository", baseline)
@@ -94,32 +171,117 @@ def prepare(work: Path, assets_dir: Path, *, seed: int, requests_per_day: int, o
     target = PlanTarget.from_repository(planned, {**os.environ, **_server_env(assets_dir)})
     tokenizer = target.load_tokenizer()
     embedder = OnnxEmbedder(target.embedder_dir, num_threads=2)
-    plan = build_plan(day1_records, tokenizer, embedder, target.default_budgets(), now=day2_start,
+    started = time.perf_counter()
+    plan = build_plan(day1, tokenizer, embedder, target.default_budgets(), now=day2_start,
                       block_size=target.block_size, kv_bytes_per_token=target.kv_bytes_per_token, progress=False)
+    out.write(f"planned {len(day1)} requests in {time.perf_counter() - started:.1f} s\n")
     plan.save(work / "plan.json")
     out.write(format_summary(plan) + "\n")
 
     for model in COMPOSING_MODELS:
         write_model_warmup(baseline / model, [])
-    counts = write_plan_stanzas(plan, planned, target=target)
+    counts = write_plan_stanzas(plan, planned, target=target, tokenizer=tokenizer)
     out.write(f"stanzas from plan {plan.plan_id}: {counts}\n")
     out.flush()
-    return Repositories(first_hour, baseline, planned)
+    return Repositories(first_hours, day1, day2_start, baseline, planned, tokenizer, target.block_size)
 
 
-def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, out: TextIO = sys.stdout) -> None:
+def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, traffic: str = "generated",
+        report: Path | None = None, out: TextIO = sys.stdout) -> None:
+    if traffic not in TRAFFIC:
+        raise ConfigError(f"--traffic must be one of {', '.join(TRAFFIC)}, not {traffic!r}")
     work = Path(tempfile.mkdtemp(prefix="bench-replay-"))
     try:
-        repos = prepare(work, assets_dir, seed=seed, requests_per_day=requests_per_day, out=out)
-        results = [replay(repos.without_plan, repos.first_hour, assets_dir, "without plan", out),
-                   replay(repos.with_plan, repos.first_hour, assets_dir, "with plan   ", out)]
-        out.write("\n| repository | requests | cold requests | cold share | TTFT p50 ms | TTFT p90 ms | "
-                  "prompt tokens from cache | ready after s |\n|---|---|---|---|---|---|---|---|\n")
-        for r in results:
-            out.write(f"| {r.label.strip()} | {r.requests} | {r.cold} | {r.cold_share:.1%} | {r.ttft_p50_ms:.1f} | "
-                      f"{r.ttft_p90_ms:.1f} | {r.cached_share:.1%} | {r.load_s:.0f} |\n")
+        repos = prepare(work, assets_dir, seed=seed, requests_per_day=requests_per_day, out=out, traffic=traffic,
+                        hours=max(WINDOWS_H))
+        without, load_without = replay(repos.without_plan, repos.first_hours, assets_dir, "without plan", out)
+        planned, load_planned = replay(repos.with_plan, repos.first_hours, assets_dir, "with plan", out)
+        best = floor(repos.day1, repos.first_hours, repos.tokenizer, repos.block_size)
+        mismatched = sum(a.prompt_tokens != b.prompt_tokens for a, b in zip(without, best))
+        if mismatched:
+            out.write(f"warning: {mismatched} requests have another prompt length on the server than in the "
+                      "floor's tokenisation\n")
+        rows = []
+        for hours in WINDOWS_H:
+            end = repos.day2_start + hours * 3600
+            n = sum(1 for r in repos.first_hours if r.ts < end)  # records are in time order
+            rows.append((hours, figures("without plan", without[:n]), figures("with plan", planned[:n]),
+                         figures("floor", best[:n])))
+        out.write("\n" + table(rows, {"without plan": load_without, "with plan": load_planned}) + "\n")
+        out.flush()
+        if report is not None:
+            write_report(Path(report), traffic, repos.day2_start, rows, without, planned, best)
+            out.write(f"report written to {report}\n")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def table(rows: Sequence[tuple[int, WindowFigures, WindowFigures, WindowFigures]],
+          load_s: dict[str, float]) -> str:
+    lines = ["| window | repository | requests | cold | cold share | prompt tokens from cache | TTFT p50 ms | "
+             "TTFT p90 ms | ready after s |", "|---|---|---|---|---|---|---|---|---|"]
+    for hours, *results in rows:
+        for r in results:
+            ttft = ("-", "-") if r.label == "floor" else (f"{r.ttft_p50_ms:.1f}", f"{r.ttft_p90_ms:.1f}")
+            ready = f"{load_s[r.label]:.0f}" if r.label in load_s else "-"
+            lines.append(f"| first {hours} h | {r.label} | {r.requests} | {r.cold} | {r.cold_share:.1%} | "
+                         f"{r.cached_share:.1%} | {ttft[0]} | {ttft[1]} | {ready} |")
+    for hours, without, planned, best in rows:
+        possible = without.cold_share - best.cold_share
+        taken = (without.cold_share - planned.cold_share) / possible if possible > 0 else 1.0
+        lines.append(f"\nfirst {hours} h: the plan is {planned.cold_share - best.cold_share:+.1%} cold and "
+                     f"{planned.cached_share - best.cached_share:+.1%} cached tokens from the floor; it takes "
+                     f"{taken:.0%} of the possible cold-share reduction")
+    return "\n".join(lines)
+
+
+def write_report(folder: Path, traffic: str, day2_start: float, rows: Sequence[tuple[Any, ...]],
+                 without: Sequence[Served], planned: Sequence[Served], best: Sequence[Served]) -> None:
+    """PNG plots (TTFT distribution, cold share over the window) and a markdown summary in ``folder``."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, served in (("without plan", without), ("with plan", planned)):
+        ttfts = sorted(s.ttft_ms for s in served)
+        ax.plot(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("TTFT (ms, log scale)")
+    ax.set_ylabel("share of requests at or below")
+    ax.set_title(f"TTFT, day 2's first {max(WINDOWS_H)} h replayed ({traffic} traffic)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(folder / "ttft.png", dpi=120)
+    plt.close(fig)
+
+    bucket_s = 900.0
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, served in (("without plan", without), ("with plan", planned), ("floor", best)):
+        buckets: dict[int, list[bool]] = {}
+        for s in served:
+            buckets.setdefault(int((s.ts - day2_start) // bucket_s), []).append(s.cold)
+        keys = sorted(buckets)
+        ax.plot([(k + 0.5) * bucket_s / 60 for k in keys], [100 * sum(buckets[k]) / len(buckets[k]) for k in keys],
+                marker="o", label=label, linestyle="--" if label == "floor" else "-")
+    ax.set_xlabel("minutes into day 2")
+    ax.set_ylabel("cold requests (%)")
+    ax.set_title(f"Cold share per {bucket_s / 60:.0f} minutes ({traffic} traffic)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(folder / "cold_share.png", dpi=120)
+    plt.close(fig)
+
+    summary = [f"# bench replay: {traffic} traffic", "",
+               "A plan made from day 1, day 2's first hours replayed in order with and without it; the floor is "
+               "the best any plan from day 1 could do (see `warmup_tools/sim/bench/replay.py`).", "",
+               table(rows, {}), "", "![TTFT distribution](ttft.png)", "",
+               "![cold share over the window](cold_share.png)", ""]
+    (folder / "summary.md").write_text("\n".join(summary), encoding="utf-8")
 
 
 def _server_env(assets_dir: Path) -> dict[str, str]:

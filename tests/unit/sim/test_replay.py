@@ -1,0 +1,56 @@
+"""bench replay's floor and report, without a server (the replay itself is the benchmark)."""
+
+from __future__ import annotations
+
+import pytest
+
+from warmup_tools.common.records import RequestRecord
+from warmup_tools.sim.bench.replay import Served, figures, floor, table, write_report
+
+SYSTEM = "I want you to act as a patient maths tutor who explains every step of a proof with a simple example. "
+
+
+@pytest.fixture(scope="module")
+def tokenizer(demo_assets):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(demo_assets.lm_dir)
+
+
+def rec(ts, prompt, tenant="acme", adapter=""):
+    return RequestRecord(ts=ts, tenant=tenant, adapter=adapter, prompt=prompt)
+
+
+def test_the_floor_reuses_day1_blocks_of_the_same_scope_and_earlier_replayed_ones(tokenizer):
+    day1 = [rec(0, SYSTEM + "What is a prime number?")]
+    novel = "Write a short poem about the sea at night, with a rhyme in every second line of it. " * 2
+    replayed = [
+        rec(10, SYSTEM + "Prove that there are infinitely many primes."),  # shares the system prompt's blocks
+        rec(11, SYSTEM + "Prove it again.", tenant="globex"),  # another tenant: nothing to reuse
+        rec(12, SYSTEM + "Prove it again.", adapter="legal"),  # another adapter: nothing either
+        rec(13, novel),  # never seen
+        rec(14, novel),  # seen by the request before
+    ]
+    best = floor(day1, replayed, tokenizer, 16)
+    system_blocks = (len(tokenizer.encode(SYSTEM, add_special_tokens=True)) - 1) // 16
+    assert [s.cold for s in best] == [False, True, True, True, False]
+    assert best[0].cached_tokens >= (system_blocks - 1) * 16 and best[0].cached_tokens % 16 == 0
+    novel_tokens = len(tokenizer.encode(novel, add_special_tokens=True))
+    assert best[4].cached_tokens == (novel_tokens - 1) // 16 * 16  # all usable blocks; the last token is prefilled
+    assert [s.prompt_tokens for s in best] == [len(tokenizer.encode(r.prompt, add_special_tokens=True))
+                                               for r in replayed]
+    f = figures("floor", best)
+    assert (f.requests, f.cold) == (5, 3)
+    assert f.cached_share == pytest.approx(sum(s.cached_tokens for s in best) / sum(s.prompt_tokens for s in best))
+
+
+def test_the_report_has_both_plots_and_a_summary(tmp_path):
+    served = [Served(100.0 + i * 60, i % 3 == 0, 10.0 + i, 16 * (i % 3 != 0), 40) for i in range(30)]
+    best = [Served(s.ts, False, 0.0, 32, 40) for s in served]
+    rows = [(1, figures("without plan", served), figures("with plan", served[::-1]), figures("floor", best))]
+    write_report(tmp_path / "report", "real", 100.0, rows, served, served, best)
+    for name in ("ttft.png", "cold_share.png"):
+        assert (tmp_path / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "| first 1 h | floor | 30 | 0 | 0.0% | 80.0% |" in summary and "![TTFT distribution](ttft.png)" in summary
+    assert "takes 0% of the possible cold-share reduction" in table(rows, {})

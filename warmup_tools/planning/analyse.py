@@ -8,9 +8,11 @@ Pipeline (:func:`warmup_tools.planning.select.build_plan`); this module does ste
    for heat: one whose ``prompt_digest`` matches a prompt seen in clear in its scope is attributed to it,
    the rest scale their scope's heat up (missing at random), and none of them is ever planned.
 2. **Embed** with the project's embedder, once per distinct text, in length-sorted batches. Embedding is
-   the expensive step (~14 ms for a 200-token prompt on one CPU core), so at most
+   the expensive step (~54 ms for a 256-token prompt on two CPU cores, measured), so at most
    ``max_points_per_group`` distinct prompts per scope and ``max_embeddings`` overall are embedded: a
-   seeded sample weighted by decayed request count (Efraimidis-Spirakis), shared fairly between scopes.
+   seeded sample weighted by decayed request count (Efraimidis-Spirakis), shared fairly between scopes;
+   and only their first ``embed_chars`` (600) characters, which is where templates differ (measured on
+   generated traffic: planning time 140 -> 58 s, template purity 0.87 -> 0.89).
 3. **Cluster** each scope's sample with scikit-learn's HDBSCAN on L2-normalised embeddings projected on
    their leading principal axes (one per 16 sampled prompts, at least 2, at most 16). Why this method:
 
@@ -108,6 +110,11 @@ class PlanOptions:
     max_points_per_group: int = 512
     max_embeddings: int = 1024
     embed_batch_size: int = 64
+    #: Characters of a prompt that are embedded for clustering (the embedder reads 256 tokens at most, and
+    #: its cost grows with length); and of a member's text after its cluster's shared opening, for the
+    #: template split.
+    embed_chars: int = 600
+    split_chars: int = 200
     #: Share of the observed span held out to score the heat estimate.
     holdout: float = 0.2
     seed: int = 0
@@ -475,7 +482,7 @@ def _embed_samples(scopes: Mapping[tuple[str, str], ScopeTraffic], embedder: Emb
             chosen = [prompts[i] for i in np.argsort(-keys, kind="stable")[:quota]]
         for prompt in chosen:
             prompt.sampled = True
-            wanted.setdefault(text_digest(prompt.text), prompt.text)
+            wanted.setdefault(text_digest(prompt.text), prompt.text[: options.embed_chars])
     # NOTE: batches of similar length waste little on padding, which is most of the cost of long prompts.
     todo = sorted(wanted.items(), key=lambda kv: (len(kv[1]), kv[0]))
     vectors: dict[bytes, np.ndarray] = {}
@@ -548,8 +555,9 @@ def _split_templates(scope: ScopeTraffic, vectors: Mapping[bytes, np.ndarray], e
         rests = [m.text[len(lead):] if m.text.startswith(lead) else m.text for m in members]
         if not lead or not all(r.strip() for r in rests):
             continue
-        unit = np.asarray(embedder.embed_batch(rests), dtype=np.float32)
-        unit = unit / np.maximum(np.linalg.norm(unit, axis=1, keepdims=True), 1e-12)
+        # NOTE: what tells templates apart is how the text goes on right after the opening, so the
+        # first ``split_chars`` characters of the rest are embedded (embedding cost grows with length).
+        unit = _embed_sorted(embedder, [r[: options.split_chars] for r in rests], options.embed_batch_size)
         points = _project(unit, min(options.pca_components, max(2, len(members) // options.points_per_component)))
         repeats = [min(m.count, options.min_cluster_size) for m in members]
         rows = np.repeat(np.arange(len(members)), repeats)
@@ -572,6 +580,19 @@ def _split_templates(scope: ScopeTraffic, vectors: Mapping[bytes, np.ndarray], e
                 if x == group:
                     members[i].label = next_label
             next_label += 1
+
+
+def _embed_sorted(embedder: Embedder, texts: Sequence[str], batch_size: int) -> np.ndarray:
+    """Unit embeddings of ``texts`` in their order, computed in batches of similar length (little padding)."""
+    order = sorted(range(len(texts)), key=lambda i: (len(texts[i]), i))
+    out = np.zeros((len(texts), 0), dtype=np.float32)
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        vectors = np.asarray(embedder.embed_batch([texts[i] for i in idx]), dtype=np.float32)
+        if out.shape[1] == 0:
+            out = np.zeros((len(texts), vectors.shape[1]), dtype=np.float32)
+        out[idx] = vectors
+    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
 
 
 def _spread(unit: np.ndarray, members: Sequence[PromptStats], idx: Sequence[int]) -> float:

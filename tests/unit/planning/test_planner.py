@@ -65,7 +65,8 @@ class CachingEmbedder:
 
 class KeywordEmbedder:
     """Puts every prompt that ends with the same word at the same spot (plus a little noise): the
-    clusters are known in advance, so tests of what happens after clustering do not depend on MiniLM."""
+    clusters are known in advance, so tests of what happens after clustering do not depend on MiniLM.
+    With one word, every prompt goes to the same spot."""
 
     def __init__(self, words):
         self.words = list(words)
@@ -73,7 +74,7 @@ class KeywordEmbedder:
     def embed_batch(self, texts):
         out = np.zeros((len(texts), 384), dtype=np.float32)
         for row, text in enumerate(texts):
-            out[row, self.words.index(text.rsplit(" ", 1)[-1])] = 1.0
+            out[row, 0 if len(self.words) == 1 else self.words.index(text.rsplit(" ", 1)[-1])] = 1.0
             seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
             out[row] += np.random.default_rng(seed).normal(0.0, 0.01, 384).astype(np.float32)
         return out
@@ -265,8 +266,10 @@ def test_a_shared_prefix_is_one_item_and_an_extension_pays_only_its_extra_blocks
             records.append(record(NOW - rng.random() * 3600, "acme", "", system + head + user_part(rng) + " " + word))
     # The user parts draw from a small vocabulary, so a few of them share a block by chance: only
     # blocks 5 requests carry count here.
+    # The keyword sits at the end of each prompt: embed whole texts.
     plan = build_plan(records, tokenizer, KeywordEmbedder(["cooking", "french", "summary"]), AMPLE, now=NOW,
-                      progress=False, kv_bytes_per_token=KV_PER_TOKEN, options=PlanOptions(min_block_requests=5))
+                      progress=False, kv_bytes_per_token=KV_PER_TOKEN,
+                      options=PlanOptions(min_block_requests=5, embed_chars=1 << 20, split_chars=1 << 20))
 
     assert len(plan.clusters) == 3
     assert len({tuple(i["token_ids"]) for i in plan.items}) == len(plan.items) == 2

@@ -242,6 +242,7 @@ def write_report(folder: Path, traffic: str, day2_start: float, rows: Sequence[t
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     folder.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -249,6 +250,8 @@ def write_report(folder: Path, traffic: str, day2_start: float, rows: Sequence[t
         ttfts = sorted(s.ttft_ms for s in served)
         ax.plot(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], label=label)
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("TTFT (ms, log scale)")
     ax.set_ylabel("share of requests at or below")
     ax.set_title(f"TTFT, day 2's first {max(WINDOWS_H)} h replayed ({traffic} traffic)")

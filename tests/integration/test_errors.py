@@ -27,6 +27,12 @@ def assert_still_serving(client):
     ("hello", GenerateParams(max_tokens=3, temperature=-1.0), "temperature"),
     ("hello", GenerateParams(max_tokens=3, top_p=2.0), "top_p"),
     (b"\xff\xfe not utf-8", GOOD, "UTF-8"),
+    ("hello", GenerateParams(max_tokens=3, top_p=0.0), "1 for no nucleus filtering"),
+    ("hello", GenerateParams(max_tokens=3, top_k=-1), "top_k"),
+    ("hello", GenerateParams(max_tokens=3, tenant_id="t" * 100_000), "tenant_id' is not a valid name"),
+    ("hello", GenerateParams(max_tokens=3, tenant_id="acme\x00\nother"), "tenant_id' is not a valid name"),
+    ("hello", GenerateParams(max_tokens=3, adapter_id="../adapters/support"), "adapter_id' is not a valid name"),
+    ("x" * (300 << 10), GOOD, "longer than 262144 bytes"),
 ])
 def test_bad_request_is_refused_and_server_keeps_serving(grpc_client, text, params, match):
     with pytest.raises(GenerateError, match=match):
@@ -85,3 +91,43 @@ def _wait_for(errors, timeout=60.0):
             raise errors[0]
         time.sleep(0.05)
     raise AssertionError("no error arrived")
+
+
+def _infer_direct(triton, model, inputs):
+    """One request straight to a composing model (not through ``ensemble``), as any client may send."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(triton.http_url)
+    try:
+        tensors = []
+        for name, value in inputs.items():
+            dtype = "BYTES" if value.dtype == object else {"int32": "INT32", "int64": "INT64",
+                                                            "float32": "FP32"}[str(value.dtype)]
+            tensor = httpclient.InferInput(name, list(value.shape), dtype)
+            tensor.set_data_from_numpy(value)
+            tensors.append(tensor)
+        return client.infer(model, tensors)
+    finally:
+        client.close()
+
+
+def _text(value):
+    return np.array([value.encode() if isinstance(value, str) else value], dtype=object)
+
+
+@pytest.mark.parametrize("model,inputs,match", [
+    ("embedding_cache", {"text_input": _text("hello"), "prompt_tokens": np.array([-1], dtype=np.int32)},
+     "prompt_tokens'=-1 is out of range"),
+    ("embedding_cache", {"text_input": _text("hello"), "tenant_id": _text("x" * 5000)}, "tenant_id' is not a valid"),
+    ("embedding_cache", {"text_input": _text("hello"), "adapter_id": _text("sup port")}, "adapter_id' is not a valid"),
+    ("tokenizer_cache", {"text_input": _text("hello"), "tenant_id": _text("a\nb")}, "tenant_id' is not a valid"),
+    ("tokenizer_cache", {"text_input": _text("")}, "empty"),
+])
+def test_composing_models_called_directly_check_their_inputs(triton, grpc_client, model, inputs, match):
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException, match=match):
+        _infer_direct(triton, model, inputs)
+    good = _infer_direct(triton, model, {"text_input": _text("Hello there, a good request.")})
+    assert good.get_response()["outputs"]
+    assert_still_serving(grpc_client)

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Callable, Mapping
 
-from warmup_tools.common.errors import AdapterUnavailableError, ConfigError, UnknownAdapterError
+from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT, AdapterUnavailableError, ConfigError, UnknownAdapterError
 
 
 class AdapterState(str, enum.Enum):
@@ -148,10 +148,7 @@ class AdapterLifecycle:
         with self._lock:
             st = self._states.get(name)
             if st is None:
-                live = ", ".join(sorted(n for n, s in self._states.items() if s.state is AdapterState.LIVE)) or "none"
-                raise UnknownAdapterError(
-                    f"unknown adapter '{name}'; live adapters: {live} (or empty for the base model)"
-                )
+                raise UnknownAdapterError(f"unknown adapter '{name}': {UNKNOWN_ADAPTER_HINT}")
         if st.state is AdapterState.LIVE or (st.state is AdapterState.WARMING and serve_cold):
             return True
         raise AdapterUnavailableError(_UNAVAILABLE[st.state].format(name=name, detail=st.detail or "no detail"))

@@ -47,6 +47,12 @@ class InvalidInputError(RequestError):
     code = "INVALID_ARG"
 
 
+#: What a client that named an unknown adapter is told. NOTE: the adapter inventory is not listed: a
+#: client learns nothing about other tenants' adapters from an error (the server log has the names).
+UNKNOWN_ADAPTER_HINT = ("send the name of an adapter this deployment serves (your operator has the list), or no "
+                        "adapter_id for the base model")
+
+
 class UnknownAdapterError(RequestError):
     """The requested LoRA adapter is not known to this model."""
 

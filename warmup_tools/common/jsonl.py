@@ -113,12 +113,19 @@ class RotatingJsonLines:
     still written, alone in a fresh file. One writer per path: rotation is not safe across processes.
     """
 
-    def __init__(self, path: Path, *, max_bytes: int = 16 << 20, backups: int = 3) -> None:
+    def __init__(self, path: Path, *, max_bytes: int = 16 << 20, backups: int = 3, mode: int = 0o600) -> None:
         if max_bytes < 1 or backups < 0:
             raise ValueError("max_bytes must be >= 1 and backups >= 0")
         self.path = Path(path)
         self.max_bytes = max_bytes
         self.backups = backups
+        #: Permission bits of new files: owner only by default, since request logs can hold prompts.
+        self.mode = mode
+
+    def _open(self):
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, self.mode)
+        os.fchmod(fd, self.mode)  # NOTE: also an existing file, and regardless of the umask
+        return os.fdopen(fd, "ab")
 
     def write(self, records: Iterable[dict]) -> int:
         """Append ``records``; returns how many were written."""
@@ -127,13 +134,13 @@ class RotatingJsonLines:
             return 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
         size = self.path.stat().st_size if self.path.exists() else 0
-        out = open(self.path, "ab")
+        out = self._open()
         try:
             for line in lines:
                 if size and size + len(line) > self.max_bytes:
                     out.close()
                     self._rotate()
-                    out = open(self.path, "ab")
+                    out = self._open()
                     size = 0
                 out.write(line)
                 size += len(line)

@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 import torch
 
 from warmup_tools.common.digests import fingerprint_folder
-from warmup_tools.common.errors import AssetError, InvalidInputError, UnknownAdapterError
+from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT, AssetError, InvalidInputError, UnknownAdapterError
 from warmup_tools.kv.blocks import BlockSource, PrefixMatch
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.kv.hashing import BlockHash, CacheScope, block_hashes
@@ -149,9 +149,7 @@ class LoraEngine:
                 f"the model's context of {self.context_length} tokens; shorten the prompt or lower max_tokens"
             )
         if request.adapter is not None and request.adapter not in self.adapters:
-            known = ", ".join(sorted(self.adapters)) or "none"
-            raise UnknownAdapterError(
-                f"unknown adapter '{request.adapter}'; known adapters: {known} (or empty for the base model)")
+            raise UnknownAdapterError(f"unknown adapter '{request.adapter}': {UNKNOWN_ADAPTER_HINT}")
 
     def forward_batch(self, rows: Sequence[BatchRow]) -> list[RowOutput]:
         """One forward for several sequences, each with its own KV, position and adapter.
@@ -413,9 +411,7 @@ class LoraEngine:
                     yield
             return
         if name not in self.adapters:
-            known = ", ".join(sorted(self.adapters)) or "none"
-            raise UnknownAdapterError(
-                f"unknown adapter '{name}'; known adapters: {known} (or empty for the base model)")
+            raise UnknownAdapterError(f"unknown adapter '{name}': {UNKNOWN_ADAPTER_HINT}")
         self._peft.set_adapter(name)
         yield
 

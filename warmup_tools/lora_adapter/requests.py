@@ -7,11 +7,20 @@ import math
 
 from warmup_tools.common.errors import InvalidInputError
 from warmup_tools.kv.blocks import BlockSource
-from warmup_tools.triton.inputs import Inputs, parse_optional_string, parse_scalar
+from warmup_tools.triton.inputs import (
+    MAX_IDENTITY_BYTES,
+    MAX_PROMPT_TOKENS,
+    Inputs,
+    parse_identity,
+    parse_optional_string,
+    parse_scalar,
+)
 
 #: Largest seed a request may carry (``UINT64``), and the range of each sampling input.
 MAX_SEED = 2**64 - 1
 MAX_TEMPERATURE = 100.0
+#: Cluster ids are the embedding cache's semantic clusters (bounded by its max_clusters).
+MAX_CLUSTER_ID = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -65,6 +74,11 @@ def parse_generate_request(inputs: Inputs, limits: RequestLimits) -> GenerateReq
         raise InvalidInputError("input 'input_ids' is required and must hold at least one token id")
     if ids.ndim != 1 and not (ids.ndim == 2 and ids.shape[0] == 1):
         raise InvalidInputError(f"input 'input_ids' must have shape [n] or [1, n], got {list(ids.shape)}")
+    if ids.size > MAX_PROMPT_TOKENS:
+        raise InvalidInputError(f"input 'input_ids' holds {ids.size} token ids; at most {MAX_PROMPT_TOKENS} "
+                                "are taken (the model's context is usually far shorter)")
+    if ids.dtype.kind not in "iu":
+        raise InvalidInputError(f"input 'input_ids' must be integer token ids (INT32 or INT64), got {ids.dtype}")
     prompt_ids = tuple(int(t) for t in ids.reshape(-1))
     if limits.vocab_size is not None:
         bad = [t for t in prompt_ids if t < 0 or t >= limits.vocab_size]
@@ -72,8 +86,8 @@ def parse_generate_request(inputs: Inputs, limits: RequestLimits) -> GenerateReq
             raise InvalidInputError(
                 f"input 'input_ids' holds token id {bad[0]} outside the vocabulary [0, {limits.vocab_size})"
             )
-    adapter = parse_optional_string(inputs, "adapter_id") or None
-    tenant = parse_optional_string(inputs, "tenant_id", "default")
+    adapter = parse_identity(inputs, "adapter_id", None)
+    tenant = parse_identity(inputs, "tenant_id", "default")
     max_tokens = parse_scalar(inputs, "max_tokens", int, limits.default_max_tokens)
     if not 1 <= max_tokens <= limits.max_tokens_limit:
         raise InvalidInputError(f"input 'max_tokens'={max_tokens} is out of range: use 1 to {limits.max_tokens_limit}")
@@ -82,10 +96,11 @@ def parse_generate_request(inputs: Inputs, limits: RequestLimits) -> GenerateReq
         raise InvalidInputError(
             f"input 'temperature'={temperature} is out of range: use 0 (greedy) to {MAX_TEMPERATURE:g}")
     top_p = parse_scalar(inputs, "top_p", float, 1.0)
-    if top_p == 0.0:
-        top_p = 1.0  # NOTE: TensorRT-LLM clients send top_p=0 to mean "no nucleus filtering".
+    # NOTE: some TensorRT-LLM clients send top_p=0 to mean "no nucleus filtering"; taken literally it keeps
+    # no token at all, so it is refused with the value to send instead rather than silently reinterpreted.
     if not math.isfinite(top_p) or not 0.0 < top_p <= 1.0:
-        raise InvalidInputError(f"input 'top_p'={top_p} is out of range: use a value in (0, 1]")
+        raise InvalidInputError(f"input 'top_p'={top_p} is out of range: use a value in (0, 1] "
+                                "(1 for no nucleus filtering)")
     top_k = parse_scalar(inputs, "top_k", int, 0)
     if top_k < 0:
         raise InvalidInputError(f"input 'top_k'={top_k} is out of range: use 0 (no limit) or a positive count")
@@ -94,10 +109,12 @@ def parse_generate_request(inputs: Inputs, limits: RequestLimits) -> GenerateReq
         raise InvalidInputError(f"input 'seed'={seed} is out of range: use 0 to 2**64-1")
     stream = parse_scalar(inputs, "stream", bool, False)
     cluster_id = parse_scalar(inputs, "cluster_id", int, -1)
+    if not -1 <= cluster_id <= MAX_CLUSTER_ID:
+        raise InvalidInputError(f"input 'cluster_id'={cluster_id} is out of range: use -1 (none) to {MAX_CLUSTER_ID}")
     # NOTE: the ``warmup_plan`` input is three-state on the wire (absent: live; "": warm-up, not pinned;
     # a plan id: warm-up pinned under that plan); inside the package it is two explicit fields.
     warmup_tag = inputs.get("warmup_plan")
-    plan_id = parse_optional_string(inputs, "warmup_plan") or None
+    plan_id = parse_optional_string(inputs, "warmup_plan", "", MAX_IDENTITY_BYTES) or None
     return GenerateRequest(
         prompt_ids=prompt_ids,
         adapter=adapter,

@@ -8,6 +8,7 @@ model answers that request with the error and goes on.
 
 from __future__ import annotations
 
+import re
 from typing import Mapping
 
 import numpy as np
@@ -16,13 +17,27 @@ from warmup_tools.common.errors import InvalidInputError
 
 Inputs = Mapping[str, "np.ndarray | None"]
 
+#: The largest prompt text any model takes, in UTF-8 bytes, checked before it is decoded. The demo LM's
+#: context is 2,048 tokens (a few KiB of text); this leaves room for longer contexts and still bounds
+#: what a client can make a model decode, tokenise, hash and log.
+MAX_TEXT_BYTES = 256 << 10
+#: The largest identity string (``tenant_id``, ``adapter_id``), in bytes: identities become cache keys,
+#: metric labels and log fields, so they are short names, checked where they enter.
+MAX_IDENTITY_BYTES = 64
+#: The most token ids a request may carry (and a ``prompt_tokens`` count may say), checked before the
+#: ids are converted; a model's context is the tighter bound, checked by the engine.
+MAX_PROMPT_TOKENS = 1 << 17
+IDENTITY_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_IDENTITY_RULE = (f"1 to {MAX_IDENTITY_BYTES} characters, letters, digits, '.', '_' and '-', starting with a "
+                  "letter or digit")
 
-def parse_text(inputs: Inputs, name: str = "text_input") -> str:
-    """The single UTF-8 string in ``inputs[name]``; empty, missing or invalid text is refused."""
+
+def parse_text(inputs: Inputs, name: str = "text_input", max_bytes: int = MAX_TEXT_BYTES) -> str:
+    """The single UTF-8 string in ``inputs[name]``; empty, missing, too long or invalid text is refused."""
     array = inputs.get(name)
     if array is None:
         raise InvalidInputError(f"input '{name}' is required: send the prompt as a BYTES tensor of shape [1]")
-    text = _single_string(array, name)
+    text = _single_string(array, name, max_bytes)
     if not text.strip():
         raise InvalidInputError(f"input '{name}' is empty: send a non-empty prompt")
     return text
@@ -37,20 +52,47 @@ def parse_optional_text(inputs: Inputs, name: str = "text_input") -> str | None:
     return value.decode("utf-8", errors="replace") if isinstance(value, (bytes, np.bytes_)) else str(value)
 
 
-def parse_optional_string(inputs: Inputs, name: str, default: str = "") -> str:
+def parse_optional_string(inputs: Inputs, name: str, default: str = "", max_bytes: int = MAX_TEXT_BYTES) -> str:
     array = inputs.get(name)
     if array is None:
         return default
-    return _single_string(array, name).strip() or default
+    return _single_string(array, name, max_bytes).strip() or default
 
 
-def _single_string(array: np.ndarray, name: str) -> str:
+def parse_identity(inputs: Inputs, name: str, default: str | None) -> str | None:
+    """A tenant or adapter name: ``default`` when absent or empty, else a short name (``IDENTITY_PATTERN``)."""
+    value = parse_optional_string(inputs, name, "")
+    if not value:
+        return default
+    return check_identity(name, value)
+
+
+def check_identity(name: str, value: str) -> str:
+    """``value`` if it is a valid identity; else an error that states the rule (the value is not echoed)."""
+    if len(value.encode("utf-8")) > MAX_IDENTITY_BYTES or not IDENTITY_PATTERN.fullmatch(value):
+        raise InvalidInputError(f"input '{name}' is not a valid name: use {_IDENTITY_RULE}")
+    return value
+
+
+def parse_count(inputs: Inputs, name: str, default: int, maximum: int) -> int:
+    """A non-negative integer count of at most ``maximum``."""
+    value = parse_scalar(inputs, name, int, default)
+    if not 0 <= value <= maximum:
+        raise InvalidInputError(f"input '{name}'={value} is out of range: use 0 to {maximum}")
+    return value
+
+
+def _single_string(array: np.ndarray, name: str, max_bytes: int = MAX_TEXT_BYTES) -> str:
     if array.size != 1:
         raise InvalidInputError(f"input '{name}' must hold exactly one string, got {array.size} elements")
     value = array.reshape(-1)[0]
     if isinstance(value, str):
+        if len(value) > max_bytes or len(value.encode("utf-8")) > max_bytes:
+            raise InvalidInputError(f"input '{name}' is longer than {max_bytes} bytes: send a shorter text")
         return value
     if isinstance(value, (bytes, np.bytes_)):
+        if len(value) > max_bytes:
+            raise InvalidInputError(f"input '{name}' is longer than {max_bytes} bytes: send a shorter text")
         try:
             return bytes(value).decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -71,4 +113,6 @@ def parse_scalar(inputs: Inputs, name: str, cast: type, default: object) -> obje
         return float(value)
     if cast is bool:
         return bool(value)
+    if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+        raise InvalidInputError(f"input '{name}' must be an integer, got {value}")
     return int(value)

@@ -47,7 +47,10 @@ def error_for(pb_utils: Any, exc: BaseException) -> Any:
     if isinstance(exc, RequestError):
         code = getattr(pb_utils.TritonError, exc.code, pb_utils.TritonError.INVALID_ARG)
         return pb_utils.TritonError(str(exc), code)
-    return pb_utils.TritonError(f"internal error: {type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
+    # NOTE: no exception text, type or path reaches the client; log_unexpected puts them in the server log.
+    return pb_utils.TritonError("internal error while serving this request; it was not completed (the server "
+                                "log has the details): retry, and report it if it persists",
+                                pb_utils.TritonError.INTERNAL)
 
 
 def error_response(pb_utils: Any, exc: BaseException) -> Any:

@@ -11,7 +11,7 @@ import triton_python_backend_utils as pb_utils
 from warmup_tools.embedding_cache.embedder import OnnxEmbedder
 from warmup_tools.embedding_cache.semantic import CENTROIDS_FILE
 from warmup_tools.embedding_cache.service import EmbeddingService
-from warmup_tools.triton.inputs import parse_optional_string, parse_text
+from warmup_tools.triton.inputs import MAX_PROMPT_TOKENS, parse_count, parse_identity, parse_text
 from warmup_tools.triton.io import (
     collect_inputs, error_response, log_unexpected, model_parameters, redis_tier_from_params,
 )
@@ -50,12 +50,11 @@ class TritonPythonModel:
         for request in requests:
             try:
                 inputs = collect_inputs(pb_utils, request, INPUTS)
-                length = inputs["prompt_tokens"]
                 outcome = self.service.handle(
                     parse_text(inputs),
-                    tenant=parse_optional_string(inputs, "tenant_id", "default"),
-                    adapter=parse_optional_string(inputs, "adapter_id", ""),
-                    prompt_tokens=int(length.reshape(-1)[0]) if length is not None else 0,
+                    tenant=parse_identity(inputs, "tenant_id", "default"),
+                    adapter=parse_identity(inputs, "adapter_id", ""),
+                    prompt_tokens=parse_count(inputs, "prompt_tokens", 0, MAX_PROMPT_TOKENS),
                     warmup=inputs["warmup_plan"] is not None,
                 )
                 responses.append(pb_utils.InferenceResponse(output_tensors=[

@@ -7,7 +7,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from warmup_tools.tokenizer_cache.service import TokenizerService
-from warmup_tools.triton.inputs import parse_optional_string, parse_text
+from warmup_tools.triton.inputs import parse_identity, parse_text
 from warmup_tools.triton.io import (
     collect_inputs, error_response, log_unexpected, model_parameters, redis_tier_from_params,
 )
@@ -35,7 +35,7 @@ class TritonPythonModel:
                 text = parse_text(inputs)
                 if inputs["warmup_plan"] is not None:
                     self.service.register_template(text)
-                ids, source = self.service.encode(text, parse_optional_string(inputs, "tenant_id", "default"))
+                ids, source = self.service.encode(text, parse_identity(inputs, "tenant_id", "default"))
                 responses.append(pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor("input_ids", ids),
                     pb_utils.Tensor("input_length", np.array([ids.size], dtype=np.int32)),

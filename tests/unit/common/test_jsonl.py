@@ -53,3 +53,21 @@ def test_gzip_module_reads_what_we_write(tmp_path):
     write_json_lines(tmp_path / "x.gz", [{"a": "é"}], compress=True)
     with gzip.open(tmp_path / "x.gz", "rt", encoding="utf-8") as f:
         assert json.loads(f.readline()) == {"a": "é"}
+
+
+def test_rotating_logs_are_owner_only_and_rotate_by_size(tmp_path):
+    import os
+    import stat
+
+    from warmup_tools.common.jsonl import RotatingJsonLines
+
+    path = tmp_path / "requests.jsonl"
+    path.write_text("")
+    os.chmod(path, 0o644)  # an existing file written by an older version
+    log = RotatingJsonLines(path, max_bytes=40, backups=2)
+    assert log.write([{"prompt": "secret one"}, {"prompt": "secret two"}, {"prompt": "secret three"}]) == 3
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["requests.jsonl", "requests.jsonl.1", "requests.jsonl.2"]
+    for name in files:
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600
+    assert [r["prompt"] for r in read_json_lines(path)] == ["secret three"]

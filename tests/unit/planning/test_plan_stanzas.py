@@ -77,7 +77,7 @@ def test_base_model_items_carry_no_adapter(plan):
 
 def test_check_finds_broken_stanzas(repo, target, plan, tokenizer):
     write_plan_stanzas(plan, repo, target=target, tokenizer=tokenizer)
-    data = next((repo / "lora_adapter" / "warmup").glob("*kv_0000__input_ids"))
+    data = next((repo / "lora_adapter" / "warmup").glob("*kv_0000__*__input_ids"))
     data.write_bytes(data.read_bytes()[:-4])
     config = repo / "tokenizer_cache" / "config.pbtxt"
     config.write_text(config.read_text().replace('key: "text_input" value: { data_type: TYPE_STRING',

@@ -1,0 +1,80 @@
+"""Client strings and counts are checked where they enter, with errors that say what to send."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from warmup_tools.common.errors import InvalidInputError
+from warmup_tools.lora_adapter.requests import RequestLimits, parse_generate_request
+from warmup_tools.triton.inputs import (
+    MAX_IDENTITY_BYTES,
+    MAX_PROMPT_TOKENS,
+    MAX_TEXT_BYTES,
+    parse_count,
+    parse_identity,
+    parse_text,
+)
+
+
+def s(value):
+    return np.array([value if isinstance(value, bytes) else value.encode()], dtype=object)
+
+
+@pytest.mark.parametrize("value", ["acme", "tenant-7", "a.b_c", "A" * MAX_IDENTITY_BYTES, "0x"])
+def test_identities_that_are_short_names_pass(value):
+    assert parse_identity({"tenant_id": s(value)}, "tenant_id", "default") == value
+
+
+@pytest.mark.parametrize("value", [
+    "a" * (MAX_IDENTITY_BYTES + 1), "x" * 100_000, "acme\x00", "acme\nother", "ac me", "-leading", ".hidden",
+    "../etc", "acme/legal", "tenant{a}", "é" * 40, "emoji😀", "acme;drop", "a\tb",
+])
+def test_identities_that_are_not_short_names_are_refused_without_echo(value):
+    with pytest.raises(InvalidInputError, match="not a valid name: use 1 to 64 characters") as info:
+        parse_identity({"tenant_id": s(value)}, "tenant_id", "default")
+    assert value not in str(info.value) or len(value) < 3
+
+
+def test_an_absent_or_blank_identity_is_the_default():
+    assert parse_identity({}, "tenant_id", "default") == "default"
+    assert parse_identity({"adapter_id": s("  ")}, "adapter_id", None) is None
+
+
+def test_text_is_bounded_before_it_is_decoded():
+    assert parse_text({"text_input": s("x" * MAX_TEXT_BYTES)}) == "x" * MAX_TEXT_BYTES
+    with pytest.raises(InvalidInputError, match=f"longer than {MAX_TEXT_BYTES} bytes"):
+        parse_text({"text_input": s(b"\xff" * (MAX_TEXT_BYTES + 1))})  # too long wins over bad UTF-8
+    with pytest.raises(InvalidInputError, match="longer than"):
+        parse_text({"text_input": np.array(["é" * MAX_TEXT_BYTES], dtype=object)})  # str, counted in bytes
+
+
+def test_counts_are_non_negative_integers_in_range():
+    assert parse_count({}, "prompt_tokens", 0, 10) == 0
+    assert parse_count({"prompt_tokens": np.array([7], dtype=np.int32)}, "prompt_tokens", 0, 10) == 7
+    for bad in (np.array([-1], dtype=np.int32), np.array([11], dtype=np.int64), np.array([2.5], dtype=np.float32)):
+        with pytest.raises(InvalidInputError, match="prompt_tokens"):
+            parse_count({"prompt_tokens": bad}, "prompt_tokens", 0, 10)
+
+
+LIMITS = RequestLimits(max_tokens_limit=64, default_max_tokens=8, vocab_size=100)
+
+
+@pytest.mark.parametrize("inputs,match", [
+    ({"top_p": np.array([0.0], dtype=np.float32)}, r"top_p'=0.0 is out of range.*1 for no nucleus"),
+    ({"top_p": np.array([np.inf], dtype=np.float32)}, "top_p"),
+    ({"seed": np.array([-1], dtype=np.int64)}, "seed"),
+    ({"cluster_id": np.array([-2], dtype=np.int32)}, "cluster_id"),
+    ({"cluster_id": np.array([1 << 30], dtype=np.int32)}, "cluster_id"),
+    ({"max_tokens": np.array([1.5], dtype=np.float32)}, "must be an integer"),
+    ({"tenant_id": s("x" * 300)}, "tenant_id' is not a valid name"),
+    ({"adapter_id": s("../../etc/passwd")}, "adapter_id' is not a valid name"),
+    ({"warmup_plan": s("p" * 65)}, "warmup_plan' is longer than 64 bytes"),
+    ({"input_ids": np.array([1.0, 2.0], dtype=np.float32)}, "integer token ids"),
+    ({"input_ids": np.zeros(MAX_PROMPT_TOKENS + 1, dtype=np.int32)}, f"at most {MAX_PROMPT_TOKENS}"),
+    ({"input_ids": np.ones((2, 3), dtype=np.int32)}, r"shape \[n\] or \[1, n\]"),
+    ({"input_ids": np.array([-1], dtype=np.int32)}, "outside the vocabulary"),
+])
+def test_generate_requests_refuse_bad_values(inputs, match):
+    with pytest.raises(InvalidInputError, match=match):
+        parse_generate_request({"input_ids": np.array([1], dtype=np.int32), **inputs}, LIMITS)

@@ -42,11 +42,10 @@ is read in a fixed order, so the same config and the same pinned packages write 
 from __future__ import annotations
 
 import json
-import math
 import random
 import re
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
@@ -60,12 +59,12 @@ from warmup_tools.common.records import RequestRecord
 from warmup_tools.sim.traffic import (
     _MAX_TS_MS,
     _MINUTES,
-    _NAME,
     BASE_MODEL,
     DAY_SECONDS,
     _diurnal,
     _reshuffle,
     _zipf_cum,
+    check_common,
 )
 
 #: The pip extra that installs the corpus packages below.
@@ -128,35 +127,13 @@ class RealTrafficConfig:
     """Epoch seconds at which day 1 begins (2026-01-01T00:00:00Z), as in ``TrafficConfig``."""
 
     def __post_init__(self) -> None:
-        for name in ("tenants", "adapters"):
-            value = getattr(self, name)
-            if isinstance(value, str) or not isinstance(value, Iterable):
-                raise ConfigError(f"real traffic {name} must be a sequence of names, got {value!r}")
-            object.__setattr__(self, name, tuple(value))
-        _check_int("seed", self.seed, minimum=None)
-        _check_int("days", self.days, minimum=1)
-        _check_int("requests_per_day", self.requests_per_day, minimum=1)
+        check_common(self, "real traffic", ("zipf_s", "raw_share", "drift", "churn", "start"))
         _check_int("applications", self.applications, minimum=1)
         _check_int("max_system_words", self.max_system_words, minimum=8)
         _check_int("max_user_words", self.max_user_words, minimum=1)
-        if not self.tenants or len(set(self.tenants)) != len(self.tenants):
-            raise ConfigError(f"real traffic tenants must be distinct and non-empty, got {self.tenants!r}")
-        for tenant in self.tenants:
-            if not isinstance(tenant, str) or not _NAME.fullmatch(tenant):
-                raise ConfigError(f"real traffic tenant {tenant!r} must match {_NAME.pattern}")
-        if len(set(self.adapters)) != len(self.adapters):
-            raise ConfigError(f"real traffic adapters must be distinct, got {self.adapters!r}")
-        for adapter in self.adapters:
-            if not isinstance(adapter, str) or not _NAME.fullmatch(adapter):
-                raise ConfigError(f"real traffic adapter {adapter!r} must match {_NAME.pattern} "
-                                  "(the base model is always available)")
         if self.applications < len(self.tenants):
             raise ConfigError(f"real traffic needs at least one application per tenant: applications="
                               f"{self.applications} < {len(self.tenants)} tenants")
-        for name in ("zipf_s", "raw_share", "drift", "churn", "start"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ConfigError(f"real traffic {name} must be a finite number, got {value!r}")
         if self.zipf_s < 0:
             raise ConfigError(f"real traffic zipf_s must be >= 0, got {self.zipf_s}")
         for name in ("raw_share", "drift", "churn"):

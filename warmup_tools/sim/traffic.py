@@ -83,29 +83,14 @@ class TrafficConfig:
     """Epoch seconds at which day 1 begins (2026-01-01T00:00:00Z)."""
 
     def __post_init__(self) -> None:
-        for name in ("tenants", "adapters"):
-            value = getattr(self, name)
-            if isinstance(value, str) or not isinstance(value, Iterable):
-                raise ConfigError(f"traffic {name} must be a sequence of names, got {value!r}")
-            object.__setattr__(self, name, tuple(value))
-        _check_int("seed", self.seed, minimum=None)
-        _check_int("days", self.days, minimum=1)
-        _check_int("requests_per_day", self.requests_per_day, minimum=1)
+        check_common(self, "traffic", ("zipf_s", "long_tail_share", "raw_share", "burst_probability", "drift",
+                                       "start"))
         _check_int("templates_per_adapter", self.templates_per_adapter, minimum=1)
-        if not self.tenants or len(set(self.tenants)) != len(self.tenants):
-            raise ConfigError(f"traffic tenants must be distinct and non-empty, got {self.tenants!r}")
-        for tenant in self.tenants:
-            if not isinstance(tenant, str) or not _NAME.fullmatch(tenant):
-                raise ConfigError(f"traffic tenant {tenant!r} must match {_NAME.pattern}")
-        if not self.adapters or len(set(self.adapters)) != len(self.adapters):
+        if not self.adapters:
             raise ConfigError(f"traffic adapters must be distinct and non-empty, got {self.adapters!r}")
         unknown = [a for a in self.adapters if a not in _CONTENT]
         if unknown:
             raise ConfigError(f"no traffic content for adapters {unknown}; known: {sorted(_CONTENT)}")
-        for name in ("zipf_s", "long_tail_share", "raw_share", "burst_probability", "drift", "start"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ConfigError(f"traffic {name} must be a finite number, got {value!r}")
         if self.zipf_s < 0:
             raise ConfigError(f"traffic zipf_s must be >= 0, got {self.zipf_s}")
         for name in ("long_tail_share", "burst_probability", "drift"):
@@ -249,6 +234,31 @@ def main_traffic(out_dir: Path, seed: int, days: int, requests_per_day: int, gzi
 # The world: tenants, pairs, templates and their rankings per day.
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def check_common(config: object, label: str, numbers: Iterable[str]) -> None:
+    """The checks every traffic config shares: tenant and adapter names (distinct, ``_NAME``, made
+    tuples), seed, days and requests per day, and ``numbers`` finite; ``label`` starts each message."""
+    for name in ("tenants", "adapters"):
+        value = getattr(config, name)
+        if isinstance(value, str) or not isinstance(value, Iterable):
+            raise ConfigError(f"{label} {name} must be a sequence of names, got {value!r}")
+        object.__setattr__(config, name, tuple(value))
+    _check_int("seed", config.seed, minimum=None)
+    _check_int("days", config.days, minimum=1)
+    _check_int("requests_per_day", config.requests_per_day, minimum=1)
+    if not config.tenants or len(set(config.tenants)) != len(config.tenants):
+        raise ConfigError(f"{label} tenants must be distinct and non-empty, got {config.tenants!r}")
+    if len(set(config.adapters)) != len(config.adapters):
+        raise ConfigError(f"{label} adapters must be distinct, got {config.adapters!r}")
+    for kind, names in (("tenant", config.tenants), ("adapter", config.adapters)):
+        for name in names:
+            if not isinstance(name, str) or not _NAME.fullmatch(name):
+                raise ConfigError(f"{label} {kind} {name!r} must match {_NAME.pattern}")
+    for name in numbers:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{label} {name} must be a finite number, got {value!r}")
 
 
 def _check_int(name: str, value: object, *, minimum: int | None) -> None:

@@ -131,3 +131,50 @@ def test_composing_models_called_directly_check_their_inputs(triton, grpc_client
     good = _infer_direct(triton, model, {"text_input": _text("Hello there, a good request.")})
     assert good.get_response()["outputs"]
     assert_still_serving(grpc_client)
+
+
+def _stream_direct(triton, model, inputs, timeout=120.0):
+    """One request straight to a decoupled model over a gRPC stream; its responses or its error."""
+    import queue
+
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        tensors = []
+        for name, value in inputs.items():
+            dtype = "BYTES" if value.dtype == object else "INT32"
+            tensor = grpcclient.InferInput(name, list(value.shape), dtype)
+            tensor.set_data_from_numpy(value)
+            tensors.append(tensor)
+        client.async_stream_infer(model, tensors, enable_empty_final_response=True)
+        while True:
+            result, error = results.get(timeout=timeout)
+            if error is not None:
+                return error
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return None
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+@pytest.mark.parametrize("model", ["tokenizer_cache", "embedding_cache"])
+def test_a_client_cannot_send_the_warmup_control_input(triton, grpc_client, model):
+    from tritonclient.utils import InferenceServerException
+
+    for plan in ("", "some-plan-id"):  # unpinned warm-up, or pinned under a plan
+        with pytest.raises(InferenceServerException, match="'warmup_plan' is a control input"):
+            _infer_direct(triton, model, {"text_input": _text("You are a contracts assistant."),
+                                          "warmup_plan": _text(plan)})
+    assert_still_serving(grpc_client)
+
+
+def test_a_client_cannot_pin_or_unpin_kv_through_lora_adapter(triton, grpc_client):
+    ids = np.arange(5, 69, dtype=np.int32)
+    for plan in ("", "operator-plan", "another-plan"):
+        error = _stream_direct(triton, "lora_adapter", {"input_ids": ids, "max_tokens": np.array([1], np.int32),
+                                                        "warmup_plan": _text(plan)})
+        assert error is not None and "'warmup_plan' is a control input" in str(error)
+    assert _stream_direct(triton, "lora_adapter", {"input_ids": ids, "max_tokens": np.array([1], np.int32)}) is None
+    assert_still_serving(grpc_client)

@@ -15,6 +15,7 @@ from warmup_tools.triton.inputs import MAX_PROMPT_TOKENS, parse_count, parse_ide
 from warmup_tools.triton.io import (
     collect_inputs, error_response, log_unexpected, model_parameters, redis_tier_from_params,
 )
+from warmup_tools.triton.warmup import OwnWarmupSamples
 from warmup_tools.triton.metrics import CacheMetrics, HeatMetrics
 
 INPUTS = ("text_input", "warmup_plan", "tenant_id", "adapter_id", "prompt_tokens")
@@ -43,6 +44,7 @@ class TritonPythonModel:
         params.check_unknown()
         self.metrics = CacheMetrics(pb_utils, "embedding_cache", instance)
         self.heat_metrics = HeatMetrics(pb_utils, instance)
+        self.own_samples = OwnWarmupSamples.from_args(args)  # only they may carry warmup_plan
         pb_utils.Logger.log_info(f"embedding_cache: ONNX Runtime providers {embedder.providers}")
 
     def execute(self, requests):
@@ -55,7 +57,7 @@ class TritonPythonModel:
                     tenant=parse_identity(inputs, "tenant_id", "default"),
                     adapter=parse_identity(inputs, "adapter_id", ""),
                     prompt_tokens=parse_count(inputs, "prompt_tokens", 0, MAX_PROMPT_TOKENS),
-                    warmup=inputs["warmup_plan"] is not None,
+                    warmup=self.own_samples.check(inputs),
                 )
                 responses.append(pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor("embedding", outcome.vector),

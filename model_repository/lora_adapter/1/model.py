@@ -11,6 +11,7 @@ import triton_python_backend_utils as pb_utils
 from warmup_tools.triton.inputs import parse_optional_text
 from warmup_tools.triton.io import collect_inputs, error_for, log_unexpected, model_parameters
 from warmup_tools.triton.metrics import GenerationMetrics, SchedulerMetrics
+from warmup_tools.triton.warmup import OwnWarmupSamples
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
 from warmup_tools.lora_adapter.responses import ResponseSink
 from warmup_tools.lora_adapter.scheduler import Scheduler
@@ -31,6 +32,7 @@ class TritonPythonModel:
             base_model=settings.base_model, adapter_root=settings.adapter_root, adapters=settings.adapters,
             device=settings.device, dtype=settings.dtype, num_threads=settings.num_threads, kv=settings.kv))
         self.instance = args["model_instance_name"]
+        self.own_samples = OwnWarmupSamples.from_args(args)  # only they may carry warmup_plan
         self.limits = RequestLimits(max_tokens_limit=settings.max_tokens_limit,
                                     default_max_tokens=settings.default_max_tokens, vocab_size=engine.vocab_size)
         self.redact = settings.request_log_redact
@@ -60,6 +62,7 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 inputs = collect_inputs(pb_utils, request, INPUTS)
+                self.own_samples.check(inputs)
                 req = parse_generate_request(inputs, self.limits)
                 prompt = parse_optional_text(inputs) if self.request_log is not None else None
                 sink = ResponseSink(pb_utils, sender, req, metrics=self.metrics, request_log=self.request_log,

@@ -12,6 +12,7 @@ from warmup_tools.triton.io import (
     collect_inputs, error_response, log_unexpected, model_parameters, redis_tier_from_params,
 )
 from warmup_tools.triton.metrics import CacheMetrics
+from warmup_tools.triton.warmup import OwnWarmupSamples
 
 INPUTS = ("text_input", "tenant_id", "warmup_plan")
 
@@ -26,6 +27,7 @@ class TritonPythonModel:
         )
         params.check_unknown()
         self.metrics = CacheMetrics(pb_utils, "tokenizer_cache", args["model_instance_name"])
+        self.own_samples = OwnWarmupSamples.from_args(args)  # only they may carry warmup_plan
 
     def execute(self, requests):
         responses = []
@@ -33,7 +35,7 @@ class TritonPythonModel:
             try:
                 inputs = collect_inputs(pb_utils, request, INPUTS)
                 text = parse_text(inputs)
-                if inputs["warmup_plan"] is not None:
+                if self.own_samples.check(inputs):
                     self.service.register_template(text)
                 ids, source = self.service.encode(text, parse_identity(inputs, "tenant_id", "default"))
                 responses.append(pb_utils.InferenceResponse(output_tensors=[

@@ -1,0 +1,68 @@
+"""Only a model's own warm-up samples may carry the warmup_plan control input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2
+
+from warmup_tools.planning.stanzas import WarmupInput, WarmupSample, string_input, write_model_warmup
+from warmup_tools.triton.warmup import ControlInputError, OwnWarmupSamples
+
+CONFIG = 'name: "lora_adapter"\nbackend: "python"\nmax_batch_size: 0\n'
+
+
+def _model(tmp_path, samples):
+    model = tmp_path / "lora_adapter"
+    model.mkdir()
+    (model / "config.pbtxt").write_text(CONFIG)
+    write_model_warmup(model, samples)
+    # The config as Triton hands it to initialize(): the protobuf as JSON.
+    config = text_format.Parse((model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    return OwnWarmupSamples.from_model_config(json_format.MessageToDict(config, preserving_proto_field_name=True),
+                                              model)
+
+
+def _inputs(**values):
+    names = ("input_ids", "adapter_id", "tenant_id", "max_tokens", "warmup_plan")
+    return {name: values.get(name) for name in names}
+
+
+SAMPLE = WarmupSample("kv_0000", (
+    WarmupInput("input_ids", "TYPE_INT32", np.arange(5, 37, dtype=np.int32)),
+    string_input("adapter_id", "legal"), string_input("tenant_id", "acme"),
+    WarmupInput("max_tokens", "TYPE_INT32", np.array([1], dtype=np.int32)), string_input("warmup_plan", "p1"),
+))
+
+
+def test_the_model_s_own_sample_may_carry_warmup_plan(tmp_path):
+    own = _model(tmp_path, [SAMPLE])
+    assert len(own) == 1
+    request = _inputs(input_ids=np.arange(5, 37, dtype=np.int32), adapter_id=np.array([b"legal"], dtype=object),
+                      tenant_id=np.array([b"acme"], dtype=object), max_tokens=np.array([1], dtype=np.int32),
+                      warmup_plan=np.array([b"p1"], dtype=object))
+    assert own.check(request) is True
+    assert own.check({**request, "warmup_plan": None}) is False  # a live request: nothing to check
+
+
+@pytest.mark.parametrize("change", [
+    {"warmup_plan": np.array([b"other-plan"], dtype=object)},  # unpin the operator's plan
+    {"input_ids": np.arange(100, 132, dtype=np.int32)},  # pin blocks of its own choosing
+    {"tenant_id": np.array([b"globex"], dtype=object)},  # in another tenant's name
+    {"adapter_id": None},  # one input fewer
+    {"max_tokens": np.array([2], dtype=np.int32)},  # any other byte
+])
+def test_a_client_request_with_warmup_plan_is_refused(tmp_path, change):
+    own = _model(tmp_path, [SAMPLE])
+    request = _inputs(input_ids=np.arange(5, 37, dtype=np.int32), adapter_id=np.array([b"legal"], dtype=object),
+                      tenant_id=np.array([b"acme"], dtype=object), max_tokens=np.array([1], dtype=np.int32),
+                      warmup_plan=np.array([b"p1"], dtype=object))
+    with pytest.raises(ControlInputError, match="'warmup_plan' is a control input: only this model's own"):
+        own.check({**request, **change})
+
+
+def test_a_model_without_samples_refuses_every_control_input(tmp_path):
+    own = _model(tmp_path, [])
+    with pytest.raises(ControlInputError):
+        own.check({"text_input": np.array([b"hi"], dtype=object), "warmup_plan": np.array([b""], dtype=object)})

@@ -149,6 +149,14 @@ class PrefixCache:
                 if existing is not None:
                     existing.last_access = now
                     if plan_id is not None and existing.plan_id is None:
+                        # NOTE: a live block a plan pins becomes warm-up KV, so it counts against the warm-up
+                        # cap like a new one: pins never eat the live reserve.
+                        if existing.source is not BlockSource.WARMUP:
+                            if self.stats.warmup_bytes + existing.nbytes > self.warmup_budget:
+                                self.stats.rejected_blocks += len(hashes) - index
+                                break
+                            existing.source = BlockSource.WARMUP
+                            self.stats.warmup_bytes += existing.nbytes
                         existing.plan_id = plan_id
                         self.stats.pinned_bytes += existing.nbytes
                     self._refresh(existing, touched=True)

@@ -212,31 +212,51 @@ class SchedulerMetrics:
 
 
 class HeatMetrics:
-    """Heat per (cluster, adapter, window) on /metrics: the ``top`` hottest keys of each window."""
+    """Heat per (cluster, adapter, window) on /metrics: the ``top`` hottest keys of each window.
 
-    def __init__(self, pb_utils: Any, instance: str, top: int = 50) -> None:
+    NOTE: the Python backend keeps every series a model ever created (its metric family holds them), so
+    the number of series is capped: at most ``max_series`` (cluster, adapter, window) series are created;
+    keys beyond the cap are summed into one ``cluster="other", adapter="other"`` series per window, and a
+    series whose key left the top is set to 0. /metrics stays bounded whatever adapter names or cluster
+    ids clients send.
+    """
+
+    OTHER = "other"
+
+    def __init__(self, pb_utils: Any, instance: str, top: int = 50, max_series: int = 512) -> None:
         self._family = pb_utils.MetricFamily(
             name="warmup_heat_requests",
             description="Estimated requests per semantic cluster and adapter over a sliding window",
             kind=pb_utils.MetricFamily.GAUGE)
         self._instance = instance
         self._top = top
-        self._metrics: dict[tuple[int, str, float], Any] = {}
+        self._max_series = max_series
+        self._metrics: dict[tuple[str, str, float], Any] = {}
+
+    def _series(self, key: tuple[str, str, float]) -> Any:
+        metric = self._metrics.get(key)
+        if metric is None:
+            cluster, adapter, window = key
+            metric = self._metrics[key] = self._family.Metric(labels={
+                "cluster": cluster, "adapter": adapter, "window": f"{window:g}s", "instance": self._instance})
+        return metric
 
     def publish(self, entries: Iterable[Any]) -> None:
         by_window: dict[float, list[Any]] = {}
         for entry in entries:
             by_window.setdefault(entry.window_s, []).append(entry)
-        seen = set()
+        values: dict[tuple[str, str, float], float] = {}
         for window, items in by_window.items():
             for entry in sorted(items, key=lambda e: -e.requests)[: self._top]:
-                key = (entry.cluster_id, entry.adapter, window)
-                seen.add(key)
-                metric = self._metrics.get(key)
-                if metric is None:
-                    metric = self._metrics[key] = self._family.Metric(labels={
-                        "cluster": str(entry.cluster_id), "adapter": entry.adapter or "base",
-                        "window": f"{window:g}s", "instance": self._instance})
-                metric.set(entry.requests)
-        for key in set(self._metrics) - seen:
+                key = (str(entry.cluster_id), entry.adapter or "base", window)
+                if key not in self._metrics and len(self._metrics) >= self._max_series - len(by_window):
+                    key = (self.OTHER, self.OTHER, window)  # room is kept for one overflow series per window
+                values[key] = values.get(key, 0.0) + entry.requests
+        for key, value in values.items():
+            self._series(key).set(value)
+        for key in set(self._metrics) - set(values):
             self._metrics[key].set(0)
+
+    @property
+    def series(self) -> int:
+        return len(self._metrics)

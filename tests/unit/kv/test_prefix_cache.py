@@ -124,6 +124,21 @@ def test_warmup_cannot_take_the_live_reserve():
     assert cache.store(block_hashes(live, BS, SCOPE), kv_for(live)) == 3  # live traffic still has room
 
 
+def test_pinning_live_blocks_counts_against_the_warmup_cap():
+    """The issue's reproduction: 10 live blocks pinned by a warm-up store against a cap of 8."""
+    cache = PrefixCache(budget_bytes=10 * block_bytes(), block_size=BS, live_reserve=0.2)
+    assert cache.warmup_budget == 8 * block_bytes()
+    tokens = list(range(4 * 10))
+    hashes = block_hashes(tokens, BS, SCOPE)
+    assert cache.store(hashes, kv_for(tokens)) == 10  # live traffic cached them first
+    cache.store(hashes, kv_for(tokens), source=BlockSource.WARMUP, plan_id="plan-a")
+    assert cache.stats.pinned_bytes == cache.stats.warmup_bytes == 8 * block_bytes()
+    assert cache.stats.rejected_blocks == 2  # the two beyond the cap were refused, and counted
+    # The live reserve is intact: new live blocks still find room (by evicting the unpinned ones).
+    live = [9000 + i for i in range(8)]
+    assert cache.store(block_hashes(live, BS, SCOPE), kv_for(live)) == 2
+
+
 def test_blocks_in_use_are_never_evicted():
     cache = PrefixCache(budget_bytes=2 * block_bytes(), block_size=BS)
     tokens = list(range(8))

@@ -129,3 +129,24 @@ def test_scheduler_metrics_send_gauges_and_counter_deltas():
     sql = created[("warmup_output_tokens_total", (("adapter", "sql"), ("model", "lora_adapter")))]
     base = created[("warmup_output_tokens_total", (("adapter", "base"), ("model", "lora_adapter")))]
     assert (sql.value, base.value) == (7, 4)
+
+
+def test_heat_metrics_stay_bounded_whatever_adapters_clients_name():
+    import dataclasses
+
+    from warmup_tools.triton.metrics import HeatMetrics
+
+    @dataclasses.dataclass
+    class Entry:
+        cluster_id: int
+        adapter: str
+        window_s: float
+        requests: float
+
+    heat = HeatMetrics(fake_pb_utils(), "i0", top=5, max_series=12)
+    for round_ in range(100):  # every round new adapter names (as a flood of clients might send)
+        heat.publish([Entry(c, f"adapter-{round_}-{c}", w, 10.0 + c) for c in range(5) for w in (60.0, 3600.0)])
+        assert heat.series <= 12
+    other = FakeFamily.created[("warmup_heat_requests", tuple(sorted(
+        {"cluster": "other", "adapter": "other", "window": "60s", "instance": "i0"}.items())))]
+    assert other.value == sum(10.0 + c for c in range(5))  # the last round, summed into the overflow series

@@ -67,8 +67,11 @@ class RequestLimits:
     vocab_size: int | None = None
 
 
-def parse_generate_request(inputs: Inputs, limits: RequestLimits) -> GenerateRequest:
-    """Validate the ``lora_adapter`` inputs: token ids, adapter, tenant, stream and sampling."""
+def parse_generate_request(inputs: Inputs, limits: RequestLimits, *, tenant: str | None = None) -> GenerateRequest:
+    """Validate the ``lora_adapter`` inputs: token ids, adapter, tenant, stream and sampling.
+
+    ``tenant``, when given, is the verified tenant (trust mode); otherwise ``tenant_id`` is taken.
+    """
     ids = inputs.get("input_ids")
     if ids is None or ids.size == 0:
         raise InvalidInputError("input 'input_ids' is required and must hold at least one token id")
@@ -87,7 +90,7 @@ def parse_generate_request(inputs: Inputs, limits: RequestLimits) -> GenerateReq
                 f"input 'input_ids' holds token id {bad[0]} outside the vocabulary [0, {limits.vocab_size})"
             )
     adapter = parse_identity(inputs, "adapter_id", None)
-    tenant = parse_identity(inputs, "tenant_id", "default")
+    tenant = tenant if tenant is not None else parse_identity(inputs, "tenant_id", "default")
     max_tokens = parse_scalar(inputs, "max_tokens", int, limits.default_max_tokens)
     if not 1 <= max_tokens <= limits.max_tokens_limit:
         raise InvalidInputError(f"input 'max_tokens'={max_tokens} is out of range: use 1 to {limits.max_tokens_limit}")

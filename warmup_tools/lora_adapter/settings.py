@@ -99,6 +99,8 @@ class LoraAdapterSettings:
     default_max_tokens: int
     request_log_dir: Path | None
     request_log_redact: bool
+    #: Trust mode (see :mod:`warmup_tools.triton.trust`): the tenant only from a signed token.
+    deployment_secret_file: Path | None
     #: One of :data:`SCHEDULERS`.
     scheduler: str
     batching: SchedulerConfig
@@ -134,6 +136,8 @@ class LoraAdapterSettings:
             default_max_tokens=params.get("default_max_tokens", int, DEFAULT_LIMITS.default_max_tokens),
             request_log_dir=params.path("request_log_dir") if params.get("request_log_dir", str, "") else None,
             request_log_redact=params.get("request_log_redact", parse_bool, False),
+            deployment_secret_file=(params.path("deployment_secret_file")
+                                    if params.get("deployment_secret_file", str, "") else None),
             scheduler=params.get("scheduler", str, "continuous"),
             batching=SchedulerConfig(
                 max_num_seqs=params.get("max_num_seqs", int, DEFAULT_BATCHING.max_num_seqs),

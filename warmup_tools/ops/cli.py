@@ -54,6 +54,13 @@ def _parser() -> argparse.ArgumentParser:
     stanzas.add_argument("--check", action="store_true", help="only validate the stanzas against the configs")
     stanzas.set_defaults(func=_cmd_stanzas)
 
+    key = sub.add_parser("tenant-key", help="trust mode: give a tenant a new key (only its hash is stored)")
+    key.add_argument("tenant")
+    key.add_argument("--keys-file", type=Path, required=True, help="the tenant_keys_file of tokenizer_cache")
+    key.add_argument("--secret-file", type=Path, required=True,
+                     help="the deployment_secret_file of the composing models (created if missing)")
+    key.set_defaults(func=_cmd_tenant_key)
+
     plan = sub.add_parser("plan", help="decide what to warm from request logs; writes a versioned plan")
     plan.add_argument("logs", nargs="+", type=Path,
                       help="request logs (.jsonl, .jsonl.gz, rotated .jsonl.N) or folders holding them")
@@ -236,6 +243,19 @@ def _cmd_stanzas(args: argparse.Namespace) -> int:
     if problems:
         return 1
     print(f"stanzas in {args.model_repository} are consistent with their configs")
+    return 0
+
+
+def _cmd_tenant_key(args: argparse.Namespace) -> int:
+    from warmup_tools.common.errors import InvalidInputError
+    from warmup_tools.triton.trust import add_tenant_key
+
+    try:
+        key = add_tenant_key(args.keys_file, args.secret_file, args.tenant)
+    except InvalidInputError as exc:
+        raise WarmupToolsError(str(exc)) from None
+    print(f"tenant {args.tenant}: key {key}\n(shown once; {args.keys_file} keeps only its SHA-256)", file=sys.stderr)
+    print(key)
     return 0
 
 

@@ -45,6 +45,8 @@ class GenerateParams:
     max_tokens: int | None = 16
     adapter_id: str | None = None
     tenant_id: str | None = None
+    #: Trust mode: the key that proves ``tenant_id`` (SECURITY.md).
+    tenant_key: str | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -65,7 +67,7 @@ def grpc_inputs(text: str | bytes, params: GenerateParams, stream: bool) -> list
     ]
     if params.max_tokens is not None:
         tensors.append(("max_tokens", np.array([params.max_tokens], dtype=np.int32), "INT32"))
-    for name in ("adapter_id", "tenant_id"):
+    for name in ("adapter_id", "tenant_id", "tenant_key"):
         value = getattr(params, name)
         if value is not None:
             tensors.append((name, np.array([value.encode("utf-8")], dtype=np.object_), "BYTES"))

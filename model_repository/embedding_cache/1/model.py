@@ -15,10 +15,11 @@ from warmup_tools.triton.inputs import MAX_PROMPT_TOKENS, parse_count, parse_ide
 from warmup_tools.triton.io import (
     collect_inputs, error_response, log_unexpected, model_parameters, redis_tier_from_params,
 )
+from warmup_tools.triton.trust import TenantTrust
 from warmup_tools.triton.warmup import OwnWarmupSamples
 from warmup_tools.triton.metrics import CacheMetrics, HeatMetrics
 
-INPUTS = ("text_input", "warmup_plan", "tenant_id", "adapter_id", "prompt_tokens")
+INPUTS = ("text_input", "warmup_plan", "tenant_id", "tenant_token", "adapter_id", "prompt_tokens")
 
 
 class TritonPythonModel:
@@ -41,6 +42,7 @@ class TritonPythonModel:
             centroids_path=Path(args["model_repository"]) / CENTROIDS_FILE,
             heat_log=params.path("heat_log_dir") / f"heat-{instance}.jsonl" if heat_dir else None,
         )
+        self.trust = TenantTrust.from_parameters(params)
         params.check_unknown()
         self.metrics = CacheMetrics(pb_utils, "embedding_cache", instance)
         self.heat_metrics = HeatMetrics(pb_utils, instance)
@@ -52,12 +54,13 @@ class TritonPythonModel:
         for request in requests:
             try:
                 inputs = collect_inputs(pb_utils, request, INPUTS)
+                own_sample = self.own_samples.check(inputs)
                 outcome = self.service.handle(
                     parse_text(inputs),
-                    tenant=parse_identity(inputs, "tenant_id", "default"),
+                    tenant=self.trust.tenant_of(inputs, own_sample),
                     adapter=parse_identity(inputs, "adapter_id", ""),
                     prompt_tokens=parse_count(inputs, "prompt_tokens", 0, MAX_PROMPT_TOKENS),
-                    warmup=self.own_samples.check(inputs),
+                    warmup=own_sample,
                 )
                 responses.append(pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor("embedding", outcome.vector),

@@ -11,6 +11,7 @@ import triton_python_backend_utils as pb_utils
 from warmup_tools.triton.inputs import parse_optional_text
 from warmup_tools.triton.io import collect_inputs, error_for, log_unexpected, model_parameters
 from warmup_tools.triton.metrics import GenerationMetrics, SchedulerMetrics
+from warmup_tools.triton.trust import TenantTrust
 from warmup_tools.triton.warmup import OwnWarmupSamples
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
 from warmup_tools.lora_adapter.responses import ResponseSink
@@ -20,7 +21,7 @@ from warmup_tools.lora_adapter.settings import LoraAdapterSettings
 from warmup_tools.lora_adapter.request_log import RequestLogWriter
 from warmup_tools.lora_adapter.requests import RequestLimits, parse_generate_request
 
-INPUTS = ("input_ids", "adapter_id", "tenant_id", "max_tokens", "stream", "temperature",
+INPUTS = ("input_ids", "adapter_id", "tenant_id", "tenant_token", "max_tokens", "stream", "temperature",
           "top_p", "top_k", "seed", "cluster_id", "warmup_plan", "text_input")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -33,6 +34,7 @@ class TritonPythonModel:
             device=settings.device, dtype=settings.dtype, num_threads=settings.num_threads, kv=settings.kv))
         self.instance = args["model_instance_name"]
         self.own_samples = OwnWarmupSamples.from_args(args)  # only they may carry warmup_plan
+        self.trust = TenantTrust.from_files(settings.deployment_secret_file, model="lora_adapter")
         self.limits = RequestLimits(max_tokens_limit=settings.max_tokens_limit,
                                     default_max_tokens=settings.default_max_tokens, vocab_size=engine.vocab_size)
         self.redact = settings.request_log_redact
@@ -62,8 +64,8 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 inputs = collect_inputs(pb_utils, request, INPUTS)
-                self.own_samples.check(inputs)
-                req = parse_generate_request(inputs, self.limits)
+                tenant = self.trust.tenant_of(inputs, self.own_samples.check(inputs))
+                req = parse_generate_request(inputs, self.limits, tenant=tenant)
                 prompt = parse_optional_text(inputs) if self.request_log is not None else None
                 sink = ResponseSink(pb_utils, sender, req, metrics=self.metrics, request_log=self.request_log,
                                     prompt_text=prompt, redact=self.redact)

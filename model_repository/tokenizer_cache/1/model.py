@@ -7,14 +7,15 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from warmup_tools.tokenizer_cache.service import TokenizerService
-from warmup_tools.triton.inputs import parse_identity, parse_text
+from warmup_tools.triton.inputs import parse_text
 from warmup_tools.triton.io import (
     collect_inputs, error_response, log_unexpected, model_parameters, redis_tier_from_params,
 )
 from warmup_tools.triton.metrics import CacheMetrics
+from warmup_tools.triton.trust import TenantTrust
 from warmup_tools.triton.warmup import OwnWarmupSamples
 
-INPUTS = ("text_input", "tenant_id", "warmup_plan")
+INPUTS = ("text_input", "tenant_id", "tenant_key", "warmup_plan")
 
 
 class TritonPythonModel:
@@ -25,6 +26,7 @@ class TritonPythonModel:
             cache_bytes=params.get("cache_bytes", int, 64 << 20),
             shared=redis_tier_from_params(params),
         )
+        self.trust = TenantTrust.from_parameters(params, keys=True)
         params.check_unknown()
         self.metrics = CacheMetrics(pb_utils, "tokenizer_cache", args["model_instance_name"])
         self.own_samples = OwnWarmupSamples.from_args(args)  # only they may carry warmup_plan
@@ -34,13 +36,18 @@ class TritonPythonModel:
         for request in requests:
             try:
                 inputs = collect_inputs(pb_utils, request, INPUTS)
+                # A warm-up sample needs no tenant key (and gets no signed token); warmup_plan marks a template.
+                own_sample = self.own_samples.is_sample(inputs)
+                tenant = self.trust.first_step_tenant(inputs, own_sample)
                 text = parse_text(inputs)
                 if self.own_samples.check(inputs):
                     self.service.register_template(text)
-                ids, source = self.service.encode(text, parse_identity(inputs, "tenant_id", "default"))
+                ids, source = self.service.encode(text, tenant)
+                token = self.trust.token(tenant, verified=not own_sample)
                 responses.append(pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor("input_ids", ids),
                     pb_utils.Tensor("input_length", np.array([ids.size], dtype=np.int32)),
+                    pb_utils.Tensor("tenant_token", np.array([token.encode()], dtype=np.object_)),
                 ]))
                 self.metrics.record(source, self.service.local.stats)
             except Exception as exc:  # noqa: BLE001 (one bad request never fails the batch)

@@ -1,0 +1,106 @@
+"""Trust mode against a real tritonserver: a tenant cannot be claimed without its key, and one tenant
+learns nothing about another's prompts from the KV cache."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import numpy as np
+import pytest
+
+from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient
+from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
+from warmup_tools.triton.trust import add_tenant_key
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+WORDS = ("invoice refund outage dashboard login password billing region revenue order customer product clause "
+         "contract supplier warranty renewal quarterly report export table index latency timeout error").split()
+
+
+@pytest.fixture(scope="module")
+def trusted(served_assets, tmp_path_factory):
+    from tests.conftest import REPO_ROOT
+    from warmup_tools.ops.server import TritonServer
+
+    folder = tmp_path_factory.mktemp("trust")
+    keys, secret = folder / "tenant_keys.json", folder / "deployment.secret"
+    tenant_keys = {tenant: add_tenant_key(keys, secret, tenant) for tenant in ("acme", "globex", "default")}
+    server = TritonServer(
+        REPO_ROOT / "model_repository",
+        env={"WARMUP_ASSETS_DIR": str(served_assets), "WARMUP_CONTROL_DIR": "",
+             "WARMUP_DEPLOYMENT_SECRET_FILE": str(secret), "WARMUP_TENANT_KEYS_FILE": str(keys)},
+        work_dir=tmp_path_factory.mktemp("triton-trust"))
+    server.start()
+    try:
+        server.wait_ready(timeout=600)
+        with StreamingClient(server.grpc_url) as client:
+            yield server, client, tenant_keys
+    finally:
+        server.stop()
+
+
+def _prompt(rng):
+    return "Internal memo. " + " ".join(rng.choice(WORDS) for _ in range(90)) + "\nSummarise it."
+
+
+def test_a_tenant_cannot_be_claimed_without_its_key(trusted):
+    _, client, keys = trusted
+    for params in (GenerateParams(max_tokens=1, tenant_id="acme"),
+                   GenerateParams(max_tokens=1, tenant_id="acme", tenant_key=keys["globex"]),
+                   GenerateParams(max_tokens=1, tenant_id="nobody", tenant_key=keys["acme"]),
+                   GenerateParams(max_tokens=1)):
+        with pytest.raises(GenerateError, match="is not authenticated on this deployment"):
+            client.generate("Hello", params)
+    assert client.generate("Hello", GenerateParams(max_tokens=1, tenant_id="acme",
+                                                   tenant_key=keys["acme"])).output_tokens == 1
+
+
+def test_another_tenant_learns_nothing_from_the_kv_cache(trusted):
+    _, client, keys = trusted
+    acme = GenerateParams(max_tokens=1, tenant_id="acme", tenant_key=keys["acme"])
+    globex = GenerateParams(max_tokens=1, tenant_id="globex", tenant_key=keys["globex"])
+    rng = random.Random(7)
+    secrets_of_acme = [_prompt(rng) for _ in range(50)]
+    for prompt in secrets_of_acme:
+        client.generate(prompt, acme)
+    assert client.generate(secrets_of_acme[0], acme).cached_tokens > 0  # acme's own prompts are cached
+    probes = [client.generate(p, globex) for p in secrets_of_acme]
+    fresh = [client.generate(_prompt(rng), globex) for _ in range(50)]
+    assert [r.cached_tokens for r in probes] == [0] * 50  # zero cross-tenant hits
+    assert [r.cached_tokens for r in fresh] == [0] * 50
+    ttft = lambda rs: [r.ttft_s * 1000 for r in rs]  # noqa: E731
+    # Reported, not asserted (a test must not depend on machine speed): the two should look alike.
+    print(f"globex probing acme's prompts: TTFT median {statistics.median(ttft(probes)):.1f} ms, "
+          f"stdev {statistics.stdev(ttft(probes)):.1f}; never-seen prompts: median "
+          f"{statistics.median(ttft(fresh)):.1f} ms, stdev {statistics.stdev(ttft(fresh)):.1f}")
+
+
+def test_warm_up_samples_still_warm_their_tenant(trusted):
+    _, client, keys = trusted
+    result = client.generate(SYSTEM_PROMPTS["support"] + "\n\nMy invoice is wrong.",
+                             GenerateParams(max_tokens=1, adapter_id="support", tenant_id="default",
+                                            tenant_key=keys["default"]))
+    assert result.cached_tokens > 0
+
+
+@pytest.mark.parametrize("model", ["embedding_cache", "lora_adapter"])
+def test_calling_a_later_step_directly_cannot_choose_a_tenant(trusted, model):
+    from tests.integration.test_errors import _infer_direct, _stream_direct
+
+    server, client, keys = trusted
+    claim = {"tenant_id": np.array([b"acme"], dtype=object)}
+    forged = {**claim, "tenant_token": np.array([b"acme:" + b"0" * 32], dtype=object)}
+    for extra in (claim, forged):
+        if model == "embedding_cache":
+            from tritonclient.utils import InferenceServerException
+
+            with pytest.raises(InferenceServerException, match="this deployment verifies tenants"):
+                _infer_direct(server, model, {"text_input": np.array([b"hello"], dtype=object), **extra})
+        else:
+            error = _stream_direct(server, model, {"input_ids": np.arange(5, 40, dtype=np.int32),
+                                                   "max_tokens": np.array([1], np.int32), **extra})
+            assert error is not None and "this deployment verifies tenants" in str(error)
+    assert client.generate("Hello", GenerateParams(max_tokens=1, tenant_id="acme",
+                                                   tenant_key=keys["acme"])).output_tokens == 1

@@ -143,7 +143,7 @@ def _stream_direct(triton, model, inputs, timeout=120.0):
     try:
         tensors = []
         for name, value in inputs.items():
-            dtype = "BYTES" if value.dtype == object else "INT32"
+            dtype = "BYTES" if value.dtype == object else {"int32": "INT32", "float32": "FP32"}[str(value.dtype)]
             tensor = grpcclient.InferInput(name, list(value.shape), dtype)
             tensor.set_data_from_numpy(value)
             tensors.append(tensor)
@@ -177,4 +177,33 @@ def test_a_client_cannot_pin_or_unpin_kv_through_lora_adapter(triton, grpc_clien
                                                         "warmup_plan": _text(plan)})
         assert error is not None and "'warmup_plan' is a control input" in str(error)
     assert _stream_direct(triton, "lora_adapter", {"input_ids": ids, "max_tokens": np.array([1], np.int32)}) is None
+    assert_still_serving(grpc_client)
+
+
+def _ids(n=8, dtype=np.int32):
+    return np.arange(5, 5 + n, dtype=dtype)
+
+
+@pytest.mark.parametrize("extra,match", [
+    ({"max_tokens": np.array([0], np.int32)}, "max_tokens"),
+    ({"top_p": np.array([0.0], np.float32)}, "top_p"),
+    ({"top_k": np.array([-3], np.int32)}, "top_k"),
+    ({"temperature": np.array([np.nan], np.float32)}, "temperature"),
+    ({"cluster_id": np.array([-7], np.int32)}, "cluster_id"),
+    ({"tenant_id": _text("t" * 65)}, "tenant_id' is not a valid name"),
+    ({"adapter_id": _text("a/b")}, "adapter_id' is not a valid name"),
+    ({"adapter_id": _text("no-such-adapter")}, "unknown adapter 'no-such-adapter': send the name"),
+    ({"input_ids": np.array([999_999], np.int32)}, "outside the vocabulary"),
+    ({"input_ids": np.full(5000, 7, dtype=np.int32)}, "context"),
+    ({"input_ids": np.array([[1, 2], [3, 4]], np.int32)}, "shape"),
+    ({"text_input": _text(b"\xff\xfe")}, None),  # only logged when the request log is on: not an error here
+])
+def test_lora_adapter_called_directly_checks_every_input(triton, grpc_client, extra, match):
+    error = _stream_direct(triton, "lora_adapter", {"input_ids": _ids(), "max_tokens": np.array([1], np.int32),
+                                                    **extra})
+    if match is None:
+        assert error is None
+    else:
+        assert error is not None and match in str(error), str(error)
+    assert _stream_direct(triton, "lora_adapter", {"input_ids": _ids(), "max_tokens": np.array([1], np.int32)}) is None
     assert_still_serving(grpc_client)

@@ -144,6 +144,11 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument("--seed", type=int, default=0)
     load.add_argument("--requests-per-day", type=int, default=6000)
 
+    flood = which.add_parser("flood", parents=[assets],
+                             help="unique tenants and prompts: stub RSS, /metrics series and cache bytes before/after")
+    flood.add_argument("--requests", type=int, default=10_000)
+    flood.add_argument("--seed", type=int, default=0)
+
     conc = which.add_parser("concurrency", parents=[assets],
                             help="tokens/s, TTFT and inter-token latency at 1, 4, 8 and 16 concurrent streams")
     conc.add_argument("--levels", type=lambda v: tuple(int(x) for x in v.split(",")), default=(1, 4, 8, 16),

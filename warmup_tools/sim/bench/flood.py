@@ -1,0 +1,94 @@
+"""``python -m warmup_tools bench flood``: a flood of unique tenants and prompts stays within the budgets.
+
+One run against the real server (open mode, so every request may name a new tenant): ``requests``
+requests through ``ensemble`` (``max_tokens=1``), each with a unique 64-byte tenant and a unique
+prompt. Before and after, the resident memory of every Python-backend stub (``/proc/<pid>/status``,
+``VmRSS``), the number of series on ``/metrics``, and each model's cache bytes as it reports them.
+The caches' budgets are the repository's (``cache_bytes`` of the tokenizer and embedding caches,
+``kv_cache_bytes`` of lora_adapter); a flood should fill them and then evict, not grow the process.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from warmup_tools.ops.client import GenerateParams, StreamingClient, scrape_metrics
+from warmup_tools.ops.config import REPO_ROOT
+from warmup_tools.ops.server import TritonServer
+
+MODELS = ("tokenizer_cache", "embedding_cache", "lora_adapter")
+_WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
+          "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+
+
+def stub_rss(server_pid: int) -> dict[str, int]:
+    """Resident bytes of each stub process of ``server_pid``, by model."""
+    out: dict[str, int] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            status = (proc / "status").read_text()
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:")), -1)
+        if ppid != server_pid or not cmdline or not cmdline[0].endswith(b"triton_python_backend_stub"):
+            continue
+        model = next((m for m in MODELS if any(f"/{m}/".encode() in part or part.endswith(f"/{m}".encode())
+                                               for part in cmdline)), None)
+        rss = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+        if model is not None:
+            out[model] = out.get(model, 0) + rss
+    return out
+
+
+def metric_figures(metrics_url: str) -> tuple[int, dict[str, float]]:
+    """Series on /metrics, and the cache bytes each model reports."""
+    samples = scrape_metrics(metrics_url, prefix="")
+    cache = {}
+    for (name, labels), value in samples.items():
+        if name in ("warmup_cache_bytes", "warmup_kv_cache_bytes"):
+            model = dict(labels).get("model", "?")
+            cache[model] = cache.get(model, 0.0) + value
+    return len(samples), cache
+
+
+def run(assets_dir: Path, *, requests: int = 10_000, seed: int = 0, out: TextIO = sys.stdout) -> None:
+    rng = random.Random(seed)
+    env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": ""}
+    with TritonServer(REPO_ROOT / "model_repository", env=env) as server:
+        server.wait_ready(timeout=1800)
+        before_rss = stub_rss(server.pid)
+        before_series, before_cache = metric_figures(server.metrics_url)
+        started = time.perf_counter()
+        errors = 0
+        with StreamingClient(server.grpc_url) as client:
+            for i in range(requests):
+                tenant = f"t{i:08d}-" + "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(54))
+                prompt = f"Request {i}: " + " ".join(rng.choice(_WORDS) for _ in range(40))
+                try:
+                    client.generate(prompt, GenerateParams(max_tokens=1, tenant_id=tenant))
+                except Exception as exc:  # noqa: BLE001 (counted and reported, the flood goes on)
+                    errors += 1
+                    if errors <= 3:
+                        out.write(f"  error on request {i}: {exc}\n")
+                if (i + 1) % 2000 == 0:
+                    out.write(f"  {i + 1} requests, {time.perf_counter() - started:.0f} s\n")
+                    out.flush()
+        after_rss = stub_rss(server.pid)
+        after_series, after_cache = metric_figures(server.metrics_url)
+    out.write(f"\n{requests} requests with unique 64-byte tenants and unique prompts, {errors} errors, "
+              f"{time.perf_counter() - started:.0f} s\n\n| stub | RSS before MiB | RSS after MiB | growth MiB |\n"
+              "|---|---|---|---|\n")
+    for model in MODELS:
+        b, a = before_rss.get(model, 0), after_rss.get(model, 0)
+        out.write(f"| {model} | {b / 2**20:.0f} | {a / 2**20:.0f} | {(a - b) / 2**20:+.0f} |\n")
+    out.write(f"\n/metrics series: {before_series} before, {after_series} after\n")
+    for model in sorted(set(before_cache) | set(after_cache)):
+        out.write(f"{model} cache bytes reported: {before_cache.get(model, 0) / 2**20:.1f} MiB before, "
+                  f"{after_cache.get(model, 0) / 2**20:.1f} MiB after\n")

@@ -377,3 +377,24 @@ def _redact(url: str) -> str:
     except ValueError:
         return "<unparsable redis URL>"
 
+
+def checked_decoder(dtype: str, *, length: int | None = None, max_length: int | None = None,
+                    finite: bool = False) -> Callable[[bytes], np.ndarray]:
+    """A :func:`decode_array` that also refuses any array but a 1-D one of ``dtype`` (exactly ``length``
+    or at most ``max_length`` long, all finite with ``finite``): a value from the shared tier is not
+    trusted to be what this model wrote (another version, another model, or someone with Redis access)."""
+
+    def decode(b: bytes) -> np.ndarray:
+        import numpy as np
+
+        array = decode_array(b)
+        if array.dtype != np.dtype(dtype) or array.ndim != 1:
+            raise ValueError(f"expected a 1-D {dtype} array, got {array.ndim}-D {array.dtype}")
+        n = array.shape[0]
+        if (length is not None and n != length) or (max_length is not None and n > max_length):
+            raise ValueError(f"array of {array.shape[0]} values; expected {length or f'at most {max_length}'}")
+        if finite and not np.isfinite(array).all():
+            raise ValueError("array holds values that are not finite")
+        return array
+
+    return decode

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from warmup_tools.caches.policies import DecayedLFUCache
-from warmup_tools.caches.redis_tier import SharedTier, decode_array, encode_array
+from warmup_tools.caches.redis_tier import SharedTier, checked_decoder, encode_array
 from warmup_tools.caches.tiered import CacheSource, TieredCache
 from warmup_tools.common.digests import fingerprint_file, text_digest
 from warmup_tools.common.errors import AssetError
@@ -92,7 +92,8 @@ class OnnxEmbedder:
         self.fingerprint = fingerprint_file(model_path)[:16]
         self.local: DecayedLFUCache[tuple, np.ndarray] = DecayedLFUCache(cache_bytes)
         self.cache: TieredCache[np.ndarray] = TieredCache(
-            self.local, shared, kind="emb", fingerprint=self.fingerprint, encode=encode_array, decode=decode_array)
+            self.local, shared, kind="emb", fingerprint=self.fingerprint, encode=encode_array,
+            decode=checked_decoder("float32", length=self.dim, finite=True))
 
     def lookup_or_sample(self, text: str, sample_rate: float, rng: random.Random,
                          tenant: str = "default") -> EmbeddingResult:

@@ -13,11 +13,12 @@ from pathlib import Path
 import numpy as np
 
 from warmup_tools.caches.policies import SegmentedLRUCache
-from warmup_tools.caches.redis_tier import SharedTier, decode_array, encode_array
+from warmup_tools.caches.redis_tier import SharedTier, checked_decoder, encode_array
 from warmup_tools.caches.tiered import TieredCache
 from warmup_tools.common.digests import text_digest, tokenizer_fingerprint
 from warmup_tools.common.errors import AssetError
 from warmup_tools.tokenizer_cache.templates import TemplateTokenizer
+from warmup_tools.triton.inputs import MAX_PROMPT_TOKENS
 
 LOGGER = logging.getLogger(__name__)
 
@@ -41,7 +42,8 @@ class TokenizerService:
         self.templates = TemplateTokenizer(self.tokenizer, max_templates=max_templates)
         self.local: SegmentedLRUCache[tuple, np.ndarray] = SegmentedLRUCache(cache_bytes)
         self.cache: TieredCache[np.ndarray] = TieredCache(
-            self.local, shared, kind="tok", fingerprint=self.fingerprint, encode=encode_array, decode=decode_array)
+            self.local, shared, kind="tok", fingerprint=self.fingerprint, encode=encode_array,
+            decode=checked_decoder("int32", max_length=MAX_PROMPT_TOKENS))
 
     def encode(self, text: str, tenant: str = "default") -> tuple[np.ndarray, str]:
         """Token ids (int32, the tokenizer's own special-token convention) and where they came from:

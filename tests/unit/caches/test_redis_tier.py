@@ -268,3 +268,31 @@ def test_slow_redis_times_out_within_the_bound_then_recovers(redis_server, tiers
         assert time.monotonic() < deadline, "the tier did not recover after CLIENT PAUSE ended"
         time.sleep(0.05)
     assert tier.available is True
+
+
+@pytest.mark.parametrize("array,ok", [
+    (np.arange(5, dtype=np.int32), True),
+    (np.arange(5, dtype=np.int64), False),  # another dtype
+    (np.arange(6, dtype=np.int32).reshape(2, 3), False),  # another shape
+    (np.arange(11, dtype=np.int32), False),  # longer than the bound
+])
+def test_token_ids_from_the_shared_tier_are_checked(array, ok):
+    from warmup_tools.caches.redis_tier import checked_decoder
+
+    decode = checked_decoder("int32", max_length=10)
+    if ok:
+        assert np.array_equal(decode(encode_array(array)), array)
+    else:
+        with pytest.raises(ValueError):
+            decode(encode_array(array))
+
+
+def test_embeddings_from_the_shared_tier_must_have_the_width_and_be_finite():
+    from warmup_tools.caches.redis_tier import checked_decoder
+
+    decode = checked_decoder("float32", length=4, finite=True)
+    assert decode(encode_array(np.ones(4, dtype=np.float32))).shape == (4,)
+    for bad in (np.ones(3, dtype=np.float32), np.array([1, np.nan, 0, 0], dtype=np.float32),
+                np.array([np.inf] * 4, dtype=np.float32), np.ones(4, dtype=np.float64)):
+        with pytest.raises(ValueError):
+            decode(encode_array(bad))

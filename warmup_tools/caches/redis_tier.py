@@ -12,8 +12,12 @@ The shared tier is an optimisation, never a dependency:
   raises; a failure reads as a miss (``get``) or a dropped write (``put``);
 - after a failure a circuit breaker marks the tier down for ``retry_after_s``: calls are skipped
   without touching the network, then one probe call goes through and a success closes the circuit;
-- a value is stored as one envelope (magic, version, checksum, length, payload) in one ``SET``, so a
-  reader sees the old value, the new value or nothing, and a truncated or foreign value is a miss.
+- a value is stored as one envelope (magic, version, MAC, length, payload) in one ``SET``, so a
+  reader sees the old value, the new value or nothing, and a truncated or foreign value is a miss;
+- the MAC (blake2b-128) covers the Redis key and the payload, keyed by a per-deployment key in trust mode
+  (derived from the deployment secret): a value copied under another key (another tenant's), or written
+  by anyone without the key, is a miss. Decoded arrays are checked too (:func:`checked_decoder`);
+- the URL carries the password and TLS (``rediss://:password@host:6380/0``); it is never logged.
 
 Keys carry the cache kind, the tokenizer or embedding-model fingerprint, a hash of the tenant and the
 text digest, so neither two tenants nor two models ever share an entry, in either tier.
@@ -25,6 +29,7 @@ import collections
 import dataclasses
 import functools
 import hashlib
+import hmac
 import logging
 import struct
 import threading
@@ -45,19 +50,19 @@ LOGGER = logging.getLogger(__name__)
 MAGIC = b"WTC"
 
 
-#: Envelope format version; a reader treats any other version as a miss.
-FORMAT_VERSION = 1
+#: Envelope format version; a reader treats any other version as a miss (2: a keyed MAC over key and payload).
+FORMAT_VERSION = 2
 
 
 #: The text digest must be at least this long (blake2b-128 in :func:`warmup_tools.common.digests.text_digest`).
 MIN_DIGEST_BYTES = 16
 
 
-# magic (3) | version (1) | blake2b-64 checksum of the payload (8) | payload length, uint32 LE (4)
-_HEADER = struct.Struct("<3sB8sI")
+# magic (3) | version (1) | blake2b-128 MAC of the key and payload (16) | payload length, uint32 LE (4)
+_HEADER = struct.Struct("<3sB16sI")
 
 
-_CHECKSUM_BYTES = 8
+_CHECKSUM_BYTES = 16
 
 
 _MAX_PAYLOAD_BYTES = (1 << 32) - 1
@@ -104,19 +109,27 @@ def tenant_hash(tenant: str) -> str:
     return hashlib.sha256(tenant.encode("utf-8")).hexdigest()[:16]
 
 
-def encode_value(payload: bytes) -> bytes:
-    """Wrap ``payload`` in the envelope: magic, version, blake2b-64 checksum, length, payload."""
+def _mac(payload: bytes, mac_key: bytes, bound_to: bytes) -> bytes:
+    h = hashlib.blake2b(key=mac_key[:64], digest_size=_CHECKSUM_BYTES)
+    h.update(len(bound_to).to_bytes(4, "little") + bound_to)
+    h.update(payload)
+    return h.digest()
+
+
+def encode_value(payload: bytes, *, mac_key: bytes = b"", bound_to: bytes = b"") -> bytes:
+    """Wrap ``payload`` in the envelope: magic, version, MAC (of ``bound_to`` and the payload, keyed by
+    ``mac_key``), length, payload."""
     if len(payload) > _MAX_PAYLOAD_BYTES:
         raise ValueError(f"payload of {len(payload)} bytes does not fit the envelope")
-    checksum = hashlib.blake2b(payload, digest_size=_CHECKSUM_BYTES).digest()
-    return _HEADER.pack(MAGIC, FORMAT_VERSION, checksum, len(payload)) + bytes(payload)
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, _mac(payload, mac_key, bound_to), len(payload)) + bytes(payload)
 
 
-def decode_value(blob: bytes) -> bytes | None:
+def decode_value(blob: bytes, *, mac_key: bytes = b"", bound_to: bytes = b"") -> bytes | None:
     """The payload of an envelope, or None for anything else (never raises).
 
-    A wrong magic or version, a length that disagrees with the blob (truncated or padded) or a
-    checksum mismatch all read as a miss: a partial or foreign value is never returned.
+    A wrong magic or version, a length that disagrees with the blob (truncated or padded) or a MAC
+    mismatch (another key, another ``bound_to``, a flipped byte) all read as a miss: a partial, moved or
+    foreign value is never returned.
     """
     if not isinstance(blob, (bytes, bytearray, memoryview)) or len(blob) < _HEADER.size:
         return None
@@ -124,7 +137,7 @@ def decode_value(blob: bytes) -> bytes | None:
     if magic != MAGIC or version != FORMAT_VERSION or length != len(blob) - _HEADER.size:
         return None
     payload = bytes(blob[_HEADER.size :])
-    if hashlib.blake2b(payload, digest_size=_CHECKSUM_BYTES).digest() != checksum:
+    if not hmac.compare_digest(_mac(payload, mac_key, bound_to), checksum):
         return None
     return payload
 
@@ -210,6 +223,7 @@ class SharedTier:
         retry_after_s: float = 2.0,
         ttl_s: float | None = 86400,
         clock: Callable[[], float] = time.monotonic,
+        mac_key: bytes = b"",
     ) -> None:
         if not namespace or ":" in namespace:
             raise ConfigError(f"shared tier namespace {namespace!r} must be non-empty and hold no ':'")
@@ -227,6 +241,7 @@ class SharedTier:
             raise ConfigError("a shared cache tier needs the redis package: pip install 'redis>=5'") from exc
 
         self.namespace = namespace
+        self._mac_key = mac_key
         self.timeout_s = timeout_ms / 1000.0
         self.retry_after_s = retry_after_s
         self._ttl_ms = None if ttl_s is None else max(1, round(ttl_s * 1000))
@@ -271,7 +286,7 @@ class SharedTier:
         if blob is None:
             self.stats.misses += 1
             return None
-        payload = decode_value(blob)
+        payload = decode_value(blob, mac_key=self._mac_key, bound_to=key.redis_key(self.namespace).encode())
         if payload is None:
             self.stats.corrupt += 1
             return None
@@ -286,7 +301,7 @@ class SharedTier:
         that is harmless because values are a pure function of their key.
         """
         try:
-            blob = encode_value(payload)
+            blob = encode_value(payload, mac_key=self._mac_key, bound_to=key.redis_key(self.namespace).encode())
         except ValueError:
             self.stats.put_errors += 1
             LOGGER.debug("value for %s too large for the shared tier", key.kind, exc_info=True)

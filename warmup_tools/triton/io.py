@@ -24,8 +24,11 @@ def redis_tier_from_params(params: ModelParameters) -> Any:
     if not url:
         return None
     from warmup_tools.caches.redis_tier import SharedTier
+    from warmup_tools.triton.trust import TenantTrust
 
-    return SharedTier(url, timeout_ms=timeout_ms, retry_after_s=retry_after_s)
+    # Trust mode: values carry a MAC under a key derived from the deployment secret.
+    return SharedTier(url, timeout_ms=timeout_ms, retry_after_s=retry_after_s,
+                      mac_key=TenantTrust.from_parameters(params).derived_key(b"redis-mac"))
 
 
 def model_parameters(args: Mapping[str, Any]) -> ModelParameters:

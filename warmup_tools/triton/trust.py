@@ -124,6 +124,12 @@ class TenantTrust:
                                   "to the 'ensemble' model with tenant_id and tenant_key")
         return tenant
 
+    def derived_key(self, purpose: bytes) -> bytes:
+        """A key for ``purpose`` derived from the deployment secret; empty in open mode."""
+        if self.secret is None:
+            return b""
+        return hmac.new(self.secret, b"derive:" + purpose, hashlib.sha256).digest()
+
     def _mac(self, tenant: str) -> bytes:
         return hmac.new(self.secret or b"", b"tenant:" + tenant.encode("utf-8"), hashlib.sha256).digest()[:_MAC_BYTES]
 

@@ -81,9 +81,18 @@ def test_damaged_or_foreign_envelope_is_a_miss_never_an_exception():
     flipped = bytearray(blob)
     flipped[-1] ^= 0x01
     wrong_magic = b"XYZ" + blob[3:]
-    wrong_version = blob[:3] + bytes([2]) + blob[4:]
+    wrong_version = blob[:3] + bytes([1]) + blob[4:]
     for bad in (bytes(flipped), blob[:-1], blob[:10], b"", wrong_magic, wrong_version, blob + b"\0", "text", None):
         assert decode_value(bad) is None
+
+
+def test_a_keyed_envelope_is_bound_to_its_key_and_deployment():
+    mac_key = b"k" * 32
+    blob = encode_value(b"embedding", mac_key=mac_key, bound_to=b"wt:emb:fp:tenantA:digest")
+    assert decode_value(blob, mac_key=mac_key, bound_to=b"wt:emb:fp:tenantA:digest") == b"embedding"
+    assert decode_value(blob, mac_key=mac_key, bound_to=b"wt:emb:fp:tenantB:digest") is None  # moved
+    assert decode_value(blob, mac_key=b"other" * 8, bound_to=b"wt:emb:fp:tenantA:digest") is None  # forged
+    assert decode_value(blob, bound_to=b"wt:emb:fp:tenantA:digest") is None  # written with a key, read without
 
 
 def test_array_round_trip_is_exact_and_read_only():

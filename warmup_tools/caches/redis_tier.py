@@ -224,6 +224,7 @@ class SharedTier:
         ttl_s: float | None = 86400,
         clock: Callable[[], float] = time.monotonic,
         mac_key: bytes = b"",
+        salt: str = "",
     ) -> None:
         if not namespace or ":" in namespace:
             raise ConfigError(f"shared tier namespace {namespace!r} must be non-empty and hold no ':'")
@@ -242,6 +243,7 @@ class SharedTier:
 
         self.namespace = namespace
         self._mac_key = mac_key
+        self._salt = salt.encode("utf-8")
         self.timeout_s = timeout_ms / 1000.0
         self.retry_after_s = retry_after_s
         self._ttl_ms = None if ttl_s is None else max(1, round(ttl_s * 1000))
@@ -269,13 +271,22 @@ class SharedTier:
         self._probing = False  # half-open: one call is testing whether Redis is back
         self._closed = False
 
+    def redis_key(self, key: TierKey) -> str:
+        """The Redis key of ``key``. With a salt (trust mode) the tenant and text digest are keyed hashes,
+        so someone who can read Redis cannot test whether a tenant or a known prompt is cached."""
+        if not self._salt:
+            return key.redis_key(self.namespace)
+        tenant = hmac.new(self._salt, b"tenant:" + key.tenant.encode("utf-8"), hashlib.sha256).hexdigest()[:16]
+        digest = hmac.new(self._salt, b"text:" + key.digest, hashlib.sha256).hexdigest()[:32]
+        return f"{self.namespace}:{key.kind}:{key.fingerprint}:{tenant}:{digest}"
+
     def get(self, key: TierKey) -> bytes | None:
         """The payload stored under ``key``, or None on a miss, a corrupt value or any failure."""
         if not self._admit():
             return None
         start = time.perf_counter()
         try:
-            blob = self._client.get(key.redis_key(self.namespace))
+            blob = self._client.get(self.redis_key(key))
         except Exception as exc:  # noqa: BLE001  (never raise: any failure is a miss)
             self.stats.get_latency_s.append(time.perf_counter() - start)
             self.stats.errors += 1
@@ -286,7 +297,7 @@ class SharedTier:
         if blob is None:
             self.stats.misses += 1
             return None
-        payload = decode_value(blob, mac_key=self._mac_key, bound_to=key.redis_key(self.namespace).encode())
+        payload = decode_value(blob, mac_key=self._mac_key, bound_to=self.redis_key(key).encode())
         if payload is None:
             self.stats.corrupt += 1
             return None
@@ -301,7 +312,7 @@ class SharedTier:
         that is harmless because values are a pure function of their key.
         """
         try:
-            blob = encode_value(payload, mac_key=self._mac_key, bound_to=key.redis_key(self.namespace).encode())
+            blob = encode_value(payload, mac_key=self._mac_key, bound_to=self.redis_key(key).encode())
         except ValueError:
             self.stats.put_errors += 1
             LOGGER.debug("value for %s too large for the shared tier", key.kind, exc_info=True)
@@ -309,7 +320,7 @@ class SharedTier:
         if not self._admit():
             return False
         try:
-            self._client.set(key.redis_key(self.namespace), blob, px=self._ttl_ms)
+            self._client.set(self.redis_key(key), blob, px=self._ttl_ms)
         except Exception as exc:  # noqa: BLE001  (best effort: the local tier already has the value)
             self.stats.put_errors += 1
             self._failed(exc)

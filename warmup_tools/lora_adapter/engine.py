@@ -44,6 +44,8 @@ class EngineConfig:
     num_threads: int = 0
     #: KV prefix cache of this instance; ``budget_bytes`` 0 disables it.
     kv: KVCacheConfig = KVCacheConfig()
+    #: Trust mode: a per-deployment salt in every block hash (empty: none).
+    cache_salt: str = ""
 
 
 #: peft's name for "no adapter" in a mixed-adapter batch (``adapter_names=[...]``).
@@ -255,8 +257,9 @@ class LoraEngine:
 
     def scope(self, adapter: str | None, tenant: str) -> CacheScope:
         """The KV cache scope of a request: base model, adapter identity and tenant."""
-        return CacheScope(self.base_fingerprint, adapter or "", self.adapter_fingerprints.get(adapter or "", ""),
-                          tenant)
+        # NOTE: the salt rides in the base fingerprint, so every chained block hash carries it.
+        base = f"{self.base_fingerprint}+{self.config.cache_salt}" if self.config.cache_salt else self.base_fingerprint
+        return CacheScope(base, adapter or "", self.adapter_fingerprints.get(adapter or "", ""), tenant)
 
     def _acquire_prefix(self, request: GenerateRequest) -> tuple[list[BlockHash], PrefixMatch | None,
                                                                     contextlib.ExitStack]:

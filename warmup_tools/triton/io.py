@@ -26,9 +26,10 @@ def redis_tier_from_params(params: ModelParameters) -> Any:
     from warmup_tools.caches.redis_tier import SharedTier
     from warmup_tools.triton.trust import TenantTrust
 
-    # Trust mode: values carry a MAC under a key derived from the deployment secret.
+    # Trust mode: values carry a MAC under a key derived from the deployment secret, and keys are salted.
+    trust = TenantTrust.from_parameters(params)
     return SharedTier(url, timeout_ms=timeout_ms, retry_after_s=retry_after_s,
-                      mac_key=TenantTrust.from_parameters(params).derived_key(b"redis-mac"))
+                      mac_key=trust.derived_key(b"redis-mac"), salt=trust.cache_salt())
 
 
 def model_parameters(args: Mapping[str, Any]) -> ModelParameters:

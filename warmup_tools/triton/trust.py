@@ -130,6 +130,10 @@ class TenantTrust:
             return b""
         return hmac.new(self.secret, b"derive:" + purpose, hashlib.sha256).digest()
 
+    def cache_salt(self) -> str:
+        """The per-deployment salt of every cache key (hex; empty in open mode)."""
+        return self.derived_key(b"cache-salt").hex()[:32]
+
     def _mac(self, tenant: str) -> bytes:
         return hmac.new(self.secret or b"", b"tenant:" + tenant.encode("utf-8"), hashlib.sha256).digest()[:_MAC_BYTES]
 

@@ -29,12 +29,13 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 class TritonPythonModel:
     def initialize(self, args):
         settings = LoraAdapterSettings.from_parameters(model_parameters(args))
+        self.trust = TenantTrust.from_files(settings.deployment_secret_file, model="lora_adapter")
         engine = LoraEngine(EngineConfig(
             base_model=settings.base_model, adapter_root=settings.adapter_root, adapters=settings.adapters,
-            device=settings.device, dtype=settings.dtype, num_threads=settings.num_threads, kv=settings.kv))
+            device=settings.device, dtype=settings.dtype, num_threads=settings.num_threads, kv=settings.kv,
+            cache_salt=self.trust.cache_salt()))
         self.instance = args["model_instance_name"]
         self.own_samples = OwnWarmupSamples.from_args(args)  # only they may carry warmup_plan
-        self.trust = TenantTrust.from_files(settings.deployment_secret_file, model="lora_adapter")
         self.limits = RequestLimits(max_tokens_limit=settings.max_tokens_limit,
                                     default_max_tokens=settings.default_max_tokens, vocab_size=engine.vocab_size)
         self.redact = settings.request_log_redact

@@ -160,6 +160,24 @@ def test_put_then_get_and_corrupt_values_read_as_misses(redis_server, tiers):
     assert tier.available  # a bad value is not a bad server
 
 
+def test_trust_mode_salts_keys_and_macs_values(redis_server, tiers):
+    """A Redis reader cannot test for a tenant or a known prompt; a value moved or forged is a miss."""
+    import hashlib
+
+    salted = tiers(redis_server.url, salt="deployment-salt", mac_key=b"m" * 32)
+    other = tiers(redis_server.url, salt="other-deployment", mac_key=b"n" * 32)
+    key = TierKey("tok", "acme", "fp1", digest("a secret prompt"))
+    assert salted.put(key, b"ids") is True and salted.get(key) == b"ids"
+    stored = salted.redis_key(key)
+    assert hashlib.sha256(b"acme").hexdigest()[:16] not in stored and key.digest.hex() not in stored
+    assert redis_server.admin().get(key.redis_key("wt")) is None  # not under the unsalted name
+    assert other.get(key) is None  # another deployment's salt and key
+    admin = redis_server.admin()
+    moved = TierKey("tok", "globex", "fp1", key.digest)
+    admin.set(salted.redis_key(moved), admin.get(stored))  # copied under another tenant's key
+    assert salted.get(moved) is None and salted.stats.corrupt == 1
+
+
 def test_half_written_value_is_a_miss_and_gets_rewritten(redis_server, tiers):
     writer = make_cache(tiers(redis_server.url))
     reader_tier = tiers(redis_server.url)

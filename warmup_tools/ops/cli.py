@@ -172,6 +172,12 @@ def _parser() -> argparse.ArgumentParser:
     sidecar.add_argument("--failures-to-recover", type=int)
     sidecar.add_argument("--recovery-timeout-s", type=float)
     sidecar.set_defaults(func=_cmd_sidecar)
+    rec = which.add_parser("recovery", parents=[assets],
+                           help="kill the lora_adapter stub beside the sidecar: seconds to /ready 503 and back to "
+                                "200, how requests failed meanwhile, failures after recovery")
+    rec.add_argument("--kills", type=int, default=1)
+    rec.add_argument("--probe-interval-s", type=float, default=2.0)
+    rec.add_argument("--after", type=int, default=5, help="requests sent after each recovery")
 
     demo = sub.add_parser("demo", help="start the server, stream requests for two adapters, stop")
     _server_flags(demo)

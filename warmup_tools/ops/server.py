@@ -277,6 +277,28 @@ class TritonServer:
                 self._log_file = None
         return process.returncode
 
+    def stub_pids(self, model: str) -> list[int]:
+        """Process ids of ``model``'s Python backend stubs (one per instance).
+
+        NOTE: each instance's ``triton_python_backend_stub`` is a child of tritonserver and its command
+        line holds the model's ``model.py`` path (``.../<model>/<version>/model.py``) and instance name.
+        """
+        if self.pid is None:
+            return []
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == self.pid and argv and argv[0].endswith(b"triton_python_backend_stub") and any(
+                    f"/{model}/".encode() in arg for arg in argv[1:2]):
+                found.append(int(proc.name))
+        return sorted(found)
+
     def cleanup(self) -> None:
         """Remove the work folder if this object created it."""
         if self._own_work_dir and not self.is_alive():

@@ -153,7 +153,7 @@ class HealthTracker:
         if result.ok:
             health.recoveries += 1
             health.state = ModelState.FAILING
-            health.recovery_reason = ""
+            health.recovery_reason = f"reloaded in {result.duration_s:.1f}s, waiting for a probe to pass"
         else:
             health.failed_recoveries += 1
             backoff = min(self.max_backoff_s, self.recovery_backoff_s * 2 ** (health.failed_recoveries - 1))
@@ -181,8 +181,8 @@ class HealthTracker:
     # ------------------------------------------------------------------------------------- helpers
     def _mark_unhealthy(self, model: str, reason: str) -> None:
         health = self.health[model]
-        if health.state in (ModelState.RECOVERING, ModelState.RECOVERY_FAILED):
-            return
+        if health.state in (ModelState.UNHEALTHY, ModelState.RECOVERING, ModelState.RECOVERY_FAILED):
+            return  # keeps the first reason
         health.state = ModelState.UNHEALTHY
         health.recovery_reason = reason
 

@@ -78,6 +78,7 @@ class Monitor:
                 with self._lock:
                     self._tracker.record(model, result)
             with self._lock:
+                self._log_transition(self._tracker.readiness())
                 due = self._tracker.to_recover(self._clock())
             for model in due:
                 self._recover(model)

@@ -81,6 +81,8 @@ def test_a_stub_error_seen_through_the_ensemble_marks_the_model_that_owns_the_st
     tracker.record("ensemble", failed(f"in ensemble 'ensemble', {STUB_DEAD}"))
     assert tracker.health["ensemble"].state is ModelState.FAILING
     assert tracker.to_recover(now=1.0) == ["lora_adapter"]
+    tracker.record("lora_adapter", failed(STUB_DEAD))  # the first reason is kept
+    assert tracker.health["lora_adapter"].recovery_reason.startswith("in ensemble")
 
 
 def test_ready_again_only_after_the_reload_and_a_passing_probe():
@@ -92,7 +94,9 @@ def test_ready_again_only_after_the_reload_and_a_passing_probe():
     assert tracker.health["lora_adapter"].state is ModelState.RECOVERING
     assert not tracker.readiness().ready
     tracker.recovery_finished(RecoveryResult("lora_adapter", True, 10.0, 11.0))
-    assert not tracker.readiness().ready and tracker.to_recover(now=30.0) == []
+    readiness = tracker.readiness()
+    assert not readiness.ready and "reloaded in 11.0s, waiting for a probe to pass" in readiness.reason
+    assert tracker.to_recover(now=30.0) == []
     tracker.record("lora_adapter", ok())
     assert tracker.readiness().ready
     assert tracker.health["lora_adapter"].recoveries == 1

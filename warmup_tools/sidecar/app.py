@@ -31,7 +31,7 @@ class Sidecar:
         if unknown:
             raise ConfigError(f"no probe for model(s) {', '.join(unknown)}; known: {', '.join(PROBED_MODELS)}")
         self.config = config
-        self._probes = TritonProbes(grpc_url, config.probe_timeout_s, config.probe_tenant)
+        self._probes = TritonProbes(grpc_url, config.probe_timeout_s)
         self._repository = RepositoryClient(http_url, key, config.recovery_timeout_s)
         self.monitor = Monitor(config, self._probes.probe, self._probes.server_ready, self._repository,
                                plan_id=discover_plan_id(model_repository) if model_repository else None)

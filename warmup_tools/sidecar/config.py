@@ -30,8 +30,6 @@ class SidecarConfig:
     #: Where ``/ready``, ``/live`` and ``/status`` are served.
     host: str = "127.0.0.1"
     port: int = 8080
-    #: Tenant the probe requests carry, so their cache entries never mix with a real tenant's.
-    probe_tenant: str = "__sidecar_probe__"
     models: tuple[str, ...] = (*COMPOSING_MODELS, ENSEMBLE_MODEL)
 
     def __post_init__(self) -> None:

@@ -2,7 +2,8 @@
 
 A probe is what a client would see: the model's own readiness endpoint says nothing about a dead stub
 (see :mod:`warmup_tools.sidecar.health`), so every model gets a request it must answer. Probes carry their
-own tenant, so their cache entries never mix with a real tenant's, and ask for one token.
+own tenant (``PROBE_TENANT``: their cache entries never mix with a real tenant's, the request log skips
+them), and ask for one token; their prompts are shorter than a KV block, so they cache no KV.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from warmup_tools.common.records import PROBE_TENANT
 from warmup_tools.sidecar.health import ProbeResult
 
 #: A probe of one model: returns a :class:`ProbeResult`, never raises for a failed request.
@@ -34,7 +36,7 @@ class _ProbeRequest:
 class TritonProbes:
     """Probes of the demo repository's models over one gRPC connection (used from one thread)."""
 
-    def __init__(self, grpc_url: str, timeout_s: float = 5.0, tenant: str = "__sidecar_probe__") -> None:
+    def __init__(self, grpc_url: str, timeout_s: float = 5.0, tenant: str = PROBE_TENANT) -> None:
         import tritonclient.grpc as grpcclient
 
         self.timeout_s = timeout_s

@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from warmup_tools.planning.stanzas import deserialize_tensor
+from warmup_tools.triton.tensors import deserialize_tensor
 
 
 def discover_plan_id(model_repository: Path, model: str = "lora_adapter") -> str | None:

@@ -373,6 +373,12 @@ class TritonServer:
             paths.append(str(dist.library_path))
         if paths:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(paths)
+        # NOTE: the stubs must import the same warmup_tools as this process. With an editable install
+        # shared by several checkouts (git worktrees), site-packages points at one of them; putting this
+        # package's own folder first makes a worktree's server run that worktree's code.
+        package_root = str(Path(__file__).resolve().parents[2])
+        python_path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != package_root]
+        env["PYTHONPATH"] = os.pathsep.join([package_root, *python_path])
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -28,3 +28,15 @@ def test_sidecar_mode_loads_every_model_explicitly_and_restricts_the_repository_
 
 def test_generated_keys_differ_per_run():
     assert RepositoryKey.generate().value != RepositoryKey.generate().value
+
+
+def test_stubs_import_this_checkouts_package(tmp_path, monkeypatch):
+    import os
+
+    import warmup_tools
+
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    server = TritonServer(tmp_path, ports=ServerPorts(1, 2, 3), work_dir=tmp_path)
+    env = server.environment(TritonDistribution(Path("/bin/tritonserver"), Path("/backends")))
+    first, *rest = env["PYTHONPATH"].split(os.pathsep)
+    assert Path(first) == Path(warmup_tools.__file__).resolve().parents[1] and rest == ["/elsewhere"]

@@ -21,7 +21,8 @@ RECORD_VERSION = 1
 #: The tenant of health probes (the sidecar's readiness probes, one every few seconds): never logged, so a
 #: plan never learns from them. Probes use their own tenant so their cache entries never mix with a real
 #: tenant's either.
-PROBE_TENANT = "__sidecar_probe__"
+#: A valid tenant name (see ``triton.inputs``), reserved for probes.
+PROBE_TENANT = "warmup-sidecar-probe"
 
 #: The JSON keys of a record, in the order they are written.
 RECORD_KEYS = ("v", "ts", "tenant", "adapter", "prompt_digest", "prompt", "prompt_tokens", "cached_tokens",

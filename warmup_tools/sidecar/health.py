@@ -39,6 +39,9 @@ class ProbeResult:
     latency_s: float
     at: float
     error: str = ""
+    #: The server refused the probe's request itself (INVALID_ARG): the probe is wrong for this
+    #: repository, so the model is not ready but a reload would not help.
+    rejected: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -119,6 +122,12 @@ class HealthTracker:
             health.recovery_reason = ""
             return
         health.consecutive_failures += 1
+        if result.rejected:
+            # NOTE: never reload because of a bad probe: seen when a server began to refuse the probe's
+            # tenant name, which reloaded every model in turn, over and over.
+            if health.state not in (ModelState.UNHEALTHY, ModelState.RECOVERY_FAILED):
+                health.state = ModelState.FAILING
+            return
         owner = unhealthy_stub_model(result.error, self.models)
         if owner is not None and owner != model:
             # A stub error seen through another model (the ensemble) marks the model that owns the stub.

@@ -68,7 +68,8 @@ class TritonProbes:
             else:
                 self._client.infer(model, inputs, client_timeout=self.timeout_s)
         except InferenceServerException as exc:
-            return ProbeResult(False, time.perf_counter() - start, at, _message(exc))
+            rejected = "INVALID_ARG" in str(exc.status() or "")
+            return ProbeResult(False, time.perf_counter() - start, at, _message(exc), rejected=rejected)
         except TimeoutError as exc:
             return ProbeResult(False, time.perf_counter() - start, at, str(exc))
         return ProbeResult(True, time.perf_counter() - start, at)

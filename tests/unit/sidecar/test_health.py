@@ -125,3 +125,20 @@ def test_stub_error_parsing():
     assert unhealthy_stub_model("Stub process 'embedding_cache_0_1' is not healthy.", MODELS) == "embedding_cache"
     assert unhealthy_stub_model("Stub process 'other_0_0' is not healthy.", MODELS) is None
     assert unhealthy_stub_model("deadline exceeded", MODELS) is None
+
+
+def test_a_probe_the_server_rejects_makes_it_unready_but_never_reloads():
+    tracker = HealthTracker(MODELS, failures_to_recover=2)
+    all_ok(tracker)
+    for _ in range(5):
+        tracker.record("embedding_cache", ProbeResult(False, 0.01, 0.0, "input 'tenant_id' is not a valid name",
+                                                      rejected=True))
+    assert not tracker.readiness().ready and "not a valid name" in tracker.readiness().reason
+    assert tracker.to_recover(now=1.0) == []
+
+
+def test_the_probe_tenant_is_a_name_the_models_accept():
+    from warmup_tools.common.records import PROBE_TENANT
+    from warmup_tools.triton.inputs import IDENTITY_PATTERN
+
+    assert IDENTITY_PATTERN.fullmatch(PROBE_TENANT) and len(PROBE_TENANT) <= 64

@@ -65,6 +65,8 @@ class ModelHealth:
     recovery_reason: str = ""
     recoveries: int = 0
     failed_recoveries: int = 0
+    #: Reloads since a probe last passed; each one doubles the wait before the next (see ``retry_at``).
+    reloads_without_success: int = 0
     retry_at: float = 0.0
 
 
@@ -117,6 +119,8 @@ class HealthTracker:
             return  # the monitor's reload decides what comes next
         if result.ok:
             health.consecutive_failures = 0
+            health.reloads_without_success = 0
+            health.retry_at = 0.0
             health.last_ok_at = result.at
             health.state = ModelState.HEALTHY
             health.recovery_reason = ""
@@ -146,8 +150,7 @@ class HealthTracker:
         due = []
         for model in self.models:
             health = self.health[model]
-            if health.state is ModelState.UNHEALTHY or (
-                    health.state is ModelState.RECOVERY_FAILED and now >= health.retry_at):
+            if health.state in (ModelState.UNHEALTHY, ModelState.RECOVERY_FAILED) and now >= health.retry_at:
                 due.append(model)
         return due
 
@@ -159,14 +162,18 @@ class HealthTracker:
         health = self.health[result.model]
         self.last_recovery = result
         health.consecutive_failures = 0
+        # NOTE: a model that is reloaded but never passes a probe (a load that succeeds into a model that
+        # still fails, an overloaded server timing probes out) waits longer before each further reload,
+        # as a failed reload does, so the sidecar never reloads it in a tight loop.
+        health.reloads_without_success += 1
+        backoff = min(self.max_backoff_s, self.recovery_backoff_s * 2 ** (health.reloads_without_success - 1))
+        health.retry_at = result.started_at + result.duration_s + backoff
         if result.ok:
             health.recoveries += 1
             health.state = ModelState.FAILING
             health.recovery_reason = f"reloaded in {result.duration_s:.1f}s, waiting for a probe to pass"
         else:
             health.failed_recoveries += 1
-            backoff = min(self.max_backoff_s, self.recovery_backoff_s * 2 ** (health.failed_recoveries - 1))
-            health.retry_at = result.started_at + result.duration_s + backoff
             health.state = ModelState.RECOVERY_FAILED
             health.recovery_reason = f"reload failed: {result.error}"
 

@@ -142,3 +142,21 @@ def test_the_probe_tenant_is_a_name_the_models_accept():
     from warmup_tools.triton.inputs import IDENTITY_PATTERN
 
     assert IDENTITY_PATTERN.fullmatch(PROBE_TENANT) and len(PROBE_TENANT) <= 64
+
+
+def test_a_model_that_never_passes_after_its_reloads_is_reloaded_ever_more_slowly():
+    tracker = HealthTracker(MODELS, recovery_backoff_s=5.0, max_backoff_s=60.0)
+    all_ok(tracker)
+    waits = []
+    start = 0.0
+    for _ in range(4):
+        tracker.record("lora_adapter", failed(STUB_DEAD))
+        due_at = next(t / 2 for t in range(int(start) * 2, 10_000) if tracker.to_recover(now=t / 2))
+        waits.append(due_at - start)
+        tracker.recovery_started("lora_adapter")
+        tracker.recovery_finished(RecoveryResult("lora_adapter", True, due_at, 1.0))
+        start = due_at + 1.0
+    assert waits == [0.0, 5.0, 10.0, 20.0]
+    tracker.record("lora_adapter", ok())  # a passing probe forgets the history
+    tracker.record("lora_adapter", failed(STUB_DEAD))
+    assert tracker.to_recover(now=start) == ["lora_adapter"]

@@ -18,6 +18,11 @@ from warmup_tools.common.jsonl import ReadStats, iter_json_lines
 
 #: The record layout this package writes and reads; a newer one is skipped and counted, not guessed at.
 RECORD_VERSION = 1
+#: The tenant of health probes (the sidecar's readiness probes, one every few seconds): never logged, so a
+#: plan never learns from them. Probes use their own tenant so their cache entries never mix with a real
+#: tenant's either.
+#: A valid tenant name (see ``triton.inputs``), reserved for probes.
+PROBE_TENANT = "warmup-sidecar-probe"
 
 #: The JSON keys of a record, in the order they are written.
 RECORD_KEYS = ("v", "ts", "tenant", "adapter", "prompt_digest", "prompt", "prompt_tokens", "cached_tokens",

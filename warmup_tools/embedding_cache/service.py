@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from warmup_tools.caches.tiered import CacheSource
+from warmup_tools.common.records import PROBE_TENANT
 from warmup_tools.embedding_cache.embedder import OnnxEmbedder
 from warmup_tools.embedding_cache.heat import HeatEntry, HeatLogWriter, HeatSampler
 from warmup_tools.embedding_cache.semantic import SemanticIndex
@@ -58,7 +59,7 @@ class EmbeddingService:
         if result.vector is None:
             return EmbeddingOutcome(self._zeros, -1, 0.0, result.source)
         assignment = self.index.assign(result.vector)
-        if not warmup:
+        if not warmup and tenant != PROBE_TENANT:  # health probes are not traffic
             # NOTE: hits are counted once; sampled misses stand for 1 / sample_rate requests each, so the
             # heat estimate stays unbiased while most misses skip the embedding.
             hit = result.source in (CacheSource.LOCAL, CacheSource.SHARED)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from warmup_tools.common.records import RequestRecord
+from warmup_tools.common.records import PROBE_TENANT, RequestRecord
 from warmup_tools.lora_adapter.engine import GenerationStep
 from warmup_tools.lora_adapter.request_log import RequestLogWriter
 from warmup_tools.lora_adapter.requests import GenerateRequest
@@ -50,7 +50,8 @@ class ResponseSink:
             self._ttft_ms = step.elapsed * 1000
             if self.metrics is not None:
                 self.metrics.record(self.request.adapter, step.prompt_tokens, step.cached_tokens, step.elapsed)
-        if step.finished and self.request_log is not None and not self.request.is_warmup:
+        if (step.finished and self.request_log is not None and not self.request.is_warmup
+                and self.request.tenant != PROBE_TENANT):
             req = self.request
             self.request_log.log(RequestRecord.served(
                 ts=self.arrived, tenant=req.tenant, adapter=req.adapter, prompt=self.prompt_text,

@@ -10,9 +10,13 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from warmup_tools.common.errors import WarmupToolsError
 from warmup_tools.ops.config import REPO_ROOT, ServeConfig, load_config
+
+if TYPE_CHECKING:
+    from warmup_tools.sidecar.config import SidecarConfig
 
 LOGGER = logging.getLogger("warmup_tools")
 
@@ -169,6 +173,24 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--lm-threads", type=int, default=1)
 
 
+    sidecar = sub.add_parser("sidecar", help="run tritonserver with the readiness and recovery sidecar beside it "
+                                              "(/ready, /live, /status) until interrupted")
+    _server_flags(sidecar)
+    sidecar.add_argument("--sidecar-config", type=Path, help="JSON file of SidecarConfig fields")
+    sidecar.add_argument("--sidecar-host", dest="sidecar_host")
+    sidecar.add_argument("--sidecar-port", type=int, help="port of /ready, /live, /status (default 8080)")
+    sidecar.add_argument("--probe-interval-s", type=float)
+    sidecar.add_argument("--probe-timeout-s", type=float)
+    sidecar.add_argument("--failures-to-recover", type=int)
+    sidecar.add_argument("--recovery-timeout-s", type=float)
+    sidecar.set_defaults(func=_cmd_sidecar)
+    rec = which.add_parser("recovery", parents=[assets],
+                           help="kill the lora_adapter stub beside the sidecar: seconds to /ready 503 and back to "
+                                "200, how requests failed meanwhile, failures after recovery")
+    rec.add_argument("--kills", type=int, default=1)
+    rec.add_argument("--probe-interval-s", type=float, default=2.0)
+    rec.add_argument("--after", type=int, default=5, help="requests sent after each recovery")
+
     demo = sub.add_parser("demo", help="start the server, stream requests for two adapters, stop")
     _server_flags(demo)
     demo.add_argument("--max-tokens", type=int, default=24)
@@ -218,6 +240,47 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 print(f"tritonserver exited with code {server.returncode}; log tail:\n{server.log_tail()}",
                       file=sys.stderr)
                 return 1
+    return 0
+
+
+def sidecar_config(args: argparse.Namespace) -> "SidecarConfig":
+    """The sidecar's settings: defaults, then ``--sidecar-config``, then flags (no environment: the
+    ``WARMUP_*`` names belong to ``serve``)."""
+    from warmup_tools.sidecar.config import SidecarConfig
+
+    flags = {"host": args.sidecar_host, "port": args.sidecar_port, "probe_interval_s": args.probe_interval_s,
+             "probe_timeout_s": args.probe_timeout_s, "failures_to_recover": args.failures_to_recover,
+             "recovery_timeout_s": args.recovery_timeout_s}
+    return load_config(SidecarConfig, args.sidecar_config, flags, env={})
+
+
+def _cmd_sidecar(args: argparse.Namespace) -> int:
+    from warmup_tools.ops.server import RepositoryKey, ServerPorts, TritonServer
+    from warmup_tools.sidecar.app import Sidecar
+
+    config = _serve_config(args)
+    sidecar_settings = sidecar_config(args)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    # NOTE: the key is generated here and handed to the sidecar object only: clients of the server
+    # cannot load or unload models, the sidecar can.
+    server = TritonServer(config.model_repository,
+                          ports=ServerPorts(config.http_port, config.grpc_port, config.metrics_port),
+                          env=config.server_env(), log_path=config.log_file, log_verbose=config.log_verbose,
+                          host=config.host, explicit_model_control=True, repository_key=RepositoryKey.generate())
+    with server:
+        # The sidecar answers from the start, so a startupProbe sees 503 with the reason while models load.
+        with Sidecar(sidecar_settings, server.http_url, server.grpc_url, server.repository_key,
+                     config.model_repository) as sidecar:
+            print(f"tritonserver starting on {config.model_repository}: HTTP {server.http_url}, gRPC "
+                  f"{server.grpc_url} (log {server.log_path}); sidecar {sidecar.url}/ready /live /status; "
+                  "Ctrl-C stops", flush=True)
+            while not stop.wait(1.0):
+                if not server.is_alive():
+                    print(f"tritonserver exited with code {server.returncode}; log tail:\n{server.log_tail()}",
+                          file=sys.stderr)
+                    return 1
     return 0
 
 

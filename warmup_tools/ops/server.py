@@ -19,6 +19,7 @@ import ctypes.util
 import dataclasses
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -102,6 +103,34 @@ class TritonDistribution:
         return cls(dist / "bin" / "tritonserver", backend_dir, libs, dist / "caches")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class RepositoryKey:
+    """The header a client must send to use Triton's model-repository API (load, unload, index).
+
+    Passed as ``--http-restricted-api=model-repository:<header>=<value>`` and
+    ``--grpc-restricted-protocol=model-repository:<header>=<value>`` (Triton's "Limit Endpoint Access";
+    over gRPC the header is ``triton-grpc-protocol-<header>``). Without it those endpoints answer 403.
+    """
+
+    header: str
+    value: str
+
+    @classmethod
+    def generate(cls, header: str = "warmup-repository-key") -> "RepositoryKey":
+        """A random key for one run; give it only to the process that may load and unload models."""
+        return cls(header, secrets.token_urlsafe(24))
+
+    def server_args(self) -> list[str]:
+        spec = f"model-repository:{self.header}={self.value}"
+        return [f"--http-restricted-api={spec}", f"--grpc-restricted-protocol={spec}"]
+
+    def http_headers(self) -> dict[str, str]:
+        return {self.header: self.value}
+
+    def __repr__(self) -> str:  # never log the secret
+        return f"RepositoryKey(header={self.header!r}, value=<hidden>)"
+
+
 @dataclasses.dataclass(slots=True)
 class ServerPorts:
     http: int
@@ -135,6 +164,8 @@ class TritonServer:
         log_verbose: int = 0,
         host: str = "127.0.0.1",
         exit_timeout_s: int = 15,
+        explicit_model_control: bool = False,
+        repository_key: RepositoryKey | None = None,
     ) -> None:
         self.model_repository = Path(model_repository).resolve()
         if not self.model_repository.is_dir():
@@ -148,6 +179,8 @@ class TritonServer:
         self._extra_args = list(extra_args)
         self._log_verbose = log_verbose
         self._exit_timeout_s = exit_timeout_s
+        self.explicit_model_control = explicit_model_control
+        self.repository_key = repository_key
         self._process: subprocess.Popen[bytes] | None = None
         self._log_file = None
 
@@ -177,7 +210,10 @@ class TritonServer:
         env = self.environment(dist)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "ab", buffering=0)
-        LOGGER.info("starting tritonserver: %s", " ".join(cmd))
+        shown = " ".join(cmd)
+        if self.repository_key is not None:
+            shown = shown.replace(self.repository_key.value, "<hidden>")
+        LOGGER.info("starting tritonserver: %s", shown)
         self._process = subprocess.Popen(
             cmd,
             env=env,
@@ -241,6 +277,28 @@ class TritonServer:
                 self._log_file = None
         return process.returncode
 
+    def stub_pids(self, model: str) -> list[int]:
+        """Process ids of ``model``'s Python backend stubs (one per instance).
+
+        NOTE: each instance's ``triton_python_backend_stub`` is a child of tritonserver and its command
+        line holds the model's ``model.py`` path (``.../<model>/<version>/model.py``) and instance name.
+        """
+        if self.pid is None:
+            return []
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == self.pid and argv and argv[0].endswith(b"triton_python_backend_stub") and any(
+                    f"/{model}/".encode() in arg for arg in argv[1:2]):
+                found.append(int(proc.name))
+        return sorted(found)
+
     def cleanup(self) -> None:
         """Remove the work folder if this object created it."""
         if self._own_work_dir and not self.is_alive():
@@ -288,6 +346,13 @@ class TritonServer:
         ]
         if dist.cache_directory is not None:
             cmd.append(f"--cache-directory={dist.cache_directory}")
+        if self.explicit_model_control:
+            # NOTE: explicit mode with every model loaded at start is what lets an outside actor (the
+            # sidecar) repair a model: with the default mode "none" the repository API refuses load and
+            # unload. A load of a model already loaded is a no-op, so a repair is unload, then load.
+            cmd += ["--model-control-mode=explicit", "--load-model=*"]
+        if self.repository_key is not None:
+            cmd += self.repository_key.server_args()
         return cmd + self._extra_args
 
     def environment(self, dist: TritonDistribution) -> dict[str, str]:
@@ -308,6 +373,12 @@ class TritonServer:
             paths.append(str(dist.library_path))
         if paths:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(paths)
+        # NOTE: the stubs must import the same warmup_tools as this process. With an editable install
+        # shared by several checkouts (git worktrees), site-packages points at one of them; putting this
+        # package's own folder first makes a worktree's server run that worktree's code.
+        package_root = str(Path(__file__).resolve().parents[2])
+        python_path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != package_root]
+        env["PYTHONPATH"] = os.pathsep.join([package_root, *python_path])
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -40,3 +40,14 @@ def test_warmup_always_computes_and_planned_centroids_assign_clusters(demo_asset
     assert service.handle("query revenue per region in SQL", warmup=True).cluster_id == 9
     skipped = service.handle("never sampled")
     assert skipped.source == "skipped" and skipped.cluster_id == -1 and not np.any(skipped.vector)
+
+
+def test_the_sidecars_probes_add_no_heat(demo_assets):
+    from warmup_tools.common.records import PROBE_TENANT
+
+    service = EmbeddingService(OnnxEmbedder(demo_assets.embedder_dir), sample_rate=1.0, seed=1)
+    for _ in range(5):
+        service.handle("sidecar readiness probe", tenant=PROBE_TENANT)
+    assert sum(e.requests for e in service.heat.snapshot()) == 0
+    service.handle("sidecar readiness probe", tenant="acme")
+    assert sum(e.requests for e in service.heat.snapshot() if e.window_s == 60) == 1

@@ -150,3 +150,23 @@ def test_heat_metrics_stay_bounded_whatever_adapters_clients_name():
     other = FakeFamily.created[("warmup_heat_requests", tuple(sorted(
         {"cluster": "other", "adapter": "other", "window": "60s", "instance": "i0"}.items())))]
     assert other.value == sum(10.0 + c for c in range(5))  # the last round, summed into the overflow series
+
+
+def test_request_log_skips_the_sidecars_probes():
+    from warmup_tools.common.records import PROBE_TENANT
+
+    class FakeLog:
+        def __init__(self):
+            self.records = []
+
+        def log(self, record):
+            self.records.append(record)
+            return True
+
+    log = FakeLog()
+    for tenant in ("acme", PROBE_TENANT):
+        req = GenerateRequest((1, 2, 3, 4, 5), "sql", tenant, False, SamplingParams(max_tokens=3))
+        sink = ResponseSink(fake_pb_utils(), FakeSender(), req, request_log=log, prompt_text="hi")
+        for step in steps(3):
+            sink.send(step)
+    assert [r.tenant for r in log.records] == ["acme"]

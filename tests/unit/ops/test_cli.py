@@ -11,7 +11,7 @@ import pytest
 from warmup_tools.ops.cli import _parser, bench_options
 
 
-@pytest.mark.parametrize("name", ["kv", "caches", "replay", "load", "preload", "concurrency", "flood"])
+@pytest.mark.parametrize("name", ["kv", "caches", "replay", "load", "preload", "concurrency", "flood", "recovery"])
 def test_every_bench_flag_binds_to_its_run_function(name):
     args = _parser().parse_args(["bench", name])
     module = importlib.import_module(f"warmup_tools.sim.bench.{name}")
@@ -60,3 +60,20 @@ def test_plan_over_a_window_of_rotated_logs_against_the_previous_plan(tmp_path, 
     changes = Plan.load(second).summary["changes"]
     assert (changes["kept"], changes["dropped"]) == (1, 1) and "travel guide" in changes["dropped_items"][0]["text"]
     assert f"against plan {Plan.load(first).plan_id}: 0 items added, 1 kept, 1 dropped" in out.out
+
+
+def test_sidecar_flags_and_config_file_feed_one_config(tmp_path):
+    import json
+
+    from warmup_tools.common.errors import ConfigError
+    from warmup_tools.ops.cli import sidecar_config
+
+    file = tmp_path / "sidecar.json"
+    file.write_text(json.dumps({"probe_interval_s": 5, "failures_to_recover": 4}))
+    args = _parser().parse_args(["sidecar", "--sidecar-config", str(file), "--sidecar-port", "9090",
+                                 "--probe-interval-s", "0.5"])
+    config = sidecar_config(args)
+    assert (config.port, config.probe_interval_s, config.failures_to_recover) == (9090, 0.5, 4)
+    file.write_text(json.dumps({"probe_intervall_s": 5}))
+    with pytest.raises(ConfigError, match="unknown key"):
+        sidecar_config(args)

@@ -1,0 +1,128 @@
+"""The monitor's rounds and the HTTP endpoints, with a fake probe function and a fake repository."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from warmup_tools.common.errors import ConfigError, ServerError
+from warmup_tools.sidecar.config import SidecarConfig
+from warmup_tools.sidecar.endpoints import SidecarHttpServer
+from warmup_tools.sidecar.health import ProbeResult
+from warmup_tools.sidecar.monitor import Monitor
+
+STUB_DEAD = "Stub process 'lora_adapter_0_0' is not healthy."
+
+
+class FakeTriton:
+    """Models that answer until ``kill()``; ``reload`` brings a model back (or fails while ``refuse``)."""
+
+    def __init__(self) -> None:
+        self.dead: set[str] = set()
+        self.calls: list[tuple[str, str]] = []
+        self.refuse = False
+        self.server_up = True
+
+    def probe(self, model: str) -> ProbeResult:
+        if "lora_adapter" in self.dead and model in ("lora_adapter", "ensemble"):
+            return ProbeResult(False, 0.001, 0.0, STUB_DEAD)
+        return ProbeResult(model not in self.dead, 0.001, 0.0, "" if model not in self.dead else "timed out")
+
+    def server_ready(self) -> tuple[bool, str]:
+        return self.server_up, "" if self.server_up else "connection refused"
+
+    def reload(self, model: str, timeout_s: float | None = None) -> None:
+        self.calls.append(("reload", model))
+        if self.refuse:
+            raise ServerError("repository API models/lora_adapter/unload: HTTP 403")
+        self.dead.discard(model)
+
+    def ensure_loaded(self, model: str, timeout_s: float | None = None) -> bool:
+        self.calls.append(("ensure_loaded", model))
+        return False
+
+
+def monitor_for(triton: FakeTriton, **config: object) -> Monitor:
+    now = iter(range(0, 10_000, 2))
+    return Monitor(SidecarConfig(**config), triton.probe, triton.server_ready, triton,
+                   plan_id="default-0001", clock=lambda: float(next(now)))
+
+
+def test_a_dead_stub_is_reloaded_and_readiness_follows():
+    triton = FakeTriton()
+    monitor = monitor_for(triton)
+    monitor.run_once()
+    assert monitor.readiness().ready
+    triton.dead.add("lora_adapter")
+    monitor.run_once()  # probe fails with the stub error -> reload in the same round
+    assert triton.calls == [("reload", "lora_adapter"), ("ensure_loaded", "ensemble")]
+    assert not monitor.readiness().ready  # reloaded, but no probe has passed since
+    monitor.run_once()
+    assert monitor.readiness().ready
+    status = monitor.snapshot()
+    assert status["last_recovery"]["model"] == "lora_adapter" and status["last_recovery"]["ok"]
+    assert status["models"]["lora_adapter"]["recoveries"] == 1
+    assert status["plan_id"] == "default-0001"
+
+
+def test_a_model_that_keeps_failing_is_reloaded_after_n_rounds():
+    triton = FakeTriton()
+    monitor = monitor_for(triton, failures_to_recover=2)
+    monitor.run_once()
+    triton.dead.add("embedding_cache")
+    monitor.run_once()
+    assert triton.calls == [] and not monitor.readiness().ready
+    monitor.run_once()
+    assert triton.calls[0] == ("reload", "embedding_cache")
+
+
+def test_a_refused_reload_is_reported_and_the_server_being_down_skips_probes():
+    triton = FakeTriton()
+    triton.refuse = True
+    monitor = monitor_for(triton)
+    monitor.run_once()
+    triton.dead.add("lora_adapter")
+    monitor.run_once()
+    readiness = monitor.readiness()
+    assert not readiness.ready and "reload failed" in readiness.reason and "403" in readiness.reason
+    triton.server_up = False
+    monitor.run_once()
+    assert monitor.readiness().reason == "connection refused"
+
+
+def test_endpoints_answer_from_the_last_round():
+    triton = FakeTriton()
+    monitor = monitor_for(triton)
+    server = SidecarHttpServer(monitor, port=0)
+    server.start()
+    try:
+        status, body = get(server.url + "/ready")
+        assert status == 503 and body["ready"] is False and "not probed yet" in body["reason"]
+        assert get(server.url + "/live") == (200, {"live": True})
+        monitor.run_once()
+        assert get(server.url + "/ready") == (200, {"ready": True})
+        status, body = get(server.url + "/status")
+        assert status == 200 and body["models"]["ensemble"]["state"] == "healthy"
+        assert body["models"]["ensemble"]["last_probe"]["ok"] is True
+        assert get(server.url + "/nope")[0] == 404
+    finally:
+        server.stop()
+
+
+def test_config_is_validated():
+    with pytest.raises(ConfigError, match="probe_interval_s"):
+        SidecarConfig(probe_interval_s=0)
+    with pytest.raises(ConfigError, match="failures_to_recover"):
+        SidecarConfig(failures_to_recover=0)
+
+
+def get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, json.loads(exc.read())

@@ -1,0 +1,60 @@
+"""The sidecar assembled: probes and repository client for one tritonserver, the monitor, the endpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import TracebackType
+
+from warmup_tools.common.errors import ConfigError
+from warmup_tools.ops.server import RepositoryKey
+from warmup_tools.sidecar.config import SidecarConfig
+from warmup_tools.sidecar.endpoints import SidecarHttpServer
+from warmup_tools.sidecar.monitor import Monitor
+from warmup_tools.sidecar.plan_id import discover_plan_id
+from warmup_tools.sidecar.probes import PROBED_MODELS, TritonProbes
+from warmup_tools.sidecar.repository import RepositoryClient
+
+
+class Sidecar:
+    """Readiness and recovery for the tritonserver at ``http_url`` / ``grpc_url``.
+
+    ``key`` is the per-run model-repository key the server was started with (without it, reloads get
+    403 from a server that restricts the API, and the sidecar reports the failed reload)::
+
+        with Sidecar(SidecarConfig(port=0), server.http_url, server.grpc_url, server.repository_key) as sidecar:
+            ...  # GET sidecar.url + "/ready"
+    """
+
+    def __init__(self, config: SidecarConfig, http_url: str, grpc_url: str, key: RepositoryKey | None,
+                 model_repository: Path | None = None) -> None:
+        unknown = sorted(set(config.models) - set(PROBED_MODELS))
+        if unknown:
+            raise ConfigError(f"no probe for model(s) {', '.join(unknown)}; known: {', '.join(PROBED_MODELS)}")
+        self.config = config
+        self._probes = TritonProbes(grpc_url, config.probe_timeout_s)
+        self._repository = RepositoryClient(http_url, key, config.recovery_timeout_s)
+        self.monitor = Monitor(config, self._probes.probe, self._probes.server_ready, self._repository,
+                               plan_id=discover_plan_id(model_repository) if model_repository else None)
+        self._http = SidecarHttpServer(self.monitor, config.host, config.port)
+
+    @property
+    def url(self) -> str:
+        return self._http.url
+
+    def start(self) -> None:
+        self._http.start()
+        self.monitor.start()
+
+    def stop(self) -> None:
+        self.monitor.stop()
+        self._http.stop()
+        self._probes.close()
+        self._repository.close()
+
+    def __enter__(self) -> "Sidecar":
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

@@ -1,0 +1,45 @@
+"""Every setting of the sidecar, in one validated object (fed by a JSON file and flags: see the CLI)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from warmup_tools.common.errors import ConfigError
+
+#: The models the demo repository serves, composing models first: the ensemble is probed last, so a
+#: failure it shares with a composing model is already attributed when the ensemble's probe fails.
+COMPOSING_MODELS: tuple[str, ...] = ("tokenizer_cache", "embedding_cache", "lora_adapter")
+ENSEMBLE_MODEL = "ensemble"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SidecarConfig:
+    """How the sidecar probes, when it repairs a model, and where it answers Kubernetes probes."""
+
+    #: Seconds between probe rounds (one probe of every model per round, on the background thread).
+    probe_interval_s: float = 2.0
+    #: Deadline of one probe request; a probe that takes longer counts as failed.
+    probe_timeout_s: float = 5.0
+    #: Consecutive failed probes of one model after which it is reloaded even without a stub error.
+    failures_to_recover: int = 3
+    #: Deadline of one reload (unload, then load, which re-runs the model's model_warmup samples).
+    recovery_timeout_s: float = 300.0
+    #: First wait before retrying a reload that failed; doubles per failure up to ``max_backoff_s``.
+    recovery_backoff_s: float = 5.0
+    max_backoff_s: float = 60.0
+    #: Where ``/ready``, ``/live`` and ``/status`` are served.
+    host: str = "127.0.0.1"
+    port: int = 8080
+    models: tuple[str, ...] = (*COMPOSING_MODELS, ENSEMBLE_MODEL)
+
+    def __post_init__(self) -> None:
+        for name in ("probe_interval_s", "probe_timeout_s", "recovery_timeout_s", "recovery_backoff_s",
+                     "max_backoff_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name}={getattr(self, name)} must be positive")
+        if self.failures_to_recover < 1:
+            raise ConfigError(f"failures_to_recover={self.failures_to_recover} must be at least 1")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port={self.port} is not a TCP port")
+        if not self.models:
+            raise ConfigError("models must name at least one model")

@@ -1,0 +1,144 @@
+"""The background thread: probe every model at an interval, repair unhealthy ones, publish readiness.
+
+HTTP handlers never probe: they read the last round's state (:meth:`Monitor.readiness`,
+:meth:`Monitor.snapshot`), so a burst of Kubernetes probes costs Triton nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Protocol
+
+from warmup_tools.common.errors import WarmupToolsError
+from warmup_tools.sidecar.config import ENSEMBLE_MODEL, SidecarConfig
+from warmup_tools.sidecar.health import HealthTracker, ProbeResult, Readiness, RecoveryResult
+
+LOGGER = logging.getLogger(__name__)
+
+
+class Repository(Protocol):
+    """What the monitor needs from Triton's model-repository API (:class:`RepositoryClient`)."""
+
+    def reload(self, model: str, timeout_s: float | None = None) -> None: ...
+
+    def ensure_loaded(self, model: str, timeout_s: float | None = None) -> bool: ...
+
+
+class Monitor:
+    """Owns a :class:`HealthTracker`; :meth:`run_once` is one probe round (tests call it directly)."""
+
+    def __init__(
+        self,
+        config: SidecarConfig,
+        probe: Callable[[str], ProbeResult],
+        server_ready: Callable[[], tuple[bool, str]],
+        repository: Repository,
+        *,
+        plan_id: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.plan_id = plan_id
+        self._probe = probe
+        self._server_ready = server_ready
+        self._repository = repository
+        self._clock = clock
+        self._tracker = HealthTracker(config.models, config.failures_to_recover, config.recovery_backoff_s,
+                                      config.max_backoff_s)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._rounds = 0
+        self._was_ready = False
+
+    # ----------------------------------------------------------------------------------- public API
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="sidecar-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def run_once(self) -> None:
+        """Probe the server and every model once, then reload the models that need it."""
+        ready, reason = self._server_ready()
+        with self._lock:
+            self._tracker.record_server(ready, reason)
+        if ready:
+            for model in self.config.models:
+                result = self._probe(model)
+                with self._lock:
+                    self._tracker.record(model, result)
+            with self._lock:
+                self._log_transition(self._tracker.readiness())
+                due = self._tracker.to_recover(self._clock())
+            for model in due:
+                self._recover(model)
+        with self._lock:
+            self._rounds += 1
+            self._log_transition(self._tracker.readiness())
+
+    def readiness(self) -> Readiness:
+        with self._lock:
+            return self._tracker.readiness()
+
+    def snapshot(self) -> dict[str, object]:
+        with self._lock:
+            status = self._tracker.snapshot()
+            status["rounds"] = self._rounds
+        status["probe_interval_s"] = self.config.probe_interval_s
+        status["plan_id"] = self.plan_id
+        return status
+
+    # ------------------------------------------------------------------------------------- helpers
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.run_once()
+            except Exception as exc:
+                # NOTE: a bug in one round must not stop the thread (readiness would freeze at its last
+                # value); the round reports not ready and the next one starts on time.
+                LOGGER.exception("probe round failed")
+                with self._lock:
+                    self._tracker.record_server(False, f"sidecar probe round failed: {exc!r}")
+            self._stop.wait(max(0.0, self.config.probe_interval_s - (time.monotonic() - started)))
+
+    def _recover(self, model: str) -> None:
+        with self._lock:
+            reason = self._tracker.health[model].recovery_reason
+            self._tracker.recovery_started(model)
+        LOGGER.warning("reloading %s: %s", model, reason)
+        started_at, start = self._clock(), time.monotonic()
+        error = ""
+        try:
+            self._repository.reload(model, timeout_s=self.config.recovery_timeout_s)
+            if model != ENSEMBLE_MODEL and ENSEMBLE_MODEL in self.config.models:
+                # NOTE: unloading a composing model can take the ensemble with it; load it back if so.
+                if self._repository.ensure_loaded(ENSEMBLE_MODEL, timeout_s=self.config.recovery_timeout_s):
+                    LOGGER.info("loaded %s again after reloading %s", ENSEMBLE_MODEL, model)
+        except WarmupToolsError as exc:
+            error = str(exc)
+        result = RecoveryResult(model, not error, started_at, time.monotonic() - start, error)
+        if result.ok:
+            LOGGER.info("reloaded %s in %.1fs", model, result.duration_s)
+        else:
+            LOGGER.error("reloading %s failed after %.1fs: %s", model, result.duration_s, error)
+        with self._lock:
+            self._tracker.recovery_finished(result)
+
+    def _log_transition(self, readiness: Readiness) -> None:
+        if readiness.ready != self._was_ready:
+            if readiness.ready:
+                LOGGER.info("ready")
+            else:
+                LOGGER.warning("not ready: %s", readiness.reason)
+            self._was_ready = readiness.ready

@@ -1,0 +1,135 @@
+"""Probes: one real, small inference per model through tritonclient, each with a short deadline.
+
+A probe is what a client would see: the model's own readiness endpoint says nothing about a dead stub
+(see :mod:`warmup_tools.sidecar.health`), so every model gets a request it must answer. Probes carry their
+own tenant (``PROBE_TENANT``: their cache entries never mix with a real tenant's, the request log skips
+them), and ask for one token; their prompts are shorter than a KV block, so they cache no KV.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import time
+import uuid
+from typing import Any, Callable
+
+import numpy as np
+
+from warmup_tools.common.records import PROBE_TENANT
+from warmup_tools.sidecar.health import ProbeResult
+
+#: A probe of one model: returns a :class:`ProbeResult`, never raises for a failed request.
+ProbeFn = Callable[[str], ProbeResult]
+
+# The demo tokenizer's ids are small integers; any few ids the LM's vocabulary holds will do.
+_PROBE_IDS = np.array([1, 2, 3, 4], dtype=np.int32)
+_PROBE_TEXT = b"sidecar readiness probe"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _ProbeRequest:
+    inputs: list[tuple[str, np.ndarray, str]]
+    decoupled: bool
+
+
+class TritonProbes:
+    """Probes of the demo repository's models over one gRPC connection (used from one thread)."""
+
+    def __init__(self, grpc_url: str, timeout_s: float = 5.0, tenant: str = PROBE_TENANT) -> None:
+        import tritonclient.grpc as grpcclient
+
+        self.timeout_s = timeout_s
+        self._grpc = grpcclient
+        self._client = grpcclient.InferenceServerClient(grpc_url)
+        self._requests = _probe_requests(tenant.encode())
+
+    def server_ready(self) -> tuple[bool, str]:
+        """``(ready, reason)`` from Triton's own readiness endpoint."""
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            ready = bool(self._client.is_server_ready(client_timeout=self.timeout_s))
+        except InferenceServerException as exc:
+            return False, f"tritonserver not reachable: {_message(exc)}"
+        return ready, "" if ready else "tritonserver reports not ready"
+
+    def probe(self, model: str) -> ProbeResult:
+        """Send ``model`` its probe request and wait for its (final) response, at most ``timeout_s``."""
+        from tritonclient.utils import InferenceServerException
+
+        request = self._requests[model]
+        start = time.perf_counter()
+        at = time.time()
+        try:
+            inputs = [self._input(name, array, dtype) for name, array, dtype in request.inputs]
+            if request.decoupled:
+                self._stream_once(model, inputs)
+            else:
+                self._client.infer(model, inputs, client_timeout=self.timeout_s)
+        except InferenceServerException as exc:
+            rejected = "INVALID_ARG" in str(exc.status() or "")
+            return ProbeResult(False, time.perf_counter() - start, at, _message(exc), rejected=rejected)
+        except TimeoutError as exc:
+            return ProbeResult(False, time.perf_counter() - start, at, str(exc))
+        return ProbeResult(True, time.perf_counter() - start, at)
+
+    def close(self) -> None:
+        self._client.close()
+
+    # ------------------------------------------------------------------------------------- helpers
+    def _input(self, name: str, array: np.ndarray, dtype: str) -> Any:
+        tensor = self._grpc.InferInput(name, list(array.shape), dtype)
+        tensor.set_data_from_numpy(array)
+        return tensor
+
+    def _stream_once(self, model: str, inputs: list[Any]) -> None:
+        """One request over a fresh gRPC stream: decoupled models answer only there."""
+        from tritonclient.utils import InferenceServerException
+
+        responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        # NOTE: a fresh stream per probe, closed with cancel_requests=True, so a probe that timed out can
+        # never deliver its late responses to the next probe.
+        self._client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        try:
+            self._client.async_stream_infer(model, inputs, request_id=uuid.uuid4().hex,
+                                            enable_empty_final_response=True)
+            deadline = time.monotonic() + self.timeout_s
+            while True:
+                try:
+                    result, error = responses.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    raise TimeoutError(f"no response from {model} within {self.timeout_s:g}s") from None
+                if error is not None:
+                    raise error if isinstance(error, InferenceServerException) else InferenceServerException(
+                        str(error))
+                final = result.get_response().parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    return
+        finally:
+            self._client.stop_stream(cancel_requests=True)
+
+
+def _probe_requests(tenant: bytes) -> dict[str, _ProbeRequest]:
+    text = np.array([_PROBE_TEXT], dtype=np.object_)
+    tenant_t = np.array([tenant], dtype=np.object_)
+    one = np.array([1], dtype=np.int32)
+    no_stream = np.array([False], dtype=bool)
+    return {
+        "tokenizer_cache": _ProbeRequest([("text_input", text, "BYTES"), ("tenant_id", tenant_t, "BYTES")], False),
+        "embedding_cache": _ProbeRequest([("text_input", text, "BYTES"), ("tenant_id", tenant_t, "BYTES")], False),
+        "lora_adapter": _ProbeRequest([("input_ids", _PROBE_IDS, "INT32"), ("tenant_id", tenant_t, "BYTES"),
+                                       ("max_tokens", one, "INT32"), ("stream", no_stream, "BOOL")], True),
+        "ensemble": _ProbeRequest([("text_input", text, "BYTES"), ("tenant_id", tenant_t, "BYTES"),
+                                   ("max_tokens", one, "INT32"), ("stream", no_stream, "BOOL")], True),
+    }
+
+
+#: The models :class:`TritonProbes` knows how to probe.
+PROBED_MODELS: tuple[str, ...] = tuple(_probe_requests(b""))
+
+
+def _message(exc: Exception) -> str:
+    message = getattr(exc, "message", None)
+    text = message() if callable(message) else str(exc)
+    return str(text).strip() or type(exc).__name__

@@ -1,0 +1,162 @@
+"""``python -m warmup_tools bench recovery``: how long a killed ``lora_adapter`` stub costs with the sidecar.
+
+One server in explicit model-control mode with the sidecar beside it (what ``warmup_tools sidecar``
+runs). For each kill: SIGKILL the ``lora_adapter`` stub, then print the seconds until ``/ready`` says 503
+and until it says 200 again, how the requests a client kept sending meanwhile failed (and how fast), the
+reload's duration, and whether requests after the recovery fail and hit the warm prefix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import TextIO
+
+from warmup_tools.common.errors import ServerError
+from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient
+from warmup_tools.ops.config import REPO_ROOT
+from warmup_tools.ops.demo import demo_prompt
+from warmup_tools.ops.server import RepositoryKey, TritonServer
+from warmup_tools.sidecar.app import Sidecar
+from warmup_tools.sidecar.config import SidecarConfig
+from warmup_tools.sim.demo_prompts import USER_QUESTIONS
+
+CLIENT_TIMEOUT_S = 60.0
+#: Prefix of :class:`GenerateError`'s message when the client's own deadline passed (a hang).
+CLIENT_TIMEOUT_MESSAGE = "no response within"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Attempt:
+    """One request sent during an outage: when (s after the kill), how long it took, its error if any."""
+
+    at_s: float
+    latency_s: float
+    error: str = ""
+
+
+class OutageClient:
+    """Sends one short ``ensemble`` request every ``gap_s`` on its own thread until stopped."""
+
+    def __init__(self, grpc_url: str, gap_s: float = 0.5, adapter: str = "support") -> None:
+        self.grpc_url = grpc_url
+        self.gap_s = gap_s
+        self.adapter = adapter
+        self.attempts: list[Attempt] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="outage-client", daemon=True)
+        self._begin = time.monotonic()
+
+    def start(self, begin: float | None = None) -> None:
+        self._begin = begin if begin is not None else time.monotonic()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(CLIENT_TIMEOUT_S + 10)
+
+    def failures(self) -> list[Attempt]:
+        return [a for a in self.attempts if a.error]
+
+    def hung(self) -> list[Attempt]:
+        return [a for a in self.attempts if CLIENT_TIMEOUT_MESSAGE in a.error]
+
+    def summary(self) -> list[str]:
+        """One line per outcome: count and min / median / max latency in ms."""
+        kinds: dict[str, list[float]] = {}
+        for attempt in self.attempts:
+            kinds.setdefault(attempt.error[:90] or "ok", []).append(attempt.latency_s * 1000)
+        return [f"{len(ms):4d} x {kind!r}: {min(ms):.1f} / {sorted(ms)[len(ms) // 2]:.1f} / {max(ms):.1f} ms"
+                for kind, ms in sorted(kinds.items())]
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            # NOTE: a fresh client per request: a stream that saw an error is not reused.
+            with StreamingClient(self.grpc_url, timeout_s=CLIENT_TIMEOUT_S) as client:
+                at = time.monotonic() - self._begin
+                start = time.perf_counter()
+                error = ""
+                try:
+                    client.generate("Hello", GenerateParams(max_tokens=2, adapter_id=self.adapter))
+                except GenerateError as exc:
+                    error = str(exc) or "error"
+            self.attempts.append(Attempt(at, time.perf_counter() - start, error))
+            self._stop.wait(self.gap_s)
+
+
+def ready_status(sidecar_url: str) -> int:
+    """``GET /ready``'s status code."""
+    try:
+        with urllib.request.urlopen(sidecar_url + "/ready", timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return exc.code
+
+
+def wait_for_ready(sidecar_url: str, want: int, deadline_s: float) -> float:
+    """Poll ``/ready`` every 0.1 s until it answers ``want``; returns the seconds it took."""
+    start = time.monotonic()
+    while ready_status(sidecar_url) != want:
+        if time.monotonic() - start > deadline_s:
+            raise ServerError(f"/ready did not answer {want} within {deadline_s:.0f}s")
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def run(assets_dir: Path, *, kills: int = 1, probe_interval_s: float = 2.0, after: int = 5,
+        out: TextIO = sys.stdout) -> None:
+    """Kill the ``lora_adapter`` stub ``kills`` times; print what the outage cost each time."""
+    env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_REDIS_URL": "",
+           "WARMUP_REQUEST_LOG_DIR": ""}
+    server = TritonServer(REPO_ROOT / "model_repository", env=env, explicit_model_control=True,
+                          repository_key=RepositoryKey.generate())
+    config = SidecarConfig(probe_interval_s=probe_interval_s, port=0)
+    with server:
+        server.wait_ready(timeout=600)
+        with Sidecar(config, server.http_url, server.grpc_url, server.repository_key,
+                     REPO_ROOT / "model_repository") as sidecar:
+            wait_for_ready(sidecar.url, 200, 300)
+            out.write(f"server and sidecar ready (probe interval {probe_interval_s:g} s)\n")
+            for kill in range(1, kills + 1):
+                _one_kill(server, sidecar, kill, after, out)
+
+
+def _one_kill(server: TritonServer, sidecar: Sidecar, kill: int, after: int, out: TextIO) -> None:
+    stubs = server.stub_pids("lora_adapter")
+    if len(stubs) != 1:
+        raise ServerError(f"expected one lora_adapter stub, found {stubs}")
+    outage = OutageClient(server.grpc_url)
+    os.kill(stubs[0], signal.SIGKILL)
+    killed_at = time.monotonic()
+    outage.start(killed_at)
+    try:
+        not_ready_s = wait_for_ready(sidecar.url, 503, 300)
+        ready_s = not_ready_s + wait_for_ready(sidecar.url, 200, 600)
+    finally:
+        outage.stop()
+    status = sidecar.monitor.snapshot()
+    recovery = status["last_recovery"] or {}
+    failed_after, cached = 0, []
+    with StreamingClient(server.grpc_url, timeout_s=CLIENT_TIMEOUT_S) as client:
+        for question in (USER_QUESTIONS["support"] * after)[:after]:
+            try:
+                result = client.generate(demo_prompt("support", question),
+                                         GenerateParams(max_tokens=4, adapter_id="support"))
+                cached.append(result.cached_tokens)
+            except GenerateError:
+                failed_after += 1
+    out.write(f"kill {kill}: /ready 503 after {not_ready_s:.1f} s, 200 again after {ready_s:.1f} s "
+              f"(reload {recovery.get('duration_s', float('nan')):.1f} s); {len(outage.failures())} of "
+              f"{len(outage.attempts)} requests during the outage failed, {len(outage.hung())} hung; "
+              f"after recovery {failed_after} of {after} failed, cached_tokens {cached}\n")
+    for line in outage.summary():
+        out.write(f"    {line}  (min / median / max)\n")
+    out.flush()

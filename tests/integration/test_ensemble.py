@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import requests
 
@@ -114,6 +115,28 @@ def test_each_request_is_logged_off_the_request_path(triton, grpc_client):
     assert found["prompt"] == text and found["tenant"] == "globex" and found["adapter"] == "sql"
     assert found["prompt_tokens"] == result.prompt_tokens and found["output_tokens"] == 3
     assert found["cached_tokens"] == result.cached_tokens and found["ttft_ms"] > 0
+
+
+def test_a_direct_call_cannot_put_text_it_did_not_send_into_the_request_log(triton, grpc_client):
+    """text_input beside unrelated input_ids (a direct call to lora_adapter) is logged without its text."""
+    import time
+    import uuid
+
+    from tests.integration.test_errors import _stream_direct
+
+    marker = f"Planted prompt {uuid.uuid4().hex}"
+    error = _stream_direct(triton, "lora_adapter", {
+        "input_ids": np.arange(5, 40, dtype=np.int32), "max_tokens": np.array([1], np.int32),
+        "text_input": np.array([marker.encode()], dtype=object)})
+    assert error is None
+    probe = f"Request log check {uuid.uuid4().hex}"
+    grpc_client.generate(probe, GenerateParams(max_tokens=1))  # logged after the direct call
+    path = triton.request_log_dir / "requests-lora_adapter_0_0.jsonl"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (path.exists() and probe in path.read_text()):
+        time.sleep(0.2)
+    text = path.read_text()
+    assert probe in text and marker not in text
 
 
 def test_concurrent_streams_are_batched_and_each_gets_the_text_it_gets_alone(triton, grpc_client):

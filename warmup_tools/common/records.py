@@ -55,10 +55,12 @@ class RequestRecord:
 
     @classmethod
     def served(cls, *, ts: float, tenant: str, adapter: str | None, prompt: str | None, prompt_tokens: int,
-               cached_tokens: int, ttft_ms: float, output_tokens: int, cluster: int, redact: bool) -> RequestRecord:
-        """The record of a request ``lora_adapter`` served (the prompt dropped when ``redact``)."""
+               cached_tokens: int, ttft_ms: float, output_tokens: int, cluster: int, redact: bool,
+               digest_key: bytes = b"") -> RequestRecord:
+        """The record of a request ``lora_adapter`` served (the prompt dropped when ``redact``; the digest
+        keyed with ``digest_key`` in trust mode)."""
         return cls(ts=round(ts, 3), tenant=tenant, adapter=adapter or "",
-                   prompt_digest=prompt_digest(prompt) if prompt is not None else None,
+                   prompt_digest=prompt_digest(prompt, digest_key) if prompt is not None else None,
                    prompt=None if redact else prompt, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
                    ttft_ms=round(ttft_ms, 2), output_tokens=output_tokens, cluster=cluster)
 

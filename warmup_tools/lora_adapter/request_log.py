@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from warmup_tools.common.jsonl import RotatingJsonLines
 from warmup_tools.common.records import RequestRecord
@@ -78,3 +78,15 @@ class RequestLogWriter:
         except OSError as exc:  # NOTE: a full disk loses log lines, never a request
             self.dropped += len(batch)
             LOGGER.error("request log %s: %s (dropped %d records)", self.path, exc, len(batch))
+
+
+def prompt_for_log(tokenizer: Any, text: str | None, prompt_ids: Sequence[int]) -> str | None:
+    """``text`` when it is the text of ``prompt_ids`` (what the ensemble's tokenizer step sends), else None.
+
+    NOTE: ``lora_adapter`` takes ``text_input`` only to log it, and a direct caller can send any text
+    beside any ids; the planner would then plan for text nobody served. Re-tokenising costs well under a
+    millisecond for a demo-length prompt, and runs only when the request log is on.
+    """
+    if text is None:
+        return None
+    return text if list(tokenizer.encode(text, add_special_tokens=True)) == list(prompt_ids) else None

@@ -34,6 +34,10 @@ class ResponseSink:
     #: The prompt text, for the request log only.
     prompt_text: str | None = None
     redact: bool = False
+    #: Trust mode: the key of the logged prompt digest.
+    digest_key: bytes = b""
+    #: False: clients always see ``cached_tokens`` 0 (metrics and the request log keep the real count).
+    expose_cached_tokens: bool = True
     arrived: float = dataclasses.field(default_factory=time.time)
     _pieces: list[str] = dataclasses.field(default_factory=list)
     _ttft_ms: float = 0.0
@@ -56,7 +60,8 @@ class ResponseSink:
             self.request_log.log(RequestRecord.served(
                 ts=self.arrived, tenant=req.tenant, adapter=req.adapter, prompt=self.prompt_text,
                 prompt_tokens=step.prompt_tokens, cached_tokens=step.cached_tokens, ttft_ms=self._ttft_ms,
-                output_tokens=step.output_tokens, cluster=req.cluster_id, redact=self.redact))
+                output_tokens=step.output_tokens, cluster=req.cluster_id, redact=self.redact,
+                digest_key=self.digest_key))
 
     def fail(self, error: BaseException) -> None:
         self.sender.send(self.pb_utils.InferenceResponse(error=error_for(self.pb_utils, error)),
@@ -70,7 +75,8 @@ class ResponseSink:
         tensor = self.pb_utils.Tensor
         return self.pb_utils.InferenceResponse(output_tensors=[
             tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
-            tensor("cached_tokens", np.array([step.cached_tokens], dtype=np.int32)),
+            tensor("cached_tokens", np.array([step.cached_tokens if self.expose_cached_tokens else 0],
+                                             dtype=np.int32)),
             tensor("prompt_tokens", np.array([step.prompt_tokens], dtype=np.int32)),
             tensor("output_tokens", np.array([step.output_tokens], dtype=np.int32)),
             tensor("finish_reason", np.array([step.finish_reason.encode()], dtype=np.object_)),

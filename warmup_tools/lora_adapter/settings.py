@@ -101,6 +101,8 @@ class LoraAdapterSettings:
     request_log_redact: bool
     #: Trust mode (see :mod:`warmup_tools.triton.trust`): the tenant only from a signed token.
     deployment_secret_file: Path | None
+    #: False withholds ``cached_tokens`` from clients (the prompt-cache side channel; SECURITY.md).
+    expose_cached_tokens: bool
     #: One of :data:`SCHEDULERS`.
     scheduler: str
     batching: SchedulerConfig
@@ -138,6 +140,7 @@ class LoraAdapterSettings:
             request_log_redact=params.get("request_log_redact", parse_bool, False),
             deployment_secret_file=(params.path("deployment_secret_file")
                                     if params.get("deployment_secret_file", str, "") else None),
+            expose_cached_tokens=params.get("expose_cached_tokens", parse_bool, True),
             scheduler=params.get("scheduler", str, "continuous"),
             batching=SchedulerConfig(
                 max_num_seqs=params.get("max_num_seqs", int, DEFAULT_BATCHING.max_num_seqs),

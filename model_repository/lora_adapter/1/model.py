@@ -18,7 +18,7 @@ from warmup_tools.lora_adapter.responses import ResponseSink
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.service import LoraService
 from warmup_tools.lora_adapter.settings import LoraAdapterSettings
-from warmup_tools.lora_adapter.request_log import RequestLogWriter
+from warmup_tools.lora_adapter.request_log import RequestLogWriter, prompt_for_log
 from warmup_tools.lora_adapter.requests import RequestLimits, parse_generate_request
 
 INPUTS = ("input_ids", "adapter_id", "tenant_id", "tenant_token", "max_tokens", "stream", "temperature",
@@ -39,6 +39,9 @@ class TritonPythonModel:
         self.limits = RequestLimits(max_tokens_limit=settings.max_tokens_limit,
                                     default_max_tokens=settings.default_max_tokens, vocab_size=engine.vocab_size)
         self.redact = settings.request_log_redact
+        self.tokenizer = engine.tokenizer
+        self.digest_key = self.trust.derived_key(b"log-digest")
+        self.expose_cached_tokens = settings.expose_cached_tokens
         self.scheduler = None
         if settings.scheduler == "continuous":
             observer = SchedulerMetrics(pb_utils, "lora_adapter", self.instance).observe
@@ -67,9 +70,11 @@ class TritonPythonModel:
                 inputs = collect_inputs(pb_utils, request, INPUTS)
                 tenant = self.trust.tenant_of(inputs, self.own_samples.check(inputs))
                 req = parse_generate_request(inputs, self.limits, tenant=tenant)
-                prompt = parse_optional_text(inputs) if self.request_log is not None else None
+                prompt = (prompt_for_log(self.tokenizer, parse_optional_text(inputs), req.prompt_ids)
+                          if self.request_log is not None else None)
                 sink = ResponseSink(pb_utils, sender, req, metrics=self.metrics, request_log=self.request_log,
-                                    prompt_text=prompt, redact=self.redact)
+                                    prompt_text=prompt, redact=self.redact, digest_key=self.digest_key,
+                                    expose_cached_tokens=self.expose_cached_tokens)
                 self.service.serve(req, sink)  # continuous: queued, returns at once; serial: runs to the end
             except Exception as exc:  # noqa: BLE001 (one bad request never fails the batch)
                 log_unexpected(pb_utils, "lora_adapter", exc)

@@ -40,3 +40,13 @@ def test_log_folders_expand_to_current_and_rotated_logs_oldest_first(tmp_path):
     assert log_files(single) == [single]
     assert [p.name for p in log_files([tmp_path])] == [
         "other.jsonl.gz", "requests.jsonl.2", "requests.jsonl.1", "requests.jsonl"]
+
+
+def test_a_keyed_prompt_digest_differs_per_key_and_from_the_plain_one():
+    from warmup_tools.common.digests import prompt_digest
+
+    plain, a, b = prompt_digest("hello"), prompt_digest("hello", b"k1" * 16), prompt_digest("hello", b"k2" * 16)
+    assert len({plain, a, b}) == 3 and a == prompt_digest("hello", b"k1" * 16) and len(a) == len(plain)
+    rec = RequestRecord.served(ts=1.0, tenant="t", adapter=None, prompt="hello", prompt_tokens=1, cached_tokens=0,
+                               ttft_ms=1.0, output_tokens=1, cluster=-1, redact=True, digest_key=b"k1" * 16)
+    assert rec.prompt is None and rec.prompt_digest == a

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import types
 import weakref
 
@@ -170,3 +171,14 @@ def test_request_log_skips_the_sidecars_probes():
         for step in steps(3):
             sink.send(step)
     assert [r.tenant for r in log.records] == ["acme"]
+
+
+def test_cached_tokens_can_be_withheld_from_clients():
+    def sent(expose):
+        sender = FakeSender()
+        sink = ResponseSink(fake_pb_utils(), sender, request(stream=True), expose_cached_tokens=expose)
+        for step in steps(2):
+            sink.send(dataclasses.replace(step, cached_tokens=4))
+        return [r["outputs"]["cached_tokens"] for r, _ in sender.sent]
+
+    assert sent(True) == [[4], [4]] and sent(False) == [[0], [0]]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import TracebackType
+from typing import Mapping
 
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.ops.server import RepositoryKey
@@ -31,7 +33,7 @@ class Sidecar:
         if unknown:
             raise ConfigError(f"no probe for model(s) {', '.join(unknown)}; known: {', '.join(PROBED_MODELS)}")
         self.config = config
-        self._probes = TritonProbes(grpc_url, config.probe_timeout_s)
+        self._probes = TritonProbes(grpc_url, config.probe_timeout_s, **_probe_credentials(os.environ))
         self._repository = RepositoryClient(http_url, key, config.recovery_timeout_s)
         self.monitor = Monitor(config, self._probes.probe, self._probes.server_ready, self._repository,
                                plan_id=discover_plan_id(model_repository) if model_repository else None)
@@ -58,3 +60,17 @@ class Sidecar:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+def _probe_credentials(environ: Mapping[str, str]) -> dict[str, str | None]:
+    """Trust mode: the probe tenant's key (``WARMUP_PROBE_TENANT_KEY``, made with ``warmup_tools tenant-key
+    warmup-sidecar-probe``) and a token signed with the deployment secret the models read
+    (``WARMUP_DEPLOYMENT_SECRET_FILE``); none in open mode."""
+    secret = environ.get("WARMUP_DEPLOYMENT_SECRET_FILE")
+    if not secret:
+        return {}
+    from warmup_tools.common.records import PROBE_TENANT
+    from warmup_tools.triton.trust import TenantTrust
+
+    return {"tenant_key": environ.get("WARMUP_PROBE_TENANT_KEY") or None,
+            "tenant_token": TenantTrust.from_files(Path(secret)).token(PROBE_TENANT)}

@@ -36,13 +36,16 @@ class _ProbeRequest:
 class TritonProbes:
     """Probes of the demo repository's models over one gRPC connection (used from one thread)."""
 
-    def __init__(self, grpc_url: str, timeout_s: float = 5.0, tenant: str = PROBE_TENANT) -> None:
+    def __init__(self, grpc_url: str, timeout_s: float = 5.0, tenant: str = PROBE_TENANT, *,
+                 tenant_key: str | None = None, tenant_token: str | None = None) -> None:
+        """In trust mode (SECURITY.md) the probe tenant needs its key for ``tokenizer_cache`` and
+        ``ensemble``, and a signed token for the later steps, which the sidecar makes from the secret."""
         import tritonclient.grpc as grpcclient
 
         self.timeout_s = timeout_s
         self._grpc = grpcclient
         self._client = grpcclient.InferenceServerClient(grpc_url)
-        self._requests = _probe_requests(tenant.encode())
+        self._requests = _probe_requests(tenant.encode(), tenant_key, tenant_token)
 
     def server_ready(self) -> tuple[bool, str]:
         """``(ready, reason)`` from Triton's own readiness endpoint."""
@@ -110,17 +113,21 @@ class TritonProbes:
             self._client.stop_stream(cancel_requests=True)
 
 
-def _probe_requests(tenant: bytes) -> dict[str, _ProbeRequest]:
+def _probe_requests(tenant: bytes, tenant_key: str | None = None,
+                    tenant_token: str | None = None) -> dict[str, _ProbeRequest]:
     text = np.array([_PROBE_TEXT], dtype=np.object_)
-    tenant_t = np.array([tenant], dtype=np.object_)
+    who = [("tenant_id", np.array([tenant], dtype=np.object_), "BYTES")]
+    first = who + ([("tenant_key", np.array([tenant_key.encode()], dtype=np.object_), "BYTES")] if tenant_key else [])
+    later = who + ([("tenant_token", np.array([tenant_token.encode()], dtype=np.object_), "BYTES")]
+                   if tenant_token else [])
     one = np.array([1], dtype=np.int32)
     no_stream = np.array([False], dtype=bool)
     return {
-        "tokenizer_cache": _ProbeRequest([("text_input", text, "BYTES"), ("tenant_id", tenant_t, "BYTES")], False),
-        "embedding_cache": _ProbeRequest([("text_input", text, "BYTES"), ("tenant_id", tenant_t, "BYTES")], False),
-        "lora_adapter": _ProbeRequest([("input_ids", _PROBE_IDS, "INT32"), ("tenant_id", tenant_t, "BYTES"),
+        "tokenizer_cache": _ProbeRequest([("text_input", text, "BYTES"), *first], False),
+        "embedding_cache": _ProbeRequest([("text_input", text, "BYTES"), *later], False),
+        "lora_adapter": _ProbeRequest([("input_ids", _PROBE_IDS, "INT32"), *later,
                                        ("max_tokens", one, "INT32"), ("stream", no_stream, "BOOL")], True),
-        "ensemble": _ProbeRequest([("text_input", text, "BYTES"), ("tenant_id", tenant_t, "BYTES"),
+        "ensemble": _ProbeRequest([("text_input", text, "BYTES"), *first,
                                    ("max_tokens", one, "INT32"), ("stream", no_stream, "BOOL")], True),
     }
 

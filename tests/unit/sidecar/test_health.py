@@ -160,3 +160,22 @@ def test_a_model_that_never_passes_after_its_reloads_is_reloaded_ever_more_slowl
     tracker.record("lora_adapter", ok())  # a passing probe forgets the history
     tracker.record("lora_adapter", failed(STUB_DEAD))
     assert tracker.to_recover(now=start) == ["lora_adapter"]
+
+
+def test_in_trust_mode_probes_carry_the_probe_tenant_s_key_and_a_signed_token(tmp_path):
+    from warmup_tools.common.records import PROBE_TENANT
+    from warmup_tools.sidecar.app import _probe_credentials
+    from warmup_tools.sidecar.probes import _probe_requests
+    from warmup_tools.triton.trust import TenantTrust, add_tenant_key
+
+    assert _probe_credentials({}) == {}
+    secret = tmp_path / "secret"
+    key = add_tenant_key(tmp_path / "keys.json", secret, PROBE_TENANT)
+    creds = _probe_credentials({"WARMUP_DEPLOYMENT_SECRET_FILE": str(secret), "WARMUP_PROBE_TENANT_KEY": key})
+    trust = TenantTrust.from_files(secret, tmp_path / "keys.json", keys=True)
+    trust.verify_key(PROBE_TENANT, creds["tenant_key"])
+    requests = _probe_requests(PROBE_TENANT.encode(), **creds)
+    names = {model: {name for name, _, _ in r.inputs} for model, r in requests.items()}
+    assert "tenant_key" in names["tokenizer_cache"] and "tenant_key" in names["ensemble"]
+    lora_token = next(a for n, a, _ in requests["lora_adapter"].inputs if n == "tenant_token")
+    assert trust.tenant_of({"tenant_token": lora_token}, own_sample=False) == PROBE_TENANT

@@ -78,7 +78,10 @@ def run(assets_dir: Path, *, requests: int = 10_000, seed: int = 0, out: TextIO 
                     if errors <= 3:
                         out.write(f"  error on request {i}: {exc}\n")
                 if (i + 1) % 2000 == 0:
-                    out.write(f"  {i + 1} requests, {time.perf_counter() - started:.0f} s\n")
+                    rss = stub_rss(server.pid)
+                    out.write(f"  {i + 1} requests, {time.perf_counter() - started:.0f} s; stub RSS MiB: "
+                              + ", ".join(f"{m} {rss.get(m, 0) / 2**20:.0f}" for m in MODELS)
+                              + f"; /metrics series {metric_figures(server.metrics_url)[0]}\n")
                     out.flush()
         after_rss = stub_rss(server.pid)
         after_series, after_cache = metric_figures(server.metrics_url)

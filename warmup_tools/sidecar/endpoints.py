@@ -5,6 +5,8 @@
 - ``/live`` (livenessProbe): 200 while this process serves HTTP; it says nothing about Triton, so a
   Triton outage makes the pod unready, never restarts the sidecar.
 - ``/status``: per model state, last probe result and latency, last recovery, the warm-up plan id.
+- ``/metrics``: the same as Prometheus text (ready, per model health, probe latency, recoveries), for the
+  dashboard beside Triton's own ``/metrics``.
 """
 
 from __future__ import annotations
@@ -65,8 +67,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(HTTPStatus.OK, {"live": True})
         elif path == "/status":
             self._json(HTTPStatus.OK, self.monitor.snapshot())
+        elif path == "/metrics":
+            data = prometheus_text(self.monitor.snapshot()).encode()
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         else:
-            self._json(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint {path!r}; try /ready, /live, /status"})
+            self._json(HTTPStatus.NOT_FOUND,
+                       {"error": f"no such endpoint {path!r}; try /ready, /live, /status, /metrics"})
 
     def _json(self, status: HTTPStatus, body: dict[str, object]) -> None:
         data = json.dumps(body).encode()
@@ -78,3 +88,26 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         LOGGER.debug("%s %s", self.address_string(), format % args)
+
+
+def prometheus_text(status: dict[str, object]) -> str:
+    """``/status`` as Prometheus exposition text (prometheus-client's own renderer, a private registry)."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    registry = CollectorRegistry()
+    Gauge("warmup_sidecar_ready", "1 when /ready answers 200", registry=registry).set(1 if status.get("ready") else 0)
+    healthy = Gauge("warmup_sidecar_model_healthy", "1 when the model passed its last probe", ["model"],
+                    registry=registry)
+    latency = Gauge("warmup_sidecar_probe_latency_seconds", "Latency of the model's last probe", ["model"],
+                    registry=registry)
+    recoveries = Gauge("warmup_sidecar_recoveries", "Reloads of the model that brought it back", ["model"],
+                       registry=registry)
+    failed = Gauge("warmup_sidecar_failed_recoveries", "Reloads of the model that did not", ["model"],
+                   registry=registry)
+    for model, health in dict(status.get("models") or {}).items():
+        healthy.labels(model).set(1 if health.get("state") == "healthy" else 0)
+        probe = health.get("last_probe") or {}
+        latency.labels(model).set(float(probe.get("latency_ms") or 0.0) / 1000)
+        recoveries.labels(model).set(health.get("recoveries", 0))
+        failed.labels(model).set(health.get("failed_recoveries", 0))
+    return generate_latest(registry).decode()

@@ -179,3 +179,21 @@ def test_in_trust_mode_probes_carry_the_probe_tenant_s_key_and_a_signed_token(tm
     assert "tenant_key" in names["tokenizer_cache"] and "tenant_key" in names["ensemble"]
     lora_token = next(a for n, a, _ in requests["lora_adapter"].inputs if n == "tenant_token")
     assert trust.tenant_of({"tenant_token": lora_token}, own_sample=False) == PROBE_TENANT
+
+
+def test_the_status_is_also_prometheus_text():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from warmup_tools.sidecar.endpoints import prometheus_text
+
+    status = {"ready": False, "models": {
+        "lora_adapter": {"state": "recovering", "last_probe": {"latency_ms": 12.5}, "recoveries": 2,
+                         "failed_recoveries": 1},
+        "ensemble": {"state": "healthy", "last_probe": None, "recoveries": 0, "failed_recoveries": 0}}}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(prometheus_text(status)) for s in f.samples}
+    assert samples[("warmup_sidecar_ready", ())] == 0
+    assert samples[("warmup_sidecar_model_healthy", (("model", "ensemble"),))] == 1
+    assert samples[("warmup_sidecar_model_healthy", (("model", "lora_adapter"),))] == 0
+    assert samples[("warmup_sidecar_probe_latency_seconds", (("model", "lora_adapter"),))] == 0.0125
+    assert samples[("warmup_sidecar_recoveries", (("model", "lora_adapter"),))] == 2

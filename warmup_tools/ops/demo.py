@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
-from typing import TextIO
+import time
+import urllib.request
+from typing import Any, TextIO
 
 from warmup_tools.ops.client import GenerateParams, StreamingClient
 from warmup_tools.ops.config import ServeConfig
-from warmup_tools.ops.server import ServerPorts, TritonServer
+from warmup_tools.ops.server import RepositoryKey, ServerPorts, TritonServer
 from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 
 LOGGER = logging.getLogger(__name__)
@@ -21,13 +24,20 @@ def demo_prompt(adapter: str, question: str) -> str:
 def run_demo(config: ServeConfig, adapters: tuple[str, ...] = ("support", "legal"), max_tokens: int = 24,
              out: TextIO = sys.stdout) -> None:
     """Start tritonserver on free ports, stream requests for ``adapters``, print text, TTFT and cached_tokens."""
+    from warmup_tools.sidecar.app import Sidecar
+    from warmup_tools.sidecar.config import SidecarConfig
+
+    # As `warmup_tools sidecar` runs it: explicit model control, the repository API restricted to the sidecar.
     server = TritonServer(config.model_repository, ports=ServerPorts.free(), env=config.server_env(),
-                          log_path=config.log_file, log_verbose=config.log_verbose)
+                          log_path=config.log_file, log_verbose=config.log_verbose, explicit_model_control=True,
+                          repository_key=RepositoryKey.generate())
     out.write(f"starting tritonserver on {config.model_repository} (log: {server.log_path})\n")
     out.flush()
-    with server:
+    with server, Sidecar(SidecarConfig(port=0, probe_interval_s=1.0), server.http_url, server.grpc_url,
+                         server.repository_key, config.model_repository) as sidecar:
         server.wait_ready(timeout=config.ready_timeout_s)
-        out.write(f"ready: gRPC {server.grpc_url}, HTTP {server.http_url}\n")
+        out.write(f"ready: gRPC {server.grpc_url}, HTTP {server.http_url}; sidecar {sidecar.url}\n")
+        _show_sidecar(sidecar, out)
         with StreamingClient(server.grpc_url) as client:
             for adapter in adapters:
                 for question in USER_QUESTIONS[adapter]:
@@ -48,5 +58,24 @@ def run_demo(config: ServeConfig, adapters: tuple[str, ...] = ("support", "legal
                         f"/{result.prompt_tokens} prompt tokens, {result.output_tokens} tokens in "
                         f"{result.total_s * 1000:.0f} ms ({result.finish_reason})\n"
                     )
+        _show_sidecar(sidecar, out)
         out.write("\nstopping tritonserver\n")
     out.write("server stopped; nothing left running\n")
+
+
+def _show_sidecar(sidecar: Any, out: TextIO, timeout_s: float = 60.0) -> None:
+    """Print the sidecar's /status once it has probed every model (what a readinessProbe would see)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with urllib.request.urlopen(f"{sidecar.url}/status", timeout=5) as response:
+            status = json.loads(response.read())
+        probed = all(m["last_probe"] is not None for m in status["models"].values())
+        if (probed and status["ready"]) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    models = ", ".join(
+        f"{name} {m['state']}" + (f" ({m['last_probe']['latency_ms']:.0f} ms)" if m["last_probe"] else "")
+        for name, m in status["models"].items())
+    out.write(f"\nsidecar /ready: {'200' if status['ready'] else '503 ' + status['reason']}; {models}; "
+              f"plan {status.get('plan_id')}, {sum(m['recoveries'] for m in status['models'].values())} recoveries\n")
+    out.flush()

@@ -27,6 +27,8 @@ class CacheSource(str, enum.Enum):
     COMPUTED = "computed"
     #: Not computed on purpose (the embedding step samples its misses).
     SKIPPED = "skipped"
+    #: A sampled miss computed off the request path, after the response (``embedding_cache``).
+    DEFERRED = "deferred"
 
 
 V = TypeVar("V")

@@ -103,16 +103,24 @@ class OnnxEmbedder:
         Skipping most misses keeps that off the request path; the sampled share still gives unbiased
         heat counts (scale by 1 / sample_rate) and fills the cache for the prompts that repeat.
         """
-        digest = text_digest(text)
-        vector, source = self.cache.get(tenant, digest)
-        if vector is not None:
-            return EmbeddingResult(vector, source)
-        if sample_rate <= 0.0 or (sample_rate < 1.0 and rng.random() >= sample_rate):
+        cached = self.lookup(text, tenant)
+        if cached.vector is not None:
+            return cached
+        if not sampled(sample_rate, rng):
             return EmbeddingResult(None, CacheSource.SKIPPED)
+        return EmbeddingResult(self.compute(text, tenant), CacheSource.COMPUTED)
+
+    def lookup(self, text: str, tenant: str = "default") -> EmbeddingResult:
+        """The cached embedding of ``text`` (local, then shared tier), or a MISS with no vector."""
+        vector, source = self.cache.get(tenant, text_digest(text))
+        return EmbeddingResult(vector, source if vector is not None else CacheSource.MISS)
+
+    def compute(self, text: str, tenant: str = "default") -> np.ndarray:
+        """Embed ``text`` now and cache it (read-only, shared by every later hit)."""
         vector = self.embed_batch([text])[0]
         vector.setflags(write=False)
-        self.cache.put(tenant, digest, vector)
-        return EmbeddingResult(vector, CacheSource.COMPUTED)
+        self.cache.put(tenant, text_digest(text), vector)
+        return vector
 
     def embed(self, text: str, tenant: str = "default") -> np.ndarray:
         """The embedding of one text, from the cache or computed (always)."""
@@ -128,3 +136,8 @@ class OnnxEmbedder:
         }
         (out,) = self.session.run(["embedding"], {k: v for k, v in feeds.items() if k in self._input_names})
         return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def sampled(rate: float, rng: random.Random) -> bool:
+    """Whether a miss is one of the ``rate`` share that is embedded."""
+    return rate >= 1.0 or (rate > 0.0 and rng.random() < rate)

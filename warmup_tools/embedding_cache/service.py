@@ -6,15 +6,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import queue
 import random
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
 from warmup_tools.caches.tiered import CacheSource
+from warmup_tools.common.digests import text_digest
 from warmup_tools.common.records import PROBE_TENANT
-from warmup_tools.embedding_cache.embedder import OnnxEmbedder
+from warmup_tools.embedding_cache.embedder import OnnxEmbedder, sampled
 from warmup_tools.embedding_cache.heat import HeatEntry, HeatLogWriter, HeatSampler
 from warmup_tools.embedding_cache.semantic import SemanticIndex
 
@@ -33,11 +36,31 @@ class EmbeddingOutcome:
 
 
 class EmbeddingService:
+    """Embedding, semantic clusters and heat for one instance.
+
+    With ``deferred`` (how the model runs), a sampled live miss is embedded by a worker thread after the
+    response went out: embedding a prompt costs tens of milliseconds on a CPU, and on the request path
+    it held up every request queued behind it (a TTFT tail at concurrency). The request gets cluster -1,
+    as an unsampled miss does; the worker caches the vector, assigns its cluster and counts its heat.
+    At most ``deferred_queue`` misses wait; beyond that they are dropped (counted in ``dropped``).
+    Warm-up samples are always embedded on the spot.
+    """
+
     def __init__(self, embedder: OnnxEmbedder, *, sample_rate: float = 0.1, seed: int = 0,
                  threshold: float = 0.82, max_entries: int = 4096, max_clusters: int = 256,
                  centroids_path: Path | None = None, heat_log: Path | None = None,
-                 flush_interval_s: float = 10.0, clock=time.time) -> None:
+                 flush_interval_s: float = 10.0, clock=time.time, deferred: bool = False,
+                 deferred_queue: int = 64) -> None:
         self.embedder = embedder
+        # NOTE: the caches, the index and the heat sampler are not thread-safe: every access holds the lock;
+        # embedding itself (the slow part) runs outside it.
+        self._lock = threading.Lock()
+        self.dropped = 0
+        self._work: queue.Queue[tuple[str, str, str, int] | None] | None = None
+        self._worker: threading.Thread | None = None
+        if deferred:
+            self._work = queue.Queue(maxsize=deferred_queue)
+            self._worker = threading.Thread(target=self._run, name="embedding-deferred", daemon=True)
         self.sample_rate = sample_rate
         self.rng = random.Random(seed)
         self.index = SemanticIndex(embedder.dim, threshold=threshold, max_entries=max_entries,
@@ -50,22 +73,74 @@ class EmbeddingService:
         self._clock = clock
         self._flush_interval_s = flush_interval_s
         self._next_flush = clock() + flush_interval_s
+        if self._worker is not None:
+            self._worker.start()
 
     def handle(self, text: str, *, tenant: str = "default", adapter: str = "", prompt_tokens: int = 0,
                warmup: bool = False) -> EmbeddingOutcome:
-        """Embed one prompt. Warm-up samples always compute; other misses compute at ``sample_rate``."""
+        """Embed one prompt. Warm-up samples always compute; other misses compute at ``sample_rate``
+        (after the response, with ``deferred``)."""
         rate = 1.0 if warmup else self.sample_rate
-        result = self.embedder.lookup_or_sample(text, rate, self.rng, tenant)
-        if result.vector is None:
-            return EmbeddingOutcome(self._zeros, -1, 0.0, result.source)
-        assignment = self.index.assign(result.vector)
+        with self._lock:
+            result = self.embedder.lookup(text, tenant)
+            sample = result.vector is None and sampled(rate, self.rng)
+            if result.vector is not None:
+                return self._account(result.vector, result.source, adapter, prompt_tokens, tenant, warmup)
+        if not sample:
+            return EmbeddingOutcome(self._zeros, -1, 0.0, CacheSource.SKIPPED)
+        if self._work is not None and not warmup:
+            try:
+                self._work.put_nowait((text, tenant, adapter, prompt_tokens))
+                return EmbeddingOutcome(self._zeros, -1, 0.0, CacheSource.DEFERRED)
+            except queue.Full:
+                self.dropped += 1
+                return EmbeddingOutcome(self._zeros, -1, 0.0, CacheSource.SKIPPED)
+        return self._compute(text, tenant, adapter, prompt_tokens, warmup)
+
+    def drain(self, timeout_s: float = 60.0) -> bool:
+        """Wait until every deferred miss is embedded (tests, shutdown); False on timeout."""
+        if self._work is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while self._work.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return not self._work.unfinished_tasks
+
+    def close(self) -> None:
+        if self._work is not None and self._worker is not None:
+            self._work.put(None)
+            self._worker.join(10)
+
+    def _compute(self, text: str, tenant: str, adapter: str, prompt_tokens: int, warmup: bool) -> EmbeddingOutcome:
+        vector = self.embedder.embed_batch([text])[0]
+        vector.setflags(write=False)
+        with self._lock:
+            self.embedder.cache.put(tenant, text_digest(text), vector)
+            return self._account(vector, CacheSource.COMPUTED, adapter, prompt_tokens, tenant, warmup)
+
+    def _account(self, vector: np.ndarray, source: CacheSource, adapter: str, prompt_tokens: int, tenant: str,
+                 warmup: bool) -> EmbeddingOutcome:
+        assignment = self.index.assign(vector)
         if not warmup and tenant != PROBE_TENANT:  # health probes are not traffic
             # NOTE: hits are counted once; sampled misses stand for 1 / sample_rate requests each, so the
             # heat estimate stays unbiased while most misses skip the embedding.
-            hit = result.source in (CacheSource.LOCAL, CacheSource.SHARED)
+            hit = source in (CacheSource.LOCAL, CacheSource.SHARED)
             weight = 1.0 if hit else 1.0 / max(self.sample_rate, 1e-9)
             self.heat.record(assignment.cluster_id, adapter, prompt_tokens=prompt_tokens, weight=weight)
-        return EmbeddingOutcome(result.vector, assignment.cluster_id, assignment.similarity, result.source)
+        return EmbeddingOutcome(vector, assignment.cluster_id, assignment.similarity, source)
+
+    def _run(self) -> None:
+        assert self._work is not None
+        while True:
+            item = self._work.get()
+            try:
+                if item is None:
+                    return
+                self._compute(*item, warmup=False)
+            except Exception:  # a failed deferred embedding loses heat, never the worker
+                LOGGER.exception("deferred embedding failed")
+            finally:
+                self._work.task_done()
 
     def maybe_flush(self) -> list[HeatEntry] | None:
         """Every ``flush_interval_s``: append closed heat buckets to the log; return the heat snapshot."""
@@ -73,12 +148,14 @@ class EmbeddingService:
         if now < self._next_flush:
             return None
         self._next_flush = now + self._flush_interval_s
+        with self._lock:
+            lines, snapshot = self.heat.drain_log(), self.heat.snapshot()
         if self.heat_log is not None:
             try:
-                self.heat_log.write(self.heat.drain_log())
+                self.heat_log.write(lines)
             except OSError as exc:  # NOTE: a full disk loses heat lines, never a request
                 LOGGER.error("heat log: %s", exc)
-        return self.heat.snapshot()
+        return snapshot
 
     def load_centroids(self, path: Path) -> int:
         clusters = json.loads(path.read_text())

@@ -16,6 +16,7 @@ from warmup_tools.triton.io import (
     collect_inputs, error_response, log_unexpected, model_parameters, redis_tier_from_params,
 )
 from warmup_tools.triton.trust import TenantTrust
+from warmup_tools.triton.params import parse_bool
 from warmup_tools.triton.warmup import OwnWarmupSamples
 from warmup_tools.triton.metrics import CacheMetrics, HeatMetrics
 
@@ -41,6 +42,7 @@ class TritonPythonModel:
             threshold=params.get("admit_threshold", float, 0.82),
             centroids_path=Path(args["model_repository"]) / CENTROIDS_FILE,
             heat_log=params.path("heat_log_dir") / f"heat-{instance}.jsonl" if heat_dir else None,
+            deferred=params.get("deferred_misses", parse_bool, True),
         )
         self.trust = TenantTrust.from_parameters(params)
         params.check_unknown()
@@ -80,4 +82,5 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
+        self.service.close()
         self.service = None

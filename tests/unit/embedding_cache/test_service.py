@@ -51,3 +51,26 @@ def test_the_sidecars_probes_add_no_heat(demo_assets):
     assert sum(e.requests for e in service.heat.snapshot()) == 0
     service.handle("sidecar readiness probe", tenant="acme")
     assert sum(e.requests for e in service.heat.snapshot() if e.window_s == 60) == 1
+
+
+def test_deferred_misses_are_embedded_after_the_response_with_the_same_heat(demo_assets):
+    service = EmbeddingService(OnnxEmbedder(demo_assets.embedder_dir), sample_rate=1.0, seed=1, deferred=True)
+    try:
+        first = service.handle("a question nobody asked before", adapter="support")
+        assert first.source == "deferred" and first.cluster_id == -1 and not np.any(first.vector)
+        assert service.drain()
+        again = service.handle("a question nobody asked before", adapter="support")
+        assert again.source == "local" and again.cluster_id >= 0  # cached by the worker, then a hit
+        assert sum(e.requests for e in service.heat.snapshot() if e.window_s == 60) == 2
+        warm = service.handle("a warm-up sample", warmup=True)
+        assert warm.source == "computed" and warm.cluster_id >= 0  # warm-up is never deferred
+    finally:
+        service.close()
+
+
+def test_a_full_deferred_queue_drops_and_counts_instead_of_blocking(demo_assets):
+    service = EmbeddingService(OnnxEmbedder(demo_assets.embedder_dir), sample_rate=1.0, seed=1, deferred=True,
+                               deferred_queue=1)
+    service.close()  # the worker is gone: nothing drains the queue
+    assert service.handle("first miss").source == "deferred"
+    assert service.handle("second miss").source == "skipped" and service.dropped == 1

@@ -49,12 +49,24 @@ def hash_block_tokens(parent: BlockHash, tokens: Sequence[int], extra_keys: byte
     return BlockHash(digest.digest())
 
 
-def block_hashes(tokens: Sequence[int], block_size: int, scope: CacheScope) -> list[BlockHash]:
-    """Hashes of every full block of ``tokens`` (a trailing partial block has none)."""
+#: The tenant of blocks inside an operator-declared public prefix (shared by every tenant on purpose).
+#: NOTE: ``*`` is not allowed in a client's tenant name, so no client can name this scope.
+PUBLIC_TENANT = "*public*"
+
+
+def block_hashes(tokens: Sequence[int], block_size: int, scope: CacheScope, public_blocks: int = 0) -> list[BlockHash]:
+    """Hashes of every full block of ``tokens`` (a trailing partial block has none).
+
+    The first ``public_blocks`` blocks (an operator-declared public prefix) are hashed in the scope's
+    public form (tenant :data:`PUBLIC_TENANT`), so every tenant shares them; every later block is the
+    tenant's own, and since hashes chain, a tenant's blocks after a public prefix still match no one else's.
+    """
     extra = scope.extra_keys()
+    public = dataclasses.replace(scope, tenant=PUBLIC_TENANT).extra_keys() if public_blocks else extra
     parent = NONE_HASH
     hashes: list[BlockHash] = []
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = hash_block_tokens(parent, tokens[start : start + block_size], extra)
+    for index, start in enumerate(range(0, len(tokens) - block_size + 1, block_size)):
+        keys = public if index < public_blocks else extra
+        parent = hash_block_tokens(parent, tokens[start : start + block_size], keys)
         hashes.append(parent)
     return hashes

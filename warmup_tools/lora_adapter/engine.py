@@ -46,6 +46,9 @@ class EngineConfig:
     kv: KVCacheConfig = KVCacheConfig()
     #: Trust mode: a per-deployment salt in every block hash (empty: none).
     cache_salt: str = ""
+    #: Operator-declared public prefixes (texts; a platform system prompt every tenant uses): their full
+    #: blocks are shared by all tenants, everything after them stays per tenant.
+    public_prefixes: tuple[str, ...] = ()
 
 
 #: peft's name for "no adapter" in a mixed-adapter batch (``adapter_names=[...]``).
@@ -106,6 +109,8 @@ class LoraEngine:
                 "build the demo assets with `python -m warmup_tools assets` or point base_model at a model folder"
             )
         self.tokenizer = AutoTokenizer.from_pretrained(config.base_model)
+        self._public_ids = tuple(tuple(self.tokenizer.encode(text, add_special_tokens=True))
+                                 for text in config.public_prefixes)
         model = AutoModelForCausalLM.from_pretrained(config.base_model, dtype=self.dtype, use_safetensors=True)
         model.to(self.device).eval()
         self.model_config = model.config
@@ -255,6 +260,28 @@ class LoraEngine:
                 if match:
                     self.prefix_cache.release(match)
 
+    def block_hashes(self, request: GenerateRequest) -> list[BlockHash]:
+        """The chained block hashes of a request's prompt in its scope (public prefix blocks shared)."""
+        assert self.prefix_cache is not None
+        return block_hashes(request.prompt_ids, self.prefix_cache.block_size,
+                            self.scope(request.adapter, request.tenant), self.public_blocks(request.prompt_ids))
+
+    def public_blocks(self, prompt_ids: Sequence[int]) -> int:
+        """How many leading full blocks of ``prompt_ids`` lie inside a declared public prefix.
+
+        NOTE: a prefix's last token may merge with the text after it, so only its first ``len - 1``
+        tokens are compared, and only whole blocks of those are public.
+        """
+        if self.prefix_cache is None or not self._public_ids:
+            return 0
+        bs = self.prefix_cache.block_size
+        best = 0
+        for ids in self._public_ids:
+            blocks = (len(ids) - 1) // bs
+            if blocks > best and tuple(prompt_ids[: blocks * bs]) == ids[: blocks * bs]:
+                best = blocks
+        return best
+
     def scope(self, adapter: str | None, tenant: str) -> CacheScope:
         """The KV cache scope of a request: base model, adapter identity and tenant."""
         # NOTE: the salt rides in the base fingerprint, so every chained block hash carries it.
@@ -272,7 +299,7 @@ class LoraEngine:
         if self.prefix_cache is None:
             return [], None, flight
         prompt = request.prompt_ids
-        hashes = block_hashes(prompt, self.prefix_cache.block_size, self.scope(request.adapter, request.tenant))
+        hashes = self.block_hashes(request)
         usable = hashes[: (len(prompt) - 1) // self.prefix_cache.block_size]
         match = self.prefix_cache.match(usable)
         if len(match) < len(usable):

@@ -43,7 +43,7 @@ from warmup_tools.common.errors import (
     ServerBusyError,
 )
 from warmup_tools.kv.blocks import BlockSource, PrefixMatch
-from warmup_tools.kv.hashing import BlockHash, block_hashes
+from warmup_tools.kv.hashing import BlockHash
 from warmup_tools.lora_adapter.detokenize import IncrementalDetokenizer
 from warmup_tools.lora_adapter.engine import BatchRow, GenerationStep, LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
@@ -507,8 +507,7 @@ class Scheduler:
         hashes: list[BlockHash] = []
         usable = 0
         if cache is not None:
-            hashes = block_hashes(request.prompt_ids, cache.block_size,
-                                  self.engine.scope(request.adapter, request.tenant))
+            hashes = self.engine.block_hashes(request)
             # NOTE: at most ``len(prompt) - 1`` tokens come from the cache (as in vLLM): the last prompt
             # token is always computed, because its logits pick the first output token.
             usable = min(len(hashes), (len(request.prompt_ids) - 1) // cache.block_size)

@@ -103,6 +103,8 @@ class LoraAdapterSettings:
     deployment_secret_file: Path | None
     #: False withholds ``cached_tokens`` from clients (the prompt-cache side channel; SECURITY.md).
     expose_cached_tokens: bool
+    #: Operator-declared public prefixes, shared by every tenant on purpose (``public_prefixes_file``).
+    public_prefixes: tuple[str, ...]
     #: One of :data:`SCHEDULERS`.
     scheduler: str
     batching: SchedulerConfig
@@ -141,6 +143,8 @@ class LoraAdapterSettings:
             deployment_secret_file=(params.path("deployment_secret_file")
                                     if params.get("deployment_secret_file", str, "") else None),
             expose_cached_tokens=params.get("expose_cached_tokens", parse_bool, True),
+            public_prefixes=(read_public_prefixes(params.path("public_prefixes_file"))
+                             if params.get("public_prefixes_file", str, "") else ()),
             scheduler=params.get("scheduler", str, "continuous"),
             batching=SchedulerConfig(
                 max_num_seqs=params.get("max_num_seqs", int, DEFAULT_BATCHING.max_num_seqs),
@@ -269,3 +273,14 @@ def model_context_length(model_dir: Path) -> int:
         raise AssetError(f"{config_path} is not readable ({exc}); point base_model at a Hugging Face model "
                          "folder") from None
     return int(config.get("max_position_embeddings", DEFAULT_CONTEXT_LENGTH))
+
+
+def read_public_prefixes(path: Path) -> tuple[str, ...]:
+    """A JSON list of texts every tenant may share the KV of (a platform system prompt)."""
+    try:
+        texts = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"lora_adapter parameter public_prefixes_file: {path} is not readable JSON ({exc})") from None
+    if not isinstance(texts, list) or not all(isinstance(t, str) and t for t in texts):
+        raise ConfigError(f"lora_adapter parameter public_prefixes_file: {path} must hold a JSON list of texts")
+    return tuple(texts)

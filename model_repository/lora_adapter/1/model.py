@@ -33,7 +33,7 @@ class TritonPythonModel:
         engine = LoraEngine(EngineConfig(
             base_model=settings.base_model, adapter_root=settings.adapter_root, adapters=settings.adapters,
             device=settings.device, dtype=settings.dtype, num_threads=settings.num_threads, kv=settings.kv,
-            cache_salt=self.trust.cache_salt()))
+            cache_salt=self.trust.cache_salt(), public_prefixes=settings.public_prefixes))
         self.instance = args["model_instance_name"]
         self.own_samples = OwnWarmupSamples.from_args(args)  # only they may carry warmup_plan
         self.limits = RequestLimits(max_tokens_limit=settings.max_tokens_limit,

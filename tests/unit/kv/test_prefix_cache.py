@@ -237,3 +237,12 @@ def test_unknown_policy_or_storage_is_refused():
         PrefixCache(1024, eviction="fifo")
     with pytest.raises(ValueError, match="storage"):
         PrefixCache(1024, storage="fp4")
+
+
+def test_public_blocks_are_shared_and_chain_into_per_tenant_blocks():
+    tokens = list(range(16))
+    other = CacheScope(base_fingerprint="base-1", adapter="support", adapter_fingerprint="a1", tenant="globex")
+    a, b = block_hashes(tokens, BS, SCOPE, public_blocks=2), block_hashes(tokens, BS, other, public_blocks=2)
+    assert a[:2] == b[:2] and a[2] != b[2] and a[3] != b[3]
+    assert block_hashes(tokens, BS, SCOPE)[0] != a[0]  # a public block is not the tenant's private one
+    assert block_hashes(tokens, BS, SCOPE, public_blocks=0) == block_hashes(tokens, BS, SCOPE)

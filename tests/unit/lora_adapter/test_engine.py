@@ -115,3 +115,24 @@ def test_seeded_sampling_is_reproducible(engine):
     other = request(engine, "Tell me a story", temperature=1.0, top_p=0.9, top_k=50, seed=8, max_tokens=16)
     assert run(engine, other)[0] != run(engine, req)[0]
     assert torch.get_num_threads() >= 1
+
+
+def test_a_public_prefix_is_shared_across_tenants_and_what_follows_is_not(demo_assets):
+    platform = SYSTEM_PROMPTS["support"]
+    shared = LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
+                                     kv=KVCacheConfig(budget_bytes=64 << 20), public_prefixes=(platform,)))
+    public_tokens = shared.public_blocks(shared.tokenizer.encode(platform + "User: hi")) * 16
+    assert public_tokens >= 160
+    tenant_part = "User: my account number is 12345 and my invoice from March looks wrong, please check it."
+    _, a = run(shared, request(shared, platform + tenant_part, tenant="acme"))
+    _, b = run(shared, request(shared, platform + tenant_part, tenant="globex"))
+    assert a.cached_tokens == 0
+    assert b.cached_tokens == public_tokens  # the platform prompt, and not one block of acme's own text
+    _, a_again = run(shared, request(shared, platform + tenant_part, tenant="acme"))
+    assert a_again.cached_tokens > public_tokens  # acme's own blocks after the prefix are still acme's
+    # Without the declaration nothing crosses tenants, the platform prompt included.
+    private = LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
+                                      kv=KVCacheConfig(budget_bytes=64 << 20)))
+    run(private, request(private, platform + tenant_part, tenant="acme"))
+    _, other = run(private, request(private, platform + tenant_part, tenant="globex"))
+    assert other.cached_tokens == 0

@@ -9,6 +9,7 @@ prompts; a warm-up plan is drawn from it. Both lookups are one matrix-vector pro
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import threading
 from pathlib import Path
@@ -63,7 +64,11 @@ class SemanticIndex:
     """Nearest-cluster assignment plus a bounded index of distinct prompt embeddings."""
 
     def __init__(self, dim: int = 384, *, threshold: float = 0.82, max_entries: int = 4096,
-                 max_clusters: int = 256, centroids: np.ndarray | None = None, learn_online: bool = True) -> None:
+                 max_clusters: int = 256, centroids: np.ndarray | None = None, learn_online: bool = True,
+                 max_entries_per_tenant: int | None = None) -> None:
+        """``max_entries_per_tenant`` (default a quarter of ``max_entries``, at least 1) keeps one tenant's
+        flood of distinct prompts from evicting every other tenant's entries: once the index is full, a
+        tenant at its share replaces its own least recently used entry (a lone tenant still uses it all)."""
         if dim < 1:
             raise ValueError("dim must be >= 1")
         if not -1.0 <= threshold <= 1.0:
@@ -74,6 +79,8 @@ class SemanticIndex:
         self.threshold = float(threshold)
         self.max_entries = max_entries
         self.max_clusters = max_clusters
+        self.max_entries_per_tenant = (max(1, max_entries // 4) if max_entries_per_tenant is None
+                                       else max_entries_per_tenant)
         self.learn_online = learn_online
         self.stats = SemanticStats()
         self._lock = threading.Lock()
@@ -87,6 +94,8 @@ class SemanticIndex:
         capacity = min(max_entries, INITIAL_CAPACITY)
         self._entries = np.zeros((capacity, dim), dtype=np.float32)
         self._entry_clusters = np.zeros(capacity, dtype=np.int64)
+        #: A 63-bit hash of the tenant of each entry (the per-tenant share).
+        self._entry_tenants = np.zeros(capacity, dtype=np.int64)
         #: Logical time of each entry's admission or last match: the least recent is evicted first.
         self._last_used = np.zeros(capacity, dtype=np.int64)
         self._n_entries = 0
@@ -96,14 +105,14 @@ class SemanticIndex:
 
     # -- public API -------------------------------------------------------------------------------------
 
-    def assign(self, vector: np.ndarray) -> Assignment:
+    def assign(self, vector: np.ndarray, tenant: str = "default") -> Assignment:
         """Assign ``vector`` to its nearest cluster (learning one when allowed) and admit it to the index
         of distinct entries unless an indexed entry is at least ``threshold`` similar."""
         v = self._unit(vector)
         with self._lock:
             self._tick += 1
             cluster_id, similarity = self._assign_cluster(v)
-            admitted = self._admit(v, cluster_id)
+            admitted = self._admit(v, cluster_id, _tenant_key(tenant))
             self.stats.assigned += 1
             return Assignment(cluster_id, similarity, admitted)
 
@@ -158,7 +167,7 @@ class SemanticIndex:
     def nbytes(self) -> int:
         """Bytes held by the index's arrays (at most about (max_entries + max_clusters) * dim * 4)."""
         arrays = (self._centroids, self._weights, self._cluster_ids, self._entries, self._entry_clusters,
-                  self._last_used)
+                  self._last_used, self._entry_tenants)
         return int(sum(a.nbytes for a in arrays))
 
     def __len__(self) -> int:
@@ -206,7 +215,7 @@ class SemanticIndex:
                 centroid /= norm
         return int(self._cluster_ids[best]), similarity
 
-    def _admit(self, v: np.ndarray, cluster_id: int) -> bool:
+    def _admit(self, v: np.ndarray, cluster_id: int, tenant: int = 0) -> bool:
         n = self._n_entries
         if n:
             sims = self._entries[:n] @ v
@@ -217,7 +226,12 @@ class SemanticIndex:
                 return False
         if self.max_entries == 0:
             return False
-        if n < self.max_entries:
+        own = self._entry_tenants[:n] == tenant
+        if n and n >= self.max_entries and int(np.count_nonzero(own)) >= self.max_entries_per_tenant:
+            # A full index, and the tenant at its share: its own least recently used entry makes room.
+            slot = int(np.flatnonzero(own)[np.argmin(self._last_used[:n][own])])
+            self.stats.evictions += 1
+        elif n < self.max_entries:
             if n == self._entries.shape[0]:
                 self._grow()
             slot = n
@@ -227,6 +241,7 @@ class SemanticIndex:
             self.stats.evictions += 1
         self._entries[slot] = v
         self._entry_clusters[slot] = cluster_id
+        self._entry_tenants[slot] = tenant
         self._last_used[slot] = self._tick
         self.stats.admitted += 1
         self.stats.entries = self._n_entries
@@ -241,7 +256,14 @@ class SemanticIndex:
         clusters[:n] = self._entry_clusters[:n]
         last_used = np.zeros(capacity, dtype=np.int64)
         last_used[:n] = self._last_used[:n]
+        tenants = np.zeros(capacity, dtype=np.int64)
+        tenants[:n] = self._entry_tenants[:n]
         self._entries, self._entry_clusters, self._last_used = entries, clusters, last_used
+        self._entry_tenants = tenants
+
+
+def _tenant_key(tenant: str) -> int:
+    return int.from_bytes(hashlib.blake2b(tenant.encode("utf-8"), digest_size=8).digest(), "little") >> 1
 
 
 def write_centroids(path: Path, clusters: Iterable[Mapping[str, Any]]) -> int:

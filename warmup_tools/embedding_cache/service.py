@@ -120,7 +120,7 @@ class EmbeddingService:
 
     def _account(self, vector: np.ndarray, source: CacheSource, adapter: str, prompt_tokens: int, tenant: str,
                  warmup: bool) -> EmbeddingOutcome:
-        assignment = self.index.assign(vector)
+        assignment = self.index.assign(vector, tenant)
         if not warmup and tenant != PROBE_TENANT:  # health probes are not traffic
             # NOTE: hits are counted once; sampled misses stand for 1 / sample_rate requests each, so the
             # heat estimate stays unbiased while most misses skip the embedding.

@@ -136,3 +136,18 @@ def test_unnormalised_input_is_normalised():
     v = random_units(1, seed=14)[0]
     index.assign(3.0 * v)
     assert index.assign(v).admitted is False
+
+
+def test_one_tenant_s_flood_cannot_evict_every_other_tenant_s_entries():
+    rng = np.random.default_rng(0)
+    index = SemanticIndex(8, threshold=0.999, max_entries=40, max_clusters=4, max_entries_per_tenant=10)
+    quiet = [rng.normal(size=8).astype(np.float32) for _ in range(5)]
+    for v in quiet:
+        assert index.assign(v, tenant="quiet").admitted
+    for _ in range(1000):  # a flood of distinct prompts from one tenant
+        index.assign(rng.normal(size=8).astype(np.float32), tenant="flood")
+    entries, _ = index.entries()
+    assert len(entries) <= 40 and index.nbytes() < 64 * 1024
+    unit = [v / np.linalg.norm(v) for v in quiet]
+    kept = sum(any(np.allclose(e, u, atol=1e-5) for e in entries) for u in unit)
+    assert kept == 5  # the flood replaced its own entries (10 at most), never the quiet tenant's

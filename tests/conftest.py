@@ -71,6 +71,10 @@ def triton(served_assets, redis_server, tmp_path_factory):
         # What the warm-up samples left behind, before any test sends a request.
         server.metrics_at_ready = scrape_metrics(server.metrics_url)
         yield server
+        # Zero cross-tenant KV hits over the whole suite (the prefix cache refuses and counts any).
+        crossed = sum(v for (name, _), v in scrape_metrics(server.metrics_url).items()
+                      if name == "warmup_kv_cross_tenant_hits_total")
+        assert crossed == 0, f"{crossed} KV blocks written for one tenant were offered to another"
     finally:
         server.stop()
 

@@ -37,6 +37,10 @@ def trusted(served_assets, tmp_path_factory):
         server.wait_ready(timeout=600)
         with StreamingClient(server.grpc_url) as client:
             yield server, client, tenant_keys
+        from warmup_tools.ops.client import scrape_metrics
+
+        assert sum(v for (name, _), v in scrape_metrics(server.metrics_url).items()
+                   if name == "warmup_kv_cross_tenant_hits_total") == 0
     finally:
         server.stop()
 

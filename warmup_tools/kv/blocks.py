@@ -34,6 +34,8 @@ class CachedBlock:
     plan_id: str | None = None
     #: Who the block is accounted to (the adapter name; "" for the base model).
     owner: str = ""
+    #: The tenant whose request wrote it (``PUBLIC_TENANT`` inside a public prefix; "" when unknown).
+    tenant: str = ""
     hits: int = 0
     #: Running requests using this block.
     ref_count: int = 0
@@ -70,6 +72,9 @@ class PrefixCacheStats:
     expired_evictions: int = 0
     #: Blocks a store could not place (budget full of pinned or in-use blocks, or warm-up cap reached).
     rejected_blocks: int = 0
+    #: Matches refused because the block was written for another tenant (never expected: the hashes carry
+    #: the tenant; counted as a last line of defence, and the suite checks it stays 0).
+    cross_tenant_hits: int = 0
     bytes_used: int = 0
     #: KV bytes of running sequences reserved against the same budget (not part of ``bytes_used``).
     running_bytes: int = 0

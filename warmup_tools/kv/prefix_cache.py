@@ -41,7 +41,7 @@ from warmup_tools.kv.config import (
     DEFAULT_TTL_S,
     warmup_budget,
 )
-from warmup_tools.kv.hashing import NONE_HASH, BlockHash
+from warmup_tools.kv.hashing import NONE_HASH, PUBLIC_TENANT, BlockHash
 
 
 class PrefixCache:
@@ -86,14 +86,21 @@ class PrefixCache:
         """Bytes warm-up may hold: the budget less the share reserved for live traffic."""
         return warmup_budget(self.budget_bytes, self.live_reserve)
 
-    def match(self, hashes: Sequence[BlockHash]) -> PrefixMatch:
-        """The longest cached prefix of ``hashes``; each matched block is held until :meth:`release`."""
+    def match(self, hashes: Sequence[BlockHash], tenant: str | None = None) -> PrefixMatch:
+        """The longest cached prefix of ``hashes``; each matched block is held until :meth:`release`.
+
+        With ``tenant``, a block written for another tenant (not public) ends the match and is counted
+        in ``stats.cross_tenant_hits``.
+        """
         now = self._clock()
         with self._lock:
             matched: list[BlockHash] = []
             for block_hash in hashes:
                 block = self._blocks.get(block_hash)
                 if block is None:
+                    break
+                if tenant is not None and block.tenant not in ("", tenant, PUBLIC_TENANT):
+                    self.stats.cross_tenant_hits += 1
                     break
                 matched.append(block_hash)
                 block.hits += 1
@@ -130,6 +137,8 @@ class PrefixCache:
         source: BlockSource = BlockSource.LIVE,
         plan_id: str | None = None,
         owner: str = "",
+        tenant: str = "",
+        public_blocks: int = 0,
     ) -> int:
         """Store blocks ``start_block..len(hashes)`` from per-layer KV ``[1, heads, >= n*bs, dim]``.
 
@@ -167,7 +176,8 @@ class PrefixCache:
                     self.stats.rejected_blocks += len(hashes) - index
                     break
                 parent = hashes[index - 1] if index > 0 else NONE_HASH
-                block = CachedBlock(block_hash, parent, payload, nbytes, source, now, now, plan_id=plan_id, owner=owner)
+                block = CachedBlock(block_hash, parent, payload, nbytes, source, now, now, plan_id=plan_id, owner=owner,
+                                    tenant=PUBLIC_TENANT if index < public_blocks else tenant)
                 self._blocks[block_hash] = block
                 parent_block = self._blocks.get(parent)
                 if parent_block is not None:

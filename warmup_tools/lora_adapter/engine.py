@@ -252,7 +252,8 @@ class LoraEngine:
                     self.prefix_cache.store(
                         hashes, [(layer.keys, layer.values) for layer in cache.layers],
                         start_block=0 if request.is_warmup else len(match),
-                        source=request.source, plan_id=request.plan_id, owner=request.adapter or "")
+                        source=request.source, plan_id=request.plan_id, owner=request.adapter or "",
+                        tenant=request.tenant, public_blocks=self.public_blocks(request.prompt_ids))
                 flight.close()
                 yield logits, cache, cached_tokens
             finally:
@@ -301,12 +302,12 @@ class LoraEngine:
         prompt = request.prompt_ids
         hashes = self.block_hashes(request)
         usable = hashes[: (len(prompt) - 1) // self.prefix_cache.block_size]
-        match = self.prefix_cache.match(usable)
+        match = self.prefix_cache.match(usable, request.tenant)
         if len(match) < len(usable):
             leader = flight.enter_context(self.prefix_cache.single_flight(usable[len(match)]))
             if not leader:  # another request computed this prefix meanwhile: look again
                 self.prefix_cache.release(match)
-                match = self.prefix_cache.match(usable)
+                match = self.prefix_cache.match(usable, request.tenant)
         return hashes, match, flight
 
     def _decode(self, request: GenerateRequest, logits: torch.Tensor, cache: object, cached_tokens: int,

@@ -378,7 +378,7 @@ class Scheduler:
         match = None
         if cache is not None and seq.usable_blocks:
             usable = seq.hashes[:seq.usable_blocks]
-            match = cache.match(usable)
+            match = cache.match(usable, seq.request.tenant)
             if len(match) < len(usable):
                 key = usable[len(match)]
                 owner = self._inflight.get(key)
@@ -584,7 +584,8 @@ class Scheduler:
         if full > seq.stored_blocks:
             request = seq.request
             cache.store(seq.hashes[:full], seq.kv, start_block=seq.stored_blocks, source=request.source,
-                        plan_id=request.plan_id, owner=request.adapter or "")
+                        plan_id=request.plan_id, owner=request.adapter or "", tenant=request.tenant,
+                        public_blocks=self.engine.public_blocks(request.prompt_ids))
             seq.stored_blocks = full
         if seq.flight_key is not None:
             # NOTE: the claim moves with the frontier, so a follower admitted between two chunks waits

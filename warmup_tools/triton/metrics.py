@@ -83,6 +83,11 @@ class GenerationMetrics:
         self.state = pb_utils.MetricFamily(
             name="warmup_adapter_state", description="1 for the adapter's current lifecycle state on an instance",
             kind=pb_utils.MetricFamily.GAUGE)
+        self._cross_tenant = pb_utils.MetricFamily(
+            name="warmup_kv_cross_tenant_hits_total",
+            description="KV blocks refused because they were written for another tenant (expected: 0)",
+            kind=pb_utils.MetricFamily.COUNTER).Metric(labels={"model": model})
+        self._crossed = 0
         self._gauges: dict[tuple[str, ...], Any] = {}
         self._values: dict[tuple[Any, ...], float] = {}
         self._evicted: dict[str, int] = {}
@@ -115,6 +120,10 @@ class GenerationMetrics:
         """Cache bytes and evictions per adapter, and each adapter's lifecycle state, after a batch."""
         cache = service.engine.prefix_cache
         if cache is not None:
+            crossed = cache.stats.cross_tenant_hits
+            if crossed > self._crossed:
+                self._cross_tenant.increment(crossed - self._crossed)
+                self._crossed = crossed
             for owner, used in list(cache.stats.bytes_by_owner.items()):
                 self._set(self.cache_bytes, {"adapter": owner or "base"}, used)
             for owner, count in list(cache.stats.evictions_by_owner.items()):

@@ -246,3 +246,15 @@ def test_public_blocks_are_shared_and_chain_into_per_tenant_blocks():
     assert a[:2] == b[:2] and a[2] != b[2] and a[3] != b[3]
     assert block_hashes(tokens, BS, SCOPE)[0] != a[0]  # a public block is not the tenant's private one
     assert block_hashes(tokens, BS, SCOPE, public_blocks=0) == block_hashes(tokens, BS, SCOPE)
+
+
+def test_a_block_written_for_one_tenant_is_never_matched_for_another():
+    """Defence in depth: even under the same hash (as if scopes collided), the block's tenant is checked."""
+    cache = PrefixCache(budget_bytes=10 * block_bytes(), block_size=BS)
+    tokens = list(range(12))
+    hashes = block_hashes(tokens, BS, SCOPE)
+    cache.store(hashes, kv_for(tokens), tenant="acme", public_blocks=1)
+    assert cache.match(hashes, "acme").num_tokens == 12
+    assert cache.match(hashes, "globex").num_tokens == 4  # the public first block only
+    assert cache.stats.cross_tenant_hits == 1
+    assert cache.match(hashes).num_tokens == 12  # no tenant given: no check (in-process tools)

@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from warmup_tools.common.errors import WarmupToolsError
 from warmup_tools.ops.config import REPO_ROOT, ServeConfig, load_config
@@ -221,25 +221,39 @@ def _serve_config(args: argparse.Namespace) -> ServeConfig:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from warmup_tools.ops.server import ServerPorts, TritonServer
-
     config = _serve_config(args)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    server = TritonServer(config.model_repository,
-                          ports=ServerPorts(config.http_port, config.grpc_port, config.metrics_port),
-                          env=config.server_env(), log_path=config.log_file, log_verbose=config.log_verbose,
-                          host=config.host)
-    with server:
+    stop = _stop_on_signals()
+    with _server(config) as server:
         server.wait_ready(timeout=config.ready_timeout_s)
         print(f"serving {config.model_repository}: HTTP {server.http_url}, gRPC {server.grpc_url}, "
               f"metrics {server.metrics_url} (log {server.log_path}); Ctrl-C stops", flush=True)
-        while not stop.wait(1.0):
-            if not server.is_alive():
-                print(f"tritonserver exited with code {server.returncode}; log tail:\n{server.log_tail()}",
-                      file=sys.stderr)
-                return 1
+        return _wait_while_alive(server, stop)
+
+
+def _stop_on_signals() -> threading.Event:
+    """An event set by SIGINT or SIGTERM (Ctrl-C, ``docker stop``, a pod's termination)."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _server(config: ServeConfig, **options: Any) -> Any:
+    from warmup_tools.ops.server import ServerPorts, TritonServer
+
+    return TritonServer(config.model_repository,
+                        ports=ServerPorts(config.http_port, config.grpc_port, config.metrics_port),
+                        env=config.server_env(), log_path=config.log_file, log_verbose=config.log_verbose,
+                        host=config.host, **options)
+
+
+def _wait_while_alive(server: Any, stop: threading.Event) -> int:
+    """Until ``stop``: 0; or 1 with the log tail when tritonserver exits on its own."""
+    while not stop.wait(1.0):
+        if not server.is_alive():
+            print(f"tritonserver exited with code {server.returncode}; log tail:\n{server.log_tail()}",
+                  file=sys.stderr)
+            return 1
     return 0
 
 
@@ -255,33 +269,22 @@ def sidecar_config(args: argparse.Namespace) -> "SidecarConfig":
 
 
 def _cmd_sidecar(args: argparse.Namespace) -> int:
-    from warmup_tools.ops.server import RepositoryKey, ServerPorts, TritonServer
+    from warmup_tools.ops.server import RepositoryKey
     from warmup_tools.sidecar.app import Sidecar
 
     config = _serve_config(args)
     sidecar_settings = sidecar_config(args)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = _stop_on_signals()
     # NOTE: the key is generated here and handed to the sidecar object only: clients of the server
     # cannot load or unload models, the sidecar can.
-    server = TritonServer(config.model_repository,
-                          ports=ServerPorts(config.http_port, config.grpc_port, config.metrics_port),
-                          env=config.server_env(), log_path=config.log_file, log_verbose=config.log_verbose,
-                          host=config.host, explicit_model_control=True, repository_key=RepositoryKey.generate())
-    with server:
+    with _server(config, explicit_model_control=True, repository_key=RepositoryKey.generate()) as server:
         # The sidecar answers from the start, so a startupProbe sees 503 with the reason while models load.
         with Sidecar(sidecar_settings, server.http_url, server.grpc_url, server.repository_key,
                      config.model_repository) as sidecar:
             print(f"tritonserver starting on {config.model_repository}: HTTP {server.http_url}, gRPC "
                   f"{server.grpc_url} (log {server.log_path}); sidecar {sidecar.url}/ready /live /status; "
                   "Ctrl-C stops", flush=True)
-            while not stop.wait(1.0):
-                if not server.is_alive():
-                    print(f"tritonserver exited with code {server.returncode}; log tail:\n{server.log_tail()}",
-                          file=sys.stderr)
-                    return 1
-    return 0
+            return _wait_while_alive(server, stop)
 
 
 def _cmd_assets(args: argparse.Namespace) -> int:

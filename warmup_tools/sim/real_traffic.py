@@ -61,8 +61,10 @@ from warmup_tools.sim.traffic import (
     _MINUTES,
     BASE_MODEL,
     DAY_SECONDS,
+    _check_int,
     _diurnal,
     _reshuffle,
+    _rng,
     _zipf_cum,
     check_common,
 )
@@ -128,9 +130,9 @@ class RealTrafficConfig:
 
     def __post_init__(self) -> None:
         check_common(self, "real traffic", ("zipf_s", "raw_share", "drift", "churn", "start"))
-        _check_int("applications", self.applications, minimum=1)
-        _check_int("max_system_words", self.max_system_words, minimum=8)
-        _check_int("max_user_words", self.max_user_words, minimum=1)
+        _check_int("applications", self.applications, minimum=1, label="real traffic")
+        _check_int("max_system_words", self.max_system_words, minimum=8, label="real traffic")
+        _check_int("max_user_words", self.max_user_words, minimum=1, label="real traffic")
         if self.applications < len(self.tenants):
             raise ConfigError(f"real traffic needs at least one application per tenant: applications="
                               f"{self.applications} < {len(self.tenants)} tenants")
@@ -305,16 +307,6 @@ def _user_turns(dist: metadata.Distribution) -> tuple[UserTurn, ...]:
 
 # --------------------------------------------------------------------------------------------------
 # The world: applications and their ranking per day.
-
-def _check_int(name: str, value: object, *, minimum: int | None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
-        bound = f" >= {minimum}" if minimum is not None else ""
-        raise ConfigError(f"real traffic {name} must be an integer{bound}, got {value!r}")
-
-
-def _rng(*parts: object) -> random.Random:
-    return random.Random(stable_seed(*parts))
-
 
 @dataclass(slots=True)
 class _World:

@@ -244,9 +244,9 @@ def check_common(config: object, label: str, numbers: Iterable[str]) -> None:
         if isinstance(value, str) or not isinstance(value, Iterable):
             raise ConfigError(f"{label} {name} must be a sequence of names, got {value!r}")
         object.__setattr__(config, name, tuple(value))
-    _check_int("seed", config.seed, minimum=None)
-    _check_int("days", config.days, minimum=1)
-    _check_int("requests_per_day", config.requests_per_day, minimum=1)
+    _check_int("seed", config.seed, minimum=None, label=label)
+    _check_int("days", config.days, minimum=1, label=label)
+    _check_int("requests_per_day", config.requests_per_day, minimum=1, label=label)
     if not config.tenants or len(set(config.tenants)) != len(config.tenants):
         raise ConfigError(f"{label} tenants must be distinct and non-empty, got {config.tenants!r}")
     if len(set(config.adapters)) != len(config.adapters):
@@ -261,10 +261,10 @@ def check_common(config: object, label: str, numbers: Iterable[str]) -> None:
             raise ConfigError(f"{label} {name} must be a finite number, got {value!r}")
 
 
-def _check_int(name: str, value: object, *, minimum: int | None) -> None:
+def _check_int(name: str, value: object, *, minimum: int | None, label: str = "traffic") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
         bound = f" >= {minimum}" if minimum is not None else ""
-        raise ConfigError(f"traffic {name} must be an integer{bound}, got {value!r}")
+        raise ConfigError(f"{label} {name} must be an integer{bound}, got {value!r}")
 
 
 def _rng(*parts: object) -> random.Random:

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 
 from warmup_tools.caches.tiered import CacheSource
-from warmup_tools.common.digests import text_digest
 from warmup_tools.common.records import PROBE_TENANT
 from warmup_tools.embedding_cache.embedder import OnnxEmbedder, sampled
 from warmup_tools.embedding_cache.heat import HeatEntry, HeatLogWriter, HeatSampler
@@ -52,9 +51,8 @@ class EmbeddingService:
                  flush_interval_s: float = 10.0, clock=time.time, deferred: bool = False,
                  deferred_queue: int = 64) -> None:
         self.embedder = embedder
-        # NOTE: the caches, the index and the heat sampler are not thread-safe: every access holds the lock;
-        # embedding itself (the slow part) runs outside it.
-        self._lock = threading.Lock()
+        # NOTE: the caches, the semantic index and the heat sampler each hold their own lock, so the worker
+        # and the request path share them without one here.
         self.dropped = 0
         self._work: queue.Queue[tuple[str, str, str, int] | None] | None = None
         self._worker: threading.Thread | None = None
@@ -81,12 +79,10 @@ class EmbeddingService:
         """Embed one prompt. Warm-up samples always compute; other misses compute at ``sample_rate``
         (after the response, with ``deferred``)."""
         rate = 1.0 if warmup else self.sample_rate
-        with self._lock:
-            result = self.embedder.lookup(text, tenant)
-            sample = result.vector is None and sampled(rate, self.rng)
-            if result.vector is not None:
-                return self._account(result.vector, result.source, adapter, prompt_tokens, tenant, warmup)
-        if not sample:
+        result = self.embedder.lookup(text, tenant)
+        if result.vector is not None:
+            return self._account(result.vector, result.source, adapter, prompt_tokens, tenant, warmup)
+        if not sampled(rate, self.rng):
             return EmbeddingOutcome(self._zeros, -1, 0.0, CacheSource.SKIPPED)
         if self._work is not None and not warmup:
             try:
@@ -112,11 +108,8 @@ class EmbeddingService:
             self._worker.join(10)
 
     def _compute(self, text: str, tenant: str, adapter: str, prompt_tokens: int, warmup: bool) -> EmbeddingOutcome:
-        vector = self.embedder.embed_batch([text])[0]
-        vector.setflags(write=False)
-        with self._lock:
-            self.embedder.cache.put(tenant, text_digest(text), vector)
-            return self._account(vector, CacheSource.COMPUTED, adapter, prompt_tokens, tenant, warmup)
+        vector = self.embedder.compute(text, tenant)
+        return self._account(vector, CacheSource.COMPUTED, adapter, prompt_tokens, tenant, warmup)
 
     def _account(self, vector: np.ndarray, source: CacheSource, adapter: str, prompt_tokens: int, tenant: str,
                  warmup: bool) -> EmbeddingOutcome:
@@ -148,14 +141,12 @@ class EmbeddingService:
         if now < self._next_flush:
             return None
         self._next_flush = now + self._flush_interval_s
-        with self._lock:
-            lines, snapshot = self.heat.drain_log(), self.heat.snapshot()
         if self.heat_log is not None:
             try:
-                self.heat_log.write(lines)
+                self.heat_log.write(self.heat.drain_log())
             except OSError as exc:  # NOTE: a full disk loses heat lines, never a request
                 LOGGER.error("heat log: %s", exc)
-        return snapshot
+        return self.heat.snapshot()
 
     def load_centroids(self, path: Path) -> int:
         clusters = json.loads(path.read_text())

@@ -237,7 +237,7 @@ class LoraEngine:
         with self._adapter(request.adapter), torch.inference_mode():
             from transformers import DynamicCache
 
-            hashes, match, flight = self._acquire_prefix(request)
+            hashes, public, match, flight = self._acquire_prefix(request)
             try:
                 cached_tokens = match.num_tokens if match else 0
                 if cached_tokens:
@@ -253,7 +253,7 @@ class LoraEngine:
                         hashes, [(layer.keys, layer.values) for layer in cache.layers],
                         start_block=0 if request.is_warmup else len(match),
                         source=request.source, plan_id=request.plan_id, owner=request.adapter or "",
-                        tenant=request.tenant, public_blocks=self.public_blocks(request.prompt_ids))
+                        tenant=request.tenant, public_blocks=public)
                 flight.close()
                 yield logits, cache, cached_tokens
             finally:
@@ -261,11 +261,13 @@ class LoraEngine:
                 if match:
                     self.prefix_cache.release(match)
 
-    def block_hashes(self, request: GenerateRequest) -> list[BlockHash]:
-        """The chained block hashes of a request's prompt in its scope (public prefix blocks shared)."""
+    def block_hashes(self, request: GenerateRequest) -> tuple[list[BlockHash], int]:
+        """The chained block hashes of a request's prompt in its scope, and how many leading blocks are
+        public (shared by all tenants; store them with that count)."""
         assert self.prefix_cache is not None
+        public = self.public_blocks(request.prompt_ids)
         return block_hashes(request.prompt_ids, self.prefix_cache.block_size,
-                            self.scope(request.adapter, request.tenant), self.public_blocks(request.prompt_ids))
+                            self.scope(request.adapter, request.tenant), public), public
 
     def public_blocks(self, prompt_ids: Sequence[int]) -> int:
         """How many leading full blocks of ``prompt_ids`` lie inside a declared public prefix.
@@ -289,18 +291,19 @@ class LoraEngine:
         base = f"{self.base_fingerprint}+{self.config.cache_salt}" if self.config.cache_salt else self.base_fingerprint
         return CacheScope(base, adapter or "", self.adapter_fingerprints.get(adapter or "", ""), tenant)
 
-    def _acquire_prefix(self, request: GenerateRequest) -> tuple[list[BlockHash], PrefixMatch | None,
+    def _acquire_prefix(self, request: GenerateRequest) -> tuple[list[BlockHash], int, PrefixMatch | None,
                                                                     contextlib.ExitStack]:
-        """Block hashes of the prompt, its longest cached prefix (held), and the single-flight guard.
+        """Block hashes of the prompt, how many are public, its longest cached prefix (held), and the
+        single-flight guard.
 
         NOTE: at most ``len(prompt) - 1`` tokens come from the cache (as in vLLM): the last prompt token
         is always computed, because its logits pick the first output token.
         """
         flight = contextlib.ExitStack()
         if self.prefix_cache is None:
-            return [], None, flight
+            return [], 0, None, flight
         prompt = request.prompt_ids
-        hashes = self.block_hashes(request)
+        hashes, public = self.block_hashes(request)
         usable = hashes[: (len(prompt) - 1) // self.prefix_cache.block_size]
         match = self.prefix_cache.match(usable, request.tenant)
         if len(match) < len(usable):
@@ -308,7 +311,7 @@ class LoraEngine:
             if not leader:  # another request computed this prefix meanwhile: look again
                 self.prefix_cache.release(match)
                 match = self.prefix_cache.match(usable, request.tenant)
-        return hashes, match, flight
+        return hashes, public, match, flight
 
     def _decode(self, request: GenerateRequest, logits: torch.Tensor, cache: object, cached_tokens: int,
                 start: float) -> Iterator[GenerationStep]:

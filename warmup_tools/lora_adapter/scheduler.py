@@ -88,6 +88,8 @@ class Sequence:
     hashes: list[BlockHash]
     #: Prompt blocks a cache match may cover (all but the last token, as in vLLM).
     usable_blocks: int
+    #: Leading blocks inside a declared public prefix (stored in the shared scope).
+    public_blocks: int
     start: float
     generator: torch.Generator | None
     detok: IncrementalDetokenizer | None
@@ -505,16 +507,16 @@ class Scheduler:
                       klass: SequenceClass) -> Sequence:
         cache = self.engine.prefix_cache
         hashes: list[BlockHash] = []
-        usable = 0
+        usable = public = 0
         if cache is not None:
-            hashes = self.engine.block_hashes(request)
+            hashes, public = self.engine.block_hashes(request)
             # NOTE: at most ``len(prompt) - 1`` tokens come from the cache (as in vLLM): the last prompt
             # token is always computed, because its logits pick the first output token.
             usable = min(len(hashes), (len(request.prompt_ids) - 1) // cache.block_size)
         live = klass is SequenceClass.LIVE
         seq = Sequence(
             seq_id=self._next_id, request=request, sink=sink, klass=klass, tokens=list(request.prompt_ids),
-            hashes=hashes, usable_blocks=usable, start=time.perf_counter(),
+            hashes=hashes, usable_blocks=usable, public_blocks=public, start=time.perf_counter(),
             generator=make_generator(request.sampling, self.engine.device) if live else None,
             detok=IncrementalDetokenizer(self.engine.tokenizer) if live else None)
         self._next_id += 1
@@ -585,7 +587,7 @@ class Scheduler:
             request = seq.request
             cache.store(seq.hashes[:full], seq.kv, start_block=seq.stored_blocks, source=request.source,
                         plan_id=request.plan_id, owner=request.adapter or "", tenant=request.tenant,
-                        public_blocks=self.engine.public_blocks(request.prompt_ids))
+                        public_blocks=seq.public_blocks)
             seq.stored_blocks = full
         if seq.flight_key is not None:
             # NOTE: the claim moves with the frontier, so a follower admitted between two chunks waits

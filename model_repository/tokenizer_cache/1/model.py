@@ -36,11 +36,13 @@ class TritonPythonModel:
         for request in requests:
             try:
                 inputs = collect_inputs(pb_utils, request, INPUTS)
-                # A warm-up sample needs no tenant key (and gets no signed token); warmup_plan marks a template.
-                own_sample = self.own_samples.is_sample(inputs)
+                # warmup_plan marks a template (own samples only); in trust mode a warm-up sample needs no
+                # tenant key (and gets no signed token), which only then needs the sample check without it.
+                template = self.own_samples.check(inputs)
+                own_sample = template or (self.trust.trusted and self.own_samples.is_sample(inputs))
                 tenant = self.trust.first_step_tenant(inputs, own_sample)
                 text = parse_text(inputs)
-                if self.own_samples.check(inputs):
+                if template:
                     self.service.register_template(text)
                 ids, source = self.service.encode(text, tenant)
                 token = self.trust.token(tenant, verified=not own_sample)

@@ -25,24 +25,16 @@ _WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo l
           "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
 
 
-def stub_rss(server_pid: int) -> dict[str, int]:
-    """Resident bytes of each stub process of ``server_pid``, by model."""
+def stub_rss(server: TritonServer) -> dict[str, int]:
+    """Resident bytes of each model's stub processes (``VmRSS`` of :meth:`TritonServer.stub_pids`)."""
     out: dict[str, int] = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            status = (proc / "status").read_text()
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        ppid = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:")), -1)
-        if ppid != server_pid or not cmdline or not cmdline[0].endswith(b"triton_python_backend_stub"):
-            continue
-        model = next((m for m in MODELS if any(f"/{m}/".encode() in part or part.endswith(f"/{m}".encode())
-                                               for part in cmdline)), None)
-        rss = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
-        if model is not None:
+    for model in MODELS:
+        for pid in server.stub_pids(model):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            rss = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
             out[model] = out.get(model, 0) + rss
     return out
 
@@ -63,7 +55,7 @@ def run(assets_dir: Path, *, requests: int = 10_000, seed: int = 0, out: TextIO 
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": ""}
     with TritonServer(REPO_ROOT / "model_repository", env=env) as server:
         server.wait_ready(timeout=1800)
-        before_rss = stub_rss(server.pid)
+        before_rss = stub_rss(server)
         before_series, before_cache = metric_figures(server.metrics_url)
         started = time.perf_counter()
         errors = 0
@@ -78,12 +70,12 @@ def run(assets_dir: Path, *, requests: int = 10_000, seed: int = 0, out: TextIO 
                     if errors <= 3:
                         out.write(f"  error on request {i}: {exc}\n")
                 if (i + 1) % 2000 == 0:
-                    rss = stub_rss(server.pid)
+                    rss = stub_rss(server)
                     out.write(f"  {i + 1} requests, {time.perf_counter() - started:.0f} s; stub RSS MiB: "
                               + ", ".join(f"{m} {rss.get(m, 0) / 2**20:.0f}" for m in MODELS)
                               + f"; /metrics series {metric_figures(server.metrics_url)[0]}\n")
                     out.flush()
-        after_rss = stub_rss(server.pid)
+        after_rss = stub_rss(server)
         after_series, after_cache = metric_figures(server.metrics_url)
     out.write(f"\n{requests} requests with unique 64-byte tenants and unique prompts, {errors} errors, "
               f"{time.perf_counter() - started:.0f} s\n\n| stub | RSS before MiB | RSS after MiB | growth MiB |\n"

@@ -245,24 +245,29 @@ def write_report(folder: Path, traffic: str, day2_start: float, rows: Sequence[t
     import matplotlib.ticker
 
     folder.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(7, 4))
+
+    def save(ax: Any, name: str, xlabel: str, ylabel: str, title: str) -> None:
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title} ({traffic} traffic)")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        ax.figure.tight_layout()
+        ax.figure.savefig(folder / name, dpi=120)
+        plt.close(ax.figure)
+
+    _, ax = plt.subplots(figsize=(7, 4))
     for label, served in (("without plan", without), ("with plan", planned)):
         ttfts = sorted(s.ttft_ms for s in served)
         ax.plot(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], label=label)
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel("TTFT (ms, log scale)")
-    ax.set_ylabel("share of requests at or below")
-    ax.set_title(f"TTFT, day 2's first {max(WINDOWS_H)} h replayed ({traffic} traffic)")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(folder / "ttft.png", dpi=120)
-    plt.close(fig)
+    save(ax, "ttft.png", "TTFT (ms, log scale)", "share of requests at or below",
+         f"TTFT, day 2's first {max(WINDOWS_H)} h replayed")
 
     bucket_s = 900.0
-    fig, ax = plt.subplots(figsize=(7, 4))
+    _, ax = plt.subplots(figsize=(7, 4))
     for label, served in (("without plan", without), ("with plan", planned), ("floor", best)):
         buckets: dict[int, list[bool]] = {}
         for s in served:
@@ -270,14 +275,7 @@ def write_report(folder: Path, traffic: str, day2_start: float, rows: Sequence[t
         keys = sorted(buckets)
         ax.plot([(k + 0.5) * bucket_s / 60 for k in keys], [100 * sum(buckets[k]) / len(buckets[k]) for k in keys],
                 marker="o", label=label, linestyle="--" if label == "floor" else "-")
-    ax.set_xlabel("minutes into day 2")
-    ax.set_ylabel("cold requests (%)")
-    ax.set_title(f"Cold share per {bucket_s / 60:.0f} minutes ({traffic} traffic)")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(folder / "cold_share.png", dpi=120)
-    plt.close(fig)
+    save(ax, "cold_share.png", "minutes into day 2", "cold requests (%)", f"Cold share per {bucket_s / 60:.0f} minutes")
 
     summary = [f"# bench replay: {traffic} traffic", "",
                "A plan made from day 1, day 2's first hours replayed in order with and without it; the floor is "

@@ -10,7 +10,6 @@ import ctypes
 import dataclasses
 import json
 import logging
-import random
 from pathlib import Path
 
 import numpy as np
@@ -95,21 +94,6 @@ class OnnxEmbedder:
             self.local, shared, kind="emb", fingerprint=self.fingerprint, encode=encode_array,
             decode=checked_decoder("float32", length=self.dim, finite=True))
 
-    def lookup_or_sample(self, text: str, sample_rate: float, rng: random.Random,
-                         tenant: str = "default") -> EmbeddingResult:
-        """The cached embedding of ``text``; on a miss, computed only for a ``sample_rate`` share of requests.
-
-        NOTE: embedding a 256-token prompt costs tens of milliseconds on a CPU, more than a warm prefill.
-        Skipping most misses keeps that off the request path; the sampled share still gives unbiased
-        heat counts (scale by 1 / sample_rate) and fills the cache for the prompts that repeat.
-        """
-        cached = self.lookup(text, tenant)
-        if cached.vector is not None:
-            return cached
-        if not sampled(sample_rate, rng):
-            return EmbeddingResult(None, CacheSource.SKIPPED)
-        return EmbeddingResult(self.compute(text, tenant), CacheSource.COMPUTED)
-
     def lookup(self, text: str, tenant: str = "default") -> EmbeddingResult:
         """The cached embedding of ``text`` (local, then shared tier), or a MISS with no vector."""
         vector, source = self.cache.get(tenant, text_digest(text))
@@ -124,7 +108,8 @@ class OnnxEmbedder:
 
     def embed(self, text: str, tenant: str = "default") -> np.ndarray:
         """The embedding of one text, from the cache or computed (always)."""
-        return self.lookup_or_sample(text, 1.0, random.Random(0), tenant).vector
+        cached = self.lookup(text, tenant)
+        return cached.vector if cached.vector is not None else self.compute(text, tenant)
 
     def embed_batch(self, texts: list[str]) -> np.ndarray:
         """Embeddings of many texts, computed (no cache), shape ``[len(texts), dim]``."""
@@ -136,8 +121,3 @@ class OnnxEmbedder:
         }
         (out,) = self.session.run(["embedding"], {k: v for k, v in feeds.items() if k in self._input_names})
         return np.ascontiguousarray(out, dtype=np.float32)
-
-
-def sampled(rate: float, rng: random.Random) -> bool:
-    """Whether a miss is one of the ``rate`` share that is embedded."""
-    return rate >= 1.0 or (rate > 0.0 and rng.random() < rate)

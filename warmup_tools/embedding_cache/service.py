@@ -16,7 +16,7 @@ import numpy as np
 
 from warmup_tools.caches.tiered import CacheSource
 from warmup_tools.common.records import PROBE_TENANT
-from warmup_tools.embedding_cache.embedder import OnnxEmbedder, sampled
+from warmup_tools.embedding_cache.embedder import OnnxEmbedder
 from warmup_tools.embedding_cache.heat import HeatEntry, HeatLogWriter, HeatSampler
 from warmup_tools.embedding_cache.semantic import SemanticIndex
 
@@ -156,3 +156,13 @@ class EmbeddingService:
         matrix = np.asarray([c["centroid"] for c in clusters], dtype=np.float32)
         self.index.set_centroids(matrix, ids if len(set(ids)) == len(ids) else None)
         return len(ids)
+
+
+def sampled(rate: float, rng: random.Random) -> bool:
+    """Whether a miss is one of the ``rate`` share that is embedded.
+
+    NOTE: embedding a 256-token prompt costs tens of milliseconds on a CPU, more than a warm prefill.
+    Skipping most misses keeps that cost low; the sampled share still gives unbiased heat counts (scale by
+    1 / sample_rate) and fills the cache for the prompts that repeat.
+    """
+    return rate >= 1.0 or (rate > 0.0 and rng.random() < rate)

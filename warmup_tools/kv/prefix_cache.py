@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Collection, Iterable, Iterator, Sequence
 
 import torch
 
@@ -220,6 +220,35 @@ class PrefixCache:
                     self._refresh(block)
                     unpinned += 1
         return unpinned
+
+    def move_plan(self, plan_id: str, keep: Collection[BlockHash]) -> tuple[int, int]:
+        """Make ``plan_id`` active without dropping the blocks it keeps (a live plan change).
+
+        Pinned blocks in ``keep`` are re-pinned under ``plan_id``; every other pinned block is unpinned and
+        becomes an ordinary evictable block. Blocks of ``keep`` that are not pinned yet are pinned when the
+        new plan warms them (:meth:`store` with ``plan_id``). Returns ``(kept, unpinned)``.
+        """
+        kept = unpinned = 0
+        with self._lock:
+            self.active_plan = plan_id
+            for block in self._blocks.values():
+                if block.plan_id is None:
+                    continue
+                if block.block_hash in keep:
+                    block.plan_id = plan_id
+                    kept += 1
+                else:
+                    block.plan_id = None
+                    self.stats.pinned_bytes -= block.nbytes
+                    self._refresh(block)
+                    unpinned += 1
+        return kept, unpinned
+
+    def resident(self, hashes: Iterable[BlockHash], plan_id: str | None = None) -> int:
+        """How many of ``hashes`` are cached now (with ``plan_id``: and pinned under that plan)."""
+        with self._lock:
+            blocks = (self._blocks.get(h) for h in hashes)
+            return sum(1 for b in blocks if b is not None and (plan_id is None or b.plan_id == plan_id))
 
     @contextlib.contextmanager
     def single_flight(self, key: BlockHash, timeout_s: float = 120.0) -> Iterator[bool]:

@@ -1,0 +1,97 @@
+"""plan.json and plan_status/ in the control folder: bounded, schema-checked, a bad file never replaces a plan."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from warmup_tools.adapters.plan_control import (
+    AdapterCoverage,
+    LivePlan,
+    PlanFileWatcher,
+    PlanStatus,
+    PlanStatusBoard,
+    write_plan_file,
+)
+from warmup_tools.common.files import write_atomic
+from warmup_tools.planning.plan import Plan, PlanError
+
+BS = 16
+
+
+def make_plan(items, block_size=BS, fingerprint="tok-1"):
+    """A plan file as the planner writes it (only what the live channel reads matters here)."""
+    items = [{"kind": "kv_prefix", "reason": "test", **item} for item in items]
+    return Plan(plan_id=Plan.content_id(items, block_size, fingerprint), created="2026-12-01T00:00:00Z",
+                block_size=block_size, tokenizer_fingerprint=fingerprint, budgets={}, settings={}, summary={},
+                items=items, embedding_items=[], tokenizer_templates=[], clusters=[])
+
+
+def test_a_planner_plan_parses_into_its_items():
+    plan = make_plan([{"tenant": "acme", "adapter": "sql", "token_ids": list(range(32))},
+                      {"tenant": "", "adapter": "", "token_ids": list(range(16))}])
+    live = LivePlan.parse(plan.to_json().encode())
+    assert live.plan_id == plan.plan_id and live.block_size == BS
+    assert [(i.tenant, i.adapter, len(i.token_ids)) for i in live.items] == [("acme", "sql", 32), ("default", "", 16)]
+
+
+@pytest.mark.parametrize("mutate, error", [
+    (lambda d: d.update(format=2), "format"),
+    (lambda d: d["items"][0].update(token_ids=list(range(20))), "multiple of block_size"),
+    (lambda d: d["items"][0].update(token_ids=[1.5] * 16), "integers"),
+    (lambda d: d["items"][0].update(tenant="../etc"), "tenant"),
+    (lambda d: d["items"][0].update(adapter="a/b"), "adapter"),
+    (lambda d: d["items"].append({"kind": "kv_prefix", "token_ids": list(range(16))}), "hash"),
+    (lambda d: d.update(block_size=0), "block_size"),
+])
+def test_an_invalid_plan_is_refused(mutate, error):
+    data = json.loads(make_plan([{"tenant": "acme", "adapter": "sql", "token_ids": list(range(32))}]).to_json())
+    mutate(data)
+    with pytest.raises(PlanError, match=error):
+        LivePlan.parse(json.dumps(data).encode())
+    with pytest.raises(PlanError, match="JSON"):
+        LivePlan.parse(b"\xff{")
+
+
+def test_bad_and_oversized_files_are_refused_once_and_the_instance_keeps_its_plan(tmp_path, caplog):
+    good = make_plan([{"tenant": "acme", "adapter": "sql", "token_ids": list(range(32))}])
+    watcher = PlanFileWatcher(tmp_path, max_bytes=4096, who="inst_0")
+    assert watcher.poll() is None  # no file yet
+    write_plan_file(tmp_path, good)
+    assert watcher.poll().plan_id == good.plan_id
+    assert watcher.poll() is None  # unchanged: not read again
+
+    caplog.set_level(logging.ERROR)
+    for bad in (b"{not json", b" " * 5000, json.dumps({"format": 1}).encode()):
+        caplog.clear()
+        write_atomic(tmp_path / "plan.json", bad, min_mtime_ns=(tmp_path / "plan.json").stat().st_mtime_ns + 1000)
+        assert watcher.poll() is None and watcher.poll() is None
+        assert len(caplog.records) == 1 and "keeping the plan served now" in caplog.records[0].getMessage()
+        assert "refused" in watcher.error
+    many = make_plan([{"tenant": "acme", "token_ids": [i] * BS} for i in range(5)])
+    write_plan_file(tmp_path, many)
+    assert PlanFileWatcher(tmp_path, max_items=4).poll() is None
+    assert PlanFileWatcher(tmp_path).poll().plan_id == many.plan_id
+
+
+def test_statuses_round_trip_and_unreadable_ones_are_skipped(tmp_path):
+    board = PlanStatusBoard(tmp_path, max_bytes=2048)
+    status = PlanStatus("lora_adapter_0_0", "p1", "control", "applied",
+                        {"sql": AdapterCoverage(10, 9, True, "1 of 10 planned blocks do not fit the warm-up budget")},
+                        reported_at=12.5)
+    board.report(status)
+    (board.folder / "junk.json").write_text("{}")
+    (board.folder / "big.json").write_text(json.dumps({"pad": "x" * 4000}))
+    found, skipped = board.read_all()
+    assert found == {"lora_adapter_0_0": status}
+    assert found["lora_adapter_0_0"].adapters["sql"].coverage == 0.9
+    assert len(skipped) == 2 and any("larger than" in s for s in skipped)
+    assert board.wait_for("p1", timeout_s=5, poll_s=0.01) == {"lora_adapter_0_0": status}
+    with pytest.raises(PlanError, match="lora_adapter_0_0: applied plan p1"):
+        board.wait_for("p2", timeout_s=0.05, poll_s=0.01)
+    bad = json.loads(status.to_json())
+    bad["adapters"]["sql"]["resident"] = 11
+    with pytest.raises(ValueError, match="resident"):
+        PlanStatus.from_json(json.dumps(bad).encode())

@@ -1,0 +1,41 @@
+"""A live plan change moves the pins: kept blocks stay pinned under the new plan, dropped ones become evictable."""
+
+from tests.unit.kv.test_prefix_cache import BS, block_bytes, kv_for
+from warmup_tools.kv.blocks import BlockSource
+from warmup_tools.kv.hashing import CacheScope, block_hashes
+from warmup_tools.kv.prefix_cache import PrefixCache
+
+SCOPE = CacheScope(base_fingerprint="base-1", adapter="support", adapter_fingerprint="a1", tenant="acme")
+
+
+def warm(cache, tokens, plan_id):
+    hashes = block_hashes(tokens, BS, SCOPE)
+    cache.store(hashes, kv_for(tokens), source=BlockSource.WARMUP, plan_id=plan_id)
+    return hashes
+
+
+def test_move_plan_repins_kept_blocks_and_unpins_dropped_ones():
+    cache = PrefixCache(budget_bytes=20 * block_bytes(), block_size=BS, live_reserve=0.0)
+    kept = warm(cache, list(range(1, 9)), "plan-a")
+    dropped = warm(cache, list(range(50, 58)), "plan-a")
+    assert cache.resident(kept + dropped, "plan-a") == 4
+
+    assert cache.move_plan("plan-b", set(kept)) == (2, 2)
+    assert cache.active_plan == "plan-b"
+    assert all(cache.block(h).plan_id == "plan-b" for h in kept)
+    assert all(cache.block(h).plan_id is None for h in dropped)
+    assert cache.stats.pinned_bytes == 2 * block_bytes()
+    # Dropped blocks are ordinary blocks now: resident until something needs the room, then evictable.
+    assert cache.resident(dropped) == 2 and cache.resident(dropped, "plan-b") == 0
+    assert cache.block(dropped[-1]).evictable and not cache.block(kept[-1]).evictable
+    # A store under the (already active) new plan does not unpin the kept blocks again.
+    added = warm(cache, list(range(90, 98)), "plan-b")
+    assert cache.resident(kept + added, "plan-b") == 4
+
+
+def test_resident_counts_only_cached_blocks():
+    cache = PrefixCache(budget_bytes=20 * block_bytes(), block_size=BS)
+    hashes = warm(cache, list(range(1, 9)), None)
+    missing = block_hashes(list(range(200, 208)), BS, SCOPE)
+    assert cache.resident(hashes + missing) == 2
+    assert cache.resident([]) == 0

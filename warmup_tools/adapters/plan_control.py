@@ -1,0 +1,285 @@
+"""Live warm-up plans through the control folder: the plan every instance serves, and each one's coverage.
+
+Beside the adapter files of :mod:`warmup_tools.adapters.registry` the control folder holds::
+
+    <root>/plan.json                   the plan to serve now: a planner plan file (`plan apply`, the sidecar)
+    <root>/plan_status/<instance>.json written by each lora_adapter instance: the plan it applied and, per
+                                       adapter, how many blocks of its planned hot set are resident
+
+The operator channel is trusted but still checked: ``plan.json`` is read only up to ``max_bytes``, must be
+a plan of :data:`~warmup_tools.planning.plan.PLAN_FORMAT` whose content hashes to its ``plan_id``, with
+at most ``max_items`` ``kv_prefix`` items of valid tenant and adapter names and integer token ids. A file
+that fails is refused with one log line (once per version of the file) and the instance keeps its plan.
+
+Why a status file and not only Triton's ``/metrics`` for coverage: the sidecar needs, per instance, the
+plan id, the counts and *why* a plan falls short (a budget that cannot hold it), atomically and with
+the time it was written (a report from a stub that died is stale). JSON files beside the adapter statuses
+give that to the sidecar and the CLI with the conventions the control folder already has; the same counts
+also go to ``/metrics`` as gauges (``warmup_kv_plan_blocks``, ``warmup_kv_plan_blocks_resident``) for
+dashboards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from warmup_tools.adapters.state import LifecycleError, validate_name
+from warmup_tools.common.files import write_atomic
+from warmup_tools.planning.plan import PLAN_FORMAT, Plan, PlanError
+
+LOGGER = logging.getLogger(__name__)
+
+PLAN_FILE = "plan.json"
+PLAN_STATUS_DIR = "plan_status"
+STATUS_FORMAT = 1
+#: Bounds on what an instance reads from the control folder.
+MAX_PLAN_BYTES = 16 * 1024 * 1024
+MAX_PLAN_ITEMS = 4096
+MAX_ITEM_TOKENS = 32768
+MAX_STATUS_BYTES = 256 * 1024
+#: Why a planned block is not resident (shown in a status, and by the sidecar's /ready).
+SHORT_BUDGET = "budget"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlanItem:
+    """One planned KV prefix: its tenant, its adapter ("" for the base model) and its token ids."""
+
+    tenant: str
+    adapter: str
+    token_ids: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LivePlan:
+    """What an instance needs of a plan file to warm and pin it."""
+
+    plan_id: str
+    block_size: int
+    tokenizer_fingerprint: str
+    items: tuple[PlanItem, ...]
+
+    @classmethod
+    def parse(cls, raw: bytes, *, max_items: int = MAX_PLAN_ITEMS) -> LivePlan:
+        """Validate a plan file's bytes; :class:`PlanError` says what is wrong."""
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise PlanError(f"not JSON ({exc})") from None
+        if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+            raise PlanError(f"not a plan of format {PLAN_FORMAT}")
+        plan_id, block_size, fingerprint, items = (data.get(k) for k in
+                                                   ("plan_id", "block_size", "tokenizer_fingerprint", "items"))
+        if not isinstance(plan_id, str) or not 1 <= len(plan_id) <= 64 or not isinstance(fingerprint, str):
+            raise PlanError("plan_id and tokenizer_fingerprint must be short strings")
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise PlanError("block_size must be a positive integer")
+        if not isinstance(items, list) or len(items) > max_items:
+            raise PlanError(f"items must be a list of at most {max_items} items")
+        parsed = [_item(index, item, block_size) for index, item in enumerate(items)]
+        if Plan.content_id(items, block_size, fingerprint) != plan_id:
+            raise PlanError(f"its content does not hash to plan_id {plan_id} (edited after it was built)")
+        return cls(plan_id, block_size, fingerprint, tuple(p for p in parsed if p is not None))
+
+
+class PlanFileWatcher:
+    """Re-reads ``plan.json`` only when its stat changed; a bad file is logged once and ignored."""
+
+    def __init__(self, root: Path, *, max_bytes: int = MAX_PLAN_BYTES, max_items: int = MAX_PLAN_ITEMS,
+                 who: str = "") -> None:
+        self.path = Path(root) / PLAN_FILE
+        self.max_bytes = max_bytes
+        self.max_items = max_items
+        self.who = who
+        self._key: tuple[int, int, int] | None = None
+        #: The last refused file's error (shown in the instance's status until a good file comes).
+        self.error = ""
+
+    def poll(self) -> LivePlan | None:
+        """The plan in ``plan.json`` if the file changed since the last poll and is valid, else None."""
+        key = _stat_key(self.path)
+        if key is None or key == self._key:
+            return None
+        self._key = key
+        try:
+            with open(self.path, "rb") as file:
+                raw = file.read(self.max_bytes + 1)
+            if len(raw) > self.max_bytes:
+                raise PlanError(f"larger than {self.max_bytes} bytes")
+            plan = LivePlan.parse(raw, max_items=self.max_items)
+        except (OSError, PlanError) as exc:
+            self.error = f"{self.path} refused: {exc}"
+            LOGGER.error("%s%s; keeping the plan served now", f"instance {self.who}: " if self.who else "",
+                         self.error)
+            return None
+        self.error = ""
+        return plan
+
+
+def write_plan_file(root: Path, plan: Plan) -> Path:
+    """Make ``plan`` the plan every instance serves (atomic; the mtime always moves forward)."""
+    path = Path(root) / PLAN_FILE
+    old = _stat_key(path)
+    write_atomic(path, plan.to_json() + "\n", min_mtime_ns=None if old is None else old[2] + 1000)
+    return path
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AdapterCoverage:
+    """An adapter's planned hot set on one instance: planned blocks, those resident, and why any are not."""
+
+    planned: int
+    resident: int
+    live: bool = True
+    #: Why blocks are missing once warm-up finished ("" while warming or when complete).
+    shortfall: str = ""
+
+    @property
+    def coverage(self) -> float:
+        return self.resident / self.planned if self.planned else 1.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlanStatus:
+    """What one instance reports about its plan (``plan_status/<instance>.json``)."""
+
+    instance: str
+    #: The plan whose hot set the counts are of (None: no plan).
+    plan_id: str | None
+    #: ``samples`` (its model_warmup samples) or ``control`` (plan.json).
+    source: str
+    #: ``none``, ``warming`` or ``applied``.
+    state: str
+    adapters: Mapping[str, AdapterCoverage]
+    detail: str = ""
+    #: The last plan file this instance refused, if any.
+    error: str = ""
+    reported_at: float = 0.0
+
+    def to_json(self) -> bytes:
+        document = {"format": STATUS_FORMAT, "instance": self.instance, "plan_id": self.plan_id,
+                    "source": self.source, "state": self.state, "detail": self.detail, "error": self.error,
+                    "reported_at": self.reported_at,
+                    "adapters": {n: dataclasses.asdict(c) for n, c in sorted(self.adapters.items())}}
+        return (json.dumps(document, sort_keys=True) + "\n").encode("utf-8")
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> PlanStatus:
+        try:
+            data = json.loads(raw.decode("utf-8"))
+            if not isinstance(data, dict) or data.get("format") != STATUS_FORMAT:
+                raise ValueError(f"not a plan status of format {STATUS_FORMAT}")
+            adapters = data["adapters"]
+            if not isinstance(adapters, dict):
+                raise ValueError("adapters must be an object")
+            return cls(
+                instance=validate_name(data["instance"], what="instance name"),
+                plan_id=_optional_str(data["plan_id"]), source=str(data["source"]), state=str(data["state"]),
+                adapters={validate_name(n, what="adapter"): _coverage(c) for n, c in adapters.items()},
+                detail=str(data.get("detail", ""))[:1000], error=str(data.get("error", ""))[:1000],
+                reported_at=float(data["reported_at"]))
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, LifecycleError) as exc:
+            raise ValueError(f"not a valid plan status: {exc}") from None
+
+
+class PlanStatusBoard:
+    """``plan_status/``: one writer per instance, any number of readers."""
+
+    def __init__(self, root: Path, *, max_bytes: int = MAX_STATUS_BYTES) -> None:
+        self.folder = Path(root) / PLAN_STATUS_DIR
+        self.max_bytes = max_bytes
+
+    def report(self, status: PlanStatus) -> None:
+        validate_name(status.instance, what="instance name")
+        write_atomic(self.folder / f"{status.instance}.json", status.to_json())
+
+    def read_all(self) -> tuple[dict[str, PlanStatus], list[str]]:
+        """Every readable status by instance, and one line per file that was skipped (too big, malformed)."""
+        found: dict[str, PlanStatus] = {}
+        skipped: list[str] = []
+        if not self.folder.is_dir():
+            return found, skipped
+        for path in sorted(self.folder.glob("*.json"))[:1024]:
+            if path.name.startswith("."):
+                continue
+            try:
+                with open(path, "rb") as file:
+                    raw = file.read(self.max_bytes + 1)
+                if len(raw) > self.max_bytes:
+                    raise ValueError(f"larger than {self.max_bytes} bytes")
+                status = PlanStatus.from_json(raw)
+            except (OSError, ValueError) as exc:
+                skipped.append(f"{path.name}: {exc}")
+                continue
+            found[status.instance] = status
+        return found, skipped
+
+    def wait_for(self, plan_id: str, *, instances: int | None = None, timeout_s: float = 600.0,
+                 poll_s: float = 0.5, since: float = 0.0) -> dict[str, PlanStatus]:
+        """Wait until instances report ``plan_id`` applied (at least ``instances``, or every instance that
+        reported since ``since``); PlanError on timeout, naming each instance's state."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            statuses, _ = self.read_all()
+            current = {i: s for i, s in statuses.items() if s.reported_at >= since}
+            done = {i: s for i, s in current.items() if s.plan_id == plan_id and s.state == "applied"}
+            if (len(done) >= instances) if instances is not None else (current and len(done) == len(current)):
+                return done
+            if time.monotonic() >= deadline:
+                states = "; ".join(f"{i}: {s.state} plan {s.plan_id} {s.error or s.detail}".strip()
+                                   for i, s in sorted(current.items())) or "no instance reported"
+                raise PlanError(f"timed out after {timeout_s:g} s waiting for plan {plan_id} on "
+                                f"{instances if instances is not None else 'every'} instance(s): {states}")
+            time.sleep(poll_s)
+
+
+# ------------------------------------------------------------------------------------- helpers
+def _item(index: int, item: Any, block_size: int) -> PlanItem | None:
+    if not isinstance(item, dict):
+        raise PlanError(f"item {index} is not an object")
+    if item.get("kind") != "kv_prefix":
+        return None
+    ids = item.get("token_ids")
+    if (not isinstance(ids, list) or not ids or len(ids) % block_size or len(ids) > MAX_ITEM_TOKENS
+            or not all(type(i) is int and 0 <= i < 2**31 for i in ids)):
+        raise PlanError(f"item {index}: token_ids must be a non-empty list of at most {MAX_ITEM_TOKENS} "
+                        f"non-negative integers, a multiple of block_size {block_size} long")
+    try:
+        tenant = validate_name(item.get("tenant") or "default", what="tenant")
+        adapter = item.get("adapter") or ""
+        if adapter:
+            validate_name(adapter)
+    except LifecycleError as exc:
+        raise PlanError(f"item {index}: {exc}") from None
+    return PlanItem(tenant, adapter, tuple(ids))
+
+
+def _coverage(raw: Any) -> AdapterCoverage:
+    if not isinstance(raw, dict):
+        raise ValueError("coverage must be an object")
+    planned, resident = raw["planned"], raw["resident"]
+    if type(planned) is not int or type(resident) is not int or not 0 <= resident <= planned:
+        raise ValueError("planned and resident must be integers with 0 <= resident <= planned")
+    return AdapterCoverage(planned, resident, bool(raw.get("live", True)), str(raw.get("shortfall", ""))[:500])
+
+
+def _optional_str(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > 64:
+        raise ValueError("plan_id must be a short string or null")
+    return value
+
+
+def _stat_key(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns

@@ -13,18 +13,21 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from warmup_tools.adapters.reconcile import Reconciler
 from warmup_tools.adapters.registry import ControlRegistry
 from warmup_tools.adapters.state import AdapterLifecycle, AdapterSpec, AdapterState
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.lora_adapter.engine import GenerationStep, LoraEngine
+from warmup_tools.lora_adapter.live_plan import PlanKeeper
 from warmup_tools.lora_adapter.requests import GenerateRequest
 from warmup_tools.lora_adapter.scheduler import Scheduler, SequenceSink
 from warmup_tools.lora_adapter.settings import WARM_PRIORITIES
 
 LOGGER = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class EngineGate:
@@ -150,6 +153,9 @@ class LoraService:
             self._poller = threading.Thread(target=self._poll, args=(poll_s,), name="adapter-control",
                                             daemon=True)
             self._poller.start()
+        # The warm-up plan of this instance: its hot set, and plan.json in the control folder.
+        self.plan = PlanKeeper(engine, self.lifecycle, instance=instance, warm=self._warm_item,
+                               run=self._between_steps, control_dir=control_dir, poll_s=poll_s)
 
     def generate(self, request: GenerateRequest) -> Iterator[GenerationStep]:
         """Refuse adapters that are not live (or serve warming ones cold when configured), then generate."""
@@ -160,6 +166,8 @@ class LoraService:
     def serve(self, request: GenerateRequest, sink: SequenceSink) -> None:
         """Serve one request into ``sink``: queued on the scheduler (returns at once), or run to its last
         token here (serial). A request that cannot be served raises its RequestError at once."""
+        if request.plan_id is not None:
+            request = self.plan.note_warmup(request)  # a model_warmup sample of a plan
         if self.scheduler is None:
             for step in self.generate(request):
                 sink.send(step)
@@ -176,6 +184,7 @@ class LoraService:
 
     def close(self) -> None:
         self._stop.set()
+        self.plan.close()
         if self._poller is not None:
             self._poller.join(timeout=5)
         if self.scheduler is not None:
@@ -223,6 +232,22 @@ class LoraService:
             steps += self.scheduler.submit_warm(name, ids, plan_id=cache.active_plan).result()
             tokens += len(ids)
         return f"warmed {len(spec.warm_prompts)} prompts ({tokens} tokens, {steps} steps)"
+
+    def _warm_item(self, adapter: str | None, tenant: str, ids: tuple[int, ...]) -> None:
+        """Warm one planned prefix under the active plan: the scheduler's warm class, or the gate (serial)."""
+        if self.scheduler is not None:
+            self.scheduler.submit_warm(adapter, ids, tenant, plan_id=self.engine.prefix_cache.active_plan).result()
+            return
+        for end in warm_chunk_ends(len(ids), self.warm_chunk_tokens, self.engine.prefix_cache.block_size):
+            with self.gate.background():
+                self.engine.warm_ids(adapter, ids[:end], tenant)
+
+    def _between_steps(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` where no forward runs meanwhile (between scheduler steps, or holding the gate)."""
+        if self.scheduler is not None:
+            return self.scheduler.call(fn).result()
+        with self.gate.background():
+            return fn()
 
     def _poll(self, poll_s: float) -> None:
         while not self._stop.wait(poll_s):

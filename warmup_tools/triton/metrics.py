@@ -83,6 +83,14 @@ class GenerationMetrics:
         self.state = pb_utils.MetricFamily(
             name="warmup_adapter_state", description="1 for the adapter's current lifecycle state on an instance",
             kind=pb_utils.MetricFamily.GAUGE)
+        self.plan_blocks = pb_utils.MetricFamily(
+            name="warmup_kv_plan_blocks",
+            description="KV blocks of the warm-up plan's hot set per adapter and instance",
+            kind=pb_utils.MetricFamily.GAUGE)
+        self.plan_resident = pb_utils.MetricFamily(
+            name="warmup_kv_plan_blocks_resident",
+            description="KV blocks of the warm-up plan's hot set resident in the instance's cache, per adapter",
+            kind=pb_utils.MetricFamily.GAUGE)
         self._cross_tenant = pb_utils.MetricFamily(
             name="warmup_kv_cross_tenant_hits_total",
             description="KV blocks refused because they were written for another tenant (expected: 0)",
@@ -132,6 +140,10 @@ class GenerationMetrics:
                 if delta > 0:
                     self._metric(self.evictions, {"adapter": name}, per_instance=False).increment(delta)
                     self._evicted[name] = count
+        plan = getattr(service, "plan", None)
+        for name, coverage in (plan.coverage_now if plan is not None else {}).items():
+            self._set(self.plan_blocks, {"adapter": name}, coverage.planned)
+            self._set(self.plan_resident, {"adapter": name}, coverage.resident)
         for name, status in service.lifecycle.snapshot().items():
             for state in type(status.state):
                 self._set(self.state, {"adapter": name, "state": state.value}, 1 if status.state is state else 0)

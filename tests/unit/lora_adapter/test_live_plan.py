@@ -1,0 +1,144 @@
+"""One instance's plan: hot set from its samples or plan.json, diffs that move pins, coverage and shortfalls."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from tests.unit.adapters.test_plan_control import make_plan
+from warmup_tools.adapters.plan_control import PlanStatusBoard, write_plan_file
+from warmup_tools.kv.blocks import BlockSource
+from warmup_tools.kv.config import KVCacheConfig
+from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
+from warmup_tools.lora_adapter.live_plan import diff_hot_sets
+from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+from warmup_tools.lora_adapter.scheduler import Scheduler
+from warmup_tools.lora_adapter.service import LoraService
+from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
+
+DEADLINE_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def engine(demo_assets):
+    return LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
+                                   adapters=("support", "sql"), kv=KVCacheConfig(budget_bytes=64 << 20),
+                                   num_threads=1))
+
+
+def prefix(engine, text, blocks):
+    ids = engine.encode(text)
+    assert len(ids) >= blocks * 16
+    return list(ids[: blocks * 16])
+
+
+def item(ids, adapter="support", tenant="acme"):
+    return {"tenant": tenant, "adapter": adapter, "token_ids": ids}
+
+
+def wait_status(board, plan_id, instance="inst_0"):
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        status = board.read_all()[0].get(instance)
+        if status is not None and status.plan_id == plan_id and status.state == "applied":
+            return status
+        time.sleep(0.05)
+    pytest.fail(f"plan {plan_id} not applied within {DEADLINE_S:.0f} s: {board.read_all()}")
+
+
+def serve_once(service, ids, adapter="support", tenant="acme"):
+    from tests.unit.lora_adapter.test_service import _Sink
+
+    sink = _Sink()
+    service.serve(GenerateRequest(tuple(ids), adapter, tenant, False, SamplingParams(max_tokens=2)), sink)
+    assert sink.done.wait(DEADLINE_S) and not sink.errors, sink.errors
+    return sink.steps[0].cached_tokens
+
+
+def test_diff_counts_added_kept_and_dropped_blocks_per_adapter():
+    old = {"sql": {b"a", b"b"}, "base": {b"x"}}
+    new = {"sql": {b"b", b"c", b"d"}, "support": {b"s"}}
+    diff = diff_hot_sets(old, new)
+    assert diff.added == {"sql": 2, "support": 1}
+    assert diff.kept == {"sql": 1}
+    assert diff.dropped == {"sql": 1, "base": 1}
+    assert diff.summary() == "3 blocks added, 1 kept, 2 dropped"
+
+
+def test_a_live_plan_change_warms_new_items_moves_pins_and_reports_coverage(engine, tmp_path):
+    kept_ids = prefix(engine, SYSTEM_PROMPTS["support"], 6)
+    dropped_ids = prefix(engine, SYSTEM_PROMPTS["legal"], 4)
+    added_ids = prefix(engine, SYSTEM_PROMPTS["sql"], 5)
+    first = make_plan([item(kept_ids), item(dropped_ids, adapter="")])
+    second = make_plan([item(kept_ids), item(added_ids, adapter="sql", tenant="beta")])
+    board = PlanStatusBoard(tmp_path)
+    scheduler = Scheduler(engine)
+    scheduler.start()
+    service = LoraService(engine, instance="inst_0", control_dir=tmp_path, poll_s=0.05, scheduler=scheduler)
+    cache = engine.prefix_cache
+    try:
+        write_plan_file(tmp_path, first)
+        status = wait_status(board, first.plan_id)
+        assert status.source == "control"
+        assert {n: (c.planned, c.resident) for n, c in status.adapters.items()} == {"support": (6, 6), "base": (4, 4)}
+        assert serve_once(service, kept_ids + [5, 6, 7]) == 6 * 16
+
+        write_plan_file(tmp_path, second)
+        status = wait_status(board, second.plan_id)
+        assert {n: (c.planned, c.resident) for n, c in status.adapters.items()} == {"support": (6, 6), "sql": (5, 5)}
+        assert "5 blocks added, 6 kept, 4 dropped" in status.detail
+        kept = service.plan.hot["support"]
+        assert all(cache.block(h).plan_id == second.plan_id for h in kept)
+        dropped, _ = engine.block_hashes(GenerateRequest(tuple(dropped_ids), None, "acme", False,
+                                                         SamplingParams(), source=BlockSource.WARMUP))
+        assert all(cache.block(h) is None or cache.block(h).plan_id is None for h in dropped)
+        # The new item is served from the cache without a restart, for its own tenant only.
+        assert serve_once(service, added_ids + [9, 9], adapter="sql", tenant="beta") == 5 * 16
+        assert serve_once(service, added_ids + [9, 9], adapter="sql", tenant="gamma") == 0
+    finally:
+        service.close()
+        cache.activate_plan(None)
+
+
+def test_samples_with_a_plan_id_make_the_hot_set_until_a_live_plan_is_applied(engine, tmp_path):
+    ids = prefix(engine, SYSTEM_PROMPTS["legal"], 3)
+    service = LoraService(engine, instance="inst_0", control_dir=None)
+    try:
+        sample = GenerateRequest(tuple(ids), None, "default", False, SamplingParams(max_tokens=1),
+                                 source=BlockSource.WARMUP, plan_id="stanza-plan")
+        from tests.unit.lora_adapter.test_service import _Sink
+
+        service.serve(sample, _Sink())
+        status = service.plan.status()
+        assert (status.plan_id, status.source) == ("stanza-plan", "samples")
+        assert status.adapters["base"].planned == 3 and status.adapters["base"].coverage == 1.0
+        live = make_plan([item(prefix(engine, SYSTEM_PROMPTS["support"], 2))])
+        from warmup_tools.adapters.plan_control import LivePlan
+
+        service.plan.apply(LivePlan.parse(live.to_json().encode()))
+        # A sample of another plan (a reload with older stanzas) no longer pins or changes the hot set.
+        assert service.plan.note_warmup(sample).plan_id is None
+        assert service.plan.status().plan_id == live.plan_id
+    finally:
+        service.close()
+        engine.prefix_cache.activate_plan(None)
+
+
+def test_a_plan_the_warm_up_budget_cannot_hold_says_so(engine, tmp_path):
+    block = 16 * engine.kv_bytes_per_token
+    small = LoraEngine(dataclasses.replace(engine.config, adapters=("support",),
+                                           kv=KVCacheConfig(budget_bytes=10 * block, live_reserve=0.5)))
+    ids = prefix(small, SYSTEM_PROMPTS["support"], 8)
+    service = LoraService(small, instance="inst_0", control_dir=None)
+    try:
+        from warmup_tools.adapters.plan_control import LivePlan
+
+        plan = make_plan([item(ids)])
+        service.plan.apply(LivePlan.parse(plan.to_json().encode()))
+        coverage = service.plan.status().adapters["support"]
+        assert coverage.planned == 8 and coverage.resident == 5
+        assert "3 of 8 planned blocks do not fit the warm-up budget" in coverage.shortfall
+    finally:
+        service.close()

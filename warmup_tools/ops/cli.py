@@ -183,6 +183,9 @@ def _parser() -> argparse.ArgumentParser:
     sidecar.add_argument("--probe-timeout-s", type=float)
     sidecar.add_argument("--failures-to-recover", type=int)
     sidecar.add_argument("--recovery-timeout-s", type=float)
+    sidecar.add_argument("--coverage-threshold", type=float,
+                         help="share of each live adapter's planned hot set that must be resident on every "
+                              "instance for /ready (default 0.95; 0 turns the check off)")
     sidecar.set_defaults(func=_cmd_sidecar)
     rec = which.add_parser("recovery", parents=[assets],
                            help="kill the lora_adapter stub beside the sidecar: seconds to /ready 503 and back to "
@@ -264,7 +267,7 @@ def sidecar_config(args: argparse.Namespace) -> "SidecarConfig":
 
     flags = {"host": args.sidecar_host, "port": args.sidecar_port, "probe_interval_s": args.probe_interval_s,
              "probe_timeout_s": args.probe_timeout_s, "failures_to_recover": args.failures_to_recover,
-             "recovery_timeout_s": args.recovery_timeout_s}
+             "recovery_timeout_s": args.recovery_timeout_s, "coverage_threshold": args.coverage_threshold}
     return load_config(SidecarConfig, args.sidecar_config, flags, env={})
 
 
@@ -280,7 +283,7 @@ def _cmd_sidecar(args: argparse.Namespace) -> int:
     with _server(config, explicit_model_control=True, repository_key=RepositoryKey.generate()) as server:
         # The sidecar answers from the start, so a startupProbe sees 503 with the reason while models load.
         with Sidecar(sidecar_settings, server.http_url, server.grpc_url, server.repository_key,
-                     config.model_repository) as sidecar:
+                     config.model_repository, control_dir=config.control_dir) as sidecar:
             print(f"tritonserver starting on {config.model_repository}: HTTP {server.http_url}, gRPC "
                   f"{server.grpc_url} (log {server.log_path}); sidecar {sidecar.url}/ready /live /status; "
                   "Ctrl-C stops", flush=True)

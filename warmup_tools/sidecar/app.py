@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import Mapping
@@ -10,6 +11,7 @@ from typing import Mapping
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.ops.server import RepositoryKey
 from warmup_tools.sidecar.config import SidecarConfig
+from warmup_tools.sidecar.coverage import CoverageReader
 from warmup_tools.sidecar.endpoints import SidecarHttpServer
 from warmup_tools.sidecar.monitor import Monitor
 from warmup_tools.sidecar.plan_id import discover_plan_id
@@ -28,15 +30,20 @@ class Sidecar:
     """
 
     def __init__(self, config: SidecarConfig, http_url: str, grpc_url: str, key: RepositoryKey | None,
-                 model_repository: Path | None = None) -> None:
+                 model_repository: Path | None = None, control_dir: Path | None = None) -> None:
+        """``control_dir``: the folder lora_adapter's instances report their warm coverage to (its
+        ``control_dir`` parameter); with it, and ``coverage_threshold`` above 0, ``/ready`` checks coverage."""
         unknown = sorted(set(config.models) - set(PROBED_MODELS))
         if unknown:
             raise ConfigError(f"no probe for model(s) {', '.join(unknown)}; known: {', '.join(PROBED_MODELS)}")
         self.config = config
         self._probes = TritonProbes(grpc_url, config.probe_timeout_s, **_probe_credentials(os.environ))
         self._repository = RepositoryClient(http_url, key, config.recovery_timeout_s)
+        coverage = (CoverageReader(Path(control_dir), config.coverage_threshold, config.coverage_stale_s, time.time)
+                    if control_dir is not None and config.coverage_threshold > 0 else None)
         self.monitor = Monitor(config, self._probes.probe, self._probes.server_ready, self._repository,
-                               plan_id=discover_plan_id(model_repository) if model_repository else None)
+                               plan_id=discover_plan_id(model_repository) if model_repository else None,
+                               coverage=coverage)
         self._http = SidecarHttpServer(self.monitor, config.host, config.port)
 
     @property

@@ -31,6 +31,11 @@ class SidecarConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     models: tuple[str, ...] = (*COMPOSING_MODELS, ENSEMBLE_MODEL)
+    #: Warm coverage (needs the control folder lora_adapter reports to): ``/ready`` also wants every live
+    #: adapter's planned hot set resident at this share or above on every instance; 0 turns the check off.
+    coverage_threshold: float = 0.95
+    #: A coverage report older than this is ignored (its instance is gone, or its stub died).
+    coverage_stale_s: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("probe_interval_s", "probe_timeout_s", "recovery_timeout_s", "recovery_backoff_s",
@@ -41,5 +46,9 @@ class SidecarConfig:
             raise ConfigError(f"failures_to_recover={self.failures_to_recover} must be at least 1")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port={self.port} is not a TCP port")
+        if not 0.0 <= self.coverage_threshold <= 1.0:
+            raise ConfigError(f"coverage_threshold={self.coverage_threshold} must be a share in [0, 1]")
+        if not self.coverage_stale_s > 0:
+            raise ConfigError(f"coverage_stale_s={self.coverage_stale_s} must be positive")
         if not self.models:
             raise ConfigError("models must name at least one model")

@@ -1,10 +1,12 @@
 """``/ready``, ``/live`` and ``/status`` over stdlib HTTP, answered from the monitor's last round.
 
 - ``/ready`` (readinessProbe, startupProbe): 200 ``{"ready": true}`` when the server and every model
-  passed their last probe; otherwise 503 with ``{"ready": false, "reason": ...}``.
+  passed their last probe and (with a control folder) every live adapter's planned hot set is resident
+  above the coverage threshold on every instance; otherwise 503 with ``{"ready": false, "reason": ...}``.
 - ``/live`` (livenessProbe): 200 while this process serves HTTP; it says nothing about Triton, so a
   Triton outage makes the pod unready, never restarts the sidecar.
-- ``/status``: per model state, last probe result and latency, last recovery, the warm-up plan id.
+- ``/status``: per model state, last probe result and latency, last recovery, the warm-up plan id, and
+  warm coverage per lora_adapter instance and adapter (plan id, planned and resident blocks, shortfall).
 - ``/metrics``: the same as Prometheus text (ready, per model health, probe latency, recoveries), for the
   dashboard beside Triton's own ``/metrics``.
 """
@@ -104,6 +106,18 @@ def prometheus_text(status: dict[str, object]) -> str:
                        registry=registry)
     failed = Gauge("warmup_sidecar_failed_recoveries", "Reloads of the model that did not", ["model"],
                    registry=registry)
+    coverage = Gauge("warmup_sidecar_warm_coverage",
+                     "Share of the planned hot set resident, per lora_adapter instance and adapter",
+                     ["instance", "adapter", "plan_id"], registry=registry)
+    short = Gauge("warmup_sidecar_warm_coverage_shortfall",
+                  "1 when the instance says the planned hot set cannot be resident (budget), per adapter",
+                  ["instance", "adapter"], registry=registry)
+    for instance, entry in dict(dict(status.get("coverage") or {}).get("instances") or {}).items():
+        if entry.get("stale"):
+            continue
+        for adapter, cov in entry["adapters"].items():
+            coverage.labels(instance, adapter, entry.get("plan_id") or "").set(cov["coverage"])
+            short.labels(instance, adapter).set(1 if cov["shortfall"] else 0)
     for model, health in dict(status.get("models") or {}).items():
         healthy.labels(model).set(1 if health.get("state") == "healthy" else 0)
         probe = health.get("last_probe") or {}

@@ -13,6 +13,7 @@ from typing import Callable, Protocol
 
 from warmup_tools.common.errors import WarmupToolsError
 from warmup_tools.sidecar.config import ENSEMBLE_MODEL, SidecarConfig
+from warmup_tools.sidecar.coverage import NOT_CHECKED, CoverageVerdict
 from warmup_tools.sidecar.health import HealthTracker, ProbeResult, Readiness, RecoveryResult
 
 LOGGER = logging.getLogger(__name__)
@@ -37,10 +38,18 @@ class Monitor:
         repository: Repository,
         *,
         plan_id: str | None = None,
+        coverage: Callable[[frozenset[str]], CoverageVerdict] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """``coverage`` (a :class:`~warmup_tools.sidecar.coverage.CoverageReader`) is asked once per round
+        whether the planned hot sets are resident; None: warm coverage is not part of readiness."""
         self.config = config
         self.plan_id = plan_id
+        self._coverage = coverage
+        self._verdict = NOT_CHECKED if coverage is None else CoverageVerdict(
+            False, "warm coverage not read yet", {"checked": True})
+        #: lora_adapter instances that met the coverage threshold (forgotten when the model is reloaded).
+        self._covered: frozenset[str] = frozenset()
         self._probe = probe
         self._server_ready = server_ready
         self._repository = repository
@@ -52,6 +61,7 @@ class Monitor:
         self._thread: threading.Thread | None = None
         self._rounds = 0
         self._was_ready = False
+        self._shortfalls_logged: set[tuple[str, ...]] = set()
 
     # ----------------------------------------------------------------------------------- public API
     def start(self) -> None:
@@ -78,27 +88,42 @@ class Monitor:
                 with self._lock:
                     self._tracker.record(model, result)
             with self._lock:
-                self._log_transition(self._tracker.readiness())
+                self._log_transition(self._readiness())
                 due = self._tracker.to_recover(self._clock())
             for model in due:
                 self._recover(model)
+        if self._coverage is not None:
+            verdict = self._coverage(self._covered)
+            with self._lock:
+                self._verdict = verdict
+                self._covered = self._covered | verdict.covered
         with self._lock:
             self._rounds += 1
-            self._log_transition(self._tracker.readiness())
+            self._log_transition(self._readiness())
 
     def readiness(self) -> Readiness:
         with self._lock:
-            return self._tracker.readiness()
+            return self._readiness()
 
     def snapshot(self) -> dict[str, object]:
         with self._lock:
             status = self._tracker.snapshot()
+            readiness = self._readiness()
+            status["ready"], status["reason"] = readiness.ready, readiness.reason
+            status["coverage"] = self._verdict.status
             status["rounds"] = self._rounds
         status["probe_interval_s"] = self.config.probe_interval_s
         status["plan_id"] = self.plan_id
         return status
 
     # ------------------------------------------------------------------------------------- helpers
+    def _readiness(self) -> Readiness:
+        """The models' readiness, then warm coverage (call with the lock held)."""
+        readiness = self._tracker.readiness()
+        if readiness.ready and not self._verdict.ready:
+            return Readiness(False, f"warm coverage: {self._verdict.reason}")
+        return readiness
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
@@ -134,6 +159,8 @@ class Monitor:
             LOGGER.error("reloading %s failed after %.1fs: %s", model, result.duration_s, error)
         with self._lock:
             self._tracker.recovery_finished(result)
+            if model == "lora_adapter":
+                self._covered = frozenset()  # its instances start again: they must reach the threshold again
 
     def _log_transition(self, readiness: Readiness) -> None:
         if readiness.ready != self._was_ready:
@@ -142,3 +169,11 @@ class Monitor:
             else:
                 LOGGER.warning("not ready: %s", readiness.reason)
             self._was_ready = readiness.ready
+        # NOTE: a plan the budget cannot hold keeps the pod unready; say why once per instance and adapter,
+        # even when the pod was already unready for another reason.
+        for instance, entry in dict(self._verdict.status.get("instances") or {}).items():
+            for adapter, cov in entry["adapters"].items():
+                key = (instance, adapter, entry["plan_id"], cov["shortfall"])
+                if cov["shortfall"] and key not in self._shortfalls_logged:
+                    self._shortfalls_logged.add(key)
+                    LOGGER.warning("%s/%s: plan %s: %s", instance, adapter, entry["plan_id"], cov["shortfall"])

@@ -89,6 +89,19 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--no-progress", action="store_true")
     plan.set_defaults(func=_cmd_plan)
 
+    apply = sub.add_parser("apply-plan", help="serve a plan on a running server without a restart (through the "
+                                              "control folder); waits until every instance reports it")
+    apply.add_argument("plan", type=Path, help="a plan file written by `plan`")
+    apply.add_argument("--control-dir", type=Path, default=REPO_ROOT / ".control",
+                       help="the lora_adapter model's control_dir (WARMUP_CONTROL_DIR)")
+    apply.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository",
+                       help="the repository the server runs: the plan is checked against it first")
+    apply.add_argument("--stanzas", action="store_true",
+                       help="also write the plan's model_warmup stanzas, so the next start begins from it")
+    apply.add_argument("--wait", type=float, default=600.0, help="seconds to wait for the instances (0: don't)")
+    apply.add_argument("--instances", type=int, help="how many instances must report (default: all that report)")
+    apply.set_defaults(func=_cmd_apply_plan)
+
     adapters = sub.add_parser("adapters", help="add, retire or list LoRA adapters on a running server")
     adapters.add_argument("--control-dir", type=Path, default=REPO_ROOT / ".control",
                           help="the lora_adapter model's control_dir (WARMUP_CONTROL_DIR)")
@@ -186,6 +199,10 @@ def _parser() -> argparse.ArgumentParser:
     sidecar.add_argument("--coverage-threshold", type=float,
                          help="share of each live adapter's planned hot set that must be resident on every "
                               "instance for /ready (default 0.95; 0 turns the check off)")
+    sidecar.add_argument("--replan-interval-s", type=float,
+                         help="re-plan from the request logs every so many seconds and apply it live (default 0: off)")
+    sidecar.add_argument("--replan-log-dir", type=Path, help="the request logs to re-plan from (request_log_dir)")
+    sidecar.add_argument("--replan-since-h", type=float, help="hours of logs each re-plan reads (default 6)")
     sidecar.set_defaults(func=_cmd_sidecar)
     rec = which.add_parser("recovery", parents=[assets],
                            help="kill the lora_adapter stub beside the sidecar: seconds to /ready 503 and back to "
@@ -267,7 +284,9 @@ def sidecar_config(args: argparse.Namespace) -> "SidecarConfig":
 
     flags = {"host": args.sidecar_host, "port": args.sidecar_port, "probe_interval_s": args.probe_interval_s,
              "probe_timeout_s": args.probe_timeout_s, "failures_to_recover": args.failures_to_recover,
-             "recovery_timeout_s": args.recovery_timeout_s, "coverage_threshold": args.coverage_threshold}
+             "recovery_timeout_s": args.recovery_timeout_s, "coverage_threshold": args.coverage_threshold,
+             "replan_interval_s": args.replan_interval_s, "replan_log_dir": args.replan_log_dir,
+             "replan_since_h": args.replan_since_h}
     return load_config(SidecarConfig, args.sidecar_config, flags, env={})
 
 
@@ -377,6 +396,29 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     print(format_summary(plan))
     print(f"plan {plan.plan_id} written to {args.out}; apply it with "
           f"`python -m warmup_tools stanzas --plan {args.out}`")
+    return 0
+
+
+def _cmd_apply_plan(args: argparse.Namespace) -> int:
+    from warmup_tools.planning.live import apply_plan, wait_applied
+    from warmup_tools.planning.plan import Plan
+    from warmup_tools.planning.plan_stanzas import write_plan_stanzas
+    from warmup_tools.planning.target import PlanTarget
+
+    plan = Plan.load(args.plan)
+    target = PlanTarget.from_repository(args.model_repository)
+    tokenizer = target.load_tokenizer()
+    path = apply_plan(plan, args.control_dir, target=target, tokenizer=tokenizer)
+    print(f"plan {plan.plan_id} ({len(plan.items)} KV items) written to {path}", flush=True)
+    if args.stanzas:
+        counts = write_plan_stanzas(plan, args.model_repository, target=target, tokenizer=tokenizer)
+        print(f"stanzas of plan {plan.plan_id} written into {args.model_repository}: {counts}")
+    if args.wait > 0:
+        for instance, status in sorted(wait_applied(args.control_dir, plan.plan_id, instances=args.instances,
+                                                    timeout_s=args.wait).items()):
+            coverage = ", ".join(f"{name} {c.resident}/{c.planned}" + (f" ({c.shortfall})" if c.shortfall else "")
+                                 for name, c in sorted(status.adapters.items()))
+            print(f"{instance}: applied plan {status.plan_id}: {status.detail}; resident blocks: {coverage or '-'}")
     return 0
 
 

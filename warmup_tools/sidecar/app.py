@@ -16,6 +16,7 @@ from warmup_tools.sidecar.endpoints import SidecarHttpServer
 from warmup_tools.sidecar.monitor import Monitor
 from warmup_tools.sidecar.plan_id import discover_plan_id
 from warmup_tools.sidecar.probes import PROBED_MODELS, TritonProbes
+from warmup_tools.sidecar.replan import Replanner
 from warmup_tools.sidecar.repository import RepositoryClient
 
 
@@ -44,6 +45,16 @@ class Sidecar:
         self.monitor = Monitor(config, self._probes.probe, self._probes.server_ready, self._repository,
                                plan_id=discover_plan_id(model_repository) if model_repository else None,
                                coverage=coverage)
+        self.replanner: Replanner | None = None
+        if config.replan_interval_s > 0:
+            if control_dir is None or model_repository is None:
+                raise ConfigError("the rolling re-plan needs the control folder and the model repository")
+            from warmup_tools.planning.live import RollingPlanner
+
+            planner = RollingPlanner(model_repository, control_dir, config.replan_log_dir,
+                                     since_s=config.replan_since_h * 3600)
+            self.replanner = Replanner(planner.run_once, config.replan_interval_s)
+            self.monitor.sections["replan"] = self.replanner.status
         self._http = SidecarHttpServer(self.monitor, config.host, config.port)
 
     @property
@@ -53,8 +64,12 @@ class Sidecar:
     def start(self) -> None:
         self._http.start()
         self.monitor.start()
+        if self.replanner is not None:
+            self.replanner.start()
 
     def stop(self) -> None:
+        if self.replanner is not None:
+            self.replanner.stop()
         self.monitor.stop()
         self._http.stop()
         self._probes.close()

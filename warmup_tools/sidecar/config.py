@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from warmup_tools.common.errors import ConfigError
 
@@ -36,6 +37,12 @@ class SidecarConfig:
     coverage_threshold: float = 0.95
     #: A coverage report older than this is ignored (its instance is gone, or its stub died).
     coverage_stale_s: float = 30.0
+    #: Rolling re-plan: every this many seconds, re-plan from the request logs under ``replan_log_dir``
+    #: (lora_adapter's request_log_dir) of the last ``replan_since_h`` hours, apply it to the running
+    #: server through the control folder and write the stanzas for the next start. 0: off.
+    replan_interval_s: float = 0.0
+    replan_log_dir: Path | None = None
+    replan_since_h: float = 6.0
 
     def __post_init__(self) -> None:
         for name in ("probe_interval_s", "probe_timeout_s", "recovery_timeout_s", "recovery_backoff_s",
@@ -50,5 +57,10 @@ class SidecarConfig:
             raise ConfigError(f"coverage_threshold={self.coverage_threshold} must be a share in [0, 1]")
         if not self.coverage_stale_s > 0:
             raise ConfigError(f"coverage_stale_s={self.coverage_stale_s} must be positive")
+        if self.replan_interval_s < 0 or not self.replan_since_h > 0:
+            raise ConfigError(f"replan_interval_s={self.replan_interval_s} must be >= 0 (0: off) and "
+                              f"replan_since_h={self.replan_since_h} positive")
+        if self.replan_interval_s and self.replan_log_dir is None:
+            raise ConfigError("replan_interval_s is set but replan_log_dir (the request logs) is not")
         if not self.models:
             raise ConfigError("models must name at least one model")

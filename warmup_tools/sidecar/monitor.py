@@ -48,6 +48,8 @@ class Monitor:
         self._coverage = coverage
         self._verdict = NOT_CHECKED if coverage is None else CoverageVerdict(
             False, "warm coverage not read yet", {"checked": True})
+        #: More sections of ``/status`` (name: a function of no arguments giving JSON-ready data).
+        self.sections: dict[str, Callable[[], object]] = {}
         #: lora_adapter instances that met the coverage threshold (forgotten when the model is reloaded).
         self._covered: frozenset[str] = frozenset()
         self._probe = probe
@@ -114,6 +116,8 @@ class Monitor:
             status["rounds"] = self._rounds
         status["probe_interval_s"] = self.config.probe_interval_s
         status["plan_id"] = self.plan_id
+        for name, section in self.sections.items():
+            status[name] = section()
         return status
 
     # ------------------------------------------------------------------------------------- helpers

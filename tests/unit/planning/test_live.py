@@ -1,0 +1,95 @@
+"""Plans for a running server: apply-plan through the control folder, and the rolling re-plan."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from tests.unit.planning.test_plan_stanzas import REPO
+from warmup_tools.adapters.plan_control import LivePlan
+from warmup_tools.common.jsonl import write_json_lines
+from warmup_tools.common.records import RequestRecord
+from warmup_tools.planning.live import RollingPlanner, served_plan
+from warmup_tools.planning.plan import Plan, PlanError
+from warmup_tools.planning.plan_stanzas import check_repository
+from warmup_tools.sidecar.replan import Replanner
+
+NOW = 1_700_000_000.0
+OLD = "I want you to act as a travel guide for a small coastal town, suggesting walks and museums.\n"
+NEW = "I want you to act as a patient maths tutor who explains every step of a proof with an example.\n"
+
+
+def records(prompt, start, n, tenant="acme"):
+    return [RequestRecord(ts=start + i, tenant=tenant, prompt=prompt + f"Question number {i} please.").to_json()
+            for i in range(n)]
+
+
+@pytest.fixture()
+def env(demo_assets, monkeypatch):
+    monkeypatch.setenv("WARMUP_ASSETS_DIR", str(demo_assets.root))
+    return {**os.environ}
+
+
+def test_the_rolling_re_plan_applies_the_difference_and_writes_the_stanzas(tmp_path, env, caplog):
+    repo, control, logs = tmp_path / "repo", tmp_path / "control", tmp_path / "logs"
+    shutil.copytree(REPO, repo)
+    logs.mkdir()
+    write_json_lines(logs / "requests.jsonl.1", records(OLD, NOW - 8 * 3600, 20))
+    clock = [NOW - 7 * 3600]
+    planner = RollingPlanner(repo, control, logs, since_s=6 * 3600, environ=env, now=lambda: clock[0])
+
+    first = planner.run_once()
+    assert first.applied and first.previous is None and first.added == 1
+    served = served_plan(control)
+    assert served.plan_id == first.plan_id and "travel guide" in served.items[0]["text"]
+    assert LivePlan.parse((control / "plan.json").read_bytes()).plan_id == first.plan_id
+    assert first.plan_id[:8] in (repo / "lora_adapter" / "config.pbtxt").read_text()
+    assert check_repository(repo) == []
+
+    # Eight hours on, only the new application is in the window: it is added, the old one dropped.
+    write_json_lines(logs / "requests.jsonl", records(NEW, NOW, 20))
+    clock[0] = NOW + 3600
+    caplog.set_level("INFO")
+    second = planner.run_once()
+    assert (second.previous, second.added, second.kept, second.dropped) == (first.plan_id, 1, 0, 1)
+    assert "tutor" in served_plan(control).items[0]["text"]
+    assert any("1 items added, 0 kept, 1 dropped" in r.getMessage() for r in caplog.records)
+    assert any("dropped: tenant acme" in r.getMessage() for r in caplog.records)
+    # Nothing new: the same plan again, nothing applied.
+    assert not planner.run_once().applied
+
+
+def test_apply_plan_refuses_a_plan_the_repository_cannot_serve(tmp_path, env):
+    from tests.unit.planning.test_plan_stanzas import make_plan
+    from warmup_tools.ops.cli import main
+
+    bad = make_plan("another-tokenizer")
+    bad.save(tmp_path / "plan.json")
+    with pytest.raises(PlanError, match="tokenizer"):
+        from warmup_tools.planning.live import apply_plan
+
+        apply_plan(Plan.load(tmp_path / "plan.json"), tmp_path / "control", REPO)
+    assert not (tmp_path / "control" / "plan.json").exists()
+    assert main(["apply-plan", str(tmp_path / "plan.json"), "--control-dir", str(tmp_path / "control"),
+                 "--wait", "0"]) == 2  # the CLI's status for a WarmupToolsError
+
+
+def test_the_replanner_keeps_its_last_result_and_error():
+    calls = []
+
+    def run_once():
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("embedder gone")
+        from warmup_tools.planning.live import ReplanResult
+
+        return ReplanResult("p2", "p1", 10, 1, 2, 3, True, 0.5, 0.0)
+
+    replanner = Replanner(run_once, interval_s=3600)
+    replanner.run_once()
+    assert replanner.status()["last"]["plan_id"] == "p2" and replanner.status()["error"] == ""
+    replanner.run_once()
+    status = replanner.status()
+    assert status["runs"] == 2 and "embedder gone" in status["error"] and status["last"]["plan_id"] == "p2"

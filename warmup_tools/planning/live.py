@@ -1,0 +1,131 @@
+"""Plans for a running server: apply one through the control folder, and re-plan on a schedule.
+
+- :func:`apply_plan` checks a plan against the repository (block size, tokenizer, warm-up budget, items)
+  exactly as ``stanzas --plan`` does, then makes it the control folder's ``plan.json``; every
+  ``lora_adapter`` instance picks it up, warms what is new and reports it
+  (:mod:`warmup_tools.lora_adapter.live_plan`). :func:`wait_applied` waits for the instances.
+- :class:`RollingPlanner` is the sidecar's rolling re-plan: the planner's rolling mode over the request
+  logs of the last hours with the plan now served as ``--previous``, applied through the control folder,
+  and written as the repository's stanzas (atomically), so the next start begins from today's plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from warmup_tools.adapters.plan_control import PLAN_FILE, PlanStatus, PlanStatusBoard, write_plan_file
+from warmup_tools.planning.plan import Plan, PlanError
+from warmup_tools.planning.target import PlanTarget
+
+LOGGER = logging.getLogger(__name__)
+
+
+def apply_plan(plan: Plan, control_dir: Path, model_repository: Path | None = None, *,
+               target: PlanTarget | None = None, tokenizer: Any | None = None) -> Path:
+    """Check ``plan`` against the repository (when one is given), then write it as ``plan.json``."""
+    if target is None and model_repository is not None:
+        target = PlanTarget.from_repository(model_repository)
+    if target is not None:
+        from warmup_tools.common.digests import tokenizer_fingerprint
+
+        tokenizer = tokenizer if tokenizer is not None else target.load_tokenizer()
+        target.check(plan, tokenizer_fingerprint(tokenizer), tokenizer)
+    return write_plan_file(control_dir, plan)
+
+
+def wait_applied(control_dir: Path, plan_id: str, *, instances: int | None = None, timeout_s: float = 600.0,
+                 fresh_s: float = 30.0) -> dict[str, PlanStatus]:
+    """Wait until the instances that report (within the last ``fresh_s``) have applied ``plan_id``."""
+    return PlanStatusBoard(control_dir).wait_for(plan_id, instances=instances, timeout_s=timeout_s,
+                                                  since=time.time() - fresh_s)
+
+
+def served_plan(control_dir: Path) -> Plan | None:
+    """The control folder's plan, if there is a valid one."""
+    path = Path(control_dir) / PLAN_FILE
+    if not path.exists():
+        return None
+    try:
+        return Plan.load(path)
+    except PlanError as exc:
+        LOGGER.warning("ignoring %s as the previous plan: %s", path, exc)
+        return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplanResult:
+    """One rolling re-plan: the plan made, the one it replaced, and what changed."""
+
+    plan_id: str
+    previous: str | None
+    records: int
+    added: int
+    kept: int
+    dropped: int
+    applied: bool
+    seconds: float
+    at: float
+
+
+class RollingPlanner:
+    """Re-plan from the logs under ``log_dir`` of the last ``since_s`` before ``now`` (default: the last
+    record), keep what still earns its place (the previous plan, hysteresis), apply and write stanzas.
+
+    The tokenizer and embedder load once, on the first run.
+    """
+
+    def __init__(self, model_repository: Path, control_dir: Path, log_dir: Path, *, since_s: float = 6 * 3600,
+                 environ: Mapping[str, str] | None = None, write_stanzas: bool = True,
+                 now: Callable[[], float | None] = lambda: None) -> None:
+        self.model_repository = Path(model_repository)
+        self.control_dir = Path(control_dir)
+        self.log_dir = Path(log_dir)
+        self.since_s = since_s
+        self.write_stanzas = write_stanzas
+        self._environ = environ
+        self._now = now
+        self._tools: tuple[PlanTarget, Any, Any] | None = None
+
+    def run_once(self) -> ReplanResult:
+        from warmup_tools.common.records import log_files, read_request_log
+        from warmup_tools.planning.plan_stanzas import write_plan_stanzas
+        from warmup_tools.planning.select import build_plan
+
+        started = time.perf_counter()
+        target, tokenizer, embedder = self._load()
+        records = list(read_request_log(log_files([self.log_dir])))
+        end = self._now()
+        end = end if end is not None else max((r.ts for r in records), default=time.time())
+        records = [r for r in records if end - self.since_s <= r.ts <= end]
+        previous = served_plan(self.control_dir)
+        plan = build_plan(records, tokenizer, embedder, target.default_budgets(), now=end,
+                          block_size=target.block_size, kv_bytes_per_token=target.kv_bytes_per_token,
+                          progress=False, previous=previous)
+        changes = plan.summary.get("changes") or {}
+        applied = previous is None or plan.plan_id != previous.plan_id
+        if applied:
+            apply_plan(plan, self.control_dir, target=target, tokenizer=tokenizer)
+            if self.write_stanzas:
+                write_plan_stanzas(plan, self.model_repository, target=target, tokenizer=tokenizer)
+        result = ReplanResult(plan.plan_id, previous.plan_id if previous else None, len(records),
+                              int(changes.get("added", len(plan.items))), int(changes.get("kept", 0)),
+                              int(changes.get("dropped", 0)), applied, time.perf_counter() - started, time.time())
+        LOGGER.info("re-plan over %d records of the last %g h: plan %s -> %s: %d items added, %d kept, %d dropped%s",
+                    result.records, self.since_s / 3600, result.previous, result.plan_id, result.added, result.kept,
+                    result.dropped, "" if applied else " (unchanged, nothing applied)")
+        for item in changes.get("dropped_items") or ():
+            LOGGER.info("  dropped: tenant %s adapter %s, %s tokens: %r", item.get("tenant"),
+                        item.get("adapter") or "(base)", item.get("tokens"), item.get("text"))
+        return result
+
+    def _load(self) -> tuple[PlanTarget, Any, Any]:
+        if self._tools is None:
+            from warmup_tools.embedding_cache.embedder import OnnxEmbedder
+
+            target = PlanTarget.from_repository(self.model_repository, self._environ)
+            self._tools = (target, target.load_tokenizer(), OnnxEmbedder(target.embedder_dir))
+        return self._tools

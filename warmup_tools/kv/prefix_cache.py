@@ -225,8 +225,9 @@ class PrefixCache:
         """Make ``plan_id`` active without dropping the blocks it keeps (a live plan change).
 
         Pinned blocks in ``keep`` are re-pinned under ``plan_id``; every other pinned block is unpinned and
-        becomes an ordinary evictable block. Blocks of ``keep`` that are not pinned yet are pinned when the
-        new plan warms them (:meth:`store` with ``plan_id``). Returns ``(kept, unpinned)``.
+        becomes an ordinary evictable block (live KV, outside the warm-up cap). Blocks of ``keep`` that are
+        not pinned yet are pinned when the new plan warms them (:meth:`store` with ``plan_id``). Returns
+        ``(kept, unpinned)``.
         """
         kept = unpinned = 0
         with self._lock:
@@ -240,6 +241,11 @@ class PrefixCache:
                 else:
                     block.plan_id = None
                     self.stats.pinned_bytes -= block.nbytes
+                    if block.source is BlockSource.WARMUP:
+                        # NOTE: a dropped block no longer counts against the warm-up cap, or the new plan's
+                        # items could be refused for room the old plan's leftovers hold.
+                        block.source = BlockSource.LIVE
+                        self.stats.warmup_bytes -= block.nbytes
                     self._refresh(block)
                     unpinned += 1
         return kept, unpinned

@@ -96,6 +96,7 @@ class PlanKeeper:
         self._lock = threading.Lock()
         self._watcher = PlanFileWatcher(control_dir, who=instance) if control_dir is not None else None
         self._board = PlanStatusBoard(control_dir) if control_dir is not None else None
+        self._warm_failures = ""
         self._last_report: tuple[Any, ...] | None = None
         self._last_report_at = float("-inf")
         self.coverage_now: dict[str, AdapterCoverage] = {}
@@ -144,7 +145,7 @@ class PlanKeeper:
         LOGGER.info("instance %s: plan %s -> %s: %s (%d pinned blocks kept, %d unpinned)%s", self.instance,
                     previous, plan.plan_id, diff.summary(), kept, unpinned, f"; {skipped}" if skipped else "")
         self.report(force=True)
-        failed = 0
+        failed, first_error = 0, ""
         for item, hashes in items:
             if cache.resident(hashes, plan.plan_id) == len(hashes):
                 continue  # kept and pinned already
@@ -152,12 +153,14 @@ class PlanKeeper:
                 self._warm(item.adapter or None, item.tenant, item.token_ids)
             except Exception as exc:  # noqa: BLE001 - one item that cannot be warmed leaves the others
                 failed += 1
+                first_error = first_error or str(exc)
                 LOGGER.warning("instance %s: warming an item of plan %s failed: %s", self.instance, plan.plan_id, exc)
         with self._lock:
             if self.plan_id == plan.plan_id:
                 self.state = "applied"
+                self._warm_failures = f"{failed} items could not be warmed ({first_error})" if failed else ""
                 if failed:
-                    self.detail += f"; {failed} items failed to warm"
+                    self.detail += f"; {self._warm_failures}"
         self.report(force=True)
         return diff
 
@@ -241,13 +244,14 @@ class PlanKeeper:
         notes += [f"{bad} items outside the model's vocabulary or context"] if bad else []
         return hot, usable, "; ".join(notes)
 
-    @staticmethod
-    def _shortfall(cache: Any, missing: int, planned: int) -> str:
+    def _shortfall(self, cache: Any, missing: int, planned: int) -> str:
         budget, used = cache.warmup_budget, cache.stats.warmup_bytes
+        failed = f"; {self._warm_failures}" if self._warm_failures else ""
         if cache.stats.rejected_blocks:
             return (f"{missing} of {planned} planned blocks do not fit the warm-up budget ({used:,} of {budget:,} "
-                    "bytes: kv_cache_bytes less kv_live_reserve; lower the plan's budgets or raise kv_cache_bytes)")
-        return f"{missing} of {planned} planned blocks are not resident (evicted, or not warmed yet)"
+                    "bytes: kv_cache_bytes less kv_live_reserve; lower the plan's budgets or raise kv_cache_bytes)"
+                    + failed)
+        return f"{missing} of {planned} planned blocks are not resident (evicted, or not warmed yet){failed}"
 
     def _loop(self, poll_s: float) -> None:
         while not self._stop.wait(poll_s):

@@ -24,7 +24,7 @@ def test_move_plan_repins_kept_blocks_and_unpins_dropped_ones():
     assert cache.active_plan == "plan-b"
     assert all(cache.block(h).plan_id == "plan-b" for h in kept)
     assert all(cache.block(h).plan_id is None for h in dropped)
-    assert cache.stats.pinned_bytes == 2 * block_bytes()
+    assert cache.stats.pinned_bytes == cache.stats.warmup_bytes == 2 * block_bytes()
     # Dropped blocks are ordinary blocks now: resident until something needs the room, then evictable.
     assert cache.resident(dropped) == 2 and cache.resident(dropped, "plan-b") == 0
     assert cache.block(dropped[-1]).evictable and not cache.block(kept[-1]).evictable

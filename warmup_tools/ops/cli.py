@@ -154,6 +154,15 @@ def _parser() -> argparse.ArgumentParser:
                      help="the project's generated traffic, or a log built from real public text")
     rep.add_argument("--report", type=Path, metavar="DIR", help="write PNG plots and a markdown summary here")
 
+    roll = which.add_parser("rolling", parents=[assets],
+                            help="replay day 2 with the static day-1 plan and with a re-plan every K hours applied "
+                                 "live: cold share per window, and how long new applications stay cold")
+    roll.add_argument("--seed", type=int, default=0)
+    roll.add_argument("--requests-per-day", type=int, default=3000)
+    roll.add_argument("--hours", type=float, default=12.0, help="hours of day 2 to replay")
+    roll.add_argument("--every-h", type=float, default=3.0, help="simulated hours between re-plans")
+    roll.add_argument("--since-h", type=float, default=6.0, help="hours of logs each re-plan reads")
+
     load = which.add_parser("load", parents=[assets],
                             help="Locust users replay day 2's first hour concurrently, with and without the plan")
     load.add_argument("--users", type=int, default=4)

@@ -90,7 +90,8 @@ class RollingPlanner:
         self._now = now
         self._tools: tuple[PlanTarget, Any, Any] | None = None
 
-    def run_once(self) -> ReplanResult:
+    def run_once(self, now: float | None = None) -> ReplanResult:
+        """One re-plan; ``now`` (epoch seconds the window ends at) overrides the clock (a replay's time)."""
         from warmup_tools.common.records import log_files, read_request_log
         from warmup_tools.planning.plan_stanzas import write_plan_stanzas
         from warmup_tools.planning.select import build_plan
@@ -98,7 +99,7 @@ class RollingPlanner:
         started = time.perf_counter()
         target, tokenizer, embedder = self._load()
         records = list(read_request_log(log_files([self.log_dir])))
-        end = self._now()
+        end = now if now is not None else self._now()
         end = end if end is not None else max((r.ts for r in records), default=time.time())
         records = [r for r in records if end - self.since_s <= r.ts <= end]
         previous = served_plan(self.control_dir)

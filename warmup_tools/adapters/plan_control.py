@@ -3,8 +3,10 @@
 Beside the adapter files of :mod:`warmup_tools.adapters.registry` the control folder holds::
 
     <root>/plan.json                   the plan to serve now: a planner plan file (`plan apply`, the sidecar)
-    <root>/plan_status/<instance>.json written by each lora_adapter instance: the plan it applied and, per
-                                       adapter, how many blocks of its planned hot set are resident
+    <root>/plan_status/<host>.<instance>.json
+                                       written by each lora_adapter instance: the plan it applied and, per
+                                       adapter, how many blocks of its planned hot set are resident (replicas
+                                       share the folder, so the file and the report carry the host)
 
 The operator channel is trusted but still checked: ``plan.json`` is read only up to ``max_bytes``, must be
 a plan of :data:`~warmup_tools.planning.plan.PLAN_FORMAT` whose content hashes to its ``plan_id``, with
@@ -22,9 +24,11 @@ dashboards.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -161,11 +165,19 @@ class PlanStatus:
     #: The last plan file this instance refused, if any.
     error: str = ""
     reported_at: float = 0.0
+    #: The host (pod) the instance runs on: replicas share the control folder and their instances have the
+    #: same names, so each sidecar reads only its own host's reports.
+    host: str = ""
+
+    @property
+    def key(self) -> str:
+        """``host/instance`` (the instance alone without a host): unique across replicas."""
+        return f"{self.host}/{self.instance}" if self.host else self.instance
 
     def to_json(self) -> bytes:
         document = {"format": STATUS_FORMAT, "instance": self.instance, "plan_id": self.plan_id,
                     "source": self.source, "state": self.state, "detail": self.detail, "error": self.error,
-                    "reported_at": self.reported_at,
+                    "reported_at": self.reported_at, "host": self.host,
                     "adapters": {n: dataclasses.asdict(c) for n, c in sorted(self.adapters.items())}}
         return (json.dumps(document, sort_keys=True) + "\n").encode("utf-8")
 
@@ -183,7 +195,7 @@ class PlanStatus:
                 plan_id=_optional_str(data["plan_id"]), source=str(data["source"]), state=str(data["state"]),
                 adapters={validate_name(n, what="adapter"): _coverage(c) for n, c in adapters.items()},
                 detail=str(data.get("detail", ""))[:1000], error=str(data.get("error", ""))[:1000],
-                reported_at=float(data["reported_at"]))
+                reported_at=float(data["reported_at"]), host=_host(data.get("host", "")))
         except (UnicodeDecodeError, ValueError, KeyError, TypeError, LifecycleError) as exc:
             raise ValueError(f"not a valid plan status: {exc}") from None
 
@@ -197,10 +209,12 @@ class PlanStatusBoard:
 
     def report(self, status: PlanStatus) -> None:
         validate_name(status.instance, what="instance name")
-        write_atomic(self.folder / f"{status.instance}.json", status.to_json())
+        host = f"{hashlib.sha256(status.host.encode()).hexdigest()[:12]}." if status.host else ""
+        write_atomic(self.folder / f"{host}{status.instance}.json", status.to_json())
 
-    def read_all(self) -> tuple[dict[str, PlanStatus], list[str]]:
-        """Every readable status by instance, and one line per file that was skipped (too big, malformed)."""
+    def read_all(self, host: str | None = None) -> tuple[dict[str, PlanStatus], list[str]]:
+        """Every readable status by :attr:`PlanStatus.key` (with ``host``: only that host's, by instance), and
+        one line per file that was skipped (too big, malformed)."""
         found: dict[str, PlanStatus] = {}
         skipped: list[str] = []
         if not self.folder.is_dir():
@@ -217,7 +231,10 @@ class PlanStatusBoard:
             except (OSError, ValueError) as exc:
                 skipped.append(f"{path.name}: {exc}")
                 continue
-            found[status.instance] = status
+            if host is None:
+                found[status.key] = status
+            elif status.host == host:
+                found[status.instance] = status
         return found, skipped
 
     def wait_for(self, plan_id: str, *, instances: int | None = None, timeout_s: float = 600.0,
@@ -267,6 +284,15 @@ def _coverage(raw: Any) -> AdapterCoverage:
     if type(planned) is not int or type(resident) is not int or not 0 <= resident <= planned:
         raise ValueError("planned and resident must be integers with 0 <= resident <= planned")
     return AdapterCoverage(planned, resident, bool(raw.get("live", True)), str(raw.get("shortfall", ""))[:500])
+
+
+def _host(value: Any) -> str:
+    if not isinstance(value, str) or not _HOST.fullmatch(value):
+        raise ValueError("host must be a host name")
+    return value
+
+
+_HOST = re.compile(r"[A-Za-z0-9._-]{0,253}")
 
 
 def _optional_str(value: Any) -> str | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 import threading
 import time
 from pathlib import Path
@@ -187,7 +188,7 @@ class PlanKeeper:
         coverage = self.coverage()
         with self._lock:
             return PlanStatus(self.instance, self.plan_id, self.source, self.state, coverage, self.detail,
-                              self._watcher.error if self._watcher else "", self._clock())
+                              self._watcher.error if self._watcher else "", self._clock(), socket.gethostname())
 
     def report(self, force: bool = False) -> None:
         """Write this instance's status if it changed (or ``force``, or every ``heartbeat_s``)."""

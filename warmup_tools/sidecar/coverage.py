@@ -19,6 +19,7 @@ from the read, so unit tests feed statuses directly.
 from __future__ import annotations
 
 import dataclasses
+import socket
 from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Sequence
 
@@ -79,13 +80,16 @@ def evaluate(statuses: Mapping[str, PlanStatus], *, threshold: float, now: float
 class CoverageReader:
     """Reads the control folder's plan statuses and evaluates them (one call per probe round)."""
 
-    def __init__(self, control_dir: Path, threshold: float, stale_s: float, clock: Callable[[], float]) -> None:
+    def __init__(self, control_dir: Path, threshold: float, stale_s: float, clock: Callable[[], float],
+                 host: str | None = None) -> None:
+        """``host``: whose reports count (default this host: the sidecar runs in the pod of its server)."""
         self._board = PlanStatusBoard(control_dir)
+        self.host = host if host is not None else socket.gethostname()
         self.threshold = threshold
         self.stale_s = stale_s
         self._clock = clock
 
     def __call__(self, covered: Collection[str] = ()) -> CoverageVerdict:
-        statuses, skipped = self._board.read_all()
+        statuses, skipped = self._board.read_all(host=self.host)
         return evaluate(statuses, threshold=self.threshold, now=self._clock(), stale_s=self.stale_s,
                         covered=covered, skipped=skipped)

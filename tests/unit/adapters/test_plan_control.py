@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -91,6 +92,12 @@ def test_statuses_round_trip_and_unreadable_ones_are_skipped(tmp_path):
     assert board.wait_for("p1", timeout_s=5, poll_s=0.01) == {"lora_adapter_0_0": status}
     with pytest.raises(PlanError, match="lora_adapter_0_0: applied plan p1"):
         board.wait_for("p2", timeout_s=0.05, poll_s=0.01)
+    # Replicas share the folder and name their instances alike: reports are kept apart by host.
+    for host in ("pod-a", "pod-b"):
+        board.report(dataclasses.replace(status, host=host, plan_id=host))
+    found, _ = board.read_all()
+    assert set(found) == {"lora_adapter_0_0", "pod-a/lora_adapter_0_0", "pod-b/lora_adapter_0_0"}
+    assert board.read_all(host="pod-b")[0]["lora_adapter_0_0"].plan_id == "pod-b"
     bad = json.loads(status.to_json())
     bad["adapters"]["sql"]["resident"] = 11
     with pytest.raises(ValueError, match="resident"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import socket
 import time
 
 import pytest
@@ -41,7 +42,7 @@ def item(ids, adapter="support", tenant="acme"):
 def wait_status(board, plan_id, instance="inst_0"):
     deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
-        status = board.read_all()[0].get(instance)
+        status = board.read_all(host=socket.gethostname())[0].get(instance)
         if status is not None and status.plan_id == plan_id and status.state == "applied":
             return status
         time.sleep(0.05)

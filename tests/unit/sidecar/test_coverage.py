@@ -46,7 +46,7 @@ def test_a_live_plan_change_keeps_a_covered_instance_ready_while_it_warms():
 class FakeCoverage:
     def __init__(self, tmp_path, now):
         self.board = PlanStatusBoard(tmp_path)
-        self.reader = CoverageReader(tmp_path, 0.95, 30.0, clock=lambda: now[0])
+        self.reader = CoverageReader(tmp_path, 0.95, 30.0, clock=lambda: now[0], host="")
 
     def __call__(self, covered):
         return self.reader(covered)

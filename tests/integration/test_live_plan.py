@@ -5,6 +5,7 @@ KV budget cannot hold, which it names)."""
 from __future__ import annotations
 
 import os
+import socket
 import urllib.request
 
 import pytest
@@ -74,9 +75,9 @@ def test_a_live_plan_warms_a_new_prefix_without_a_restart_and_ready_follows_cove
         blocks = len(tokenizer.encode(CLAIMS, add_special_tokens=True)) // 16 - 1
         claims = make_plan([{"tenant": "acme", "adapter": "sql", "token_ids": prompt_ids[: blocks * 16]}], fingerprint)
         apply_plan(claims, control, target=server.target, tokenizer=tokenizer)
-        applied = wait_applied(control, claims.plan_id, timeout_s=300)
-        assert applied[INSTANCE].adapters["sql"].resident == blocks
-        assert "dropped" in applied[INSTANCE].detail
+        applied = wait_applied(control, claims.plan_id, timeout_s=300)[f"{socket.gethostname()}/{INSTANCE}"]
+        assert applied.adapters["sql"].resident == blocks
+        assert "dropped" in applied.detail
         with StreamingClient(server.grpc_url, timeout_s=120) as client:
             warm = client.generate(CLAIMS + QUESTION, GenerateParams(max_tokens=2, adapter_id="sql", tenant_id="acme"))
             other = client.generate(CLAIMS + QUESTION, GenerateParams(max_tokens=2, adapter_id="sql",

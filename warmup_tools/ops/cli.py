@@ -162,6 +162,8 @@ def _parser() -> argparse.ArgumentParser:
     roll.add_argument("--hours", type=float, default=12.0, help="hours of day 2 to replay")
     roll.add_argument("--every-h", type=float, default=3.0, help="simulated hours between re-plans")
     roll.add_argument("--since-h", type=float, default=6.0, help="hours of logs each re-plan reads")
+    roll.add_argument("--after-h", type=float, default=3.0,
+                      help="hours replayed after a restart at the end of the window (day-1 vs today's stanzas)")
 
     load = which.add_parser("load", parents=[assets],
                             help="Locust users replay day 2's first hour concurrently, with and without the plan")

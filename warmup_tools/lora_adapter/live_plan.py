@@ -102,6 +102,9 @@ class PlanKeeper:
         self._last_report_at = float("-inf")
         self.coverage_now: dict[str, AdapterCoverage] = {}
         self._stop = threading.Event()
+        self._report_lock = threading.Lock()
+        self._pending: LivePlan | None = None
+        self._applier: threading.Thread | None = None
         self._thread: threading.Thread | None = None
         if control_dir is not None:
             self._thread = threading.Thread(target=self._loop, args=(poll_s,), name="plan-control", daemon=True)
@@ -148,6 +151,8 @@ class PlanKeeper:
         self.report(force=True)
         failed, first_error = 0, ""
         for item, hashes in items:
+            if self._stop.is_set():
+                return diff
             if cache.resident(hashes, plan.plan_id) == len(hashes):
                 continue  # kept and pinned already
             try:
@@ -156,6 +161,7 @@ class PlanKeeper:
                 failed += 1
                 first_error = first_error or str(exc)
                 LOGGER.warning("instance %s: warming an item of plan %s failed: %s", self.instance, plan.plan_id, exc)
+            self.report()  # progress (at most one write a second)
         with self._lock:
             if self.plan_id == plan.plan_id:
                 self.state = "applied"
@@ -194,10 +200,38 @@ class PlanKeeper:
         """Write this instance's status if it changed (or ``force``, or every ``heartbeat_s``)."""
         if self._board is None:
             return
+        with self._report_lock:  # the poll thread and a plan being applied both report
+            self._report(force)
+
+    def poll_once(self) -> None:
+        """Start applying a new plan.json if there is one (on a thread of its own, so that this one keeps
+        reporting while a long plan warms; a plan that comes meanwhile waits for it), then report."""
+        plan = self._watcher.poll() if self._watcher is not None else None
+        if plan is not None:
+            self._pending = plan
+        applying = self._applier is not None and self._applier.is_alive()
+        if self._pending is not None and not applying:
+            plan, self._pending = self._pending, None
+            if plan.plan_id != self._live_plan:
+                self._applier = threading.Thread(target=self._apply_logged, args=(plan,), name="plan-apply",
+                                                 daemon=True)
+                self._applier.start()
+        self.report()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        # NOTE: a plan being warmed stops before its next item; its thread is not joined (it may wait for a
+        # scheduler that is stopping, which fails its futures).
+
+    # ------------------------------------------------------------------------------------- helpers
+    def _report(self, force: bool) -> None:
         status = self.status()
         key = (status.plan_id, status.state, status.detail, status.error, tuple(sorted(status.adapters.items())))
         now = time.monotonic()
-        if not force and key == self._last_report and now - self._last_report_at < self.heartbeat_s:
+        since = now - self._last_report_at
+        if not force and since < self.heartbeat_s and (key == self._last_report or since < 1.0):
             return
         try:
             self._board.report(status)
@@ -206,23 +240,15 @@ class PlanKeeper:
             return
         self._last_report, self._last_report_at = key, now
 
-    def poll_once(self) -> None:
-        """Apply a new plan.json if there is one, then report."""
-        plan = self._watcher.poll() if self._watcher is not None else None
-        if plan is not None and plan.plan_id != self._live_plan:
-            try:
-                self.apply(plan)
-            except ValueError as exc:
-                LOGGER.error("instance %s keeps plan %s: %s", self.instance, self.plan_id, exc)
-                self._watcher.error = f"plan {plan.plan_id} refused: {exc}"
-        self.report()
+    def _apply_logged(self, plan: LivePlan) -> None:
+        try:
+            self.apply(plan)
+        except ValueError as exc:
+            LOGGER.error("instance %s keeps plan %s: %s", self.instance, self.plan_id, exc)
+            self._watcher.error = f"plan {plan.plan_id} refused: {exc}"
+        except Exception:
+            LOGGER.exception("instance %s: applying plan %s failed", self.instance, plan.plan_id)
 
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    # ------------------------------------------------------------------------------------- helpers
     def _resolve(self, items: tuple[PlanItem, ...]) -> tuple[HotSet, list[tuple[PlanItem, list[BlockHash]]], str]:
         """The hot set of ``items`` on this instance, the items it can warm with their hashes, and a note on
         the items it cannot (an adapter it does not serve, ids outside its vocabulary or context)."""

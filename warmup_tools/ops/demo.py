@@ -34,7 +34,7 @@ def run_demo(config: ServeConfig, adapters: tuple[str, ...] = ("support", "legal
     out.write(f"starting tritonserver on {config.model_repository} (log: {server.log_path})\n")
     out.flush()
     with server, Sidecar(SidecarConfig(port=0, probe_interval_s=1.0), server.http_url, server.grpc_url,
-                         server.repository_key, config.model_repository) as sidecar:
+                         server.repository_key, config.model_repository, control_dir=config.control_dir) as sidecar:
         server.wait_ready(timeout=config.ready_timeout_s)
         out.write(f"ready: gRPC {server.grpc_url}, HTTP {server.http_url}; sidecar {sidecar.url}\n")
         _show_sidecar(sidecar, out)
@@ -78,4 +78,7 @@ def _show_sidecar(sidecar: Any, out: TextIO, timeout_s: float = 60.0) -> None:
         for name, m in status["models"].items())
     out.write(f"\nsidecar /ready: {'200' if status['ready'] else '503 ' + status['reason']}; {models}; "
               f"plan {status.get('plan_id')}, {sum(m['recoveries'] for m in status['models'].values())} recoveries\n")
+    for instance, entry in dict(status.get("coverage", {}).get("instances") or {}).items():
+        coverage = ", ".join(f"{name} {c['resident']}/{c['planned']}" for name, c in entry["adapters"].items())
+        out.write(f"  warm coverage on {instance} (plan {entry['plan_id']}, {entry['source']}): {coverage or '-'}\n")
     out.flush()

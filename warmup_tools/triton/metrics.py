@@ -164,7 +164,8 @@ class SchedulerMetrics:
     preemptions, step time and output tokens per adapter.
 
     :meth:`observe` is the scheduler's observer (called on its thread after each step that ran a
-    forward); gauges are only sent when they change, counters as deltas of the scheduler's totals.
+    forward, or that changed the running or waiting count); gauges are only sent when they change,
+    counters as deltas of the scheduler's totals.
     """
 
     def __init__(self, pb_utils: Any, model: str, instance: str) -> None:
@@ -203,8 +204,9 @@ class SchedulerMetrics:
             if self._last[key] != value:
                 metric.set(value)
                 self._last[key] = value
-        self._batch.observe(report.batch_size)
-        self._step.observe(report.seconds)
+        if report.batch_size:  # a step that ran no forward (only dropped sequences) is no batch
+            self._batch.observe(report.batch_size)
+            self._step.observe(report.seconds)
         if stats.preemptions > self._last["preemptions"]:
             self._preemptions.increment(stats.preemptions - self._last["preemptions"])
             self._last["preemptions"] = stats.preemptions

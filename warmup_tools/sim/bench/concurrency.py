@@ -78,46 +78,94 @@ def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int 
             for message in result.error_messages[:3]:
                 out.write(f"    error: {message}\n")
         if disconnects:
-            out.write(measure_disconnects(server, disconnects) + "\n")
+            out.write(measure_disconnects(server, assets_dir, disconnects) + "\n")
     out.write(format_ratios(results) + "\n")
     return results
 
 
-def measure_disconnects(server: TritonServer, count: int) -> str:
-    """The next request's TTFT after a client abandons a long stream at its first token (gRPC: the
-    stream cancelled; HTTP: the generate_stream connection closed), against no abandoned stream."""
+#: Output tokens asked for by an abandoned stream (long enough to outlast the next request many times).
+ABANDONED_MAX_TOKENS = 200
+
+
+def measure_disconnects(server: TritonServer, assets_dir: Path, count: int) -> str:
+    """The next request's TTFT after a client abandons a long stream at its first token, against no
+    abandoned stream: a gRPC stream to ``lora_adapter`` itself cancelled, a gRPC stream to ``ensemble``
+    cancelled, an HTTP ``generate_stream`` connection to ``ensemble`` closed. Before each abandon the
+    instance is idle again (the running-sequences gauge at 0), so each figure has one abandoned stream;
+    after each next request it counts whether the abandoned sequence was still running."""
+    import numpy as np
     import requests
     import tritonclient.grpc as grpcclient
+    from transformers import AutoTokenizer
+
+    from warmup_tools.ops.client import metric_sum, scrape_metrics
 
     probe = demo_prompt("support", "where is my order?")
+    tokenizer = AutoTokenizer.from_pretrained(assets_dir / "lm")
+    long_params = GenerateParams(max_tokens=ABANDONED_MAX_TOKENS, adapter_id="legal")
+
+    def running() -> float:
+        return metric_sum(scrape_metrics(server.metrics_url), "warmup_scheduler_running_sequences")
+
+    def wait_idle(deadline_s: float = 300.0) -> None:
+        end = time.monotonic() + deadline_s
+        while running() > 0:
+            if time.monotonic() > end:
+                raise RuntimeError(f"lora_adapter still runs sequences after {deadline_s:.0f} s")
+            time.sleep(0.05)
 
     def next_ttft() -> float:
         with StreamingClient(server.grpc_url) as client:
             return client.generate(probe, GenerateParams(max_tokens=1, adapter_id="support")).ttft_s * 1000
 
-    baseline = [next_ttft() for _ in range(count)]
-    after_grpc, after_http = [], []
-    for i in range(count):
+    def grpc_abandon(model: str, inputs: list) -> None:
         first = threading.Event()
         client = grpcclient.InferenceServerClient(server.grpc_url)
-        client.start_stream(callback=lambda result, error, first=first: first.set())
-        client.async_stream_infer("ensemble", grpc_inputs(f"Tell me a long story, part {i}.",
-                                                          GenerateParams(max_tokens=400, adapter_id="legal"), True))
+        client.start_stream(callback=lambda result, error: first.set())
+        client.async_stream_infer(model, inputs)
         first.wait(120)
         client.stop_stream(cancel_requests=True)
         client.close()
-        after_grpc.append(next_ttft())
-    for i in range(count):
-        body = {"text_input": f"Another long story, part {i}.", "max_tokens": 400, "stream": True,
+
+    def direct(i: int) -> None:
+        ids = np.array(tokenizer.encode(f"Tell me a long story, part {i}."), dtype=np.int32)
+        tensors = [("input_ids", ids, "INT32"),
+                   ("max_tokens", np.array([ABANDONED_MAX_TOKENS], dtype=np.int32), "INT32"),
+                   ("stream", np.array([True]), "BOOL"),
+                   ("adapter_id", np.array([b"legal"], dtype=np.object_), "BYTES")]
+        inputs = []
+        for name, array, dtype in tensors:
+            tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        grpc_abandon("lora_adapter", inputs)
+
+    def ensemble_grpc(i: int) -> None:
+        grpc_abandon("ensemble", grpc_inputs(f"Tell me a long story, part {i}.", long_params, True))
+
+    def ensemble_http(i: int) -> None:
+        body = {"text_input": f"Another long story, part {i}.", "max_tokens": ABANDONED_MAX_TOKENS, "stream": True,
                 "adapter_id": "legal"}
         with requests.post(f"http://{server.http_url}/v2/models/ensemble/generate_stream", json=body, stream=True,
                            timeout=120) as response:
             next(line for line in response.iter_lines() if line)
-        after_http.append(next_ttft())
-    return (f"next request's TTFT, median of {count}: no abandoned stream {pct(baseline, 0.5):.1f} ms; after a gRPC "
-            f"stream (max_tokens 400) cancelled at its first token {pct(after_grpc, 0.5):.1f} ms; after an HTTP "
-            f"generate_stream connection closed at its first event {pct(after_http, 0.5):.1f} ms "
-            f"(max {max(after_http):.0f} ms)")
+
+    wait_idle()
+    baseline = [next_ttft() for _ in range(count)]
+    parts = [f"next request's TTFT, median of {count}: no abandoned stream {pct(baseline, 0.5):.1f} ms"]
+    for label, abandon in (("gRPC stream to lora_adapter cancelled", direct),
+                           ("gRPC stream to ensemble cancelled", ensemble_grpc),
+                           ("HTTP generate_stream to ensemble closed", ensemble_http)):
+        ttfts, still_running = [], 0
+        for i in range(count):
+            wait_idle()
+            abandon(i)
+            ttfts.append(next_ttft())
+            still_running += running() > 0
+        parts.append(f"after a {label} at its first token {pct(ttfts, 0.5):.1f} ms (max {max(ttfts):.0f} ms; "
+                     f"abandoned sequence still running afterwards: {still_running} of {count})")
+    wait_idle()
+    return ";\n  ".join(parts)
 
 
 def format_ratios(results: Sequence[LevelResult]) -> str:

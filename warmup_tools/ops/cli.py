@@ -166,6 +166,18 @@ def _parser() -> argparse.ArgumentParser:
     conc.add_argument("--disconnects", type=int, default=7,
                       help="abandoned streams per transport before measuring the next request's TTFT (0: skip)")
 
+    eng = which.add_parser("engine", parents=[assets],
+                           help="the continuous-batching scheduler alone, in process (no Triton): 1-16 streams")
+    eng.add_argument("--levels", type=lambda v: tuple(int(x) for x in v.split(",")), default=(1, 4, 8, 16),
+                     help="concurrent streams per level, comma-separated")
+    eng.add_argument("--rounds", type=int, default=6, help="requests each stream sends back to back (at least)")
+    eng.add_argument("--min-requests", type=int, default=24, help="requests per level (at least)")
+    eng.add_argument("--max-tokens", type=int, default=32)
+    eng.add_argument("--max-num-seqs", type=int, default=16)
+    eng.add_argument("--device", default="auto", help="auto (the first CUDA device, else CPU), cpu, cuda, cuda:1")
+    eng.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
+    eng.add_argument("--lm-threads", type=int, default=1, help="torch threads (0: torch default)")
+
     pre = which.add_parser("preload", parents=[assets],
                            help="live TTFT while a new adapter warms: fifo vs live-first, chunked")
     pre.add_argument("--prompts", type=int, default=12, help="warm prompts of the new adapter")

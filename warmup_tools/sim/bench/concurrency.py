@@ -14,7 +14,6 @@ wall time), time to first token and inter-token latency (p50/p95/p99, client sid
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import threading
 import time
@@ -25,36 +24,12 @@ from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClie
 from warmup_tools.ops.config import REPO_ROOT
 from warmup_tools.ops.demo import demo_prompt
 from warmup_tools.ops.server import TritonServer
+from warmup_tools.sim.bench.latency import LevelResult, format_ratios, format_row, pct
 from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 
 #: (adapter_id, system prompt scope) per request, in turn; None is the base model.
 SCOPES: tuple[tuple[str | None, str], ...] = (("support", "support"), ("legal", "legal"), ("sql", "sql"),
                                               (None, "support"))
-#: Targets at 8 streams against 1 (issue 9).
-TARGETS = {"tokens_per_s": 3.0, "ttft_p95": 3.0, "itl_p95": 2.5}
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class LevelResult:
-    streams: int
-    requests: int
-    errors: int
-    output_tokens: int
-    wall_s: float
-    ttft_ms: list[float]
-    itl_ms: list[float]
-    error_messages: tuple[str, ...] = ()
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.output_tokens / self.wall_s if self.wall_s else 0.0
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
 def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int = 6, min_requests: int = 24,
         max_tokens: int = 32, scheduler: str = "continuous", max_num_seqs: int = 16, lm_threads: int = 1,
         disconnects: int = 7, out: TextIO = sys.stdout) -> list[LevelResult]:
@@ -73,7 +48,7 @@ def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int 
         for streams in levels:
             result = _level(server.grpc_url, streams, max(rounds, -(-min_requests // streams)), max_tokens)
             results.append(result)
-            out.write(_row(result) + "\n")
+            out.write(format_row(result) + "\n")
             out.flush()
             for message in result.error_messages[:3]:
                 out.write(f"    error: {message}\n")
@@ -168,27 +143,6 @@ def measure_disconnects(server: TritonServer, assets_dir: Path, count: int) -> s
     return ";\n  ".join(parts)
 
 
-def format_ratios(results: Sequence[LevelResult]) -> str:
-    by_streams = {r.streams: r for r in results}
-    one, eight = by_streams.get(1), by_streams.get(8)
-    if one is None or eight is None or not one.ttft_ms or not eight.ttft_ms:
-        return "8 vs 1 streams: not measured"
-    ratios = {
-        "tokens_per_s": eight.tokens_per_s / one.tokens_per_s,
-        "ttft_p95": pct(eight.ttft_ms, 0.95) / pct(one.ttft_ms, 0.95),
-        "itl_p95": pct(eight.itl_ms, 0.95) / pct(one.itl_ms, 0.95),
-    }
-    met = {
-        "tokens_per_s": ratios["tokens_per_s"] >= TARGETS["tokens_per_s"],
-        "ttft_p95": ratios["ttft_p95"] <= TARGETS["ttft_p95"],
-        "itl_p95": ratios["itl_p95"] <= TARGETS["itl_p95"],
-    }
-    return (f"8 vs 1 streams: tokens/s x{ratios['tokens_per_s']:.2f} (target >= {TARGETS['tokens_per_s']}: "
-            f"{'met' if met['tokens_per_s'] else 'NOT met'}), TTFT p95 x{ratios['ttft_p95']:.2f} "
-            f"(target <= {TARGETS['ttft_p95']}: {'met' if met['ttft_p95'] else 'NOT met'}), ITL p95 "
-            f"x{ratios['itl_p95']:.2f} (target <= {TARGETS['itl_p95']}: {'met' if met['itl_p95'] else 'NOT met'})")
-
-
 def _level(url: str, streams: int, rounds: int, max_tokens: int) -> LevelResult:
     lock = threading.Lock()
     ttft: list[float] = []
@@ -225,10 +179,3 @@ def _level(url: str, streams: int, rounds: int, max_tokens: int) -> LevelResult:
         thread.join()
     wall = time.perf_counter() - began
     return LevelResult(streams, streams * rounds, len(errors), tokens[0], wall, ttft, itl, tuple(errors))
-
-
-def _row(r: LevelResult) -> str:
-    return (f"  {r.streams:2d} streams: {r.tokens_per_s:7.1f} output tokens/s  "
-            f"TTFT p50/p95/p99 {pct(r.ttft_ms, .5):7.1f} {pct(r.ttft_ms, .95):7.1f} {pct(r.ttft_ms, .99):7.1f} ms  "
-            f"ITL p50/p95/p99 {pct(r.itl_ms, .5):6.1f} {pct(r.itl_ms, .95):6.1f} {pct(r.itl_ms, .99):6.1f} ms  "
-            f"requests {r.requests}, errors {r.errors}")

@@ -163,6 +163,8 @@ def _parser() -> argparse.ArgumentParser:
     conc.add_argument("--scheduler", choices=("continuous", "serial"), default="continuous")
     conc.add_argument("--max-num-seqs", type=int, default=16)
     conc.add_argument("--lm-threads", type=int, default=1, help="torch threads of lora_adapter (0: torch default)")
+    conc.add_argument("--rates", type=lambda v: tuple(float(x) for x in v.split(",")), default=(),
+                      help="open-loop levels after the streams: Poisson arrivals at each rate (requests/s)")
     conc.add_argument("--disconnects", type=int, default=7,
                       help="abandoned streams per transport before measuring the next request's TTFT (0: skip)")
 

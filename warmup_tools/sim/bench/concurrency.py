@@ -32,8 +32,9 @@ SCOPES: tuple[tuple[str | None, str], ...] = (("support", "support"), ("legal", 
                                               (None, "support"))
 def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int = 6, min_requests: int = 24,
         max_tokens: int = 32, scheduler: str = "continuous", max_num_seqs: int = 16, lm_threads: int = 1,
-        disconnects: int = 7, out: TextIO = sys.stdout) -> list[LevelResult]:
-    """Measure each concurrency level on one server; prints a table and the 8-vs-1 ratios."""
+        disconnects: int = 7, rates: Sequence[float] = (), out: TextIO = sys.stdout) -> list[LevelResult]:
+    """Measure each concurrency level on one server; prints a table and the 8-vs-1 ratios. ``rates``:
+    open-loop levels after those, requests arriving as a Poisson process at each rate (requests/s)."""
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_LM_THREADS": str(lm_threads),
            "WARMUP_SCHEDULER": scheduler, "WARMUP_MAX_NUM_SEQS": str(max_num_seqs)}
     results: list[LevelResult] = []
@@ -52,6 +53,10 @@ def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int 
             out.flush()
             for message in result.error_messages[:3]:
                 out.write(f"    error: {message}\n")
+        for rate in rates:
+            result = _open_level(server.grpc_url, rate, max(min_requests, 4 * max_num_seqs), max_tokens)
+            out.write(format_row(result, f"Poisson {rate:g}/s") + "\n")
+            out.flush()
         if disconnects:
             out.write(measure_disconnects(server, assets_dir, disconnects) + "\n")
     out.write(format_ratios(results) + "\n")
@@ -143,6 +148,69 @@ def measure_disconnects(server: TritonServer, assets_dir: Path, count: int) -> s
     return ";\n  ".join(parts)
 
 
+def _prompt(index: int, i: int) -> tuple[str | None, str]:
+    """The adapter and prompt of stream ``index``'s request ``i``: scopes in turn, a distinct question."""
+    adapter, scope = SCOPES[(index + i) % len(SCOPES)]
+    question = USER_QUESTIONS[scope][(index + i) % len(USER_QUESTIONS[scope])]
+    return adapter, f"{SYSTEM_PROMPTS[scope]}User: {question} (stream {index}, request {i})\nAssistant:"
+
+
+def _open_level(url: str, rate: float, count: int, max_tokens: int, seed: int = 0) -> LevelResult:
+    """``count`` requests arriving as a Poisson process of ``rate`` per second (open loop: an arrival does
+    not wait for earlier requests), each on a free connection of a pool opened beforehand."""
+    import concurrent.futures
+    import queue
+    import random
+
+    rng = random.Random(seed)
+    gaps = [rng.expovariate(rate) for _ in range(count)]
+    lock = threading.Lock()
+    ttft: list[float] = []
+    itl: list[float] = []
+    errors: list[str] = []
+    tokens = [0]
+    pool: queue.Queue[StreamingClient] = queue.Queue()
+    opened = [StreamingClient(url, timeout_s=600) for _ in range(16)]
+    for client in opened:
+        pool.put(client)
+
+    def one(i: int) -> None:
+        try:
+            client = pool.get_nowait()
+        except queue.Empty:  # more requests in flight than connections: open one more
+            client = StreamingClient(url, timeout_s=600)
+            with lock:
+                opened.append(client)
+        adapter, prompt = _prompt(1000 + i, 0)
+        try:
+            result = client.generate(prompt, GenerateParams(max_tokens=max_tokens, adapter_id=adapter))
+        except GenerateError as exc:
+            with lock:
+                errors.append(str(exc))
+            return
+        finally:
+            pool.put(client)
+        with lock:
+            ttft.append(result.ttft_s * 1000)
+            itl.extend((b - a) * 1000 for a, b in zip(result.arrivals_s, result.arrivals_s[1:]))
+            tokens[0] += result.output_tokens
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="arrival") as executor:
+            began = due = time.perf_counter()
+            futures = []
+            for i, gap in enumerate(gaps):
+                due += gap
+                time.sleep(max(0.0, due - time.perf_counter()))
+                futures.append(executor.submit(one, i))
+            concurrent.futures.wait(futures)
+        wall = time.perf_counter() - began
+    finally:
+        for client in opened:
+            client.close()
+    return LevelResult(0, count, len(errors), tokens[0], wall, ttft, itl, tuple(errors))
+
+
 def _level(url: str, streams: int, rounds: int, max_tokens: int) -> LevelResult:
     lock = threading.Lock()
     ttft: list[float] = []
@@ -155,9 +223,7 @@ def _level(url: str, streams: int, rounds: int, max_tokens: int) -> LevelResult:
         with StreamingClient(url, timeout_s=600) as client:
             start_line.wait()
             for i in range(rounds):
-                adapter, scope = SCOPES[(index + i) % len(SCOPES)]
-                question = USER_QUESTIONS[scope][(index + i) % len(USER_QUESTIONS[scope])]
-                prompt = f"{SYSTEM_PROMPTS[scope]}User: {question} (stream {index}, request {i})\nAssistant:"
+                adapter, prompt = _prompt(index, i)
                 try:
                     result = client.generate(prompt, GenerateParams(max_tokens=max_tokens, adapter_id=adapter))
                 except GenerateError as exc:

@@ -31,8 +31,8 @@ def pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def format_row(r: LevelResult) -> str:
-    return (f"  {r.streams:2d} streams: {r.tokens_per_s:7.1f} output tokens/s  "
+def format_row(r: LevelResult, label: str | None = None) -> str:
+    return (f"  {label or f'{r.streams:2d} streams'}: {r.tokens_per_s:7.1f} output tokens/s  "
             f"TTFT p50/p95/p99 {pct(r.ttft_ms, .5):7.1f} {pct(r.ttft_ms, .95):7.1f} {pct(r.ttft_ms, .99):7.1f} ms  "
             f"ITL p50/p95/p99 {pct(r.itl_ms, .5):6.1f} {pct(r.itl_ms, .95):6.1f} {pct(r.itl_ms, .99):6.1f} ms  "
             f"requests {r.requests}, errors {r.errors}")

@@ -253,7 +253,7 @@ class LoraEngine:
                         hashes, [(layer.keys, layer.values) for layer in cache.layers],
                         start_block=0 if request.is_warmup else len(match),
                         source=request.source, plan_id=request.plan_id, owner=request.adapter or "",
-                        tenant=request.tenant, public_blocks=public)
+                        tenant=request.tenant, public_blocks=public, tokens=request.prompt_ids)
                 flight.close()
                 yield logits, cache, cached_tokens
             finally:

@@ -372,6 +372,16 @@ class LoraEngine:
         for _ in self.generate(request):
             pass
 
+    def compute_kv(self, adapter: str | None, token_ids: Sequence[int]) -> SequenceKV:
+        """The KV of ``token_ids`` computed from scratch with ``adapter`` (no cache read or written):
+        what a snapshot's restored blocks are checked against."""
+        from transformers import DynamicCache
+
+        with self._adapter(adapter), torch.inference_mode():
+            cache = DynamicCache(config=self.model_config)
+            self._forward(torch.tensor([list(token_ids)], dtype=torch.long, device=self.device), cache)
+            return [(layer.keys, layer.values) for layer in cache.layers]
+
     def encode(self, text: str) -> tuple[int, ...]:
         """Token ids of ``text`` as a request would carry them (with the tokenizer's special tokens)."""
         return tuple(self.tokenizer.encode(text, add_special_tokens=True))

@@ -37,7 +37,7 @@ import torch
 from warmup_tools.common.digests import tokenizer_fingerprint
 from warmup_tools.kv.blocks import BlockSource, CachedBlock
 from warmup_tools.kv.config import KVShape
-from warmup_tools.kv.hashing import CacheScope
+from warmup_tools.kv.hashing import NONE_HASH, CacheScope
 from warmup_tools.kv.snapshot import (
     Snapshot,
     SnapshotIdentity,
@@ -45,7 +45,6 @@ from warmup_tools.kv.snapshot import (
     SnapshotRejected,
     kv_close,
     list_snapshots,
-    prefix_tokens,
     read_snapshot,
     rederive_hashes,
     salt_fingerprint,
@@ -53,12 +52,14 @@ from warmup_tools.kv.snapshot import (
     verification_sample,
     write_snapshot,
 )
-from warmup_tools.lora_adapter.engine import LoraEngine
+from warmup_tools.lora_adapter.engine import BatchRow, LoraEngine
 from warmup_tools.lora_adapter.settings import SnapshotConfig
 
 LOGGER = logging.getLogger(__name__)
 T = TypeVar("T")
 
+#: Sampled blocks recomputed per batched forward.
+_VERIFY_BATCH = 8
 #: Room for the safetensors header beyond ``snapshot_bytes`` when reading a payload.
 _HEADER_SLACK = 4 << 20
 
@@ -84,7 +85,8 @@ class SnapshotKeeper:
 
     def __init__(self, engine: LoraEngine, config: SnapshotConfig, *, instance: str, plan_id: str | None = None,
                  run_on_engine: Callable[[Callable[[], T]], T] | None = None,
-                 log: Callable[[str], None] | None = None, host: str | None = None) -> None:
+                 log: Callable[[str], None] | None = None, host: str | None = None,
+                 on_write: Callable[[SnapshotInfo], None] | None = None) -> None:
         if engine.prefix_cache is None or config.folder is None:
             raise ValueError("a snapshot keeper needs a KV prefix cache and a snapshot folder")
         self.engine = engine
@@ -96,6 +98,7 @@ class SnapshotKeeper:
         self.identity = engine_identity(engine)
         self._run = run_on_engine or (lambda fn: fn())
         self._log = log or LOGGER.warning
+        self._on_write = on_write
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._write_lock = threading.Lock()
@@ -141,6 +144,8 @@ class SnapshotKeeper:
                 return None
             info = write_snapshot(self.folder, self.name, self.identity, adapters, blocks, created=time.time())
             self._last_written = signature
+            if self._on_write is not None:
+                self._on_write(info)
             LOGGER.info("KV snapshot %s: %d block(s), %d bytes", info.manifest.name, info.blocks, info.payload_bytes)
             return info
 
@@ -186,18 +191,47 @@ class SnapshotKeeper:
             self._skip(report, path, "adapter", f"{no_scope} block(s) of adapters this instance does not serve "
                                                 "with the same weights dropped; the rest is used")
         by_hash = {b.block_hash: b for b in blocks}
-        codec = self.cache.codec
-        for block in verification_sample(blocks, self.config.verify_share, snapshot.checksum):
-            tokens = prefix_tokens(block, by_hash)
-            kv = self._run(lambda b=block, t=tokens: engine.compute_kv(b.owner or None, t))
-            first = len(tokens) - self.cache.block_size
-            recomputed = torch.stack([torch.stack((k[0, :, first:], v[0, :, first:])) for k, v in kv])
-            stored = codec.decode(block.payload, engine.dtype)
-            if not kv_close(stored.to(recomputed.device), recomputed, self.identity.storage):
-                raise SnapshotRejected("verify", f"block {block.block_hash.hex()[:12]} recomputed with "
-                                                 f"adapter {block.owner or 'base'} differs from the stored KV")
-            report.verified += 1
+        sample = verification_sample(blocks, self.config.verify_share, snapshot.checksum)
+        for index in range(0, len(sample), _VERIFY_BATCH):
+            batch = sample[index:index + _VERIFY_BATCH]
+            rows = [self._verify_row(block, by_hash) for block in batch]
+            outputs = self._run(lambda rows=rows: self._forward(rows))
+            size = self.cache.block_size
+            for block, kv in zip(batch, outputs):
+                recomputed = torch.stack([torch.stack((k[0, :, -size:], v[0, :, -size:])) for k, v in kv])
+                stored = self.cache.codec.decode(block.payload, engine.dtype).to(recomputed.device)
+                if not kv_close(stored, recomputed, self.identity.storage):
+                    raise SnapshotRejected("verify", f"block {block.block_hash.hex()[:12]} recomputed with adapter "
+                                                     f"{block.owner or 'base'} differs from the stored KV")
+                report.verified += 1
         return blocks
+
+    def _verify_row(self, block: CachedBlock, by_hash: dict) -> BatchRow:
+        """A forward row that recomputes ``block`` on top of its ancestors' stored KV.
+
+        NOTE: the block is recomputed from its own tokens over the snapshot's KV of its ancestors, not
+        from the whole prefix: one block's worth of compute per sampled block, batched. KV computed
+        with other weights fails at the first layer already (its keys and values depend only on the
+        block's tokens and positions there), and a sampled root block is recomputed from scratch.
+        """
+        chain = []
+        cursor = block
+        while cursor.parent != NONE_HASH:
+            cursor = by_hash[cursor.parent]
+            chain.append(cursor)
+        chain.reverse()
+        past = None
+        if chain:
+            decoded = torch.cat([self.cache.codec.decode(b.payload, self.engine.dtype) for b in chain], dim=3)
+            decoded = decoded.to(self.engine.device)
+            past = [(decoded[i, 0].unsqueeze(0), decoded[i, 1].unsqueeze(0)) for i in range(decoded.shape[0])]
+        return BatchRow(block.tokens.tolist(), len(chain) * self.cache.block_size, past, block.owner or None)
+
+    def _forward(self, rows: list[BatchRow]) -> list:
+        try:
+            return [out.kv for out in self.engine.forward_batch(rows)]
+        finally:
+            self.engine.forget_batches()
 
     def _place(self, blocks: list[CachedBlock], report: RestoreReport) -> None:
         ours = [b for b in blocks if self.plan_id is not None and b.plan_id == self.plan_id]

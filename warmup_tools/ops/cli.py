@@ -203,6 +203,8 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-repository", type=Path)
     parser.add_argument("--assets-dir", type=Path)
     parser.add_argument("--control-dir", type=Path)
+    parser.add_argument("--snapshot-dir", type=Path, help="folder of lora_adapter's KV snapshots (shared by "
+                                                          "replicas; WARMUP_SNAPSHOT_DIR); default: none")
     parser.add_argument("--http-port", type=int)
     parser.add_argument("--grpc-port", type=int)
     parser.add_argument("--metrics-port", type=int)
@@ -214,8 +216,8 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
 
 def _serve_config(args: argparse.Namespace) -> ServeConfig:
     flags = {name: getattr(args, name) for name in (
-        "model_repository", "assets_dir", "control_dir", "http_port", "grpc_port", "metrics_port", "host",
-        "log_verbose",
+        "model_repository", "assets_dir", "control_dir", "snapshot_dir", "http_port", "grpc_port", "metrics_port",
+        "host", "log_verbose",
         "ready_timeout_s", "log_file")}
     return load_config(ServeConfig, args.config, flags)
 

@@ -152,3 +152,43 @@ def test_a_snapshot_is_bounded_by_snapshot_bytes(writer, tmp_path):
                            instance="lora_0", host="test")
     assert small.write().blocks == 3
     assert len(list_snapshots(tmp_path)) == 1
+
+
+def test_int8_blocks_restore_and_pass_verification_of_every_block(demo_assets, tmp_path):
+    writer8, reader8 = make_engine(demo_assets, storage="int8"), make_engine(demo_assets, storage="int8")
+    prompt = SYSTEM_PROMPTS["legal"] + "User: Clause 3 says what?\nAssistant:"
+    expected, _ = run(writer8, prompt, "legal")
+    keeper(writer8, tmp_path).write()
+    report = keeper(reader8, tmp_path, share=1.0).restore()
+    assert report.skipped == {} and report.verified == report.blocks == len(writer8.prefix_cache) > 0
+    tokens, cached = run(reader8, prompt, "legal")
+    assert cached > 0 and tokens == expected
+
+
+def test_one_forged_block_deep_in_the_chain_is_caught_when_every_block_is_checked(writer, fresh, tmp_path):
+    own = keeper(writer, tmp_path)
+    blocks = writer.prefix_cache.snapshot_blocks(1 << 30)
+    deep = max(range(len(blocks)), key=lambda i: i if blocks[i].parent in {b.block_hash for b in blocks} else -1)
+    payload = blocks[deep].payload.clone()
+    payload[3] += 0.5  # layer 3 only: recomputed from the stored ancestors, the block's upper layers differ
+    blocks[deep] = dataclasses.replace(blocks[deep], payload=payload)
+    write_snapshot(tmp_path, own.name, own.identity, dict(writer.adapter_fingerprints), blocks, created=1.0)
+    report = keeper(fresh, tmp_path, share=1.0).restore()
+    assert report.skipped == {"verify": 1} and len(fresh.prefix_cache) == 0
+
+
+def test_snapshot_settings_come_from_the_config_parameters_with_one_set_of_defaults(tmp_path):
+    from warmup_tools.common.errors import ConfigError
+    from warmup_tools.lora_adapter.settings import DEFAULT_SNAPSHOTS, LoraAdapterSettings
+    from warmup_tools.triton.params import ModelParameters
+
+    def settings(**values):
+        params = {"base_model": {"string_value": "lm"}, **{k: {"string_value": v} for k, v in values.items()}}
+        return LoraAdapterSettings.from_parameters(ModelParameters({"name": "lora_adapter", "parameters": params},
+                                                                   base_dir=tmp_path)).snapshots
+
+    assert settings() == DEFAULT_SNAPSHOTS and DEFAULT_SNAPSHOTS.folder is None
+    got = settings(snapshot_dir="snaps", snapshot_bytes="1000", snapshot_interval_s="0", snapshot_verify_share="1")
+    assert got == SnapshotConfig(folder=tmp_path / "snaps", max_bytes=1000, interval_s=0.0, verify_share=1.0)
+    with pytest.raises(ConfigError, match="snapshot_verify_share"):
+        settings(snapshot_dir="snaps", snapshot_verify_share="0")

@@ -172,6 +172,16 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--prompt-tokens", type=int, default=768)
     pre.add_argument("--lm-threads", type=int, default=1)
 
+    snap = which.add_parser("snapshot", parents=[assets],
+                            help="restart to warm READY with a KV snapshot vs without (recompute); greedy outputs "
+                                 "after the restore; a second server started from the snapshot folder")
+    snap.add_argument("--prompts", type=int, default=32, help="planned prompts of the hot set")
+    snap.add_argument("--prompt-tokens", type=int, default=640)
+    snap.add_argument("--live", type=int, default=4, help="planned and live-only prompts sent after READY")
+    snap.add_argument("--max-tokens", type=int, default=16)
+    snap.add_argument("--seed", type=int, default=0)
+    snap.add_argument("--lm-threads", type=int, default=1)
+
 
     sidecar = sub.add_parser("sidecar", help="run tritonserver with the readiness and recovery sidecar beside it "
                                               "(/ready, /live, /status) until interrupted")

@@ -60,6 +60,7 @@ class TritonPythonModel:
         self.request_log = (RequestLogWriter(settings.request_log_dir, self.instance)
                             if settings.request_log_dir is not None else None)
         self.metrics = GenerationMetrics(pb_utils, "lora_adapter", self.instance)
+        pb_utils.Logger.log_info(f"lora_adapter: device {engine.device}, adapters {sorted(engine.adapters)}")
         self.snapshots = None
         if settings.snapshots.folder is not None and engine.prefix_cache is not None:
             # Before Triton runs the warm-up samples: they then find their prefixes cached.
@@ -73,7 +74,6 @@ class TritonPythonModel:
                                      f"({report.bytes} bytes, {report.verified} verified) from "
                                      f"{report.snapshots_used} snapshot(s) in {report.seconds:.3f} s")
             self.snapshots.start()
-        pb_utils.Logger.log_info(f"lora_adapter: device {engine.device}, adapters {sorted(engine.adapters)}")
 
     def execute(self, requests):
         if self.service.adapters_changed():

@@ -293,7 +293,7 @@ def _payload_digest(tensors: Sequence[torch.Tensor]) -> str:
     for tensor in tensors:
         flat = tensor.detach().to("cpu").contiguous().reshape(-1)
         digest.update(str(tensor.dtype).encode("ascii") + str(tuple(tensor.shape)).encode("ascii"))
-        digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+        digest.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
     return digest.hexdigest()
 
 

@@ -192,6 +192,8 @@ class SnapshotKeeper:
                                                 "with the same weights dropped; the rest is used")
         by_hash = {b.block_hash: b for b in blocks}
         sample = verification_sample(blocks, self.config.verify_share, snapshot.checksum)
+        # NOTE: rows of similar prefix length share a forward: a batch pads every row's past to its longest.
+        sample.sort(key=lambda b: (_ancestors(b, by_hash), b.block_hash))
         for index in range(0, len(sample), _VERIFY_BATCH):
             batch = sample[index:index + _VERIFY_BATCH]
             rows = [self._verify_row(block, by_hash) for block in batch]
@@ -253,6 +255,14 @@ class SnapshotKeeper:
     def _skip(self, report: RestoreReport, path: Path, reason: str, detail: str) -> None:
         report.skipped[reason] = report.skipped.get(reason, 0) + 1
         self._log(f"KV snapshot {path.name} skipped ({reason}): {detail}")
+
+
+def _ancestors(block: CachedBlock, by_hash: dict) -> int:
+    count = 0
+    while block.parent != NONE_HASH:
+        block = by_hash[block.parent]
+        count += 1
+    return count
 
 
 def engine_identity(engine: LoraEngine) -> SnapshotIdentity:

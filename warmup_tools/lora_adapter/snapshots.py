@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import math
 import socket
 import threading
 import time
@@ -52,14 +53,12 @@ from warmup_tools.kv.snapshot import (
     verification_sample,
     write_snapshot,
 )
-from warmup_tools.lora_adapter.engine import BatchRow, LoraEngine
+from warmup_tools.lora_adapter.engine import LoraEngine
 from warmup_tools.lora_adapter.settings import SnapshotConfig
 
 LOGGER = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: Sampled blocks recomputed per batched forward.
-_VERIFY_BATCH = 8
 #: Room for the safetensors header beyond ``snapshot_bytes`` when reading a payload.
 _HEADER_SLACK = 4 << 20
 
@@ -191,49 +190,41 @@ class SnapshotKeeper:
             self._skip(report, path, "adapter", f"{no_scope} block(s) of adapters this instance does not serve "
                                                 "with the same weights dropped; the rest is used")
         by_hash = {b.block_hash: b for b in blocks}
-        sample = verification_sample(blocks, self.config.verify_share, snapshot.checksum)
-        # NOTE: rows of similar prefix length share a forward: a batch pads every row's past to its longest.
-        sample.sort(key=lambda b: (_ancestors(b, by_hash), b.block_hash))
-        for index in range(0, len(sample), _VERIFY_BATCH):
-            batch = sample[index:index + _VERIFY_BATCH]
-            rows = [self._verify_row(block, by_hash) for block in batch]
-            outputs = self._run(lambda rows=rows: self._forward(rows))
-            size = self.cache.block_size
-            for block, kv in zip(batch, outputs):
-                recomputed = torch.stack([torch.stack((k[0, :, -size:], v[0, :, -size:])) for k, v in kv])
+        report.verified += self._verify(blocks, by_hash, snapshot.checksum)
+        return blocks
+
+    def _verify(self, blocks: list[CachedBlock], by_hash: dict, seed: str) -> int:
+        """Recompute at least ``verify_share`` of ``blocks`` (one at least) with the engine's forward and
+        their adapter; raise ``verify`` at the first block that differs beyond the codec's tolerance.
+
+        NOTE: blocks are drawn in a seeded random order and each drawn block is checked with its whole
+        chain of ancestors, in one prefill of their token ids from scratch: a prefill checks every block
+        of the chain for about the price of its tokens, where recomputing blocks one by one on top of the
+        stored KV costs several times more per token (a 16-token forward is mostly fixed cost) and would
+        trust the stored ancestors. The share is counted in distinct blocks checked.
+        """
+        target = min(len(blocks), max(1, math.ceil(self.config.verify_share * len(blocks))))
+        size, engine, checked = self.cache.block_size, self.engine, set()
+        for drawn in verification_sample(blocks, 1.0, seed):
+            if len(checked) >= target:
+                break
+            if drawn.block_hash in checked:
+                continue
+            chain = [drawn]
+            while chain[-1].parent != NONE_HASH:
+                chain.append(by_hash[chain[-1].parent])
+            chain.reverse()
+            tokens = [int(t) for b in chain for t in b.tokens]
+            kv = self._run(lambda owner=drawn.owner, ids=tokens: engine.compute_kv(owner or None, ids))
+            for index, block in enumerate(chain):
+                lo, hi = index * size, (index + 1) * size
+                recomputed = torch.stack([torch.stack((k[0, :, lo:hi], v[0, :, lo:hi])) for k, v in kv])
                 stored = self.cache.codec.decode(block.payload, engine.dtype).to(recomputed.device)
                 if not kv_close(stored, recomputed, self.identity.storage):
                     raise SnapshotRejected("verify", f"block {block.block_hash.hex()[:12]} recomputed with adapter "
                                                      f"{block.owner or 'base'} differs from the stored KV")
-                report.verified += 1
-        return blocks
-
-    def _verify_row(self, block: CachedBlock, by_hash: dict) -> BatchRow:
-        """A forward row that recomputes ``block`` on top of its ancestors' stored KV.
-
-        NOTE: the block is recomputed from its own tokens over the snapshot's KV of its ancestors, not
-        from the whole prefix: one block's worth of compute per sampled block, batched. KV computed
-        with other weights fails at the first layer already (its keys and values depend only on the
-        block's tokens and positions there), and a sampled root block is recomputed from scratch.
-        """
-        chain = []
-        cursor = block
-        while cursor.parent != NONE_HASH:
-            cursor = by_hash[cursor.parent]
-            chain.append(cursor)
-        chain.reverse()
-        past = None
-        if chain:
-            decoded = torch.cat([self.cache.codec.decode(b.payload, self.engine.dtype) for b in chain], dim=3)
-            decoded = decoded.to(self.engine.device)
-            past = [(decoded[i, 0].unsqueeze(0), decoded[i, 1].unsqueeze(0)) for i in range(decoded.shape[0])]
-        return BatchRow(block.tokens.tolist(), len(chain) * self.cache.block_size, past, block.owner or None)
-
-    def _forward(self, rows: list[BatchRow]) -> list:
-        try:
-            return [out.kv for out in self.engine.forward_batch(rows)]
-        finally:
-            self.engine.forget_batches()
+                checked.add(block.block_hash)
+        return len(checked)
 
     def _place(self, blocks: list[CachedBlock], report: RestoreReport) -> None:
         ours = [b for b in blocks if self.plan_id is not None and b.plan_id == self.plan_id]
@@ -255,14 +246,6 @@ class SnapshotKeeper:
     def _skip(self, report: RestoreReport, path: Path, reason: str, detail: str) -> None:
         report.skipped[reason] = report.skipped.get(reason, 0) + 1
         self._log(f"KV snapshot {path.name} skipped ({reason}): {detail}")
-
-
-def _ancestors(block: CachedBlock, by_hash: dict) -> int:
-    count = 0
-    while block.parent != NONE_HASH:
-        block = by_hash[block.parent]
-        count += 1
-    return count
 
 
 def engine_identity(engine: LoraEngine) -> SnapshotIdentity:

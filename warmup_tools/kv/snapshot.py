@@ -167,7 +167,9 @@ def write_snapshot(folder: Path, name: str, identity: SnapshotIdentity, adapters
     data = safetensors.torch.save(tensors, metadata={"format": FORMAT, "version": str(FORMAT_VERSION)})
     digest = hashlib.sha256(data).hexdigest()
     payload_path = folder / f"{name}.{digest[:16]}{PAYLOAD_SUFFIX}"
-    write_atomic(payload_path, data)
+    # NOTE: 0600 like the request log: the manifest's token ids decode back to the tenants' prompts, and
+    # the payload is their KV.
+    write_atomic(payload_path, data, mode=0o600)
     body = {
         "format": FORMAT, "version": FORMAT_VERSION, "name": name, "created": float(created),
         "identity": identity.to_json(), "adapters": dict(sorted(adapters.items())),
@@ -175,7 +177,8 @@ def write_snapshot(folder: Path, name: str, identity: SnapshotIdentity, adapters
         "blocks": records,
     }
     manifest = folder / f"{name}{MANIFEST_SUFFIX}"
-    write_atomic(manifest, json.dumps({**body, "checksum": _manifest_checksum(body)}, separators=(",", ":")))
+    write_atomic(manifest, json.dumps({**body, "checksum": _manifest_checksum(body)}, separators=(",", ":")),
+                 mode=0o600)
     _prune_payloads(folder, name, keep=payload_path)
     return SnapshotInfo(manifest, payload_path, len(records), len(data))
 

@@ -216,3 +216,8 @@ def test_list_snapshots_finds_manifests_only(tmp_path):
     write(tmp_path, name="b")
     (tmp_path / "notes.json").write_text("{}")
     assert sorted(p.name for p in list_snapshots(tmp_path)) == [f"a{MANIFEST_SUFFIX}", f"b{MANIFEST_SUFFIX}"]
+
+
+def test_snapshot_files_are_private_to_the_server_s_user(tmp_path):
+    info = write(tmp_path)
+    assert info.manifest.stat().st_mode & 0o777 == 0o600 and info.payload.stat().st_mode & 0o777 == 0o600

@@ -221,3 +221,15 @@ def test_list_snapshots_finds_manifests_only(tmp_path):
 def test_snapshot_files_are_private_to_the_server_s_user(tmp_path):
     info = write(tmp_path)
     assert info.manifest.stat().st_mode & 0o777 == 0o600 and info.payload.stat().st_mode & 0o777 == 0o600
+
+
+def test_rewrites_keep_one_previous_payload_and_leave_other_writers_alone(tmp_path):
+    cache = filled_cache()
+    blocks = cache.snapshot_blocks(BIG)
+    write_snapshot(tmp_path, "a.b", IDENTITY, ADAPTERS, blocks, created=1.0)
+    for count in (2, 4, 6):
+        info = write_snapshot(tmp_path, "a", IDENTITY, ADAPTERS, blocks[:count], created=float(count))
+    mine = sorted(p.name for p in tmp_path.glob("a.*.safetensors") if not p.name.startswith("a.b."))
+    assert len(mine) == 2 and info.payload.name in mine
+    assert len(list(tmp_path.glob("a.b.*.safetensors"))) == 1
+    assert read_snapshot(info.manifest, IDENTITY, max_payload_bytes=BIG).blocks[-1].block_hash == blocks[5].block_hash

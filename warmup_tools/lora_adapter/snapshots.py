@@ -186,11 +186,11 @@ class SnapshotKeeper:
         blocks, no_scope, mismatched = rederive_hashes(snapshot.blocks, scope_for)
         if mismatched:
             raise SnapshotRejected("hash", f"{mismatched} block hash(es) do not re-derive from their token ids")
-        if no_scope:
-            self._skip(report, path, "adapter", f"{no_scope} block(s) of adapters this instance does not serve "
-                                                "with the same weights dropped; the rest is used")
         by_hash = {b.block_hash: b for b in blocks}
         report.verified += self._verify(blocks, by_hash, snapshot.checksum)
+        if no_scope:  # after the verification, so a rejected snapshot gets one line, not two
+            self._skip(report, path, "adapter", f"{no_scope} block(s) of adapters this instance does not serve "
+                                                "with the same weights dropped; the rest is used")
         return blocks
 
     def _verify(self, blocks: list[CachedBlock], by_hash: dict, seed: str) -> int:

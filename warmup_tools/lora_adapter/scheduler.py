@@ -592,7 +592,7 @@ class Scheduler:
             request = seq.request
             cache.store(seq.hashes[:full], seq.kv, start_block=seq.stored_blocks, source=request.source,
                         plan_id=request.plan_id, owner=request.adapter or "", tenant=request.tenant,
-                        public_blocks=seq.public_blocks)
+                        public_blocks=seq.public_blocks, tokens=request.prompt_ids)
             seq.stored_blocks = full
         if seq.flight_key is not None:
             # NOTE: the claim moves with the frontier, so a follower admitted between two chunks waits

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from warmup_tools.adapters.reconcile import Reconciler
 from warmup_tools.adapters.registry import ControlRegistry
@@ -25,6 +25,7 @@ from warmup_tools.lora_adapter.scheduler import Scheduler, SequenceSink
 from warmup_tools.lora_adapter.settings import WARM_PRIORITIES
 
 LOGGER = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class EngineGate:
@@ -173,6 +174,13 @@ class LoraService:
         changed = snapshot != self._last_states
         self._last_states = snapshot
         return changed
+
+    def run_on_engine(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` with the engine to itself (between two scheduler steps, or holding the gate)."""
+        if self.scheduler is not None:
+            return self.scheduler.call(fn).result()
+        with self.gate.background():
+            return fn()
 
     def close(self) -> None:
         self._stop.set()

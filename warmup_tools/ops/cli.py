@@ -186,6 +186,16 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--prompt-tokens", type=int, default=768)
     pre.add_argument("--lm-threads", type=int, default=1)
 
+    snap = which.add_parser("snapshot", parents=[assets],
+                            help="restart to warm READY with a KV snapshot vs without (recompute); greedy outputs "
+                                 "after the restore; a second server started from the snapshot folder")
+    snap.add_argument("--prompts", type=int, default=32, help="planned prompts of the hot set")
+    snap.add_argument("--prompt-tokens", type=int, default=640)
+    snap.add_argument("--live", type=int, default=4, help="planned and live-only prompts sent after READY")
+    snap.add_argument("--max-tokens", type=int, default=16)
+    snap.add_argument("--seed", type=int, default=0)
+    snap.add_argument("--lm-threads", type=int, default=1)
+
 
     sidecar = sub.add_parser("sidecar", help="run tritonserver with the readiness and recovery sidecar beside it "
                                               "(/ready, /live, /status) until interrupted")
@@ -217,6 +227,8 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-repository", type=Path)
     parser.add_argument("--assets-dir", type=Path)
     parser.add_argument("--control-dir", type=Path)
+    parser.add_argument("--snapshot-dir", type=Path, help="folder of lora_adapter's KV snapshots (shared by "
+                                                          "replicas; WARMUP_SNAPSHOT_DIR); default: none")
     parser.add_argument("--http-port", type=int)
     parser.add_argument("--grpc-port", type=int)
     parser.add_argument("--metrics-port", type=int)
@@ -228,8 +240,8 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
 
 def _serve_config(args: argparse.Namespace) -> ServeConfig:
     flags = {name: getattr(args, name) for name in (
-        "model_repository", "assets_dir", "control_dir", "http_port", "grpc_port", "metrics_port", "host",
-        "log_verbose",
+        "model_repository", "assets_dir", "control_dir", "snapshot_dir", "http_port", "grpc_port", "metrics_port",
+        "host", "log_verbose",
         "ready_timeout_s", "log_file")}
     return load_config(ServeConfig, args.config, flags)
 

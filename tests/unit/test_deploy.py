@@ -55,6 +55,10 @@ def test_the_pod_probes_the_sidecar_and_its_ports_match_the_command():
     assert container["livenessProbe"]["httpGet"] == {"path": "/live", "port": "sidecar"}
     mounted = {m["name"] for m in container["volumeMounts"]}
     assert mounted <= {v["name"] for v in pod["volumes"]} and {"control", "logs", "snapshots"} <= mounted
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert env["WARMUP_SNAPSHOT_DIR"] == mounts["snapshots"]  # lora_adapter's snapshot_dir is the shared volume
+    assert "persistentVolumeClaim" in next(v for v in pod["volumes"] if v["name"] == "snapshots")
     claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
     assert claims <= {doc["metadata"]["name"] for _, doc in k8s_docs() if doc["kind"] == "PersistentVolumeClaim"}
     selector = deployment["spec"]["selector"]["matchLabels"]
@@ -70,6 +74,8 @@ def test_compose_runs_the_sidecar_with_a_password_protected_redis():
     args = _sidecar_args(triton["command"])
     assert f"{args.sidecar_port}:{args.sidecar_port}" in triton["ports"]
     assert f"localhost:{args.sidecar_port}/ready" in " ".join(triton["healthcheck"]["test"])
+    snapshot_dir = triton["environment"]["WARMUP_SNAPSHOT_DIR"]
+    assert any(v.endswith(f":{snapshot_dir}") for v in triton["volumes"])
     redis_password = re.search(r"redis://:([^@]+)@redis:", triton["environment"]["WARMUP_REDIS_URL"]).group(1)
     assert services["redis"]["command"][services["redis"]["command"].index("--requirepass") + 1] == redis_password
     for service in services.values():

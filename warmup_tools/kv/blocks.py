@@ -11,6 +11,8 @@ import enum
 from collections import OrderedDict
 from typing import Callable, Mapping, Protocol
 
+import numpy as np
+
 from warmup_tools.kv.hashing import BlockHash
 
 
@@ -37,6 +39,9 @@ class CachedBlock:
     #: The tenant whose request wrote it (``PUBLIC_TENANT`` inside a public prefix; "" when unknown).
     tenant: str = ""
     hits: int = 0
+    #: The block's token ids (int32), kept so a snapshot can re-derive its hash and recompute its KV;
+    #: counted in ``nbytes``. None for a block stored without them (it is never written to a snapshot).
+    tokens: np.ndarray | None = None
     #: Running requests using this block.
     ref_count: int = 0
     #: Cached blocks whose parent this block is.

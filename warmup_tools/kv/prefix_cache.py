@@ -19,10 +19,12 @@ Block metadata and eviction policies are in :mod:`warmup_tools.kv.blocks`, stora
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from typing import Callable, Collection, Iterable, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from warmup_tools.kv.blocks import (
@@ -139,8 +141,12 @@ class PrefixCache:
         owner: str = "",
         tenant: str = "",
         public_blocks: int = 0,
+        tokens: Sequence[int] | None = None,
     ) -> int:
         """Store blocks ``start_block..len(hashes)`` from per-layer KV ``[1, heads, >= n*bs, dim]``.
+
+        ``tokens`` (the prompt's token ids) are kept with each new block (:attr:`CachedBlock.tokens`), so
+        snapshots can re-derive and verify it; a block stored without them is never snapshotted.
 
         Returns how many new blocks were stored. Stops at the first block that does not fit, so the
         cache never holds a block whose parent it dropped. A warm-up store (``source=BlockSource.WARMUP``) stays
@@ -172,12 +178,15 @@ class PrefixCache:
                     continue
                 tensor = _block_tensor(layers, index, self.block_size)
                 payload, nbytes = self._codec.encode(tensor)
+                block_tokens = _block_tokens(tokens, index, self.block_size)
+                if block_tokens is not None:
+                    nbytes += block_tokens.nbytes
                 if not self._make_room(nbytes, source):
                     self.stats.rejected_blocks += len(hashes) - index
                     break
                 parent = hashes[index - 1] if index > 0 else NONE_HASH
                 block = CachedBlock(block_hash, parent, payload, nbytes, source, now, now, plan_id=plan_id, owner=owner,
-                                    tenant=PUBLIC_TENANT if index < public_blocks else tenant)
+                                    tenant=PUBLIC_TENANT if index < public_blocks else tenant, tokens=block_tokens)
                 self._blocks[block_hash] = block
                 parent_block = self._blocks.get(parent)
                 if parent_block is not None:
@@ -188,6 +197,70 @@ class PrefixCache:
                 stored += 1
             self.stats.stored_blocks += stored
         return stored
+
+    def restore(self, block: CachedBlock) -> bool:
+        """Insert a block read back from a snapshot (verified by the caller), without evicting anything.
+
+        Its parent must be cached already (or be the root): restore parents before children. False when
+        it is cached already, its parent is missing, or it does not fit (the whole budget, or the warm-up
+        cap for a warm-up block) without evicting: a restore never pushes out what is cached.
+        A block with a ``plan_id`` is pinned only when that plan is :attr:`active_plan`.
+        """
+        with self._lock:
+            if block.block_hash in self._blocks or (block.parent != NONE_HASH and block.parent not in self._blocks):
+                return False
+            if block.source is BlockSource.WARMUP and self.stats.warmup_bytes + block.nbytes > self.warmup_budget:
+                return False
+            if self.stats.bytes_used + self.stats.running_bytes + block.nbytes > self.budget_bytes:
+                return False
+            now = self._clock()
+            block = dataclasses.replace(block, created=now, last_access=now, ref_count=0, children=0,
+                                        plan_id=block.plan_id if block.plan_id == self.active_plan else None)
+            self._blocks[block.block_hash] = block
+            parent_block = self._blocks.get(block.parent)
+            if parent_block is not None:
+                parent_block.children += 1
+                self._refresh(parent_block)
+            self._account(block, +1)
+            self._refresh(block)
+            self.stats.stored_blocks += 1
+            return True
+
+    def snapshot_blocks(self, budget_bytes: int) -> list[CachedBlock]:
+        """Copies of the blocks a snapshot should hold, parents before children, within ``budget_bytes``.
+
+        Pinned blocks (with a plan) first, then the others hottest first (hits, then recency); a block is
+        taken only with its whole chain of ancestors (a child is useless without them), and only blocks
+        that kept their token ids. The payloads are shared, not copied: a stored payload never changes.
+        """
+        with self._lock:
+            blocks = {h: dataclasses.replace(b) for h, b in self._blocks.items() if b.tokens is not None}
+        order = sorted(blocks.values(), key=lambda b: (b.plan_id is None, -b.hits, -b.last_access))
+        chosen: dict[BlockHash, CachedBlock] = {}
+        used = 0
+        for block in order:
+            chain: list[CachedBlock] = []
+            cursor: CachedBlock | None = block
+            while cursor is not None and cursor.block_hash not in chosen:
+                chain.append(cursor)
+                cursor = blocks.get(cursor.parent) if cursor.parent != NONE_HASH else None
+                if cursor is None and chain[-1].parent != NONE_HASH:
+                    chain = []  # an ancestor without token ids: the chain cannot be written
+                    break
+            cost = sum(b.nbytes for b in chain)
+            if chain and used + cost <= budget_bytes:
+                for b in chain:
+                    chosen[b.block_hash] = b
+                used += cost
+        depth: dict[BlockHash, int] = {}
+        for block_hash in chosen:
+            _depth(block_hash, chosen, depth)
+        return sorted(chosen.values(), key=lambda b: depth[b.block_hash])
+
+    @property
+    def codec(self) -> object:
+        """The storage codec of this cache's payloads (:data:`~warmup_tools.kv.codecs.STORAGE_CODECS`)."""
+        return self._codec
 
     def reserve(self, nbytes: int) -> bool:
         """Count ``nbytes`` of a running sequence's KV against the budget, evicting blocks to make room.
@@ -343,6 +416,24 @@ class PrefixCache:
         elif tracked:
             self._policy.remove(block)
             self._tracked.discard(block.block_hash)
+
+
+def _depth(block_hash: BlockHash, blocks: dict[BlockHash, CachedBlock], depth: dict[BlockHash, int]) -> int:
+    chain = []
+    while block_hash in blocks and block_hash not in depth:
+        chain.append(block_hash)
+        block_hash = blocks[block_hash].parent
+    base = depth.get(block_hash, -1)
+    for h in reversed(chain):
+        base += 1
+        depth[h] = base
+    return base
+
+
+def _block_tokens(tokens: Sequence[int] | None, index: int, block_size: int) -> np.ndarray | None:
+    if tokens is None or len(tokens) < (index + 1) * block_size:
+        return None
+    return np.asarray(tokens[index * block_size:(index + 1) * block_size], dtype=np.int32).copy()
 
 
 def _block_tensor(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], index: int, block_size: int) -> torch.Tensor:

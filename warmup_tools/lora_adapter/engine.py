@@ -253,7 +253,7 @@ class LoraEngine:
                         hashes, [(layer.keys, layer.values) for layer in cache.layers],
                         start_block=0 if request.is_warmup else len(match),
                         source=request.source, plan_id=request.plan_id, owner=request.adapter or "",
-                        tenant=request.tenant, public_blocks=public)
+                        tenant=request.tenant, public_blocks=public, tokens=request.prompt_ids)
                 flight.close()
                 yield logits, cache, cached_tokens
             finally:
@@ -371,6 +371,16 @@ class LoraEngine:
                                   source=BlockSource.WARMUP, plan_id=self.prefix_cache.active_plan)
         for _ in self.generate(request):
             pass
+
+    def compute_kv(self, adapter: str | None, token_ids: Sequence[int]) -> SequenceKV:
+        """The KV of ``token_ids`` computed from scratch with ``adapter`` (no cache read or written):
+        what a snapshot's restored blocks are checked against."""
+        from transformers import DynamicCache
+
+        with self._adapter(adapter), torch.inference_mode():
+            cache = DynamicCache(config=self.model_config)
+            self._forward(torch.tensor([list(token_ids)], dtype=torch.long, device=self.device), cache)
+            return [(layer.keys, layer.values) for layer in cache.layers]
 
     def encode(self, text: str) -> tuple[int, ...]:
         """Token ids of ``text`` as a request would carry them (with the tokenizer's special tokens)."""

@@ -68,6 +68,8 @@ class ResponseSink:
                          flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def is_cancelled(self) -> bool:
+        # NOTE: true only for a client of lora_adapter itself (gRPC). Through ``ensemble`` Triton 2.51 checks
+        # the client's cancellation between steps only, so a running lora_adapter step is never told.
         check = getattr(self.sender, "is_cancelled", None)
         return bool(check()) if check is not None else False
 

@@ -166,6 +166,7 @@ class Scheduler:
         self._next_id = 0
         self._stopped = False
         self._thread: threading.Thread | None = None
+        self._observed_counts = (0, 0)
 
     # ----------------------------------------------------------------------------------- public API
     def submit(self, request: GenerateRequest, sink: SequenceSink) -> int:
@@ -247,7 +248,11 @@ class Scheduler:
             share = self.config.warm_share
             now = self._clock()
             self._warm_rest_until = now + (now - began) * (1.0 - share) / share
-        if self.observer is not None and plan:
+        counts = (self.stats.running, self.stats.waiting)
+        # NOTE: also after a step without a forward that changed the counts (the last sequence cancelled or
+        # failed), so the running and waiting gauges fall to 0 instead of keeping the last busy value.
+        if self.observer is not None and (plan or counts != self._observed_counts):
+            self._observed_counts = counts
             try:
                 self.observer(report, self)
             except Exception:
@@ -587,7 +592,7 @@ class Scheduler:
             request = seq.request
             cache.store(seq.hashes[:full], seq.kv, start_block=seq.stored_blocks, source=request.source,
                         plan_id=request.plan_id, owner=request.adapter or "", tenant=request.tenant,
-                        public_blocks=seq.public_blocks)
+                        public_blocks=seq.public_blocks, tokens=request.prompt_ids)
             seq.stored_blocks = full
         if seq.flight_key is not None:
             # NOTE: the claim moves with the frontier, so a follower admitted between two chunks waits

@@ -26,6 +26,7 @@ from warmup_tools.lora_adapter.scheduler import Scheduler, SequenceSink
 from warmup_tools.lora_adapter.settings import WARM_PRIORITIES
 
 LOGGER = logging.getLogger(__name__)
+T = TypeVar("T")
 
 T = TypeVar("T")
 
@@ -181,6 +182,13 @@ class LoraService:
         changed = snapshot != self._last_states
         self._last_states = snapshot
         return changed
+
+    def run_on_engine(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` with the engine to itself (between two scheduler steps, or holding the gate)."""
+        if self.scheduler is not None:
+            return self.scheduler.call(fn).result()
+        with self.gate.background():
+            return fn()
 
     def close(self) -> None:
         self._stop.set()

@@ -73,6 +73,28 @@ class SchedulerConfig:
                               f"max_num_seqs ({self.max_num_seqs})")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotConfig:
+    """KV snapshots of an instance (``snapshot_*`` parameters; :mod:`warmup_tools.lora_adapter.snapshots`)."""
+
+    #: Folder shared by instances and replicas; None: no snapshots (neither written nor restored).
+    folder: Path | None = None
+    #: Bytes of KV blocks (payload and token ids) one snapshot may hold; also bounds what is read back.
+    max_bytes: int = 128 << 20
+    #: Seconds between periodic writes (0: only at shutdown).
+    interval_s: float = 300.0
+    #: Share of each snapshot's blocks recomputed before it is trusted (at least one block).
+    verify_share: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.max_bytes < 1 or self.interval_s < 0 or not 0.0 < self.verify_share <= 1.0:
+            raise ConfigError(f"lora_adapter parameters: snapshot_bytes >= 1, snapshot_interval_s >= 0 and "
+                              f"0 < snapshot_verify_share <= 1 are required (got {self.max_bytes}, "
+                              f"{self.interval_s}, {self.verify_share})")
+
+
+#: Snapshot defaults (one source: the parameters below fall back to these).
+DEFAULT_SNAPSHOTS = SnapshotConfig()
 #: Request bounds when config.pbtxt sets none.
 DEFAULT_LIMITS = RequestLimits()
 #: The scheduler defaults (one source: the parameters below fall back to these).
@@ -108,6 +130,8 @@ class LoraAdapterSettings:
     #: One of :data:`SCHEDULERS`.
     scheduler: str
     batching: SchedulerConfig
+    #: KV snapshots (``snapshot_dir`` empty: off).
+    snapshots: SnapshotConfig = DEFAULT_SNAPSHOTS
 
     @classmethod
     def from_parameters(cls, params: ModelParameters) -> LoraAdapterSettings:
@@ -153,6 +177,12 @@ class LoraAdapterSettings:
                                                   DEFAULT_BATCHING.max_num_batched_tokens),
                 warm_chunk_tokens=warm_chunk,
                 warm_share=warm_share,
+            ),
+            snapshots=SnapshotConfig(
+                folder=params.path("snapshot_dir") if params.get("snapshot_dir", str, "") else None,
+                max_bytes=params.get("snapshot_bytes", int, DEFAULT_SNAPSHOTS.max_bytes),
+                interval_s=params.get("snapshot_interval_s", float, DEFAULT_SNAPSHOTS.interval_s),
+                verify_share=params.get("snapshot_verify_share", float, DEFAULT_SNAPSHOTS.verify_share),
             ),
         )
         params.check_unknown()

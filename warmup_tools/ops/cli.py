@@ -187,14 +187,38 @@ def _parser() -> argparse.ArgumentParser:
     conc.add_argument("--scheduler", choices=("continuous", "serial"), default="continuous")
     conc.add_argument("--max-num-seqs", type=int, default=16)
     conc.add_argument("--lm-threads", type=int, default=1, help="torch threads of lora_adapter (0: torch default)")
+    conc.add_argument("--rates", type=lambda v: tuple(float(x) for x in v.split(",")), default=(),
+                      help="open-loop levels after the streams: Poisson arrivals at each rate (requests/s)")
     conc.add_argument("--disconnects", type=int, default=7,
                       help="abandoned streams per transport before measuring the next request's TTFT (0: skip)")
+
+    eng = which.add_parser("engine", parents=[assets],
+                           help="the continuous-batching scheduler alone, in process (no Triton): 1-16 streams")
+    eng.add_argument("--levels", type=lambda v: tuple(int(x) for x in v.split(",")), default=(1, 4, 8, 16),
+                     help="concurrent streams per level, comma-separated")
+    eng.add_argument("--rounds", type=int, default=6, help="requests each stream sends back to back (at least)")
+    eng.add_argument("--min-requests", type=int, default=24, help="requests per level (at least)")
+    eng.add_argument("--max-tokens", type=int, default=32)
+    eng.add_argument("--max-num-seqs", type=int, default=16)
+    eng.add_argument("--device", default="auto", help="auto (the first CUDA device, else CPU), cpu, cuda, cuda:1")
+    eng.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
+    eng.add_argument("--lm-threads", type=int, default=1, help="torch threads (0: torch default)")
 
     pre = which.add_parser("preload", parents=[assets],
                            help="live TTFT while a new adapter warms: fifo vs live-first, chunked")
     pre.add_argument("--prompts", type=int, default=12, help="warm prompts of the new adapter")
     pre.add_argument("--prompt-tokens", type=int, default=768)
     pre.add_argument("--lm-threads", type=int, default=1)
+
+    snap = which.add_parser("snapshot", parents=[assets],
+                            help="restart to warm READY with a KV snapshot vs without (recompute); greedy outputs "
+                                 "after the restore; a second server started from the snapshot folder")
+    snap.add_argument("--prompts", type=int, default=32, help="planned prompts of the hot set")
+    snap.add_argument("--prompt-tokens", type=int, default=640)
+    snap.add_argument("--live", type=int, default=4, help="planned and live-only prompts sent after READY")
+    snap.add_argument("--max-tokens", type=int, default=16)
+    snap.add_argument("--seed", type=int, default=0)
+    snap.add_argument("--lm-threads", type=int, default=1)
 
 
     sidecar = sub.add_parser("sidecar", help="run tritonserver with the readiness and recovery sidecar beside it "
@@ -234,6 +258,8 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-repository", type=Path)
     parser.add_argument("--assets-dir", type=Path)
     parser.add_argument("--control-dir", type=Path)
+    parser.add_argument("--snapshot-dir", type=Path, help="folder of lora_adapter's KV snapshots (shared by "
+                                                          "replicas; WARMUP_SNAPSHOT_DIR); default: none")
     parser.add_argument("--http-port", type=int)
     parser.add_argument("--grpc-port", type=int)
     parser.add_argument("--metrics-port", type=int)
@@ -245,8 +271,8 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
 
 def _serve_config(args: argparse.Namespace) -> ServeConfig:
     flags = {name: getattr(args, name) for name in (
-        "model_repository", "assets_dir", "control_dir", "http_port", "grpc_port", "metrics_port", "host",
-        "log_verbose",
+        "model_repository", "assets_dir", "control_dir", "snapshot_dir", "http_port", "grpc_port", "metrics_port",
+        "host", "log_verbose",
         "ready_timeout_s", "log_file")}
     return load_config(ServeConfig, args.config, flags)
 

@@ -28,6 +28,8 @@ class ServeConfig:
     assets_dir: Path = REPO_ROOT / ".assets"
     #: Folder through which operators change the adapter set (``warmup_tools adapters``); empty disables it.
     control_dir: Path | None = REPO_ROOT / ".control"
+    #: Folder of lora_adapter's KV snapshots (``snapshot_dir``; shared by replicas); empty disables them.
+    snapshot_dir: Path | None = None
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
@@ -48,7 +50,8 @@ class ServeConfig:
 
     def server_env(self) -> dict[str, str]:
         return {"WARMUP_ASSETS_DIR": str(Path(self.assets_dir).resolve()),
-                "WARMUP_CONTROL_DIR": str(Path(self.control_dir).resolve()) if self.control_dir else ""}
+                "WARMUP_CONTROL_DIR": str(Path(self.control_dir).resolve()) if self.control_dir else "",
+                "WARMUP_SNAPSHOT_DIR": str(Path(self.snapshot_dir).resolve()) if self.snapshot_dir else ""}
 
 
 def load_config(cls: type[C], file: Path | None = None, flags: Mapping[str, Any] | None = None,

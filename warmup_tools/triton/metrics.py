@@ -176,7 +176,8 @@ class SchedulerMetrics:
     preemptions, step time and output tokens per adapter.
 
     :meth:`observe` is the scheduler's observer (called on its thread after each step that ran a
-    forward); gauges are only sent when they change, counters as deltas of the scheduler's totals.
+    forward, or that changed the running or waiting count); gauges are only sent when they change,
+    counters as deltas of the scheduler's totals.
     """
 
     def __init__(self, pb_utils: Any, model: str, instance: str) -> None:
@@ -215,8 +216,9 @@ class SchedulerMetrics:
             if self._last[key] != value:
                 metric.set(value)
                 self._last[key] = value
-        self._batch.observe(report.batch_size)
-        self._step.observe(report.seconds)
+        if report.batch_size:  # a step that ran no forward (only dropped sequences) is no batch
+            self._batch.observe(report.batch_size)
+            self._step.observe(report.seconds)
         if stats.preemptions > self._last["preemptions"]:
             self._preemptions.increment(stats.preemptions - self._last["preemptions"])
             self._last["preemptions"] = stats.preemptions
@@ -281,3 +283,46 @@ class HeatMetrics:
     @property
     def series(self) -> int:
         return len(self._metrics)
+
+
+#: Every reason a KV snapshot (or part of one) is skipped (:mod:`warmup_tools.kv.snapshot`): the labels
+#: of ``warmup_kv_snapshot_skipped_total`` are these, so /metrics stays bounded whatever a file holds.
+SNAPSHOT_SKIP_REASONS = ("format", "version", "checksum", "truncated", "too_large", "unreadable", "payload",
+                         "base_model", "tokenizer", "dtype", "storage", "block_size", "salt", "adapter", "hash",
+                         "verify", "error")
+
+
+class SnapshotMetrics:
+    """KV snapshots on /metrics: snapshots skipped by reason, blocks and bytes restored, snapshots written."""
+
+    def __init__(self, pb_utils: Any, model: str) -> None:
+        family = pb_utils.MetricFamily
+        # NOTE: the families are kept: Triton refuses a Metric whose MetricFamily was garbage collected.
+        self._families = (
+            family(name="warmup_kv_snapshot_skipped_total",
+                   description="KV snapshots skipped at restore (not matching, damaged, failed verification) by "
+                               "reason; adapter: blocks of an adapter not served with the same weights dropped",
+                   kind=family.COUNTER),
+            family(name="warmup_kv_snapshot_restored_blocks_total",
+                   description="KV blocks restored from snapshots at start", kind=family.COUNTER),
+            family(name="warmup_kv_snapshot_restored_bytes_total",
+                   description="KV bytes restored from snapshots at start", kind=family.COUNTER),
+            family(name="warmup_kv_snapshot_writes_total", description="KV snapshots written", kind=family.COUNTER),
+        )
+        skipped, blocks, restored_bytes, writes = self._families
+        labels = {"model": model}
+        self._skipped = {reason: skipped.Metric(labels={**labels, "reason": reason})
+                         for reason in SNAPSHOT_SKIP_REASONS}
+        self._blocks = blocks.Metric(labels=labels)
+        self._bytes = restored_bytes.Metric(labels=labels)
+        self._writes = writes.Metric(labels=labels)
+
+    def record_restore(self, report: Any) -> None:
+        for reason, count in report.skipped.items():
+            self._skipped.get(reason, self._skipped["error"]).increment(count)
+        self._blocks.increment(report.blocks)
+        self._bytes.increment(report.bytes)
+
+    def record_write(self, info: Any) -> None:
+        if info is not None:
+            self._writes.increment(1)

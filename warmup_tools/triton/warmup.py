@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from warmup_tools.common.errors import InvalidInputError
-from warmup_tools.triton.tensors import serialize_tensor
+from warmup_tools.triton.tensors import deserialize_tensor, serialize_tensor
 
 #: The inputs that steer a model's caches rather than describe a request.
 CONTROL_INPUTS = ("warmup_plan",)
@@ -92,6 +92,26 @@ class OwnWarmupSamples:
                 f"input '{sent[0]}' is a control input: only this model's own warm-up samples may carry it; "
                 "send the request without it (warm-up is planned by the operator with `warmup_tools stanzas`)")
         return True
+
+
+def sample_plan_ids(model_config: Mapping[str, Any], model_dir: Path) -> set[str]:
+    """The ``warmup_plan`` values the model's own warm-up samples carry (the plan they pin)."""
+    plans = set()
+    for entry in model_config.get("model_warmup") or ():
+        spec = (entry.get("inputs") or {}).get(CONTROL_INPUTS[0]) or {}
+        name = spec.get("input_data_file")
+        if spec.get("data_type") == "TYPE_STRING" and name:
+            data = (Path(model_dir) / WARMUP_DIR / name).read_bytes()
+            plans.update(item.decode("utf-8", "replace") for item in
+                         deserialize_tensor(data, "TYPE_STRING", [-1]).reshape(-1) if item)
+    return plans
+
+
+def own_plan_id(args: Mapping[str, Any]) -> str | None:
+    """The plan a Python-backend model's warm-up samples pin (from ``initialize``'s ``args``); None when
+    they carry none or several."""
+    plans = sample_plan_ids(json.loads(args["model_config"]), Path(args["model_repository"]))
+    return next(iter(plans)) if len(plans) == 1 else None
 
 
 def _digest(data: Mapping[str, bytes]) -> bytes:

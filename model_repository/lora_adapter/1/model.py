@@ -10,14 +10,15 @@ import triton_python_backend_utils as pb_utils
 
 from warmup_tools.triton.inputs import parse_optional_text
 from warmup_tools.triton.io import collect_inputs, error_for, log_unexpected, model_parameters
-from warmup_tools.triton.metrics import GenerationMetrics, SchedulerMetrics
+from warmup_tools.triton.metrics import GenerationMetrics, SchedulerMetrics, SnapshotMetrics
 from warmup_tools.triton.trust import TenantTrust
-from warmup_tools.triton.warmup import OwnWarmupSamples
+from warmup_tools.triton.warmup import OwnWarmupSamples, own_plan_id
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
 from warmup_tools.lora_adapter.responses import ResponseSink
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.service import LoraService
 from warmup_tools.lora_adapter.settings import LoraAdapterSettings
+from warmup_tools.lora_adapter.snapshots import SnapshotKeeper
 from warmup_tools.lora_adapter.request_log import RequestLogWriter, prompt_for_log
 from warmup_tools.lora_adapter.requests import RequestLimits, parse_generate_request
 
@@ -60,6 +61,19 @@ class TritonPythonModel:
                             if settings.request_log_dir is not None else None)
         self.metrics = GenerationMetrics(pb_utils, "lora_adapter", self.instance)
         pb_utils.Logger.log_info(f"lora_adapter: device {engine.device}, adapters {sorted(engine.adapters)}")
+        self.snapshots = None
+        if settings.snapshots.folder is not None and engine.prefix_cache is not None:
+            # Before Triton runs the warm-up samples: they then find their prefixes cached.
+            snapshot_metrics = SnapshotMetrics(pb_utils, "lora_adapter")
+            self.snapshots = SnapshotKeeper(engine, settings.snapshots, instance=self.instance,
+                                            plan_id=own_plan_id(args), run_on_engine=self.service.run_on_engine,
+                                            log=pb_utils.Logger.log_warn, on_write=snapshot_metrics.record_write)
+            report = self.snapshots.restore()
+            snapshot_metrics.record_restore(report)
+            pb_utils.Logger.log_info(f"lora_adapter: KV snapshots restored {report.blocks} blocks "
+                                     f"({report.bytes} bytes, {report.verified} verified) from "
+                                     f"{report.snapshots_used} snapshot(s) in {report.seconds:.3f} s")
+            self.snapshots.start()
 
     def execute(self, requests):
         if self.service.adapters_changed():
@@ -84,6 +98,8 @@ class TritonPythonModel:
 
     def finalize(self):
         self.service.close()
+        if self.snapshots is not None:
+            self.snapshots.close()  # the last snapshot, once no request runs
         if self.request_log is not None:
             self.request_log.close()
 

@@ -190,6 +190,23 @@ def test_cancellation_frees_the_slot_and_the_memory(fresh_cache):
     assert engine.prefix_cache.stats.running_bytes == 0
 
 
+def test_the_observer_sees_the_counts_fall_when_the_last_sequence_is_cancelled(fresh_cache):
+    engine = fresh_cache
+    seen = []
+    scheduler = Scheduler(engine, observer=lambda report, sched: seen.append(
+        (report.batch_size, sched.stats.running, sched.stats.waiting)))
+    sink = RecordingSink()
+    scheduler.submit(make_request(engine, "Cancel me please", None, max_tokens=50), sink)
+    scheduler.step()
+    assert seen[-1][1:] == (1, 0)
+    sink.cancelled = True
+    scheduler.step()  # no forward: the only sequence leaves
+    assert seen[-1] == (0, 0, 0)
+    count = len(seen)
+    scheduler.step()  # nothing changed: not observed again
+    assert len(seen) == count
+
+
 def test_a_failed_send_drops_the_sequence(fresh_cache):
     engine = fresh_cache
     scheduler = Scheduler(engine)

@@ -66,3 +66,17 @@ def test_a_model_without_samples_refuses_every_control_input(tmp_path):
     own = _model(tmp_path, [])
     with pytest.raises(ControlInputError):
         own.check({"text_input": np.array([b"hi"], dtype=object), "warmup_plan": np.array([b""], dtype=object)})
+
+
+def test_the_plan_of_the_model_s_own_samples_is_read_back_for_snapshot_restore(tmp_path):
+    import json
+
+    from warmup_tools.triton.warmup import own_plan_id, sample_plan_ids
+
+    _model(tmp_path, [SAMPLE])
+    model = tmp_path / "lora_adapter"
+    config = text_format.Parse((model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    data = json_format.MessageToDict(config, preserving_proto_field_name=True)
+    assert sample_plan_ids(data, model) == {"p1"}
+    assert own_plan_id({"model_config": json.dumps(data), "model_repository": str(model)}) == "p1"
+    assert own_plan_id({"model_config": json.dumps({"name": "x"}), "model_repository": str(model)}) is None

@@ -14,7 +14,6 @@ wall time), time to first token and inter-token latency (p50/p95/p99, client sid
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import threading
 import time
@@ -25,40 +24,17 @@ from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClie
 from warmup_tools.ops.config import REPO_ROOT
 from warmup_tools.ops.demo import demo_prompt
 from warmup_tools.ops.server import TritonServer
+from warmup_tools.sim.bench.latency import LevelResult, format_ratios, format_row, pct
 from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 
 #: (adapter_id, system prompt scope) per request, in turn; None is the base model.
 SCOPES: tuple[tuple[str | None, str], ...] = (("support", "support"), ("legal", "legal"), ("sql", "sql"),
                                               (None, "support"))
-#: Targets at 8 streams against 1 (issue 9).
-TARGETS = {"tokens_per_s": 3.0, "ttft_p95": 3.0, "itl_p95": 2.5}
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class LevelResult:
-    streams: int
-    requests: int
-    errors: int
-    output_tokens: int
-    wall_s: float
-    ttft_ms: list[float]
-    itl_ms: list[float]
-    error_messages: tuple[str, ...] = ()
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.output_tokens / self.wall_s if self.wall_s else 0.0
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
 def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int = 6, min_requests: int = 24,
         max_tokens: int = 32, scheduler: str = "continuous", max_num_seqs: int = 16, lm_threads: int = 1,
-        disconnects: int = 7, out: TextIO = sys.stdout) -> list[LevelResult]:
-    """Measure each concurrency level on one server; prints a table and the 8-vs-1 ratios."""
+        disconnects: int = 7, rates: Sequence[float] = (), out: TextIO = sys.stdout) -> list[LevelResult]:
+    """Measure each concurrency level on one server; prints a table and the 8-vs-1 ratios. ``rates``:
+    open-loop levels after those, requests arriving as a Poisson process at each rate (requests/s)."""
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_LM_THREADS": str(lm_threads),
            "WARMUP_SCHEDULER": scheduler, "WARMUP_MAX_NUM_SEQS": str(max_num_seqs)}
     results: list[LevelResult] = []
@@ -73,72 +49,166 @@ def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int 
         for streams in levels:
             result = _level(server.grpc_url, streams, max(rounds, -(-min_requests // streams)), max_tokens)
             results.append(result)
-            out.write(_row(result) + "\n")
+            out.write(format_row(result) + "\n")
             out.flush()
             for message in result.error_messages[:3]:
                 out.write(f"    error: {message}\n")
+        for rate in rates:
+            result = _open_level(server.grpc_url, rate, max(min_requests, 4 * max_num_seqs), max_tokens)
+            out.write(format_row(result, f"Poisson {rate:g}/s") + "\n")
+            out.flush()
         if disconnects:
-            out.write(measure_disconnects(server, disconnects) + "\n")
+            out.write(measure_disconnects(server, assets_dir, disconnects) + "\n")
     out.write(format_ratios(results) + "\n")
     return results
 
 
-def measure_disconnects(server: TritonServer, count: int) -> str:
-    """The next request's TTFT after a client abandons a long stream at its first token (gRPC: the
-    stream cancelled; HTTP: the generate_stream connection closed), against no abandoned stream."""
+#: Output tokens asked for by an abandoned stream (long enough to outlast the next request many times).
+ABANDONED_MAX_TOKENS = 200
+
+
+def measure_disconnects(server: TritonServer, assets_dir: Path, count: int) -> str:
+    """The next request's TTFT after a client abandons a long stream at its first token, against no
+    abandoned stream: a gRPC stream to ``lora_adapter`` itself cancelled, a gRPC stream to ``ensemble``
+    cancelled, an HTTP ``generate_stream`` connection to ``ensemble`` closed. Before each abandon the
+    instance is idle again (the running-sequences gauge at 0), so each figure has one abandoned stream;
+    after each next request it counts whether the abandoned sequence was still running."""
+    import numpy as np
     import requests
     import tritonclient.grpc as grpcclient
+    from transformers import AutoTokenizer
+
+    from warmup_tools.ops.client import metric_sum, scrape_metrics
 
     probe = demo_prompt("support", "where is my order?")
+    tokenizer = AutoTokenizer.from_pretrained(assets_dir / "lm")
+    long_params = GenerateParams(max_tokens=ABANDONED_MAX_TOKENS, adapter_id="legal")
+
+    def running() -> float:
+        return metric_sum(scrape_metrics(server.metrics_url), "warmup_scheduler_running_sequences")
+
+    def wait_idle(deadline_s: float = 300.0) -> None:
+        end = time.monotonic() + deadline_s
+        while running() > 0:
+            if time.monotonic() > end:
+                raise RuntimeError(f"lora_adapter still runs sequences after {deadline_s:.0f} s")
+            time.sleep(0.05)
 
     def next_ttft() -> float:
         with StreamingClient(server.grpc_url) as client:
             return client.generate(probe, GenerateParams(max_tokens=1, adapter_id="support")).ttft_s * 1000
 
-    baseline = [next_ttft() for _ in range(count)]
-    after_grpc, after_http = [], []
-    for i in range(count):
+    def grpc_abandon(model: str, inputs: list) -> None:
         first = threading.Event()
         client = grpcclient.InferenceServerClient(server.grpc_url)
-        client.start_stream(callback=lambda result, error, first=first: first.set())
-        client.async_stream_infer("ensemble", grpc_inputs(f"Tell me a long story, part {i}.",
-                                                          GenerateParams(max_tokens=400, adapter_id="legal"), True))
+        client.start_stream(callback=lambda result, error: first.set())
+        client.async_stream_infer(model, inputs)
         first.wait(120)
         client.stop_stream(cancel_requests=True)
         client.close()
-        after_grpc.append(next_ttft())
-    for i in range(count):
-        body = {"text_input": f"Another long story, part {i}.", "max_tokens": 400, "stream": True,
+
+    def direct(i: int) -> None:
+        ids = np.array(tokenizer.encode(f"Tell me a long story, part {i}."), dtype=np.int32)
+        tensors = [("input_ids", ids, "INT32"),
+                   ("max_tokens", np.array([ABANDONED_MAX_TOKENS], dtype=np.int32), "INT32"),
+                   ("stream", np.array([True]), "BOOL"),
+                   ("adapter_id", np.array([b"legal"], dtype=np.object_), "BYTES")]
+        inputs = []
+        for name, array, dtype in tensors:
+            tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        grpc_abandon("lora_adapter", inputs)
+
+    def ensemble_grpc(i: int) -> None:
+        grpc_abandon("ensemble", grpc_inputs(f"Tell me a long story, part {i}.", long_params, True))
+
+    def ensemble_http(i: int) -> None:
+        body = {"text_input": f"Another long story, part {i}.", "max_tokens": ABANDONED_MAX_TOKENS, "stream": True,
                 "adapter_id": "legal"}
         with requests.post(f"http://{server.http_url}/v2/models/ensemble/generate_stream", json=body, stream=True,
                            timeout=120) as response:
             next(line for line in response.iter_lines() if line)
-        after_http.append(next_ttft())
-    return (f"next request's TTFT, median of {count}: no abandoned stream {pct(baseline, 0.5):.1f} ms; after a gRPC "
-            f"stream (max_tokens 400) cancelled at its first token {pct(after_grpc, 0.5):.1f} ms; after an HTTP "
-            f"generate_stream connection closed at its first event {pct(after_http, 0.5):.1f} ms "
-            f"(max {max(after_http):.0f} ms)")
+
+    wait_idle()
+    baseline = [next_ttft() for _ in range(count)]
+    parts = [f"next request's TTFT, median of {count}: no abandoned stream {pct(baseline, 0.5):.1f} ms"]
+    for label, abandon in (("gRPC stream to lora_adapter cancelled", direct),
+                           ("gRPC stream to ensemble cancelled", ensemble_grpc),
+                           ("HTTP generate_stream to ensemble closed", ensemble_http)):
+        ttfts, still_running = [], 0
+        for i in range(count):
+            wait_idle()
+            abandon(i)
+            ttfts.append(next_ttft())
+            still_running += running() > 0
+        parts.append(f"after a {label} at its first token {pct(ttfts, 0.5):.1f} ms (max {max(ttfts):.0f} ms; "
+                     f"abandoned sequence still running afterwards: {still_running} of {count})")
+    wait_idle()
+    return ";\n  ".join(parts)
 
 
-def format_ratios(results: Sequence[LevelResult]) -> str:
-    by_streams = {r.streams: r for r in results}
-    one, eight = by_streams.get(1), by_streams.get(8)
-    if one is None or eight is None or not one.ttft_ms or not eight.ttft_ms:
-        return "8 vs 1 streams: not measured"
-    ratios = {
-        "tokens_per_s": eight.tokens_per_s / one.tokens_per_s,
-        "ttft_p95": pct(eight.ttft_ms, 0.95) / pct(one.ttft_ms, 0.95),
-        "itl_p95": pct(eight.itl_ms, 0.95) / pct(one.itl_ms, 0.95),
-    }
-    met = {
-        "tokens_per_s": ratios["tokens_per_s"] >= TARGETS["tokens_per_s"],
-        "ttft_p95": ratios["ttft_p95"] <= TARGETS["ttft_p95"],
-        "itl_p95": ratios["itl_p95"] <= TARGETS["itl_p95"],
-    }
-    return (f"8 vs 1 streams: tokens/s x{ratios['tokens_per_s']:.2f} (target >= {TARGETS['tokens_per_s']}: "
-            f"{'met' if met['tokens_per_s'] else 'NOT met'}), TTFT p95 x{ratios['ttft_p95']:.2f} "
-            f"(target <= {TARGETS['ttft_p95']}: {'met' if met['ttft_p95'] else 'NOT met'}), ITL p95 "
-            f"x{ratios['itl_p95']:.2f} (target <= {TARGETS['itl_p95']}: {'met' if met['itl_p95'] else 'NOT met'})")
+def _prompt(index: int, i: int) -> tuple[str | None, str]:
+    """The adapter and prompt of stream ``index``'s request ``i``: scopes in turn, a distinct question."""
+    adapter, scope = SCOPES[(index + i) % len(SCOPES)]
+    question = USER_QUESTIONS[scope][(index + i) % len(USER_QUESTIONS[scope])]
+    return adapter, f"{SYSTEM_PROMPTS[scope]}User: {question} (stream {index}, request {i})\nAssistant:"
+
+
+def _open_level(url: str, rate: float, count: int, max_tokens: int, seed: int = 0) -> LevelResult:
+    """``count`` requests arriving as a Poisson process of ``rate`` per second (open loop: an arrival does
+    not wait for earlier requests), each on a free connection of a pool opened beforehand."""
+    import concurrent.futures
+    import queue
+    import random
+
+    rng = random.Random(seed)
+    gaps = [rng.expovariate(rate) for _ in range(count)]
+    lock = threading.Lock()
+    ttft: list[float] = []
+    itl: list[float] = []
+    errors: list[str] = []
+    tokens = [0]
+    pool: queue.Queue[StreamingClient] = queue.Queue()
+    opened = [StreamingClient(url, timeout_s=600) for _ in range(16)]
+    for client in opened:
+        pool.put(client)
+
+    def one(i: int) -> None:
+        try:
+            client = pool.get_nowait()
+        except queue.Empty:  # more requests in flight than connections: open one more
+            client = StreamingClient(url, timeout_s=600)
+            with lock:
+                opened.append(client)
+        adapter, prompt = _prompt(1000 + i, 0)
+        try:
+            result = client.generate(prompt, GenerateParams(max_tokens=max_tokens, adapter_id=adapter))
+        except GenerateError as exc:
+            with lock:
+                errors.append(str(exc))
+            return
+        finally:
+            pool.put(client)
+        with lock:
+            ttft.append(result.ttft_s * 1000)
+            itl.extend((b - a) * 1000 for a, b in zip(result.arrivals_s, result.arrivals_s[1:]))
+            tokens[0] += result.output_tokens
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="arrival") as executor:
+            began = due = time.perf_counter()
+            futures = []
+            for i, gap in enumerate(gaps):
+                due += gap
+                time.sleep(max(0.0, due - time.perf_counter()))
+                futures.append(executor.submit(one, i))
+            concurrent.futures.wait(futures)
+        wall = time.perf_counter() - began
+    finally:
+        for client in opened:
+            client.close()
+    return LevelResult(0, count, len(errors), tokens[0], wall, ttft, itl, tuple(errors))
 
 
 def _level(url: str, streams: int, rounds: int, max_tokens: int) -> LevelResult:
@@ -153,9 +223,7 @@ def _level(url: str, streams: int, rounds: int, max_tokens: int) -> LevelResult:
         with StreamingClient(url, timeout_s=600) as client:
             start_line.wait()
             for i in range(rounds):
-                adapter, scope = SCOPES[(index + i) % len(SCOPES)]
-                question = USER_QUESTIONS[scope][(index + i) % len(USER_QUESTIONS[scope])]
-                prompt = f"{SYSTEM_PROMPTS[scope]}User: {question} (stream {index}, request {i})\nAssistant:"
+                adapter, prompt = _prompt(index, i)
                 try:
                     result = client.generate(prompt, GenerateParams(max_tokens=max_tokens, adapter_id=adapter))
                 except GenerateError as exc:
@@ -177,10 +245,3 @@ def _level(url: str, streams: int, rounds: int, max_tokens: int) -> LevelResult:
         thread.join()
     wall = time.perf_counter() - began
     return LevelResult(streams, streams * rounds, len(errors), tokens[0], wall, ttft, itl, tuple(errors))
-
-
-def _row(r: LevelResult) -> str:
-    return (f"  {r.streams:2d} streams: {r.tokens_per_s:7.1f} output tokens/s  "
-            f"TTFT p50/p95/p99 {pct(r.ttft_ms, .5):7.1f} {pct(r.ttft_ms, .95):7.1f} {pct(r.ttft_ms, .99):7.1f} ms  "
-            f"ITL p50/p95/p99 {pct(r.itl_ms, .5):6.1f} {pct(r.itl_ms, .95):6.1f} {pct(r.itl_ms, .99):6.1f} ms  "
-            f"requests {r.requests}, errors {r.errors}")

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Issue 9's concurrency benchmark on a GPU (not part of the tests): the continuous-batching scheduler
+# alone, in process (`warmup_tools.sim.bench.engine`), on CUDA in bfloat16 and float32, 1/4/8/16 streams.
+# It needs torch, transformers and peft, not tritonserver, so it runs on a machine that has only those
+# (the device machine's image); the assets' lm/ and adapters/ come from `make assets` here.
+#
+#   scripts/gpu_bench.sh [ASSETS_DIR] [OUT_DIR]        # defaults: .assets and $OUT (or /tmp/gpu-bench)
+#
+# Through the device tool: command `bash scripts/gpu_bench.sh .assets $OUT`, carry [".assets/lm",
+# ".assets/adapters"] (about 50 MiB), timeout 600 s.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+assets=${1:-.assets}
+out=${2:-${OUT:-/tmp/gpu-bench}}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+python3 - <<'PY' | tee "$out/device.txt"
+import peft, torch, transformers
+assert torch.cuda.is_available(), "torch sees no CUDA device"
+print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__,
+      "device", torch.cuda.get_device_name(0))
+PY
+for dtype in bfloat16 float32; do
+  python3 -m warmup_tools.sim.bench.engine --assets-dir "$assets" --device cuda --dtype "$dtype" \
+    --lm-threads 0 2>&1 | tee "$out/engine-$dtype.txt"
+done

@@ -1,0 +1,81 @@
+"""A client that goes away: a cancelled gRPC stream to ``lora_adapter`` leaves the running batch.
+
+Through ``ensemble`` Triton 2.51 does not cancel a step that is already running (the ensemble scheduler
+checks the parent request between steps only), so this is tested on ``lora_adapter`` itself, where the
+gRPC frontend's cancellation reaches the request's response sender.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from transformers import AutoTokenizer
+
+from warmup_tools.ops.client import GenerateParams, metric_sum, scrape_metrics
+
+MAX_TOKENS = 512  # lora_adapter's max_tokens_limit: a stream that ran to the end would produce all of them
+
+
+def _tensor(name, array, dtype):
+    tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def _one_response(triton, inputs):
+    """The single response of a non-streaming request to the decoupled lora_adapter."""
+    results = []
+    done = threading.Event()
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: (results.append((result, error)), done.set()))
+        client.async_stream_infer("lora_adapter", inputs)
+        assert done.wait(300), "no response within 300 s"
+        client.stop_stream()
+    finally:
+        client.close()
+    result, error = results[0]
+    assert error is None, error
+    return result
+
+
+def _scheduler_state(triton):
+    samples = scrape_metrics(triton.metrics_url)
+    return (metric_sum(samples, "warmup_scheduler_running_sequences"),
+            metric_sum(samples, "warmup_output_tokens_total"))
+
+
+def test_a_cancelled_grpc_stream_leaves_the_batch_and_the_instance_keeps_serving(triton, grpc_client):
+    tokenizer = AutoTokenizer.from_pretrained(triton.assets_dir / "lm")
+    ids = np.array(tokenizer.encode("Tell me a very long story about a lighthouse."), dtype=np.int32)
+    inputs = [_tensor("input_ids", ids, "INT32"),
+              _tensor("max_tokens", np.array([MAX_TOKENS], dtype=np.int32), "INT32"),
+              _tensor("stream", np.array([True]), "BOOL"),
+              _tensor("adapter_id", np.array([b"legal"], dtype=np.object_), "BYTES")]
+    # The same request, not cancelled, runs to max_tokens (no end-of-sequence token first): so a cancelled
+    # stream that produced fewer tokens did stop because of the cancellation.
+    whole = [t for t in inputs if t.name() != "stream"] + [_tensor("stream", np.array([False]), "BOOL")]
+    assert int(_one_response(triton, whole).as_numpy("output_tokens")[0]) == MAX_TOKENS
+    _, tokens_before = _scheduler_state(triton)
+    first = threading.Event()
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: first.set())
+        client.async_stream_infer("lora_adapter", inputs)
+        assert first.wait(120), "no first token within 120 s"
+        client.stop_stream(cancel_requests=True)
+    finally:
+        client.close()
+    deadline = time.monotonic() + 300  # generous: only a cancellation that never arrives fails this
+    while True:
+        running, tokens = _scheduler_state(triton)
+        if running == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert running == 0
+    assert tokens - tokens_before < MAX_TOKENS, "the cancelled stream ran to its last token"
+    result = grpc_client.generate("Hello after a cancelled stream", GenerateParams(max_tokens=4))
+    assert result.output_tokens == 4

@@ -1,0 +1,194 @@
+"""KV snapshots between two engines (two processes' worth of state) on the demo LM, without a server."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from warmup_tools.kv.blocks import BlockSource
+from warmup_tools.kv.config import KVCacheConfig
+from warmup_tools.kv.prefix_cache import PrefixCache
+from warmup_tools.kv.snapshot import list_snapshots, prefix_tokens, write_snapshot
+from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
+from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+from warmup_tools.lora_adapter.settings import SnapshotConfig
+from warmup_tools.lora_adapter.snapshots import SnapshotKeeper
+from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
+
+PLAN = "plan-1"
+
+
+def make_engine(demo_assets, **kv):
+    return LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
+                                   kv=KVCacheConfig(budget_bytes=64 << 20, **kv), num_threads=1))
+
+
+@pytest.fixture(scope="module")
+def writer(demo_assets):
+    """An engine that warmed a planned prefix (support) and served a live one (sql)."""
+    engine = make_engine(demo_assets)
+    engine.prefix_cache.activate_plan(PLAN)
+    run(engine, SYSTEM_PROMPTS["support"], "support", plan=PLAN)
+    run(engine, SYSTEM_PROMPTS["sql"] + "User: list the tables\nAssistant:", "sql")
+    return engine
+
+
+@pytest.fixture(scope="module")
+def reader(demo_assets):
+    return make_engine(demo_assets)
+
+
+@pytest.fixture()
+def fresh(reader):
+    reader.prefix_cache.clear()
+    reader.prefix_cache.activate_plan(None)
+    return reader
+
+
+def run(engine, text, adapter, plan=None, max_tokens=8):
+    ids = engine.encode(text)
+    req = GenerateRequest(ids, adapter, "default", False, SamplingParams(max_tokens=max_tokens),
+                          source=BlockSource.WARMUP if plan else BlockSource.LIVE, plan_id=plan)
+    steps = list(engine.generate(req))
+    return [s.token_id for s in steps], steps[-1].cached_tokens
+
+
+def keeper(engine, folder, plan=PLAN, share=0.05, logs=None):
+    return SnapshotKeeper(engine, SnapshotConfig(folder=folder, verify_share=share, interval_s=0), instance="lora_0",
+                          plan_id=plan, host="test", log=(logs.append if logs is not None else None))
+
+
+def test_a_second_engine_restores_the_snapshot_and_serves_the_same_greedy_output_warm(writer, fresh, tmp_path):
+    info = keeper(writer, tmp_path).write()
+    assert info is not None and info.blocks == len(writer.prefix_cache)
+    assert keeper(writer, tmp_path).write() is not None  # a new keeper writes; the same one skips an unchanged set
+    logs: list[str] = []
+    report = keeper(fresh, tmp_path, logs=logs).restore()
+    assert report.blocks == info.blocks and report.skipped == {} and logs == []
+    assert report.verified >= 1
+    cache = fresh.prefix_cache
+    assert cache.active_plan == PLAN and cache.stats.pinned_bytes == writer.prefix_cache.stats.pinned_bytes > 0
+    prompt = SYSTEM_PROMPTS["sql"] + "User: list the tables\nAssistant:"
+    restored_tokens, cached = run(fresh, prompt, "sql")
+    assert cached > 0
+    cache.clear()
+    assert run(fresh, prompt, "sql") == (restored_tokens, 0)  # recomputed from scratch: the same tokens
+    assert run(writer, prompt, "sql")[0] == restored_tokens
+
+
+def test_blocks_of_another_plan_come_back_as_live_kv_outside_the_warmup_cap(writer, fresh, tmp_path):
+    keeper(writer, tmp_path).write()
+    report = keeper(fresh, tmp_path, plan="plan-2").restore()
+    assert report.blocks == len(writer.prefix_cache)
+    assert fresh.prefix_cache.stats.pinned_bytes == 0 and fresh.prefix_cache.stats.warmup_bytes == 0
+
+
+def test_the_writer_s_own_keeper_skips_an_unchanged_set(writer, tmp_path):
+    own = keeper(writer, tmp_path)
+    assert own.write() is not None and own.write() is None
+
+
+def test_a_snapshot_rewritten_with_other_weights_is_rejected_by_recomputation(writer, fresh, tmp_path):
+    """The payload is the legal adapter's KV under the support blocks' names, with consistent checksums."""
+    own = keeper(writer, tmp_path)
+    blocks = writer.prefix_cache.snapshot_blocks(1 << 30)
+    support = [b for b in blocks if b.owner == "support"]
+    by_hash = {b.block_hash: b for b in support}
+    codec = writer.prefix_cache.codec
+    forged = []
+    for block in support:
+        tokens = prefix_tokens(block, by_hash)
+        kv = writer.compute_kv("legal", tokens)
+        start = len(tokens) - writer.prefix_cache.block_size
+        tensor = torch.stack([torch.stack((k[0, :, start:], v[0, :, start:])) for k, v in kv])
+        forged.append(dataclasses.replace(block, payload=codec.encode(tensor)[0]))
+    write_snapshot(tmp_path, own.name, own.identity, dict(writer.adapter_fingerprints), forged, created=1.0)
+    logs: list[str] = []
+    report = keeper(fresh, tmp_path, logs=logs).restore()
+    assert report.skipped == {"verify": 1} and report.blocks == 0 and len(fresh.prefix_cache) == 0
+    assert len(logs) == 1 and "verify" in logs[0]
+
+
+def test_blocks_of_an_adapter_with_other_weights_are_dropped_and_the_rest_restored(writer, fresh, tmp_path):
+    own = keeper(writer, tmp_path)
+    adapters = {**writer.adapter_fingerprints, "sql": "retrained"}
+    blocks = writer.prefix_cache.snapshot_blocks(1 << 30)
+    write_snapshot(tmp_path, own.name, own.identity, adapters, blocks, created=1.0)
+    logs: list[str] = []
+    report = keeper(fresh, tmp_path, logs=logs).restore()
+    assert report.skipped == {"adapter": 1} and len(logs) == 1
+    assert report.blocks == sum(1 for b in blocks if b.owner != "sql") > 0
+
+
+def test_a_damaged_snapshot_is_skipped_with_one_log_line_and_others_still_restore(writer, fresh, tmp_path):
+    keeper(writer, tmp_path).write()
+    info = SnapshotKeeper(writer, SnapshotConfig(folder=tmp_path, interval_s=0), instance="lora_1",
+                          host="test").write()
+    data = bytearray(info.payload.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    info.payload.write_bytes(bytes(data))
+    logs: list[str] = []
+    report = keeper(fresh, tmp_path, logs=logs).restore()
+    assert report.skipped == {"checksum": 1} and len(logs) == 1 and info.manifest.name in logs[0]
+    assert report.snapshots_used == 1 and report.blocks == len(writer.prefix_cache)
+
+
+def test_restore_stays_within_the_reader_s_budget(writer, reader, tmp_path, monkeypatch):
+    keeper(writer, tmp_path).write()
+    block = next(iter(writer.prefix_cache.snapshot_blocks(1 << 30))).nbytes
+    monkeypatch.setattr(reader, "prefix_cache", PrefixCache(5 * block, 16, live_reserve=0.5))
+    report = keeper(reader, tmp_path).restore()
+    stats = reader.prefix_cache.stats
+    assert stats.bytes_used <= 5 * block and stats.warmup_bytes <= reader.prefix_cache.warmup_budget
+    assert report.blocks <= 5 and report.not_placed == len(writer.prefix_cache) - report.blocks
+    assert stats.evictions == 0
+
+
+def test_a_snapshot_is_bounded_by_snapshot_bytes(writer, tmp_path):
+    block = next(iter(writer.prefix_cache.snapshot_blocks(1 << 30))).nbytes
+    small = SnapshotKeeper(writer, SnapshotConfig(folder=tmp_path, max_bytes=3 * block, interval_s=0),
+                           instance="lora_0", host="test")
+    assert small.write().blocks == 3
+    assert len(list_snapshots(tmp_path)) == 1
+
+
+def test_int8_blocks_restore_and_pass_verification_of_every_block(demo_assets, tmp_path):
+    writer8, reader8 = make_engine(demo_assets, storage="int8"), make_engine(demo_assets, storage="int8")
+    prompt = SYSTEM_PROMPTS["legal"] + "User: Clause 3 says what?\nAssistant:"
+    expected, _ = run(writer8, prompt, "legal")
+    keeper(writer8, tmp_path).write()
+    report = keeper(reader8, tmp_path, share=1.0).restore()
+    assert report.skipped == {} and report.verified == report.blocks == len(writer8.prefix_cache) > 0
+    tokens, cached = run(reader8, prompt, "legal")
+    assert cached > 0 and tokens == expected
+
+
+def test_one_forged_block_deep_in_the_chain_is_caught_when_every_block_is_checked(writer, fresh, tmp_path):
+    own = keeper(writer, tmp_path)
+    blocks = writer.prefix_cache.snapshot_blocks(1 << 30)
+    deep = max(range(len(blocks)), key=lambda i: i if blocks[i].parent in {b.block_hash for b in blocks} else -1)
+    payload = blocks[deep].payload.clone()
+    payload[3] += 0.5  # layer 3 only: recomputed from the stored ancestors, the block's upper layers differ
+    blocks[deep] = dataclasses.replace(blocks[deep], payload=payload)
+    write_snapshot(tmp_path, own.name, own.identity, dict(writer.adapter_fingerprints), blocks, created=1.0)
+    report = keeper(fresh, tmp_path, share=1.0).restore()
+    assert report.skipped == {"verify": 1} and len(fresh.prefix_cache) == 0
+
+
+def test_snapshot_settings_come_from_the_config_parameters_with_one_set_of_defaults(tmp_path):
+    from warmup_tools.common.errors import ConfigError
+    from warmup_tools.lora_adapter.settings import DEFAULT_SNAPSHOTS, LoraAdapterSettings
+    from warmup_tools.triton.params import ModelParameters
+
+    def settings(**values):
+        params = {"base_model": {"string_value": "lm"}, **{k: {"string_value": v} for k, v in values.items()}}
+        return LoraAdapterSettings.from_parameters(ModelParameters({"name": "lora_adapter", "parameters": params},
+                                                                   base_dir=tmp_path)).snapshots
+
+    assert settings() == DEFAULT_SNAPSHOTS and DEFAULT_SNAPSHOTS.folder is None
+    got = settings(snapshot_dir="snaps", snapshot_bytes="1000", snapshot_interval_s="0", snapshot_verify_share="1")
+    assert got == SnapshotConfig(folder=tmp_path / "snaps", max_bytes=1000, interval_s=0.0, verify_share=1.0)
+    with pytest.raises(ConfigError, match="snapshot_verify_share"):
+        settings(snapshot_dir="snaps", snapshot_verify_share="0")

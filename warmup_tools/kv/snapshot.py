@@ -1,0 +1,414 @@
+"""KV snapshots: an instance's hot blocks on disk, so a restart or a new replica starts warm.
+
+One snapshot per writer (its ``name``: instance and host) in a folder several instances and replicas share:
+
+* ``<name>.<sha256[:16]>.safetensors``: the blocks' payloads as the cache stores them (the
+  ``kv_storage`` codec's tensors, ``b<i>.<part>``), written with safetensors (no pickle; a header of
+  names, dtypes, shapes and offsets, then raw bytes);
+* ``<name>.manifest.json``: the versioned record that makes the payload usable: the writer's identity
+  (base model, tokenizer, dtype, storage, block size, KV shape, a fingerprint of the cache salt, never the
+  salt), each adapter's weight fingerprint, and per block its hash, parent, token ids, tenant, owner,
+  source, plan, hits and the SHA-256 of its payload bytes; the payload file's SHA-256 and size; and a
+  SHA-256 over the manifest itself.
+
+Both are written atomically (temporary file, fsync, rename), payload first: a reader that sees a
+manifest sees the payload it names. Older payload files of the same name are removed after the next
+manifest is in place (one generation is kept, for a reader that opened the previous manifest).
+
+Everything read back is untrusted: sizes are bounded before reading, the payload is never unpickled,
+and :func:`read_snapshot` raises :class:`SnapshotRejected` with a short ``reason`` (the label of the
+``warmup_kv_snapshot_skipped_total`` metric) for a snapshot that does not match the reader or is
+damaged. Block hashes are re-derived from the token ids (:func:`rederive_hashes`), and the caller
+recomputes a sample of blocks (:func:`verification_sample`, :func:`kv_close`) before trusting any.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from warmup_tools.common.files import write_atomic
+from warmup_tools.kv.blocks import BlockSource, CachedBlock
+from warmup_tools.kv.hashing import NONE_HASH, BlockHash, CacheScope, hash_block_tokens
+
+FORMAT = "warmup-kv-snapshot"
+FORMAT_VERSION = 1
+MANIFEST_SUFFIX = ".manifest.json"
+PAYLOAD_SUFFIX = ".safetensors"
+#: A manifest larger than this is not read (about 600 bytes per block: 100,000 blocks).
+MAX_MANIFEST_BYTES = 64 << 20
+#: Snapshots a reader looks at, newest first (a folder shared by many replicas over time keeps growing).
+MAX_SNAPSHOTS = 16
+#: Payload parts per block, by ``kv_storage`` (fp: the tensor; int8: values and scales).
+CODEC_PARTS = {"fp": 1, "int8": 2}
+
+_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class SnapshotRejected(Exception):
+    """A snapshot that must not be served; ``reason`` is a short metric label, ``detail`` says why."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotIdentity:
+    """What decides whether a snapshot's KV is this reader's KV (adapters are checked per block)."""
+
+    base_fingerprint: str
+    tokenizer_fingerprint: str
+    dtype: str
+    storage: str
+    block_size: int
+    #: ``(layers, kv_heads, head_dim)``.
+    kv_shape: tuple[int, int, int]
+    #: :func:`salt_fingerprint` of the cache salt ("" without one).
+    salt_fingerprint: str = ""
+
+    def mismatch(self, other: SnapshotIdentity) -> tuple[str, str] | None:
+        """``(reason, detail)`` of the first field where ``other`` (a snapshot's) differs, else None."""
+        checks = (("base_model", "base_fingerprint"), ("base_model", "kv_shape"),
+                  ("tokenizer", "tokenizer_fingerprint"), ("dtype", "dtype"), ("storage", "storage"),
+                  ("block_size", "block_size"), ("salt", "salt_fingerprint"))
+        for reason, field in checks:
+            mine, theirs = getattr(self, field), getattr(other, field)
+            if mine != theirs:
+                shown = "differs" if reason == "salt" else f"{theirs!r}, this instance {mine!r}"
+                return reason, f"{field} {shown}"
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["kv_shape"] = list(self.kv_shape)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SnapshotIdentity:
+        shape = tuple(int(v) for v in data["kv_shape"])
+        if len(shape) != 3:
+            raise ValueError("kv_shape must hold 3 numbers")
+        return cls(str(data["base_fingerprint"]), str(data["tokenizer_fingerprint"]), str(data["dtype"]),
+                   str(data["storage"]), int(data["block_size"]), shape,  # type: ignore[arg-type]
+                   str(data.get("salt_fingerprint", "")))
+
+
+def salt_fingerprint(salt: str) -> str:
+    """A fingerprint that tells two cache salts apart without revealing either ("" for no salt)."""
+    if not salt:
+        return ""
+    return hashlib.sha256(b"warmup-kv-snapshot-salt:" + salt.encode("utf-8")).hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotInfo:
+    """What :func:`write_snapshot` wrote."""
+
+    manifest: Path
+    payload: Path
+    blocks: int
+    payload_bytes: int
+
+
+@dataclasses.dataclass(slots=True)
+class Snapshot:
+    """A snapshot read back and checked: blocks parents first, payloads in the storage codec's form."""
+
+    name: str
+    identity: SnapshotIdentity
+    adapters: dict[str, str]
+    created: float
+    #: The manifest's SHA-256 (a stable label, and the verification sample's seed).
+    checksum: str
+    blocks: list[CachedBlock]
+
+
+# ------------------------------------------------------------------------------------------- write
+def snapshot_name(instance: str, host: str) -> str:
+    """The file stem of one writer's snapshot: its instance name and host, filename-safe."""
+    return _NAME.sub("_", f"{instance}@{host}").strip("._") or "snapshot"
+
+
+def write_snapshot(folder: Path, name: str, identity: SnapshotIdentity, adapters: Mapping[str, str],
+                   blocks: Sequence[CachedBlock], *, created: float) -> SnapshotInfo:
+    """Write ``blocks`` (parents before children, each with its token ids) as the snapshot ``name``."""
+    import safetensors.torch
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    parts = CODEC_PARTS[identity.storage]
+    tensors: dict[str, torch.Tensor] = {}
+    records = []
+    for index, block in enumerate(blocks):
+        if block.tokens is None or len(block.tokens) != identity.block_size:
+            raise ValueError(f"block {block.block_hash.hex()[:12]} has no token ids; it cannot be snapshotted")
+        payload = _payload_parts(block.payload, parts)
+        for part, tensor in enumerate(payload):
+            tensors[f"b{index}.{part}"] = tensor.detach().to("cpu").contiguous()
+        records.append({
+            "hash": block.block_hash.hex(), "parent": block.parent.hex(),
+            "tokens": [int(t) for t in block.tokens], "tenant": block.tenant, "owner": block.owner,
+            "source": block.source.value, "plan_id": block.plan_id, "hits": int(block.hits),
+            "nbytes": int(block.nbytes), "sha256": _payload_digest([tensors[f"b{index}.{p}"] for p in range(parts)]),
+        })
+    data = safetensors.torch.save(tensors, metadata={"format": FORMAT, "version": str(FORMAT_VERSION)})
+    digest = hashlib.sha256(data).hexdigest()
+    payload_path = folder / f"{name}.{digest[:16]}{PAYLOAD_SUFFIX}"
+    # NOTE: 0600 like the request log: the manifest's token ids decode back to the tenants' prompts, and
+    # the payload is their KV.
+    write_atomic(payload_path, data, mode=0o600)
+    body = {
+        "format": FORMAT, "version": FORMAT_VERSION, "name": name, "created": float(created),
+        "identity": identity.to_json(), "adapters": dict(sorted(adapters.items())),
+        "payload": {"file": payload_path.name, "sha256": digest, "bytes": len(data)},
+        "blocks": records,
+    }
+    manifest = folder / f"{name}{MANIFEST_SUFFIX}"
+    write_atomic(manifest, json.dumps({**body, "checksum": _manifest_checksum(body)}, separators=(",", ":")),
+                 mode=0o600)
+    _prune_payloads(folder, name, keep=payload_path)
+    return SnapshotInfo(manifest, payload_path, len(records), len(data))
+
+
+# -------------------------------------------------------------------------------------------- read
+def list_snapshots(folder: Path, limit: int = MAX_SNAPSHOTS) -> list[Path]:
+    """Manifests in ``folder``, newest first, at most ``limit``."""
+    try:
+        found = [(p.stat().st_mtime_ns, p) for p in Path(folder).glob(f"*{MANIFEST_SUFFIX}") if p.is_file()]
+    except OSError:
+        return []
+    return [p for _, p in sorted(found, key=lambda item: (-item[0], item[1].name))][:limit]
+
+
+def read_snapshot(manifest_path: Path, identity: SnapshotIdentity, *, max_payload_bytes: int) -> Snapshot:
+    """Read and check one snapshot against this reader's ``identity``; raises :class:`SnapshotRejected`.
+
+    Checked: the manifest's size, JSON, format, version and checksum; the identity; the payload file's
+    size (at most ``max_payload_bytes``), SHA-256 and safetensors header; each block's record, payload
+    shape and dtype and payload SHA-256; that every parent precedes its children.
+    """
+    body = _read_manifest(Path(manifest_path))
+    try:
+        theirs = SnapshotIdentity.from_json(body["identity"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SnapshotRejected("format", f"identity is not readable ({exc})") from None
+    mismatch = identity.mismatch(theirs)
+    if mismatch is not None:
+        raise SnapshotRejected(*mismatch)
+    try:
+        payload = body["payload"]
+        payload_path = Path(manifest_path).parent / str(payload["file"])
+        expected_digest, expected_size = str(payload["sha256"]), int(payload["bytes"])
+        records = list(body["blocks"])
+        adapters = {str(k): str(v) for k, v in dict(body.get("adapters") or {}).items()}
+        name, created = str(body["name"]), float(body["created"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SnapshotRejected("format", f"manifest field missing or malformed ({exc})") from None
+    if payload_path.name != str(payload["file"]) or not payload_path.name.endswith(PAYLOAD_SUFFIX):
+        raise SnapshotRejected("format", "payload file name is not a plain file name")
+    tensors = _read_payload(payload_path, expected_digest, expected_size, max_payload_bytes)
+    blocks = _blocks(records, tensors, identity)
+    return Snapshot(name, theirs, adapters, created, str(body["checksum"]), blocks)
+
+
+def rederive_hashes(blocks: Sequence[CachedBlock],
+                    scope_for: Callable[[str, str], CacheScope | None]) -> tuple[list[CachedBlock], int, int]:
+    """The blocks whose hash is ``H(parent, tokens, scope)`` in this reader's scope, their descendants
+    dropped with them; also how many were dropped because ``scope_for(owner, tenant)`` is None (an adapter
+    this reader does not serve, or serves with other weights) and how many because the hash differs."""
+    kept: list[CachedBlock] = []
+    ok: set[BlockHash] = {NONE_HASH}
+    no_scope = mismatched = 0
+    for block in blocks:
+        if block.parent not in ok:
+            continue  # an ancestor was dropped
+        scope = scope_for(block.owner, block.tenant)
+        if scope is None:
+            no_scope += 1
+            continue
+        if hash_block_tokens(block.parent, block.tokens.tolist(), scope.extra_keys()) != block.block_hash:
+            mismatched += 1
+            continue
+        ok.add(block.block_hash)
+        kept.append(block)
+    return kept, no_scope, mismatched
+
+
+def verification_sample(blocks: Sequence[CachedBlock], share: float, seed: str) -> list[CachedBlock]:
+    """``ceil(share * len(blocks))`` blocks (at least one), chosen with a generator seeded by ``seed``."""
+    if not blocks:
+        return []
+    count = min(len(blocks), max(1, math.ceil(share * len(blocks))))
+    rng = random.Random(int.from_bytes(hashlib.sha256(seed.encode("utf-8")).digest()[:8], "big"))
+    return rng.sample(list(blocks), count)
+
+
+def prefix_tokens(block: CachedBlock, by_hash: Mapping[BlockHash, CachedBlock]) -> list[int]:
+    """The token ids from the root to the end of ``block`` (its ancestors must be in ``by_hash``)."""
+    chain = [block]
+    while chain[-1].parent != NONE_HASH:
+        chain.append(by_hash[chain[-1].parent])
+    return [int(t) for b in reversed(chain) for t in b.tokens]
+
+
+def verify_tolerance(storage: str, dtype: torch.dtype) -> float:
+    """How far a recomputed block may differ from a stored one, relative to the block's largest value.
+
+    fp: the dtype's rounding (a batched forward and a single one differ in summation order), at least
+    1e-3; int8: one quantisation step of the largest channel (per-channel rounding is at most half of one).
+    """
+    rounding = max(1e-3, 16 * torch.finfo(dtype).eps)
+    return rounding + (1.0 / 127.0 if storage == "int8" else 0.0)
+
+
+def kv_close(stored: torch.Tensor, recomputed: torch.Tensor, storage: str) -> bool:
+    """Whether a decoded stored block matches its recomputation within :func:`verify_tolerance`."""
+    if stored.shape != recomputed.shape:
+        return False
+    ref = recomputed.float()
+    scale = max(float(ref.abs().max()), 1e-6)
+    return float((stored.float() - ref).abs().max()) <= verify_tolerance(storage, recomputed.dtype) * scale
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _payload_parts(payload: object, parts: int) -> list[torch.Tensor]:
+    tensors = list(payload) if isinstance(payload, (tuple, list)) else [payload]
+    if len(tensors) != parts or not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise ValueError(f"a block payload of {len(tensors)} part(s) does not fit a {parts}-part codec")
+    return tensors
+
+
+def _payload_digest(tensors: Sequence[torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(str(tensor.dtype).encode("ascii") + str(tuple(tensor.shape)).encode("ascii"))
+        digest.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+    return digest.hexdigest()
+
+
+def _manifest_checksum(body: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        size = path.stat().st_size
+        if size > MAX_MANIFEST_BYTES:
+            raise SnapshotRejected("format", f"manifest of {size} bytes is over the {MAX_MANIFEST_BYTES} limit")
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_MANIFEST_BYTES + 1)
+        data = json.loads(raw.decode("utf-8"))
+    except OSError as exc:
+        raise SnapshotRejected("unreadable", f"manifest: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise SnapshotRejected("format", f"manifest is not JSON ({type(exc).__name__})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise SnapshotRejected("format", "not a KV snapshot manifest")
+    if data.get("version") != FORMAT_VERSION:
+        raise SnapshotRejected("version", f"format version {data.get('version')!r}, this reader {FORMAT_VERSION}")
+    checksum = data.pop("checksum", None)
+    if checksum != _manifest_checksum(data):
+        raise SnapshotRejected("checksum", "the manifest's checksum does not match its content")
+    data["checksum"] = checksum
+    return data
+
+
+def _read_payload(path: Path, digest: str, size: int, max_bytes: int) -> dict[str, torch.Tensor]:
+    import safetensors.torch
+
+    try:
+        actual = path.stat().st_size
+    except OSError as exc:
+        raise SnapshotRejected("unreadable", f"payload {path.name}: {exc.strerror or exc}") from None
+    if actual > max_bytes or size > max_bytes:
+        raise SnapshotRejected("too_large", f"payload of {actual} bytes is over the {max_bytes}-byte bound")
+    if actual != size:
+        raise SnapshotRejected("truncated", f"payload has {actual} bytes, the manifest says {size}")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError as exc:
+        raise SnapshotRejected("unreadable", f"payload {path.name}: {exc.strerror or exc}") from None
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise SnapshotRejected("checksum", f"payload {path.name} does not match its SHA-256")
+    try:
+        # NOTE: safetensors parses a JSON header and copies raw bytes; nothing is unpickled or executed.
+        return safetensors.torch.load(data)
+    except Exception as exc:  # noqa: BLE001 - any parse failure of an untrusted file is a rejection
+        raise SnapshotRejected("payload", f"payload is not a readable safetensors file ({exc})") from None
+
+
+def _blocks(records: list[Any], tensors: Mapping[str, torch.Tensor], identity: SnapshotIdentity) -> list[CachedBlock]:
+    parts = CODEC_PARTS.get(identity.storage)
+    if parts is None:
+        raise SnapshotRejected("storage", f"unknown kv_storage {identity.storage!r}")
+    layers, heads, dim = identity.kv_shape
+    shape = (layers, 2, heads, identity.block_size, dim)
+    expected = {"fp": [(shape, _torch_dtype(identity.dtype))],
+                "int8": [(shape, torch.int8), ((layers, 2, heads, 1, dim), torch.float16)]}[identity.storage]
+    if len(tensors) != parts * len(records):
+        raise SnapshotRejected("payload", f"{len(tensors)} tensors for {len(records)} blocks")
+    seen: set[BlockHash] = {NONE_HASH}
+    blocks = []
+    for index, record in enumerate(records):
+        try:
+            block_hash, parent = BlockHash(bytes.fromhex(record["hash"])), BlockHash(bytes.fromhex(record["parent"]))
+            tokens = np.asarray([int(t) for t in record["tokens"]], dtype=np.int64)
+            source = BlockSource(record["source"])
+            plan_id = None if record.get("plan_id") is None else str(record["plan_id"])
+            tenant, owner, hits = str(record["tenant"]), str(record["owner"]), max(0, int(record.get("hits", 0)))
+            payload = [tensors[f"b{index}.{part}"] for part in range(parts)]
+            checksum = str(record["sha256"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SnapshotRejected("format", f"block {index}: record malformed ({exc})") from None
+        if len(tokens) != identity.block_size or len(block_hash) != 32 or tokens.min(initial=0) < 0 \
+                or tokens.max(initial=0) > np.iinfo(np.int32).max:
+            raise SnapshotRejected("format", f"block {index}: token ids or hash malformed")
+        for tensor, (want_shape, want_dtype) in zip(payload, expected):
+            if tuple(tensor.shape) != want_shape or tensor.dtype != want_dtype:
+                raise SnapshotRejected("payload", f"block {index}: tensor {tuple(tensor.shape)} {tensor.dtype}, "
+                                                  f"expected {want_shape} {want_dtype}")
+        if _payload_digest(payload) != checksum:
+            raise SnapshotRejected("checksum", f"block {index} does not match its SHA-256")
+        if parent not in seen or block_hash in seen:
+            raise SnapshotRejected("format", f"block {index}: parent not written before it, or written twice")
+        seen.add(block_hash)
+        tokens32 = tokens.astype(np.int32)
+        nbytes = sum(t.numel() * t.element_size() for t in payload) + tokens32.nbytes
+        blocks.append(CachedBlock(block_hash, parent, payload[0] if parts == 1 else tuple(payload), nbytes, source,
+                                  0.0, 0.0, plan_id=plan_id, owner=owner, tenant=tenant, hits=hits,
+                                  tokens=tokens32))
+    return blocks
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    try:
+        return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+    except KeyError:
+        raise SnapshotRejected("dtype", f"dtype {name!r} is not one a snapshot holds") from None
+
+
+def _prune_payloads(folder: Path, name: str, keep: Path) -> None:
+    """Remove this writer's payload files but ``keep`` and the newest other one (a reader may hold the
+    previous manifest)."""
+    mine = [p for p in folder.glob(f"{name}.*{PAYLOAD_SUFFIX}")
+            if p != keep and p.name[len(name) + 1:-len(PAYLOAD_SUFFIX)].isalnum()]
+    with contextlib.suppress(OSError):
+        mine.sort(key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for stale in mine[1:]:
+        with contextlib.suppress(OSError):
+            os.unlink(stale)

@@ -1,0 +1,149 @@
+"""``python -m warmup_tools bench engine``: the continuous-batching scheduler alone, in process.
+
+What ``bench concurrency`` measures, without Triton, the ensemble's other two models or a network
+client: one :class:`LoraEngine` and its :class:`Scheduler` (what one ``lora_adapter`` instance runs) on
+the chosen device and dtype. Each stream is a thread that submits its requests back to back (the same
+scopes, warm system prompts and questions as ``bench concurrency``, ``max_tokens`` 32; all streams start
+together), for 1, 4, 8 and 16 streams in one run; per level output tokens/s, TTFT and inter-token
+latency p50/p95/p99, then 8 streams against 1 against the targets of issue 9.
+
+It separates the engine's share of the latencies from the pipeline's, and it is what
+``scripts/gpu_bench.sh`` runs on a GPU machine: it needs torch, transformers and peft, no tritonserver.
+``python -m warmup_tools.sim.bench.engine --assets-dir DIR`` runs it without the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Sequence, TextIO
+
+from warmup_tools.kv.config import KVCacheConfig
+from warmup_tools.lora_adapter.engine import EngineConfig, GenerationStep, LoraEngine
+from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+from warmup_tools.lora_adapter.scheduler import Scheduler
+from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING
+from warmup_tools.sim.bench.latency import LevelResult, format_ratios, format_row
+from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
+
+#: (adapter, system prompt scope) per request, in turn, as in ``bench concurrency``; None is the base model.
+SCOPES: tuple[tuple[str | None, str], ...] = (("support", "support"), ("legal", "legal"), ("sql", "sql"),
+                                              (None, "support"))
+
+
+def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int = 6, min_requests: int = 24,
+        max_tokens: int = 32, max_num_seqs: int = 16, device: str = "auto", dtype: str = "auto",
+        lm_threads: int = 1, out: TextIO = sys.stdout) -> list[LevelResult]:
+    """Measure each level on one engine; prints a table and the 8-vs-1 ratios."""
+    assets_dir = Path(assets_dir)
+    engine = LoraEngine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",
+                                     device=device, dtype=dtype, num_threads=lm_threads,
+                                     kv=KVCacheConfig()))
+    config = dataclasses.replace(DEFAULT_BATCHING, max_num_seqs=max_num_seqs,
+                                 max_num_batched_tokens=max(DEFAULT_BATCHING.max_num_batched_tokens, max_num_seqs))
+    scheduler = Scheduler(engine, config)
+    scheduler.start()
+    try:
+        for adapter, scope in SCOPES:  # what the model_warmup samples pre-fill
+            scheduler.submit_warm(adapter, engine.encode(SYSTEM_PROMPTS[scope])).result(timeout=600)
+        out.write(f"engine on {engine.device} ({engine.dtype}), max_num_seqs {max_num_seqs}, "
+                  f"lm threads {lm_threads}; at least {rounds} requests per stream and {min_requests} per level, "
+                  f"max_tokens {max_tokens}\n")
+        _level(engine, scheduler, 1, 1, 2)  # one-off costs
+        results = []
+        for streams in levels:
+            result = _level(engine, scheduler, streams, max(rounds, -(-min_requests // streams)), max_tokens)
+            results.append(result)
+            out.write(format_row(result) + "\n")
+            out.flush()
+        out.write(format_ratios(results) + "\n")
+        return results
+    finally:
+        scheduler.stop()
+
+
+class _TimedSink:
+    """A sequence sink that records when each token arrives."""
+
+    def __init__(self) -> None:
+        self.arrivals: list[float] = []
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def send(self, step: GenerationStep) -> None:
+        self.arrivals.append(time.perf_counter())
+        if step.finished:
+            self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
+def _level(engine: LoraEngine, scheduler: Scheduler, streams: int, rounds: int, max_tokens: int) -> LevelResult:
+    lock = threading.Lock()
+    ttft: list[float] = []
+    itl: list[float] = []
+    errors: list[str] = []
+    tokens = [0]
+    start_line = threading.Barrier(streams + 1)
+
+    def stream(index: int) -> None:
+        start_line.wait()
+        for i in range(rounds):
+            adapter, scope = SCOPES[(index + i) % len(SCOPES)]
+            question = USER_QUESTIONS[scope][(index + i) % len(USER_QUESTIONS[scope])]
+            prompt = f"{SYSTEM_PROMPTS[scope]}User: {question} (stream {index}, request {i})\nAssistant:"
+            request = GenerateRequest(engine.encode(prompt), adapter, "bench", True,
+                                      SamplingParams(max_tokens=max_tokens))
+            sink = _TimedSink()
+            submitted = time.perf_counter()
+            try:
+                scheduler.submit(request, sink)
+            except Exception as exc:  # noqa: BLE001 - counted and shown, like a client would see it
+                with lock:
+                    errors.append(str(exc))
+                continue
+            if not sink.done.wait(600) or sink.error is not None:
+                with lock:
+                    errors.append(str(sink.error or "no last token within 600 s"))
+                continue
+            with lock:
+                ttft.append((sink.arrivals[0] - submitted) * 1000)
+                itl.extend((b - a) * 1000 for a, b in zip(sink.arrivals, sink.arrivals[1:]))
+                tokens[0] += len(sink.arrivals)
+
+    threads = [threading.Thread(target=stream, args=(i,), name=f"stream-{i}") for i in range(streams)]
+    for thread in threads:
+        thread.start()
+    start_line.wait()
+    began = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    return LevelResult(streams, streams * rounds, len(errors), tokens[0], time.perf_counter() - began, ttft, itl,
+                       tuple(errors))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--assets-dir", type=Path, required=True, help="folder with lm/ and adapters/")
+    parser.add_argument("--levels", type=lambda v: tuple(int(x) for x in v.split(",")), default=(1, 4, 8, 16))
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--lm-threads", type=int, default=1)
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    args = parser.parse_args(argv)
+    run(args.assets_dir, levels=args.levels, device=args.device, dtype=args.dtype, lm_threads=args.lm_threads,
+        max_num_seqs=args.max_num_seqs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -28,8 +28,6 @@ from warmup_tools.lora_adapter.settings import WARM_PRIORITIES
 LOGGER = logging.getLogger(__name__)
 T = TypeVar("T")
 
-T = TypeVar("T")
-
 
 class EngineGate:
     """Who may use the engine next: live requests first, background work (warm-up) in the gaps.
@@ -156,7 +154,7 @@ class LoraService:
             self._poller.start()
         # The warm-up plan of this instance: its hot set, and plan.json in the control folder.
         self.plan = PlanKeeper(engine, self.lifecycle, instance=instance, warm=self._warm_item,
-                               run=self._between_steps, control_dir=control_dir, poll_s=poll_s)
+                               run=self.run_on_engine, control_dir=control_dir, poll_s=poll_s)
 
     def generate(self, request: GenerateRequest) -> Iterator[GenerationStep]:
         """Refuse adapters that are not live (or serve warming ones cold when configured), then generate."""
@@ -249,13 +247,6 @@ class LoraService:
         for end in warm_chunk_ends(len(ids), self.warm_chunk_tokens, self.engine.prefix_cache.block_size):
             with self.gate.background():
                 self.engine.warm_ids(adapter, ids[:end], tenant)
-
-    def _between_steps(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` where no forward runs meanwhile (between scheduler steps, or holding the gate)."""
-        if self.scheduler is not None:
-            return self.scheduler.call(fn).result()
-        with self.gate.background():
-            return fn()
 
     def _poll(self, poll_s: float) -> None:
         while not self._stop.wait(poll_s):

@@ -53,9 +53,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 256
     #: Warm-up tokens per step while live traffic flows (``warm_chunk_tokens``): warm chunks never share a
     #: step with a live prefill, and a live request waits for at most one such chunk.
-    warm_chunk_tokens: int = 32
+    warm_chunk_tokens: int = 16
     #: While live traffic flows, the largest share of the time warm chunks may take (``warm_share``).
-    warm_share: float = 0.5
+    warm_share: float = 0.25
     #: Seconds without a live request after which warm-up takes whole steps (an idle instance warms fast).
     live_quiet_s: float = 0.5
 

@@ -14,22 +14,29 @@ wall time), time to first token and inter-token latency (p50/p95/p99, client sid
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import Callable, Iterator, Sequence, TextIO
 
 from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient, grpc_inputs
 from warmup_tools.ops.config import REPO_ROOT
 from warmup_tools.ops.demo import demo_prompt
 from warmup_tools.ops.server import TritonServer
-from warmup_tools.sim.bench.latency import LevelResult, format_ratios, format_row, pct
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
+from warmup_tools.sim.bench.latency import (
+    SCOPES,
+    LevelResult,
+    Sample,
+    format_ratios,
+    format_row,
+    pct,
+    run_streams,
+    stream_prompt,
+)
 
-#: (adapter_id, system prompt scope) per request, in turn; None is the base model.
-SCOPES: tuple[tuple[str | None, str], ...] = (("support", "support"), ("legal", "legal"), ("sql", "sql"),
-                                              (None, "support"))
+
 def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int = 6, min_requests: int = 24,
         max_tokens: int = 32, scheduler: str = "continuous", max_num_seqs: int = 16, lm_threads: int = 1,
         disconnects: int = 7, rates: Sequence[float] = (), out: TextIO = sys.stdout) -> list[LevelResult]:
@@ -148,13 +155,6 @@ def measure_disconnects(server: TritonServer, assets_dir: Path, count: int) -> s
     return ";\n  ".join(parts)
 
 
-def _prompt(index: int, i: int) -> tuple[str | None, str]:
-    """The adapter and prompt of stream ``index``'s request ``i``: scopes in turn, a distinct question."""
-    adapter, scope = SCOPES[(index + i) % len(SCOPES)]
-    question = USER_QUESTIONS[scope][(index + i) % len(USER_QUESTIONS[scope])]
-    return adapter, f"{SYSTEM_PROMPTS[scope]}User: {question} (stream {index}, request {i})\nAssistant:"
-
-
 def _open_level(url: str, rate: float, count: int, max_tokens: int, seed: int = 0) -> LevelResult:
     """``count`` requests arriving as a Poisson process of ``rate`` per second (open loop: an arrival does
     not wait for earlier requests), each on a free connection of a pool opened beforehand."""
@@ -181,7 +181,7 @@ def _open_level(url: str, rate: float, count: int, max_tokens: int, seed: int = 
             client = StreamingClient(url, timeout_s=600)
             with lock:
                 opened.append(client)
-        adapter, prompt = _prompt(1000 + i, 0)
+        adapter, prompt = stream_prompt(1000 + i, 0)
         try:
             result = client.generate(prompt, GenerateParams(max_tokens=max_tokens, adapter_id=adapter))
         except GenerateError as exc:
@@ -212,36 +212,15 @@ def _open_level(url: str, rate: float, count: int, max_tokens: int, seed: int = 
 
 
 def _level(url: str, streams: int, rounds: int, max_tokens: int) -> LevelResult:
-    lock = threading.Lock()
-    ttft: list[float] = []
-    itl: list[float] = []
-    errors: list[str] = []
-    tokens = [0]
-    start_line = threading.Barrier(streams + 1)
+    @contextlib.contextmanager
+    def open_stream(index: int) -> Iterator[Callable[[int], Sample]]:
+        with StreamingClient(url, timeout_s=600) as client:  # one gRPC connection per stream
+            def request(i: int) -> Sample:
+                adapter, prompt = stream_prompt(index, i)
+                result = client.generate(prompt, GenerateParams(max_tokens=max_tokens, adapter_id=adapter))
+                gaps = [(b - a) * 1000 for a, b in zip(result.arrivals_s, result.arrivals_s[1:])]
+                return Sample(result.ttft_s * 1000, gaps, result.output_tokens)
 
-    def stream(index: int) -> None:
-        with StreamingClient(url, timeout_s=600) as client:
-            start_line.wait()
-            for i in range(rounds):
-                adapter, prompt = _prompt(index, i)
-                try:
-                    result = client.generate(prompt, GenerateParams(max_tokens=max_tokens, adapter_id=adapter))
-                except GenerateError as exc:
-                    with lock:
-                        errors.append(str(exc))
-                    continue
-                gaps = [b - a for a, b in zip(result.arrivals_s, result.arrivals_s[1:])]
-                with lock:
-                    ttft.append(result.ttft_s * 1000)
-                    itl.extend(g * 1000 for g in gaps)
-                    tokens[0] += result.output_tokens
+            yield request
 
-    threads = [threading.Thread(target=stream, args=(i,), name=f"stream-{i}") for i in range(streams)]
-    for thread in threads:
-        thread.start()
-    start_line.wait()
-    began = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - began
-    return LevelResult(streams, streams * rounds, len(errors), tokens[0], wall, ttft, itl, tuple(errors))
+    return run_streams(streams, rounds, open_stream)

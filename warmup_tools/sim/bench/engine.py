@@ -15,6 +15,7 @@ It separates the engine's share of the latencies from the pipeline's, and it is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 import threading
@@ -27,12 +28,16 @@ from warmup_tools.lora_adapter.engine import EngineConfig, GenerationStep, LoraE
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING
-from warmup_tools.sim.bench.latency import LevelResult, format_ratios, format_row
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
-
-#: (adapter, system prompt scope) per request, in turn, as in ``bench concurrency``; None is the base model.
-SCOPES: tuple[tuple[str | None, str], ...] = (("support", "support"), ("legal", "legal"), ("sql", "sql"),
-                                              (None, "support"))
+from warmup_tools.sim.bench.latency import (
+    SCOPES,
+    LevelResult,
+    Sample,
+    format_ratios,
+    format_row,
+    run_streams,
+    stream_prompt,
+)
+from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 
 
 def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int = 6, min_requests: int = 24,
@@ -88,47 +93,20 @@ class _TimedSink:
 
 
 def _level(engine: LoraEngine, scheduler: Scheduler, streams: int, rounds: int, max_tokens: int) -> LevelResult:
-    lock = threading.Lock()
-    ttft: list[float] = []
-    itl: list[float] = []
-    errors: list[str] = []
-    tokens = [0]
-    start_line = threading.Barrier(streams + 1)
+    def request(index: int, i: int) -> Sample:
+        adapter, prompt = stream_prompt(index, i)
+        sink = _TimedSink()
+        submitted = time.perf_counter()
+        scheduler.submit(GenerateRequest(engine.encode(prompt), adapter, "bench", True,
+                                         SamplingParams(max_tokens=max_tokens)), sink)
+        if not sink.done.wait(600):
+            raise TimeoutError("no last token within 600 s")
+        if sink.error is not None:
+            raise sink.error
+        return Sample.from_arrivals(submitted, sink.arrivals)
 
-    def stream(index: int) -> None:
-        start_line.wait()
-        for i in range(rounds):
-            adapter, scope = SCOPES[(index + i) % len(SCOPES)]
-            question = USER_QUESTIONS[scope][(index + i) % len(USER_QUESTIONS[scope])]
-            prompt = f"{SYSTEM_PROMPTS[scope]}User: {question} (stream {index}, request {i})\nAssistant:"
-            request = GenerateRequest(engine.encode(prompt), adapter, "bench", True,
-                                      SamplingParams(max_tokens=max_tokens))
-            sink = _TimedSink()
-            submitted = time.perf_counter()
-            try:
-                scheduler.submit(request, sink)
-            except Exception as exc:  # noqa: BLE001 - counted and shown, like a client would see it
-                with lock:
-                    errors.append(str(exc))
-                continue
-            if not sink.done.wait(600) or sink.error is not None:
-                with lock:
-                    errors.append(str(sink.error or "no last token within 600 s"))
-                continue
-            with lock:
-                ttft.append((sink.arrivals[0] - submitted) * 1000)
-                itl.extend((b - a) * 1000 for a, b in zip(sink.arrivals, sink.arrivals[1:]))
-                tokens[0] += len(sink.arrivals)
-
-    threads = [threading.Thread(target=stream, args=(i,), name=f"stream-{i}") for i in range(streams)]
-    for thread in threads:
-        thread.start()
-    start_line.wait()
-    began = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    return LevelResult(streams, streams * rounds, len(errors), tokens[0], time.perf_counter() - began, ttft, itl,
-                       tuple(errors))
+    # In process a stream needs no connection.
+    return run_streams(streams, rounds, lambda index: contextlib.nullcontext(lambda i: request(index, i)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,10 +1,19 @@
-"""What the concurrency benchmarks share: one level's result, percentiles, the table row and the 8-vs-1
-ratios against the targets of issue 9. Imports nothing that needs a server or a client."""
+"""What the concurrency benchmarks share: the streams' prompts, closed-loop levels, one level's result,
+percentiles, the table row and the 8-vs-1 ratios against the targets of issue 9. Imports nothing that
+needs a server or a client."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+import threading
+import time
+from typing import Callable, ContextManager, Sequence
+
+from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
+
+#: (adapter_id, system prompt scope) per request, in turn; None is the base model.
+SCOPES: tuple[tuple[str | None, str], ...] = (("support", "support"), ("legal", "legal"), ("sql", "sql"),
+                                              (None, "support"))
 
 #: Targets at 8 streams against 1 (issue 9).
 TARGETS = {"tokens_per_s": 3.0, "ttft_p95": 3.0, "itl_p95": 2.5}
@@ -24,6 +33,67 @@ class LevelResult:
     @property
     def tokens_per_s(self) -> float:
         return self.output_tokens / self.wall_s if self.wall_s else 0.0
+
+
+def stream_prompt(index: int, i: int) -> tuple[str | None, str]:
+    """The adapter and prompt of stream ``index``'s request ``i``: scopes in turn, each a warm system prompt
+    and a distinct question."""
+    adapter, scope = SCOPES[(index + i) % len(SCOPES)]
+    question = USER_QUESTIONS[scope][(index + i) % len(USER_QUESTIONS[scope])]
+    return adapter, f"{SYSTEM_PROMPTS[scope]}User: {question} (stream {index}, request {i})\nAssistant:"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sample:
+    """One request as its client saw it."""
+
+    ttft_ms: float
+    itl_ms: list[float]
+    output_tokens: int
+
+    @classmethod
+    def from_arrivals(cls, submitted: float, arrivals: Sequence[float]) -> Sample:
+        """From the submit time and each token's arrival time (``perf_counter`` seconds)."""
+        return cls((arrivals[0] - submitted) * 1000, [(b - a) * 1000 for a, b in zip(arrivals, arrivals[1:])],
+                   len(arrivals))
+
+
+#: Opens stream ``index`` (a connection, or nothing in process) and yields its ``request(i)``, which sends
+#: the stream's ``i``-th request and returns its :class:`Sample` or raises what its client would see.
+StreamOpener = Callable[[int], ContextManager[Callable[[int], Sample]]]
+
+
+def run_streams(streams: int, rounds: int, open_stream: StreamOpener) -> LevelResult:
+    """``streams`` closed-loop streams, each sending ``rounds`` requests back to back; all streams start
+    together (after each has opened), the level's wall time runs from that start to the last answer."""
+    lock = threading.Lock()
+    samples: list[Sample] = []
+    errors: list[str] = []
+    start_line = threading.Barrier(streams + 1)
+
+    def stream(index: int) -> None:
+        with open_stream(index) as request:
+            start_line.wait()
+            for i in range(rounds):
+                try:
+                    sample = request(i)
+                except Exception as exc:  # noqa: BLE001 - counted and shown, as the client saw it
+                    with lock:
+                        errors.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                with lock:
+                    samples.append(sample)
+
+    threads = [threading.Thread(target=stream, args=(i,), name=f"stream-{i}") for i in range(streams)]
+    for thread in threads:
+        thread.start()
+    start_line.wait()
+    began = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - began
+    return LevelResult(streams, streams * rounds, len(errors), sum(s.output_tokens for s in samples), wall,
+                       [s.ttft_ms for s in samples], [g for s in samples for g in s.itl_ms], tuple(errors))
 
 
 def pct(values: Sequence[float], q: float) -> float:

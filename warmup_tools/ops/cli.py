@@ -177,32 +177,28 @@ def _parser() -> argparse.ArgumentParser:
     flood.add_argument("--requests", type=int, default=10_000)
     flood.add_argument("--seed", type=int, default=0)
 
-    conc = which.add_parser("concurrency", parents=[assets],
+    # The closed-loop stream levels of bench concurrency and bench engine.
+    streams = argparse.ArgumentParser(add_help=False)
+    streams.add_argument("--levels", type=lambda v: tuple(int(x) for x in v.split(",")), default=(1, 4, 8, 16),
+                         help="comma-separated stream counts")
+    streams.add_argument("--rounds", type=int, default=6, help="requests each stream sends back to back (at least)")
+    streams.add_argument("--min-requests", type=int, default=24, help="requests per level (at least)")
+    streams.add_argument("--max-tokens", type=int, default=32)
+    streams.add_argument("--max-num-seqs", type=int, default=16)
+    streams.add_argument("--lm-threads", type=int, default=1, help="torch threads of lora_adapter (0: torch default)")
+
+    conc = which.add_parser("concurrency", parents=[assets, streams],
                             help="tokens/s, TTFT and inter-token latency at 1, 4, 8 and 16 concurrent streams")
-    conc.add_argument("--levels", type=lambda v: tuple(int(x) for x in v.split(",")), default=(1, 4, 8, 16),
-                      help="comma-separated stream counts")
-    conc.add_argument("--rounds", type=int, default=6, help="requests each stream sends back to back (at least)")
-    conc.add_argument("--min-requests", type=int, default=24, help="requests per level (at least)")
-    conc.add_argument("--max-tokens", type=int, default=32)
     conc.add_argument("--scheduler", choices=("continuous", "serial"), default="continuous")
-    conc.add_argument("--max-num-seqs", type=int, default=16)
-    conc.add_argument("--lm-threads", type=int, default=1, help="torch threads of lora_adapter (0: torch default)")
     conc.add_argument("--rates", type=lambda v: tuple(float(x) for x in v.split(",")), default=(),
                       help="open-loop levels after the streams: Poisson arrivals at each rate (requests/s)")
     conc.add_argument("--disconnects", type=int, default=7,
                       help="abandoned streams per transport before measuring the next request's TTFT (0: skip)")
 
-    eng = which.add_parser("engine", parents=[assets],
+    eng = which.add_parser("engine", parents=[assets, streams],
                            help="the continuous-batching scheduler alone, in process (no Triton): 1-16 streams")
-    eng.add_argument("--levels", type=lambda v: tuple(int(x) for x in v.split(",")), default=(1, 4, 8, 16),
-                     help="concurrent streams per level, comma-separated")
-    eng.add_argument("--rounds", type=int, default=6, help="requests each stream sends back to back (at least)")
-    eng.add_argument("--min-requests", type=int, default=24, help="requests per level (at least)")
-    eng.add_argument("--max-tokens", type=int, default=32)
-    eng.add_argument("--max-num-seqs", type=int, default=16)
     eng.add_argument("--device", default="auto", help="auto (the first CUDA device, else CPU), cpu, cuda, cuda:1")
     eng.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
-    eng.add_argument("--lm-threads", type=int, default=1, help="torch threads (0: torch default)")
 
     pre = which.add_parser("preload", parents=[assets],
                            help="live TTFT while a new adapter warms: fifo vs live-first, chunked")

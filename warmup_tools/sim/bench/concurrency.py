@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, Sequence, TextIO
 
-from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient, grpc_inputs
+from warmup_tools.ops.client import GenerateError, GenerateParams, GenerateResult, StreamingClient, grpc_inputs
 from warmup_tools.ops.config import REPO_ROOT
 from warmup_tools.ops.demo import demo_prompt
 from warmup_tools.ops.server import TritonServer
@@ -31,6 +31,7 @@ from warmup_tools.sim.bench.latency import (
     Sample,
     format_ratios,
     format_row,
+    level_result,
     pct,
     run_streams,
     stream_prompt,
@@ -155,6 +156,12 @@ def measure_disconnects(server: TritonServer, assets_dir: Path, count: int) -> s
     return ";\n  ".join(parts)
 
 
+def _sample(result: GenerateResult) -> Sample:
+    """A request's sample as the client saw it (its server-side output token count)."""
+    gaps = [(b - a) * 1000 for a, b in zip(result.arrivals_s, result.arrivals_s[1:])]
+    return Sample(result.ttft_s * 1000, gaps, result.output_tokens)
+
+
 def _open_level(url: str, rate: float, count: int, max_tokens: int, seed: int = 0) -> LevelResult:
     """``count`` requests arriving as a Poisson process of ``rate`` per second (open loop: an arrival does
     not wait for earlier requests), each on a free connection of a pool opened beforehand."""
@@ -165,10 +172,8 @@ def _open_level(url: str, rate: float, count: int, max_tokens: int, seed: int = 
     rng = random.Random(seed)
     gaps = [rng.expovariate(rate) for _ in range(count)]
     lock = threading.Lock()
-    ttft: list[float] = []
-    itl: list[float] = []
+    samples: list[Sample] = []
     errors: list[str] = []
-    tokens = [0]
     pool: queue.Queue[StreamingClient] = queue.Queue()
     opened = [StreamingClient(url, timeout_s=600) for _ in range(16)]
     for client in opened:
@@ -191,9 +196,7 @@ def _open_level(url: str, rate: float, count: int, max_tokens: int, seed: int = 
         finally:
             pool.put(client)
         with lock:
-            ttft.append(result.ttft_s * 1000)
-            itl.extend((b - a) * 1000 for a, b in zip(result.arrivals_s, result.arrivals_s[1:]))
-            tokens[0] += result.output_tokens
+            samples.append(_sample(result))
 
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="arrival") as executor:
@@ -208,7 +211,7 @@ def _open_level(url: str, rate: float, count: int, max_tokens: int, seed: int = 
     finally:
         for client in opened:
             client.close()
-    return LevelResult(0, count, len(errors), tokens[0], wall, ttft, itl, tuple(errors))
+    return level_result(0, count, samples, errors, wall)
 
 
 def _level(url: str, streams: int, rounds: int, max_tokens: int) -> LevelResult:
@@ -217,9 +220,7 @@ def _level(url: str, streams: int, rounds: int, max_tokens: int) -> LevelResult:
         with StreamingClient(url, timeout_s=600) as client:  # one gRPC connection per stream
             def request(i: int) -> Sample:
                 adapter, prompt = stream_prompt(index, i)
-                result = client.generate(prompt, GenerateParams(max_tokens=max_tokens, adapter_id=adapter))
-                gaps = [(b - a) * 1000 for a, b in zip(result.arrivals_s, result.arrivals_s[1:])]
-                return Sample(result.ttft_s * 1000, gaps, result.output_tokens)
+                return _sample(client.generate(prompt, GenerateParams(max_tokens=max_tokens, adapter_id=adapter)))
 
             yield request
 

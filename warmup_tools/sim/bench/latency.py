@@ -91,8 +91,13 @@ def run_streams(streams: int, rounds: int, open_stream: StreamOpener) -> LevelRe
     began = time.perf_counter()
     for thread in threads:
         thread.join()
-    wall = time.perf_counter() - began
-    return LevelResult(streams, streams * rounds, len(errors), sum(s.output_tokens for s in samples), wall,
+    return level_result(streams, streams * rounds, samples, errors, time.perf_counter() - began)
+
+
+def level_result(streams: int, requests: int, samples: Sequence[Sample], errors: Sequence[str],
+                 wall_s: float) -> LevelResult:
+    """One level's figures from its requests' samples and errors."""
+    return LevelResult(streams, requests, len(errors), sum(s.output_tokens for s in samples), wall_s,
                        [s.ttft_ms for s in samples], [g for s in samples for g in s.itl_ms], tuple(errors))
 
 

@@ -27,14 +27,13 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import re
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
 from warmup_tools.adapters.state import LifecycleError, validate_name
-from warmup_tools.common.files import write_atomic
+from warmup_tools.common.files import stat_key, write_atomic
 from warmup_tools.planning.plan import PLAN_FORMAT, Plan, PlanError
 
 LOGGER = logging.getLogger(__name__)
@@ -107,7 +106,7 @@ class PlanFileWatcher:
 
     def poll(self) -> LivePlan | None:
         """The plan in ``plan.json`` if the file changed since the last poll and is valid, else None."""
-        key = _stat_key(self.path)
+        key = stat_key(self.path)
         if key is None or key == self._key:
             return None
         self._key = key
@@ -129,7 +128,7 @@ class PlanFileWatcher:
 def write_plan_file(root: Path, plan: Plan) -> Path:
     """Make ``plan`` the plan every instance serves (atomic; the mtime always moves forward)."""
     path = Path(root) / PLAN_FILE
-    old = _stat_key(path)
+    old = stat_key(path)
     write_atomic(path, plan.to_json() + "\n", min_mtime_ns=None if old is None else old[2] + 1000)
     return path
 
@@ -301,11 +300,3 @@ def _optional_str(value: Any) -> str | None:
     if not isinstance(value, str) or len(value) > 64:
         raise ValueError("plan_id must be a short string or null")
     return value
-
-
-def _stat_key(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from warmup_tools.adapters.state import AdapterSpec, AdapterState, AdapterStatus, LifecycleError, validate_name
-from warmup_tools.common.files import write_atomic
+from warmup_tools.common.files import stat_key, write_atomic
 
 LOGGER = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class ControlRegistry:
 
         Raises LifecycleError when the file is not a valid control file (not re-read until it changes).
         """
-        key = _stat_key(self.desired_path)
+        key = stat_key(self.desired_path)
         with self._lock:
             if key == self._cache_key:
                 return self._cache[0], dict(self._cache[1])
@@ -88,7 +88,7 @@ class ControlRegistry:
         True whenever the file changed since this registry last read it (call :meth:`desired` to see what
         changed); False when it is unchanged since a read that failed (nothing new to act on yet).
         """
-        key = _stat_key(self.desired_path)
+        key = stat_key(self.desired_path)
         with self._lock:
             if key == self._cache_key:
                 return self._cache[0] != generation
@@ -257,14 +257,6 @@ def _next_revision(old: AdapterSpec | None) -> int:
     return 1 if old is None else old.revision + 1
 
 
-def _stat_key(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
-
-
 @contextlib.contextmanager
 def _flocked(path: Path) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -332,4 +324,3 @@ def _describe_reports(reports: Mapping[str, AdapterStatus | None], now: float) -
             age = f"{now - st.updated_at:.0f} s ago"
             parts.append(f"{inst}: {st.state.value} at revision {st.revision} ({age}{detail})")
     return "; ".join(parts)
-

@@ -38,3 +38,12 @@ def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o644, min_mtime_
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def stat_key(path: Path) -> tuple[int, int, int] | None:
+    """What tells a replaced or rewritten file apart (inode, size, mtime); None when it does not exist."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns

@@ -227,11 +227,14 @@ class SnapshotKeeper:
         return len(checked)
 
     def _place(self, blocks: list[CachedBlock], report: RestoreReport) -> None:
-        ours = [b for b in blocks if self.plan_id is not None and b.plan_id == self.plan_id]
-        others = [b for b in blocks if not (self.plan_id is not None and b.plan_id == self.plan_id)]
+        def ours(block: CachedBlock) -> bool:
+            return self.plan_id is not None and block.plan_id == self.plan_id
+
         device = self.engine.device
-        for block in [*ours, *others]:  # a plan's blocks' ancestors are the plan's too: parents stay first
-            mine = self.plan_id is not None and block.plan_id == self.plan_id
+        # The plan's blocks first (a stable sort: a plan block's ancestors are the plan's too, so parents stay
+        # before children in each group).
+        for block in sorted(blocks, key=lambda b: not ours(b)):
+            mine = ours(block)
             payload = (block.payload.to(device) if not isinstance(block.payload, tuple)
                        else tuple(p.to(device) for p in block.payload))
             restored = dataclasses.replace(block, payload=payload,

@@ -41,6 +41,10 @@ class RequestError(WarmupToolsError):
     code = "INVALID_ARG"
 
 
+
+class KVBudgetError(RequestError):
+    """A request (or warm prompt) whose KV can never fit the instance's memory budget (``kv_cache_bytes``)."""
+
 class InvalidInputError(RequestError):
     """An input tensor is missing, empty, of the wrong shape, or holds a value out of range."""
 

@@ -35,6 +35,7 @@ from warmup_tools.adapters.plan_control import (
     PlanStatusBoard,
 )
 from warmup_tools.adapters.state import AdapterLifecycle, AdapterState
+from warmup_tools.common.errors import KVBudgetError
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.hashing import BlockHash
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
@@ -98,6 +99,8 @@ class PlanKeeper:
         self._watcher = PlanFileWatcher(control_dir, who=instance) if control_dir is not None else None
         self._board = PlanStatusBoard(control_dir) if control_dir is not None else None
         self._warm_failures = ""
+        #: The last applied plan had warm prompts that can never fit the KV budget (KVBudgetError).
+        self._over_budget = False
         self._last_report: tuple[Any, ...] | None = None
         self._last_report_at = float("-inf")
         self.coverage_now: dict[str, AdapterCoverage] = {}
@@ -149,7 +152,7 @@ class PlanKeeper:
         LOGGER.info("instance %s: plan %s -> %s: %s (%d pinned blocks kept, %d unpinned)%s", self.instance,
                     previous, plan.plan_id, diff.summary(), kept, unpinned, f"; {skipped}" if skipped else "")
         self.report(force=True)
-        failed, first_error = 0, ""
+        failed, over_budget, first_error = 0, 0, ""
         for item, hashes in items:
             if self._stop.is_set():
                 return diff
@@ -159,6 +162,7 @@ class PlanKeeper:
                 self._warm(item.adapter or None, item.tenant, item.token_ids)
             except Exception as exc:  # noqa: BLE001 - one item that cannot be warmed leaves the others
                 failed += 1
+                over_budget += isinstance(exc, KVBudgetError)
                 first_error = first_error or str(exc)
                 LOGGER.warning("instance %s: warming an item of plan %s failed: %s", self.instance, plan.plan_id, exc)
             self.report()  # progress (at most one write a second)
@@ -166,6 +170,7 @@ class PlanKeeper:
             if self.plan_id == plan.plan_id:
                 self.state = "applied"
                 self._warm_failures = f"{failed} items could not be warmed ({first_error})" if failed else ""
+                self._over_budget = over_budget > 0
                 if failed:
                     self.detail += f"; {self._warm_failures}"
         self.report(force=True)
@@ -274,7 +279,9 @@ class PlanKeeper:
     def _shortfall(self, cache: Any, missing: int, planned: int) -> str:
         budget, used = cache.warmup_budget, cache.stats.warmup_bytes
         failed = f"; {self._warm_failures}" if self._warm_failures else ""
-        if cache.stats.rejected_blocks:
+        # NOTE: a plan too big for the budget shows either way: blocks the store refused, or a warm prompt
+        # the scheduler could not even reserve memory for.
+        if cache.stats.rejected_blocks or self._over_budget:
             return (f"{missing} of {planned} planned blocks do not fit the warm-up budget ({used:,} of {budget:,} "
                     "bytes: kv_cache_bytes less kv_live_reserve; lower the plan's budgets or raise kv_cache_bytes)"
                     + failed)

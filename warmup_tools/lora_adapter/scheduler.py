@@ -38,8 +38,8 @@ import torch
 
 from warmup_tools.common.errors import (
     AdapterUnavailableError,
+    KVBudgetError,
     RequestCancelledError,
-    RequestError,
     ServerBusyError,
 )
 from warmup_tools.kv.blocks import BlockSource, PrefixMatch
@@ -355,7 +355,7 @@ class Scheduler:
             if admitted is None and not self._running:
                 # Nothing runs that could free memory: this request can never fit within the budget.
                 self._waiting.remove(seq)
-                self._finish(seq, RequestError(
+                self._finish(seq, KVBudgetError(
                     f"the KV memory budget of this instance (kv_cache_bytes) is too small for a request of "
                     f"{len(seq.tokens)} tokens"))
                 continue
@@ -371,7 +371,7 @@ class Scheduler:
                 self._warm = self._warm_waiting.popleft()
             elif admitted is None and not self._running:
                 self._warm_waiting.popleft()
-                self._finish(seq, RequestError("the KV memory budget is too small for this warm prompt"))
+                self._finish(seq, KVBudgetError("the KV memory budget is too small for this warm prompt"))
 
     def _try_admit(self, seq: Sequence) -> bool | None:
         """Match the cached prefix and take its memory: True if admitted, False to wait (single
@@ -443,7 +443,7 @@ class Scheduler:
         if self._running == [] and preempted and self._waiting:
             # Alone it still does not fit: this request can never run within the budget.
             seq = self._waiting.popleft()
-            self._finish(seq, RequestError(
+            self._finish(seq, KVBudgetError(
                 f"the KV memory budget of this instance (kv_cache_bytes) is too small for a request of "
                 f"{len(seq.tokens)} tokens"))
         used = sum(n for _, n in planned.values())
@@ -456,7 +456,7 @@ class Scheduler:
             elif not self._running:
                 self._warm = None
                 self._release(warm)
-                self._finish(warm, RequestError("the KV memory budget is too small for this warm prompt"))
+                self._finish(warm, KVBudgetError("the KV memory budget is too small for this warm prompt"))
         return list(planned.values()), preempted
 
     def _live_prefill(self, planned: dict[int, tuple[Sequence, int]]) -> bool:

@@ -8,18 +8,24 @@ One snapshot per writer (its ``name``: instance and host) in a folder several in
 * ``<name>.manifest.json``: the versioned record that makes the payload usable: the writer's identity
   (base model, tokenizer, dtype, storage, block size, KV shape, a fingerprint of the cache salt, never the
   salt), each adapter's weight fingerprint, and per block its hash, parent, token ids, tenant, owner,
-  source, plan, hits and the SHA-256 of its payload bytes; the payload file's SHA-256 and size; and a
-  SHA-256 over the manifest itself.
+  source, plan, hits and the SHA-256 of its payload bytes bound to its hash (:func:`block_digest`: a
+  payload moved to another block, with its digest, no longer matches); the payload file's SHA-256 and
+  size; a SHA-256 over the manifest itself; and, in trust mode, an HMAC-SHA256 over the manifest under a
+  key derived from the deployment secret (``mac``), which a writer of the folder without the secret
+  cannot make.
 
 Both are written atomically (temporary file, fsync, rename), payload first: a reader that sees a
 manifest sees the payload it names. Older payload files of the same name are removed after the next
 manifest is in place (one generation is kept, for a reader that opened the previous manifest).
 
 Everything read back is untrusted: sizes are bounded before reading, the payload is never unpickled,
-and :func:`read_snapshot` raises :class:`SnapshotRejected` with a short ``reason`` (the label of the
-``warmup_kv_snapshot_skipped_total`` metric) for a snapshot that does not match the reader or is
+a key the format does not name is refused (at every level), every value of every block's payload must
+be finite, and :func:`read_snapshot` raises :class:`SnapshotRejected` with a short ``reason`` (the label
+of the ``warmup_kv_snapshot_skipped_total`` metric) for a snapshot that does not match the reader or is
 damaged. Block hashes are re-derived from the token ids (:func:`rederive_hashes`), and the caller
-recomputes a sample of blocks (:func:`verification_sample`, :func:`kv_close`) before trusting any.
+recomputes a sample of blocks (:func:`verification_sample`, :func:`kv_close`) before trusting any; the
+sample is drawn from a generator the reader seeds itself (the system's randomness by default), never
+from anything in the files, so a writer cannot steer it away from the blocks it forged.
 """
 
 from __future__ import annotations
@@ -27,13 +33,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import hmac
 import json
 import math
 import os
 import random
 import re
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -43,7 +50,8 @@ from warmup_tools.kv.blocks import BlockSource, CachedBlock
 from warmup_tools.kv.hashing import NONE_HASH, BlockHash, CacheScope, hash_block_tokens
 
 FORMAT = "warmup-kv-snapshot"
-FORMAT_VERSION = 1
+#: 2: per-block digests bound to the block hash, unknown keys refused, the trust-mode ``mac``.
+FORMAT_VERSION = 2
 MANIFEST_SUFFIX = ".manifest.json"
 PAYLOAD_SUFFIX = ".safetensors"
 #: A manifest larger than this is not read (about 600 bytes per block: 100,000 blocks).
@@ -53,7 +61,14 @@ MAX_SNAPSHOTS = 16
 #: Payload parts per block, by ``kv_storage`` (fp: the tensor; int8: values and scales).
 CODEC_PARTS = {"fp": 1, "int8": 2}
 
+T = TypeVar("T")
 _NAME = re.compile(r"[^A-Za-z0-9._-]+")
+#: The keys each level of a manifest may hold; any other key refuses the snapshot (reason ``unknown_key``).
+MANIFEST_KEYS = frozenset({"format", "version", "name", "created", "identity", "adapters", "payload", "blocks",
+                           "checksum", "mac"})
+PAYLOAD_KEYS = frozenset({"file", "sha256", "bytes"})
+BLOCK_KEYS = frozenset({"hash", "parent", "tokens", "tenant", "owner", "source", "plan_id", "hits", "nbytes",
+                        "sha256"})
 
 
 class SnapshotRejected(Exception):
@@ -106,6 +121,9 @@ class SnapshotIdentity:
                    str(data.get("salt_fingerprint", "")))
 
 
+IDENTITY_KEYS = frozenset(field.name for field in dataclasses.fields(SnapshotIdentity))
+
+
 def salt_fingerprint(salt: str) -> str:
     """A fingerprint that tells two cache salts apart without revealing either ("" for no salt)."""
     if not salt:
@@ -131,7 +149,7 @@ class Snapshot:
     identity: SnapshotIdentity
     adapters: dict[str, str]
     created: float
-    #: The manifest's SHA-256 (a stable label, and the verification sample's seed).
+    #: The manifest's SHA-256 (a label; never the verification sample's seed, which a writer could choose).
     checksum: str
     blocks: list[CachedBlock]
 
@@ -143,8 +161,11 @@ def snapshot_name(instance: str, host: str) -> str:
 
 
 def write_snapshot(folder: Path, name: str, identity: SnapshotIdentity, adapters: Mapping[str, str],
-                   blocks: Sequence[CachedBlock], *, created: float) -> SnapshotInfo:
-    """Write ``blocks`` (parents before children, each with its token ids) as the snapshot ``name``."""
+                   blocks: Sequence[CachedBlock], *, created: float, mac_key: bytes = b"") -> SnapshotInfo:
+    """Write ``blocks`` (parents before children, each with its token ids) as the snapshot ``name``.
+
+    ``mac_key`` (trust mode: a key derived from the deployment secret; empty in open mode) signs the
+    manifest; a reader with the same key refuses a manifest without that MAC."""
     import safetensors.torch
 
     folder = Path(folder)
@@ -162,7 +183,8 @@ def write_snapshot(folder: Path, name: str, identity: SnapshotIdentity, adapters
             "hash": block.block_hash.hex(), "parent": block.parent.hex(),
             "tokens": [int(t) for t in block.tokens], "tenant": block.tenant, "owner": block.owner,
             "source": block.source.value, "plan_id": block.plan_id, "hits": int(block.hits),
-            "nbytes": int(block.nbytes), "sha256": _payload_digest([tensors[f"b{index}.{p}"] for p in range(parts)]),
+            "nbytes": int(block.nbytes),
+            "sha256": block_digest(block.block_hash, [tensors[f"b{index}.{p}"] for p in range(parts)]),
         })
     data = safetensors.torch.save(tensors, metadata={"format": FORMAT, "version": str(FORMAT_VERSION)})
     digest = hashlib.sha256(data).hexdigest()
@@ -177,6 +199,8 @@ def write_snapshot(folder: Path, name: str, identity: SnapshotIdentity, adapters
         "blocks": records,
     }
     manifest = folder / f"{name}{MANIFEST_SUFFIX}"
+    if mac_key:
+        body["mac"] = manifest_mac(body, mac_key)
     write_atomic(manifest, json.dumps({**body, "checksum": _manifest_checksum(body)}, separators=(",", ":")),
                  mode=0o600)
     _prune_payloads(folder, name, keep=payload_path)
@@ -193,14 +217,17 @@ def list_snapshots(folder: Path, limit: int = MAX_SNAPSHOTS) -> list[Path]:
     return [p for _, p in sorted(found, key=lambda item: (-item[0], item[1].name))][:limit]
 
 
-def read_snapshot(manifest_path: Path, identity: SnapshotIdentity, *, max_payload_bytes: int) -> Snapshot:
+def read_snapshot(manifest_path: Path, identity: SnapshotIdentity, *, max_payload_bytes: int,
+                  mac_key: bytes = b"") -> Snapshot:
     """Read and check one snapshot against this reader's ``identity``; raises :class:`SnapshotRejected`.
 
-    Checked: the manifest's size, JSON, format, version and checksum; the identity; the payload file's
-    size (at most ``max_payload_bytes``), SHA-256 and safetensors header; each block's record, payload
-    shape and dtype and payload SHA-256; that every parent precedes its children.
+    Checked: the manifest's size, JSON, format, version, keys (none the format does not name, at any
+    level), checksum and, with ``mac_key`` (trust mode), its MAC; the identity; the payload file's size
+    (at most ``max_payload_bytes``), SHA-256 and safetensors header; each block's record, payload shape,
+    dtype and digest (bound to its hash), and that every value of its payload is finite; that every
+    parent precedes its children.
     """
-    body = _read_manifest(Path(manifest_path))
+    body = _read_manifest(Path(manifest_path), mac_key)
     try:
         theirs = SnapshotIdentity.from_json(body["identity"])
     except (KeyError, TypeError, ValueError) as exc:
@@ -247,13 +274,35 @@ def rederive_hashes(blocks: Sequence[CachedBlock],
     return kept, no_scope, mismatched
 
 
-def verification_sample(blocks: Sequence[CachedBlock], share: float, seed: str) -> list[CachedBlock]:
-    """``ceil(share * len(blocks))`` blocks (at least one), chosen with a generator seeded by ``seed``."""
+def verification_sample(blocks: Sequence[T], share: float, rng: random.Random | None = None) -> list[T]:
+    """``ceil(share * len(blocks))`` blocks (at least one), drawn with ``rng`` (default: the system's
+    randomness, :class:`random.SystemRandom`).
+
+    NOTE: the draw must not be predictable from the snapshot: seeded by anything in the files (the
+    manifest's digest, say), a writer could vary an unchecked detail until the sample misses the blocks
+    it forged. A reader's own randomness is fine here: the sample is not a hash, and two replicas drawing
+    different samples check more of a shared snapshot between them.
+    """
     if not blocks:
         return []
     count = min(len(blocks), max(1, math.ceil(share * len(blocks))))
-    rng = random.Random(int.from_bytes(hashlib.sha256(seed.encode("utf-8")).digest()[:8], "big"))
-    return rng.sample(list(blocks), count)
+    return (rng or random.SystemRandom()).sample(list(blocks), count)
+
+
+def block_digest(block_hash: bytes, tensors: Sequence[torch.Tensor]) -> str:
+    """The SHA-256 of one block's payload parts (dtype, shape and bytes of each) bound to its hash."""
+    digest = hashlib.sha256(b"warmup-kv-snapshot-block:" + bytes(block_hash))
+    for tensor in tensors:
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(str(tensor.dtype).encode("ascii") + str(tuple(tensor.shape)).encode("ascii"))
+        digest.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+    return digest.hexdigest()
+
+
+def manifest_mac(body: Mapping[str, Any], key: bytes) -> str:
+    """HMAC-SHA256 under ``key`` of a manifest's content (every key but ``checksum`` and ``mac``)."""
+    signed = {k: v for k, v in body.items() if k not in ("checksum", "mac")}
+    return hmac.new(key, _canonical(signed), hashlib.sha256).hexdigest()
 
 
 def prefix_tokens(block: CachedBlock, by_hash: Mapping[BlockHash, CachedBlock]) -> list[int]:
@@ -291,20 +340,36 @@ def _payload_parts(payload: object, parts: int) -> list[torch.Tensor]:
     return tensors
 
 
-def _payload_digest(tensors: Sequence[torch.Tensor]) -> str:
-    digest = hashlib.sha256()
-    for tensor in tensors:
-        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-        digest.update(str(tensor.dtype).encode("ascii") + str(tuple(tensor.shape)).encode("ascii"))
-        digest.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
-    return digest.hexdigest()
+def _canonical(body: Mapping[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
 def _manifest_checksum(body: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+    return hashlib.sha256(_canonical(body)).hexdigest()
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
+def _unknown_keys(body: Mapping[str, Any]) -> str | None:
+    """Where ``body`` holds a key the format does not name (the first place found), else None.
+
+    NOTE: a key nobody reads must still be refused: an ignored field is room a writer can vary freely
+    (it once steered the verification sample), and a reader that ignores it cannot be told apart from
+    one that misreads it. The key itself is not shown: it is the file's content, not a label.
+    """
+    top = set(body) - MANIFEST_KEYS
+    if top:
+        return f"{len(top)} unknown key(s) at the top level"
+    for where, section, allowed in (("identity", body.get("identity"), IDENTITY_KEYS),
+                                    ("payload", body.get("payload"), PAYLOAD_KEYS)):
+        if isinstance(section, dict) and set(section) - allowed:
+            return f"{len(set(section) - allowed)} unknown key(s) in {where}"
+    records = body.get("blocks")
+    for index, record in enumerate(records if isinstance(records, list) else ()):
+        if isinstance(record, dict) and set(record) - BLOCK_KEYS:
+            return f"{len(set(record) - BLOCK_KEYS)} unknown key(s) in block {index}"
+    return None
+
+
+def _read_manifest(path: Path, mac_key: bytes) -> dict[str, Any]:
     try:
         size = path.stat().st_size
         if size > MAX_MANIFEST_BYTES:
@@ -320,6 +385,18 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         raise SnapshotRejected("format", "not a KV snapshot manifest")
     if data.get("version") != FORMAT_VERSION:
         raise SnapshotRejected("version", f"format version {data.get('version')!r}, this reader {FORMAT_VERSION}")
+    unknown = _unknown_keys(data)
+    if unknown is not None:
+        raise SnapshotRejected("unknown_key", f"{unknown}; this reader knows format version {FORMAT_VERSION} only")
+    given = data.get("mac")
+    if mac_key:
+        if not isinstance(given, str) or not hmac.compare_digest(given.encode("utf-8", "replace"),
+                                                                 manifest_mac(data, mac_key).encode("ascii")):
+            raise SnapshotRejected("mac", "the manifest has no valid MAC under this deployment's key "
+                                          "(written without the deployment secret, or changed since)")
+    elif given is not None:
+        raise SnapshotRejected("mac", "the manifest carries a MAC: it was written in trust mode, and this "
+                                      "instance runs open mode (no deployment secret)")
     checksum = data.pop("checksum", None)
     if checksum != _manifest_checksum(data):
         raise SnapshotRejected("checksum", "the manifest's checksum does not match its content")
@@ -382,8 +459,12 @@ def _blocks(records: list[Any], tensors: Mapping[str, torch.Tensor], identity: S
             if tuple(tensor.shape) != want_shape or tensor.dtype != want_dtype:
                 raise SnapshotRejected("payload", f"block {index}: tensor {tuple(tensor.shape)} {tensor.dtype}, "
                                                   f"expected {want_shape} {want_dtype}")
-        if _payload_digest(payload) != checksum:
-            raise SnapshotRejected("checksum", f"block {index} does not match its SHA-256")
+        if block_digest(block_hash, payload) != checksum:
+            raise SnapshotRejected("checksum", f"block {index} does not match its SHA-256 (bound to its hash)")
+        # NOTE: every value, not a sample: one NaN or inf in a block spreads through attention to every
+        # later token of every request that reuses it, and the recompute sample may miss the block.
+        if not all(bool(torch.isfinite(t).all()) for t in payload if t.is_floating_point()):
+            raise SnapshotRejected("not_finite", f"block {index} holds NaN or infinite values")
         if parent not in seen or block_hash in seen:
             raise SnapshotRejected("format", f"block {index}: parent not written before it, or written twice")
         seen.add(block_hash)

@@ -15,10 +15,14 @@ put in the prefix cache, parents first, without evicting anything:
 * every other block (live ones, blocks of another plan, adapter warm prompts) comes back as live KV:
   evictable, outside the warm-up cap, so a stale plan's blocks never crowd out the current plan's.
 
-A snapshot is skipped whole (one log line, one ``reason``) when it does not match or is damaged, when a
-block hash does not re-derive from its token ids, parent and scope, or when a recomputed sample block
-differs beyond the storage codec's tolerance. Blocks of an adapter this instance does not serve, or
-serves with other weights, are dropped (one log line, reason ``adapter``); the rest is restored.
+A snapshot is skipped whole (one log line, one ``reason``) when it does not match or is damaged (a key
+the format does not name, a block value that is NaN or infinite, and in trust mode a manifest without
+a valid MAC under the key derived from the deployment secret included), when a block hash does not
+re-derive from its token ids, parent and scope, or when a recomputed sample block differs beyond the
+storage codec's tolerance. The sample is drawn from the instance's own randomness
+(:class:`random.SystemRandom` unless a test injects a generator), never from the files. Blocks of an
+adapter this instance does not serve, or serves with other weights, are dropped (one log line, reason
+``adapter``); the rest is restored.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import dataclasses
 import hashlib
 import logging
 import math
+import random
 import socket
 import threading
 import time
@@ -85,7 +90,8 @@ class SnapshotKeeper:
     def __init__(self, engine: LoraEngine, config: SnapshotConfig, *, instance: str, plan_id: str | None = None,
                  run_on_engine: Callable[[Callable[[], T]], T] | None = None,
                  log: Callable[[str], None] | None = None, host: str | None = None,
-                 on_write: Callable[[SnapshotInfo], None] | None = None) -> None:
+                 on_write: Callable[[SnapshotInfo], None] | None = None, mac_key: bytes = b"",
+                 rng: random.Random | None = None) -> None:
         if engine.prefix_cache is None or config.folder is None:
             raise ValueError("a snapshot keeper needs a KV prefix cache and a snapshot folder")
         self.engine = engine
@@ -98,6 +104,9 @@ class SnapshotKeeper:
         self._run = run_on_engine or (lambda fn: fn())
         self._log = log or LOGGER.warning
         self._on_write = on_write
+        #: Trust mode: the key manifests are signed and checked with (derived from the deployment secret).
+        self._mac_key = mac_key
+        self._rng = rng or random.SystemRandom()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._write_lock = threading.Lock()
@@ -114,7 +123,7 @@ class SnapshotKeeper:
         paths.sort(key=lambda p: p.name != f"{self.name}.manifest.json")  # our own first, then newest first
         for path in paths:
             try:
-                snapshot = read_snapshot(path, self.identity,
+                snapshot = read_snapshot(path, self.identity, mac_key=self._mac_key,
                                          max_payload_bytes=self.config.max_bytes + _HEADER_SLACK)
                 blocks = self._checked_blocks(snapshot, report, path)
             except SnapshotRejected as rejected:
@@ -141,7 +150,8 @@ class SnapshotKeeper:
             signature = hashlib.sha256(b"".join(b.block_hash + (b.plan_id or "").encode() for b in blocks)).digest()
             if signature == self._last_written:
                 return None
-            info = write_snapshot(self.folder, self.name, self.identity, adapters, blocks, created=time.time())
+            info = write_snapshot(self.folder, self.name, self.identity, adapters, blocks, created=time.time(),
+                                  mac_key=self._mac_key)
             self._last_written = signature
             if self._on_write is not None:
                 self._on_write(info)
@@ -187,25 +197,26 @@ class SnapshotKeeper:
         if mismatched:
             raise SnapshotRejected("hash", f"{mismatched} block hash(es) do not re-derive from their token ids")
         by_hash = {b.block_hash: b for b in blocks}
-        report.verified += self._verify(blocks, by_hash, snapshot.checksum)
+        report.verified += self._verify(blocks, by_hash)
         if no_scope:  # after the verification, so a rejected snapshot gets one line, not two
             self._skip(report, path, "adapter", f"{no_scope} block(s) of adapters this instance does not serve "
                                                 "with the same weights dropped; the rest is used")
         return blocks
 
-    def _verify(self, blocks: list[CachedBlock], by_hash: dict, seed: str) -> int:
+    def _verify(self, blocks: list[CachedBlock], by_hash: dict) -> int:
         """Recompute at least ``verify_share`` of ``blocks`` (one at least) with the engine's forward and
         their adapter; raise ``verify`` at the first block that differs beyond the codec's tolerance.
 
-        NOTE: blocks are drawn in a seeded random order and each drawn block is checked with its whole
-        chain of ancestors, in one prefill of their token ids from scratch: a prefill checks every block
-        of the chain for about the price of its tokens, where recomputing blocks one by one on top of the
-        stored KV costs several times more per token (a 16-token forward is mostly fixed cost) and would
-        trust the stored ancestors. The share is counted in distinct blocks checked.
+        NOTE: blocks are drawn in a random order (this instance's generator, unknown to any writer) and
+        each drawn block is checked with its whole chain of ancestors, in one prefill of their token ids
+        from scratch: a prefill checks every block of the chain for about the price of its tokens, where
+        recomputing blocks one by one on top of the stored KV costs several times more per token (a
+        16-token forward is mostly fixed cost) and would trust the stored ancestors. The share is counted
+        in distinct blocks checked.
         """
         target = min(len(blocks), max(1, math.ceil(self.config.verify_share * len(blocks))))
         size, engine, checked = self.cache.block_size, self.engine, set()
-        for drawn in verification_sample(blocks, 1.0, seed):
+        for drawn in verification_sample(blocks, 1.0, self._rng):
             if len(checked) >= target:
                 break
             if drawn.block_hash in checked:

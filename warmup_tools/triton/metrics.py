@@ -288,8 +288,8 @@ class HeatMetrics:
 #: Every reason a KV snapshot (or part of one) is skipped (:mod:`warmup_tools.kv.snapshot`): the labels
 #: of ``warmup_kv_snapshot_skipped_total`` are these, so /metrics stays bounded whatever a file holds.
 SNAPSHOT_SKIP_REASONS = ("format", "version", "checksum", "truncated", "too_large", "unreadable", "payload",
-                         "base_model", "tokenizer", "dtype", "storage", "block_size", "salt", "adapter", "hash",
-                         "verify", "error")
+                         "unknown_key", "mac", "not_finite", "base_model", "tokenizer", "dtype", "storage",
+                         "block_size", "salt", "adapter", "hash", "verify", "error")
 
 
 class SnapshotMetrics:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import random
 
 import pytest
+import safetensors.torch
 import torch
 
 from warmup_tools.kv.blocks import BlockSource
@@ -15,6 +18,7 @@ from warmup_tools.kv.snapshot import (
     MANIFEST_SUFFIX,
     SnapshotIdentity,
     SnapshotRejected,
+    block_digest,
     kv_close,
     list_snapshots,
     read_snapshot,
@@ -195,11 +199,12 @@ def test_restore_never_evicts_keeps_the_warmup_cap_and_pins_only_the_active_plan
     assert other.stats.pinned_bytes == 0  # another plan's pins are not taken over
 
 
-def test_verification_sample_is_deterministic_and_never_empty():
+def test_verification_sample_comes_from_the_reader_s_generator_and_is_never_empty():
     blocks = list(range(40))
-    assert verification_sample(blocks, 0.05, "seed") == verification_sample(blocks, 0.05, "seed")
-    assert len(verification_sample(blocks, 0.05, "seed")) == 2
-    assert len(verification_sample(blocks[:3], 0.01, "seed")) == 1
+    assert verification_sample(blocks, 0.05, random.Random(7)) == verification_sample(blocks, 0.05, random.Random(7))
+    assert verification_sample(blocks, 0.25, random.Random(1)) != verification_sample(blocks, 0.25, random.Random(2))
+    assert len(verification_sample(blocks, 0.05)) == 2  # default: the system's randomness
+    assert len(verification_sample(blocks[:3], 0.01, random.Random(7))) == 1
 
 
 def test_kv_close_accepts_rounding_and_rejects_other_values():
@@ -233,3 +238,109 @@ def test_rewrites_keep_one_previous_payload_and_leave_other_writers_alone(tmp_pa
     assert len(mine) == 2 and info.payload.name in mine
     assert len(list(tmp_path.glob("a.b.*.safetensors"))) == 1
     assert read_snapshot(info.manifest, IDENTITY, max_payload_bytes=BIG).blocks[-1].block_hash == blocks[5].block_hash
+
+
+# ------------------------------------------------------- a writer of the folder who forges a snapshot
+def forge(info, edit_manifest=None, edit_tensors=None):
+    """Rewrite a snapshot the way a writer of the folder without any key can: edit the payload's tensors
+    and the manifest, then make every unkeyed checksum match again."""
+    body = json.loads(info.manifest.read_text())
+    body.pop("checksum")
+    if edit_tensors is not None:
+        tensors = safetensors.torch.load(info.payload.read_bytes())
+        edit_tensors(tensors, body)
+        data = safetensors.torch.save(tensors, metadata={"format": body["format"], "version": str(body["version"])})
+        info.payload.write_bytes(data)
+        body["payload"].update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+    if edit_manifest is not None:
+        edit_manifest(body)
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    info.manifest.write_text(json.dumps({**body, "checksum": hashlib.sha256(canonical).hexdigest()}))
+
+
+def rewrite_digests(tensors, body):
+    """What a forger who knows the format does: recompute every block's digest for its new payload."""
+    for index, record in enumerate(body["blocks"]):
+        record["sha256"] = block_digest(bytes.fromhex(record["hash"]), [tensors[f"b{index}.0"]])
+
+
+@pytest.mark.parametrize("poison", ["all_nan", "one_inf", "one_negative_inf"])
+def test_a_block_holding_nan_or_infinite_kv_is_refused_with_its_digests_consistent(tmp_path, poison):
+    def edit(tensors, body):
+        if poison == "all_nan":
+            tensors["b3.0"] = torch.full_like(tensors["b3.0"], float("nan"))
+        else:  # one value of the block, the rest untouched
+            tensors["b3.0"].view(-1)[5] = float("inf") if poison == "one_inf" else float("-inf")
+        rewrite_digests(tensors, body)
+
+    info = write(tmp_path)
+    forge(info, edit_tensors=edit)
+    assert rejected(info) == "not_finite"
+
+
+def test_int8_scales_that_are_not_finite_are_refused(tmp_path):
+    identity = dataclasses.replace(IDENTITY, storage="int8")
+    info = write(tmp_path, filled_cache("int8"), identity)
+
+    def poison(tensors, body):
+        tensors["b1.1"][0, 0, 0, 0, 0] = float("nan")
+        for index, record in enumerate(body["blocks"]):
+            record["sha256"] = block_digest(bytes.fromhex(record["hash"]), [tensors[f"b{index}.0"],
+                                                                             tensors[f"b{index}.1"]])
+
+    forge(info, edit_tensors=poison)
+    assert rejected(info, identity) == "not_finite"
+
+
+@pytest.mark.parametrize("where", ["top", "block", "identity", "payload"])
+def test_a_manifest_key_the_format_does_not_name_is_refused_not_ignored(tmp_path, where):
+    def add_key(body):
+        target = {"top": body, "block": body["blocks"][2], "identity": body["identity"],
+                  "payload": body["payload"]}[where]
+        target["sample_nonce"] = 12345  # an unchecked field a writer could vary at will
+
+    info = write(tmp_path)
+    forge(info, edit_manifest=add_key)
+    with pytest.raises(SnapshotRejected) as exc:
+        read_snapshot(info.manifest, IDENTITY, max_payload_bytes=BIG)
+    assert exc.value.reason == "unknown_key" and "sample_nonce" not in str(exc.value)
+
+
+def test_a_payload_swapped_between_two_blocks_with_its_digest_is_refused(tmp_path):
+    """Each block's digest is bound to its hash: moving a payload and its digest to another block fails."""
+    def swap(tensors, body):
+        tensors["b0.0"], tensors["b1.0"] = tensors["b1.0"], tensors["b0.0"]
+        first, second = body["blocks"][0], body["blocks"][1]
+        first["sha256"], second["sha256"] = second["sha256"], first["sha256"]
+
+    info = write(tmp_path)
+    forge(info, edit_tensors=swap)
+    assert rejected(info) == "checksum"
+
+
+KEY = hashlib.sha256(b"a key derived from the deployment secret").digest()
+
+
+def test_trust_mode_manifests_carry_a_mac_that_a_writer_without_the_key_cannot_make(tmp_path):
+    cache = filled_cache()
+    signed = write_snapshot(tmp_path, "signed", IDENTITY, ADAPTERS, cache.snapshot_blocks(BIG), created=1.0,
+                            mac_key=KEY)
+    assert len(read_snapshot(signed.manifest, IDENTITY, max_payload_bytes=BIG, mac_key=KEY).blocks) == 6
+    assert rejected(signed, max_bytes=BIG) == "mac"  # an open-mode reader never takes a trust-mode manifest
+
+    def swap(tensors, body):  # a forger who knows the format and recomputes every unkeyed digest
+        tensors["b0.0"], tensors["b1.0"] = tensors["b1.0"], tensors["b0.0"]
+        rewrite_digests(tensors, body)
+
+    forge(signed, edit_tensors=swap)
+    with pytest.raises(SnapshotRejected) as exc:
+        read_snapshot(signed.manifest, IDENTITY, max_payload_bytes=BIG, mac_key=KEY)
+    assert exc.value.reason == "mac"
+
+    unsigned = write(tmp_path, cache, name="unsigned")
+    other_key = write_snapshot(tmp_path, "other", IDENTITY, ADAPTERS, cache.snapshot_blocks(BIG), created=1.0,
+                               mac_key=hashlib.sha256(b"another deployment").digest())
+    for info in (unsigned, other_key):
+        with pytest.raises(SnapshotRejected) as exc:
+            read_snapshot(info.manifest, IDENTITY, max_payload_bytes=BIG, mac_key=KEY)
+        assert exc.value.reason == "mac"

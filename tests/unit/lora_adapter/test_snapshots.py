@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 import torch
@@ -55,9 +56,9 @@ def run(engine, text, adapter, plan=None, max_tokens=8):
     return [s.token_id for s in steps], steps[-1].cached_tokens
 
 
-def keeper(engine, folder, plan=PLAN, share=0.05, logs=None):
+def keeper(engine, folder, plan=PLAN, share=0.05, logs=None, **options):
     return SnapshotKeeper(engine, SnapshotConfig(folder=folder, verify_share=share, interval_s=0), instance="lora_0",
-                          plan_id=plan, host="test", log=(logs.append if logs is not None else None))
+                          plan_id=plan, host="test", log=(logs.append if logs is not None else None), **options)
 
 
 def test_a_second_engine_restores_the_snapshot_and_serves_the_same_greedy_output_warm(writer, fresh, tmp_path):
@@ -192,3 +193,80 @@ def test_snapshot_settings_come_from_the_config_parameters_with_one_set_of_defau
     assert got == SnapshotConfig(folder=tmp_path / "snaps", max_bytes=1000, interval_s=0.0, verify_share=1.0)
     with pytest.raises(ConfigError, match="snapshot_verify_share"):
         settings(snapshot_dir="snaps", snapshot_verify_share="0")
+
+
+class RecordingRandom(random.Random):
+    """A seeded generator that remembers what it drew (to show where the verification sample comes from)."""
+
+    def __init__(self, seed):
+        super().__init__(seed)
+        self.draws = []
+
+    def sample(self, population, k, **kwargs):
+        drawn = super().sample(population, k, **kwargs)
+        self.draws.append(drawn)
+        return drawn
+
+
+def checked_prefixes(engine, monkeypatch):
+    """The token ids every verification recompute of ``engine`` prefills, in order."""
+    seen = []
+    original = engine.compute_kv
+
+    def recording(adapter, ids):
+        seen.append(tuple(ids))
+        return original(adapter, ids)
+
+    monkeypatch.setattr(engine, "compute_kv", recording)
+    return seen
+
+
+def test_the_verification_sample_is_drawn_by_the_reader_not_seeded_by_the_manifest(writer, fresh, tmp_path,
+                                                                                   monkeypatch):
+    """Two restores of the very same files draw their own samples; the files cannot steer either draw."""
+    keeper(writer, tmp_path).write()
+    seen = checked_prefixes(fresh, monkeypatch)
+    picks = []
+    for seed in (1, 2):
+        fresh.prefix_cache.clear()
+        rng, start = RecordingRandom(seed), len(seen)
+        report = keeper(fresh, tmp_path, rng=rng).restore()
+        assert report.skipped == {} and report.verified >= 1 and len(rng.draws) == 1
+        first, by_hash = rng.draws[0][0], {b.block_hash: b for b in rng.draws[0]}
+        assert seen[start] == tuple(prefix_tokens(first, by_hash))  # the first recompute is the rng's first pick
+        picks.append(first.block_hash)
+    assert picks[0] != picks[1]  # same snapshot, same manifest digest: different samples
+    assert isinstance(keeper(fresh, tmp_path)._rng, random.SystemRandom)  # by default: the system's randomness
+
+
+def test_a_nan_block_is_never_restored_whichever_blocks_the_sample_checks(writer, fresh, tmp_path):
+    own = keeper(writer, tmp_path)
+    blocks = writer.prefix_cache.snapshot_blocks(1 << 30)
+    leaf = next(i for i, b in enumerate(blocks) if b.block_hash not in {c.parent for c in blocks})
+    blocks[leaf] = dataclasses.replace(blocks[leaf], payload=torch.full_like(blocks[leaf].payload, float("nan")))
+    write_snapshot(tmp_path, own.name, own.identity, dict(writer.adapter_fingerprints), blocks, created=1.0)
+    logs: list[str] = []
+    # A generator that draws the other blocks first: the sample alone would not look at the NaN block.
+    never_first = RecordingRandom(0)
+    never_first.sample = lambda population, k: sorted(population, key=lambda b: b.block_hash == blocks[leaf].block_hash)
+    report = keeper(fresh, tmp_path, logs=logs, rng=never_first).restore()
+    assert report.skipped == {"not_finite": 1} and report.blocks == 0 and len(fresh.prefix_cache) == 0
+    assert len(logs) == 1 and "not_finite" in logs[0]
+
+
+def test_trust_mode_snapshots_are_signed_and_a_manifest_without_the_deployment_s_mac_is_refused(writer, fresh,
+                                                                                                 tmp_path):
+    key, other = b"k" * 32, b"o" * 32
+    info = keeper(writer, tmp_path, mac_key=key).write()
+    assert '"mac"' in info.manifest.read_text()
+    report = keeper(fresh, tmp_path, mac_key=key).restore()
+    assert report.skipped == {} and report.blocks == info.blocks
+    for reader_key in (other, b""):  # another deployment's key; open mode
+        fresh.prefix_cache.clear()
+        logs: list[str] = []
+        report = keeper(fresh, tmp_path, logs=logs, mac_key=reader_key).restore()
+        assert report.skipped == {"mac": 1} and report.blocks == 0 and len(logs) == 1
+    keeper(writer, tmp_path).write()  # an open-mode writer (no MAC) into the trust-mode folder
+    fresh.prefix_cache.clear()
+    report = keeper(fresh, tmp_path, mac_key=key).restore()
+    assert report.skipped == {"mac": 1} and report.blocks == 0

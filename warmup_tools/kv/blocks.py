@@ -77,6 +77,9 @@ class PrefixCacheStats:
     expired_evictions: int = 0
     #: Blocks a store could not place (budget full of pinned or in-use blocks, or warm-up cap reached).
     rejected_blocks: int = 0
+    #: Blocks a warm-up store asked to pin under a plan that was no longer the current one (a sample in
+    #: flight across a live plan change): stored unpinned, the current plan's pins kept.
+    stale_plan_blocks: int = 0
     #: Matches refused because the block was written for another tenant (never expected: the hashes carry
     #: the tenant; counted as a last line of defence, and the suite checks it stays 0).
     cross_tenant_hits: int = 0

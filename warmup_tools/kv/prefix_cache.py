@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import threading
 import time
 from typing import Callable, Collection, Iterable, Iterator, Sequence
@@ -44,6 +45,8 @@ from warmup_tools.kv.config import (
     warmup_budget,
 )
 from warmup_tools.kv.hashing import NONE_HASH, PUBLIC_TENANT, BlockHash
+
+LOGGER = logging.getLogger(__name__)
 
 
 class PrefixCache:
@@ -81,6 +84,8 @@ class PrefixCache:
         self._tracked: set[BlockHash] = set()
         self._lock = threading.RLock()
         self._inflight: dict[BlockHash, threading.Event] = {}
+        #: The last plan a stale pin action was logged for (one line per plan, not one per block).
+        self._stale_logged: str | None = None
 
     # ----------------------------------------------------------------------------------- public API
     @property
@@ -150,14 +155,16 @@ class PrefixCache:
 
         Returns how many new blocks were stored. Stops at the first block that does not fit, so the
         cache never holds a block whose parent it dropped. A warm-up store (``source=BlockSource.WARMUP``) stays
-        within :attr:`warmup_budget`; with ``plan_id`` its blocks are pinned while that plan is active
-        (storing for a new plan activates it and unpins the previous plan's blocks).
+        within :attr:`warmup_budget`; with ``plan_id`` its blocks are pinned under that plan, which must be
+        :attr:`active_plan` (with no plan active, the store activates it). A store for any other plan is a
+        stale pin action (a warm-up sample still in flight when a live plan change made another plan
+        current): its blocks are stored as ordinary live KV, unpinned, counted in
+        ``stats.stale_plan_blocks`` and logged once per plan; it never moves the cache back to that plan.
         """
-        if plan_id is not None and plan_id != self.active_plan:
-            self.activate_plan(plan_id)
         stored = 0
         now = self._clock()
         with self._lock:
+            plan_id, source = self._bind_plan(plan_id, source, len(hashes) - start_block)
             for index in range(start_block, len(hashes)):
                 block_hash = hashes[index]
                 existing = self._blocks.get(block_hash)
@@ -370,6 +377,22 @@ class PrefixCache:
         return self._blocks.get(block_hash)
 
     # ------------------------------------------------------------------------------------- helpers
+    def _bind_plan(self, plan_id: str | None, source: BlockSource, blocks: int) -> tuple[str | None, BlockSource]:
+        """The plan and source a store of ``blocks`` for ``plan_id`` really gets (see :meth:`store`)."""
+        if plan_id is None or plan_id == self.active_plan:
+            return plan_id, source
+        if self.active_plan is None:
+            self.activate_plan(plan_id)  # nothing is pinned: the first warm-up sample of this instance's plan
+            return plan_id, source
+        # NOTE: binding the pin to its own plan is what keeps a live plan change final: activating the
+        # sample's plan here would unpin every block of the current plan while its coverage still read full.
+        self.stats.stale_plan_blocks += blocks
+        if self._stale_logged != plan_id:
+            self._stale_logged = plan_id
+            LOGGER.warning("KV cache: a warm-up store for plan %s arrived while plan %s is current; its blocks "
+                           "are cached unpinned and the current plan's pins are kept", plan_id, self.active_plan)
+        return None, BlockSource.LIVE
+
     def _make_room(self, nbytes: int, source: BlockSource) -> bool:
         if source is BlockSource.WARMUP and self.stats.warmup_bytes + nbytes > self.warmup_budget:
             return False

@@ -118,12 +118,18 @@ class PlanKeeper:
         """A model_warmup sample carrying ``plan_id`` is being served: add its blocks to the hot set.
 
         Once the control folder's plan is applied, a sample of another plan (a reload whose stanzas are
-        older) warms without pinning, so it cannot unpin the live plan.
+        older) warms without pinning, so it cannot unpin the live plan; so does a sample of a plan other
+        than the one the cache holds as current. A sample already past this point when a live plan
+        change lands is refused at the cache instead (:meth:`PrefixCache.store` pins only under the
+        current plan), so neither order moves the instance back to the samples' plan.
         """
-        if request.plan_id is None or self.engine.prefix_cache is None:
+        cache = self.engine.prefix_cache
+        if request.plan_id is None or cache is None:
             return request
         with self._lock:
-            if self._live_plan is not None and request.plan_id != self._live_plan:
+            current = cache.active_plan
+            if (self._live_plan is not None and request.plan_id != self._live_plan) or \
+                    current not in (None, request.plan_id):
                 return dataclasses.replace(request, plan_id=None)
             if request.plan_id != self.plan_id:
                 self.plan_id, self.source, self.state, self.hot = request.plan_id, "samples", "applied", {}
@@ -177,15 +183,19 @@ class PlanKeeper:
         return diff
 
     def coverage(self) -> dict[str, AdapterCoverage]:
-        """Per adapter of the hot set: planned blocks, resident blocks, live, and why blocks are missing."""
+        """Per adapter of the hot set: planned blocks, resident blocks (cached and pinned under the plan),
+        live, and why blocks are missing."""
         cache = self.engine.prefix_cache
         with self._lock:
             hot = {name: list(hashes) for name, hashes in self.hot.items()}
             settled = self.state == "applied"
+            plan_id = self.plan_id
         states = self.lifecycle.snapshot()
         out = {}
         for name, hashes in sorted(hot.items()):
-            resident = cache.resident(hashes) if cache is not None else 0
+            # NOTE: pinned, not merely cached: an unpinned block is evictable, and counting it would report a
+            # plan warm whose pins were lost.
+            resident = cache.resident(hashes, plan_id) if cache is not None else 0
             status = states.get(name)
             live = name == BASE or (status is not None and status.state is AdapterState.LIVE)
             shortfall = ""

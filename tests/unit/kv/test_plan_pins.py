@@ -39,3 +39,26 @@ def test_resident_counts_only_cached_blocks():
     missing = block_hashes(list(range(200, 208)), BS, SCOPE)
     assert cache.resident(hashes + missing) == 2
     assert cache.resident([]) == 0
+
+
+def test_a_store_for_an_older_plan_after_a_plan_change_keeps_the_current_plan_s_pins(caplog):
+    """A warm-up sample of plan A still in flight when plan B became current: its pin action is ignored."""
+    cache = PrefixCache(budget_bytes=20 * block_bytes(), block_size=BS, live_reserve=0.0)
+    kept = warm(cache, list(range(1, 9)), "plan-a")
+    assert cache.active_plan == "plan-a"  # with no plan active, the first warm-up store activates its plan
+    cache.move_plan("plan-b", set(kept))
+    added = warm(cache, list(range(90, 98)), "plan-b")
+    pinned, warmup = cache.stats.pinned_bytes, cache.stats.warmup_bytes
+    assert pinned == 4 * block_bytes()
+
+    with caplog.at_level("WARNING", logger="warmup_tools.kv.prefix_cache"):
+        late = warm(cache, list(range(50, 58)), "plan-a")  # the sample's own prefix, not in plan B
+        warm(cache, list(range(1, 9)), "plan-a")  # a prefix plan B kept
+    assert cache.active_plan == "plan-b"
+    assert cache.resident(kept + added, "plan-b") == 4 and cache.stats.pinned_bytes == pinned
+    assert cache.resident(late) == 2 and cache.resident(late, "plan-a") == 0
+    assert all(cache.block(h).plan_id is None and cache.block(h).source is BlockSource.LIVE for h in late)
+    assert cache.block(late[-1]).evictable
+    assert cache.stats.warmup_bytes == warmup  # the late blocks do not take the warm-up cap either
+    assert cache.stats.stale_plan_blocks == 4
+    assert len([r for r in caplog.records if "plan-a" in r.getMessage()]) == 1  # logged once, not per store

@@ -127,6 +127,38 @@ def test_samples_with_a_plan_id_make_the_hot_set_until_a_live_plan_is_applied(en
         engine.prefix_cache.activate_plan(None)
 
 
+def test_a_sample_in_flight_during_a_live_plan_change_leaves_the_new_plan_pinned_and_covered(engine):
+    """A model_warmup sample of plan A, noted before plan B is applied and run after it (a sample in
+    flight while the control folder's plan lands), must not move the cache back to A or unpin B."""
+    from warmup_tools.adapters.plan_control import LivePlan
+
+    service = LoraService(engine, instance="inst_0", control_dir=None)
+    cache = engine.prefix_cache
+    try:
+        sample = GenerateRequest(tuple(prefix(engine, SYSTEM_PROMPTS["legal"], 3)), None, "default", False,
+                                 SamplingParams(max_tokens=1), source=BlockSource.WARMUP, plan_id="stanza-plan")
+        in_flight = service.plan.note_warmup(sample)  # noted while the samples' plan is the only one
+        assert in_flight.plan_id == "stanza-plan"
+        live = LivePlan.parse(make_plan([item(prefix(engine, SYSTEM_PROMPTS["support"], 2))]).to_json().encode())
+        service.plan.apply(live)
+        hot = service.plan.hot["support"]
+        assert cache.resident(hot, live.plan_id) == len(hot) == 2
+        list(engine.generate(in_flight))  # the sample's prefill and store, after the plan change
+
+        assert cache.active_plan == live.plan_id
+        assert cache.resident(hot, live.plan_id) == len(hot)  # the live plan's pins are intact
+        coverage = service.plan.status().adapters
+        assert {n: (c.planned, c.resident) for n, c in coverage.items()} == {"support": (2, 2)}
+        assert cache.stats.stale_plan_blocks == 3
+        # Coverage counts what is pinned, not merely cached: unpinned, the same blocks are not covered.
+        cache.move_plan(live.plan_id, set())
+        assert service.plan.coverage()["support"].resident == 0 and cache.resident(hot) == 2
+    finally:
+        service.close()
+        cache.clear()
+        cache.activate_plan(None)
+
+
 def test_a_plan_the_warm_up_budget_cannot_hold_says_so(engine, tmp_path):
     block = 16 * engine.kv_bytes_per_token
     small = LoraEngine(dataclasses.replace(engine.config, adapters=("support",),

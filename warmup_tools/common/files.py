@@ -7,12 +7,17 @@ import os
 import tempfile
 from pathlib import Path
 
+#: Permission bits of a file :func:`write_atomic` creates: owner only. Plans, stanza data, desired.json and
+#: the statuses carry prompt text and tenant names from the request logs, which are 0600 themselves.
+PRIVATE_MODE = 0o600
 
-def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o644, min_mtime_ns: int | None = None) -> None:
+
+def write_atomic(path: Path, data: bytes | str, *, mode: int = PRIVATE_MODE, min_mtime_ns: int | None = None) -> None:
     """Write ``data`` to a temporary file next to ``path``, fsync it and rename it over ``path``.
 
-    ``mode`` is the new file's permission bits; ``min_mtime_ns`` keeps its mtime from going backwards
-    (readers that poll by ``stat`` must see a change).
+    ``mode`` is the new file's permission bits (owner only unless a caller says otherwise, for a file that
+    carries no prompt text and must be readable by another user); ``min_mtime_ns`` keeps its mtime from
+    going backwards (readers that poll by ``stat`` must see a change).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -22,7 +27,7 @@ def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o644, min_mtime_
         with os.fdopen(fd, "wb") as file:
             file.write(payload)
             file.flush()
-            # NOTE: mkstemp makes the file 0600; the CLI and tritonserver may run as different users.
+            # NOTE: set explicitly, whatever the umask: the bits are part of the file's contract.
             os.fchmod(file.fileno(), mode)
             os.fsync(file.fileno())
         if min_mtime_ns is not None and os.stat(tmp).st_mtime_ns < min_mtime_ns:

@@ -55,7 +55,8 @@ class Sidecar:
                                      since_s=config.replan_since_h * 3600)
             self.replanner = Replanner(planner.run_once, config.replan_interval_s)
             self.monitor.sections["replan"] = self.replanner.status
-        self._http = SidecarHttpServer(self.monitor, config.host, config.port)
+        self._http = SidecarHttpServer(self.monitor, config.host, config.port, workers=config.http_workers,
+                                       timeout_s=config.http_timeout_s)
 
     @property
     def url(self) -> str:

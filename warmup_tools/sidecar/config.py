@@ -31,6 +31,10 @@ class SidecarConfig:
     #: Where ``/ready``, ``/live`` and ``/status`` are served.
     host: str = "127.0.0.1"
     port: int = 8080
+    #: Connections served at once (a fixed pool of threads; more wait in the listen backlog) and the
+    #: deadline of each read and write on one: a half-sent request frees its worker after this long.
+    http_workers: int = 8
+    http_timeout_s: float = 5.0
     models: tuple[str, ...] = (*COMPOSING_MODELS, ENSEMBLE_MODEL)
     #: Warm coverage (needs the control folder lora_adapter reports to): ``/ready`` also wants every live
     #: adapter's planned hot set resident at this share or above on every instance; 0 turns the check off.
@@ -46,9 +50,11 @@ class SidecarConfig:
 
     def __post_init__(self) -> None:
         for name in ("probe_interval_s", "probe_timeout_s", "recovery_timeout_s", "recovery_backoff_s",
-                     "max_backoff_s"):
+                     "max_backoff_s", "http_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be positive")
+        if not 1 <= self.http_workers <= 256:
+            raise ConfigError(f"http_workers={self.http_workers} must be 1 to 256")
         if self.failures_to_recover < 1:
             raise ConfigError(f"failures_to_recover={self.failures_to_recover} must be at least 1")
         if not 0 <= self.port <= 65535:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import tempfile
 from pathlib import Path
 
@@ -52,3 +53,38 @@ def stat_key(path: Path) -> tuple[int, int, int] | None:
     except FileNotFoundError:
         return None
     return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def read_or_create_secret(path: Path, nbytes: int = 32) -> bytes:
+    """The random value in ``path`` (hex, owner only), created with ``nbytes`` random bytes if missing.
+
+    Every process that reads the same path gets the same value: the first creates it, atomically and
+    without replacing one another process created first (a hard link fails if the name exists).
+    """
+    path = Path(path)
+    try:
+        return _read_secret(path)
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(secrets.token_hex(nbytes).encode() + b"\n")
+            os.fchmod(file.fileno(), PRIVATE_MODE)
+            file.flush()
+            os.fsync(file.fileno())
+        with contextlib.suppress(FileExistsError):  # another process was first: use its value
+            os.link(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    return _read_secret(path)
+
+
+def _read_secret(path: Path) -> bytes:
+    with open(path, "rb") as file:
+        data = file.read(4097).strip()
+    if len(data) < 32:
+        raise ValueError(f"{path} holds fewer than 32 bytes; remove it to have a new one made")
+    return data

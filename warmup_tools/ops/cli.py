@@ -65,6 +65,15 @@ def _parser() -> argparse.ArgumentParser:
                      help="the deployment_secret_file of the composing models (created if missing)")
     key.set_defaults(func=_cmd_tenant_key)
 
+    init = sub.add_parser("deploy-secrets", help="trust mode: make a deployment's secret, the probe tenant's key and "
+                                                 "a random Redis password in a folder (keeps what exists)")
+    init.add_argument("--dir", type=Path, required=True, help="the folder (made 0700; every file 0600)")
+    init.add_argument("--redis-host", default="redis")
+    init.add_argument("--redis-port", type=int, default=6379)
+    init.add_argument("--redis-conf-dir", type=Path, help="also write Redis's redis.conf (requirepass) here")
+    init.add_argument("--redis-uid", type=int, help="owner of redis.conf (the Redis image's user)")
+    init.set_defaults(func=_cmd_deploy_secrets)
+
     plan = sub.add_parser("plan", help="decide what to warm from request logs; writes a versioned plan")
     plan.add_argument("logs", nargs="+", type=Path,
                       help="request logs (.jsonl, .jsonl.gz, rotated .jsonl.N) or folders holding them")
@@ -382,6 +391,15 @@ def _cmd_tenant_key(args: argparse.Namespace) -> int:
         raise WarmupToolsError(str(exc)) from None
     print(f"tenant {args.tenant}: key {key}\n(shown once; {args.keys_file} keeps only its SHA-256)", file=sys.stderr)
     print(key)
+    return 0
+
+
+def _cmd_deploy_secrets(args: argparse.Namespace) -> int:
+    from warmup_tools.ops.deploy_secrets import make_deployment_secrets
+
+    files = make_deployment_secrets(args.dir, redis_host=args.redis_host, redis_port=args.redis_port,
+                                    redis_conf_dir=args.redis_conf_dir, redis_uid=args.redis_uid)
+    print(f"deployment secrets ready in {files.folder}")
     return 0
 
 

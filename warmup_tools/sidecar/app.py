@@ -86,7 +86,8 @@ class Sidecar:
 
 
 def _probe_credentials(environ: Mapping[str, str]) -> dict[str, str | None]:
-    """Trust mode: the probe tenant's key (``WARMUP_PROBE_TENANT_KEY``, made with ``warmup_tools tenant-key
+    """Trust mode: the probe tenant's key (``WARMUP_PROBE_TENANT_KEY`` or the file
+    ``WARMUP_PROBE_TENANT_KEY_FILE`` names, made with ``warmup_tools tenant-key
     warmup-sidecar-probe``) and a token signed with the deployment secret the models read
     (``WARMUP_DEPLOYMENT_SECRET_FILE``); none in open mode."""
     secret = environ.get("WARMUP_DEPLOYMENT_SECRET_FILE")
@@ -95,5 +96,12 @@ def _probe_credentials(environ: Mapping[str, str]) -> dict[str, str | None]:
     from warmup_tools.common.records import PROBE_TENANT
     from warmup_tools.triton.trust import TenantTrust
 
-    return {"tenant_key": environ.get("WARMUP_PROBE_TENANT_KEY") or None,
+    key = environ.get("WARMUP_PROBE_TENANT_KEY") or None
+    if key is None and environ.get("WARMUP_PROBE_TENANT_KEY_FILE"):
+        # NOTE: a file (a mounted Secret, the compose secrets volume) keeps the key out of the environment.
+        try:
+            key = Path(environ["WARMUP_PROBE_TENANT_KEY_FILE"]).read_text(encoding="utf-8").strip() or None
+        except OSError as exc:
+            raise ConfigError(f"WARMUP_PROBE_TENANT_KEY_FILE is not readable ({exc.strerror})") from None
+    return {"tenant_key": key,
             "tenant_token": TenantTrust.from_files(Path(secret)).token(PROBE_TENANT)}

@@ -18,7 +18,7 @@ from warmup_tools.triton.params import ModelParameters
 
 def redis_tier_from_params(params: ModelParameters) -> Any:
     """The Redis shared tier a model's ``redis_url`` parameter names, or None when it is empty."""
-    url = params.get("redis_url", str, "")
+    url = params.get("redis_url", str, "") or _read_url(params)
     timeout_ms = params.get("redis_timeout_ms", float, 20.0)
     retry_after_s = params.get("redis_retry_after_s", float, 2.0)
     control_dir = params.get("control_dir", str, "")
@@ -38,6 +38,19 @@ def redis_tier_from_params(params: ModelParameters) -> Any:
         trust = TenantTrust(open_mode_seed(params.path("control_dir")))
     return SharedTier(url, timeout_ms=timeout_ms, retry_after_s=retry_after_s,
                       mac_key=trust.derived_key(b"redis-mac"), salt=trust.cache_salt())
+
+
+def _read_url(params: ModelParameters) -> str:
+    """The URL in the file ``redis_url_file`` names (a mounted secret: the password stays out of the
+    environment and the config); empty when unset."""
+    if not params.get("redis_url_file", str, ""):
+        return ""
+    path = params.path("redis_url_file")
+    try:
+        with open(path, "rb") as file:
+            return file.read(4096).decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"model '{params.model_name}': redis_url_file {path} is not readable ({exc})") from None
 
 
 #: In the control folder: the random value open mode derives its Redis MAC key and key salt from.

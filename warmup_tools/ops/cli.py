@@ -250,6 +250,8 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--kills", type=int, default=1)
     rec.add_argument("--probe-interval-s", type=float, default=2.0)
     rec.add_argument("--after", type=int, default=5, help="requests sent after each recovery")
+    rec.add_argument("--no-watch-stubs", dest="watch_stubs", action="store_false",
+                     help="the sidecar finds the dead stub through its probes only (as before stubs were watched)")
 
     demo = sub.add_parser("demo", help="start the server, stream requests for two adapters, stop")
     _server_flags(demo)
@@ -344,7 +346,7 @@ def _cmd_sidecar(args: argparse.Namespace) -> int:
     with _server(config, explicit_model_control=True, repository_key=RepositoryKey.generate()) as server:
         # The sidecar answers from the start, so a startupProbe sees 503 with the reason while models load.
         with Sidecar(sidecar_settings, server.http_url, server.grpc_url, server.repository_key,
-                     config.model_repository, control_dir=config.control_dir) as sidecar:
+                     config.model_repository, control_dir=config.control_dir, server_pid=server.pid) as sidecar:
             print(f"tritonserver starting on {config.model_repository}: HTTP {server.http_url}, gRPC "
                   f"{server.grpc_url} (log {server.log_path}); sidecar {sidecar.url}/ready /live /status; "
                   "Ctrl-C stops", flush=True)

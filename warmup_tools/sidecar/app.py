@@ -18,6 +18,7 @@ from warmup_tools.sidecar.plan_id import discover_plan_id
 from warmup_tools.sidecar.probes import PROBED_MODELS, TritonProbes
 from warmup_tools.sidecar.replan import Replanner
 from warmup_tools.sidecar.repository import RepositoryClient
+from warmup_tools.sidecar.stubs import StubScanner
 
 
 class Sidecar:
@@ -31,9 +32,12 @@ class Sidecar:
     """
 
     def __init__(self, config: SidecarConfig, http_url: str, grpc_url: str, key: RepositoryKey | None,
-                 model_repository: Path | None = None, control_dir: Path | None = None) -> None:
+                 model_repository: Path | None = None, control_dir: Path | None = None,
+                 server_pid: int | None = None) -> None:
         """``control_dir``: the folder lora_adapter's instances report their warm coverage to (its
-        ``control_dir`` parameter); with it, and ``coverage_threshold`` above 0, ``/ready`` checks coverage."""
+        ``control_dir`` parameter); with it, and ``coverage_threshold`` above 0, ``/ready`` checks coverage.
+        ``server_pid``: tritonserver's process id, when it runs beside the sidecar: its stubs are watched in
+        ``/proc`` and one that exits or stops is reloaded at once."""
         unknown = sorted(set(config.models) - set(PROBED_MODELS))
         if unknown:
             raise ConfigError(f"no probe for model(s) {', '.join(unknown)}; known: {', '.join(PROBED_MODELS)}")
@@ -44,7 +48,8 @@ class Sidecar:
                     if control_dir is not None and config.coverage_threshold > 0 else None)
         self.monitor = Monitor(config, self._probes.probe, self._probes.server_ready, self._repository,
                                plan_id=discover_plan_id(model_repository) if model_repository else None,
-                               coverage=coverage)
+                               coverage=coverage,
+                               stub_faults=StubScanner(server_pid, config.models) if server_pid else None)
         self.replanner: Replanner | None = None
         if config.replan_interval_s > 0:
             if control_dir is None or model_repository is None:

@@ -21,6 +21,9 @@ class SidecarConfig:
     probe_interval_s: float = 2.0
     #: Deadline of one probe request; a probe that takes longer counts as failed.
     probe_timeout_s: float = 5.0
+    #: Seconds between looks at the Python backend stubs in ``/proc`` (beside tritonserver): a stub that
+    #: exited or was stopped is reloaded at once, without waiting for a probe round. 0: probes only.
+    stub_check_interval_s: float = 0.25
     #: Consecutive failed probes of one model after which it is reloaded even without a stub error.
     failures_to_recover: int = 3
     #: Deadline of one reload (unload, then load, which re-runs the model's model_warmup samples).
@@ -53,6 +56,8 @@ class SidecarConfig:
                      "max_backoff_s", "http_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be positive")
+        if self.stub_check_interval_s < 0:
+            raise ConfigError(f"stub_check_interval_s={self.stub_check_interval_s} must be >= 0 (0: off)")
         if not 1 <= self.http_workers <= 256:
             raise ConfigError(f"http_workers={self.http_workers} must be 1 to 256")
         if self.failures_to_recover < 1:

@@ -152,8 +152,9 @@ def wait_for_ready(sidecar_url: str, want: int, deadline_s: float) -> float:
 
 
 def run(assets_dir: Path, *, kills: int = 1, probe_interval_s: float = 2.0, after: int = 5,
-        out: TextIO = sys.stdout) -> None:
-    """Kill the ``lora_adapter`` stub ``kills`` times; print what the outage cost each time."""
+        watch_stubs: bool = True, out: TextIO = sys.stdout) -> None:
+    """Kill the ``lora_adapter`` stub ``kills`` times; print what the outage cost each time. Without
+    ``watch_stubs`` the sidecar finds the dead stub through its probes only."""
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_REDIS_URL": "",
            "WARMUP_REQUEST_LOG_DIR": ""}
     server = TritonServer(REPO_ROOT / "model_repository", env=env, explicit_model_control=True,
@@ -162,9 +163,10 @@ def run(assets_dir: Path, *, kills: int = 1, probe_interval_s: float = 2.0, afte
     with server:
         server.wait_ready(timeout=600)
         with Sidecar(config, server.http_url, server.grpc_url, server.repository_key,
-                     REPO_ROOT / "model_repository") as sidecar:
+                     REPO_ROOT / "model_repository", server_pid=server.pid if watch_stubs else None) as sidecar:
             wait_for_ready(sidecar.url, 200, 300)
-            out.write(f"server and sidecar ready (probe interval {probe_interval_s:g} s)\n")
+            out.write(f"server and sidecar ready (probe interval {probe_interval_s:g} s, stubs "
+                      f"{'watched' if watch_stubs else 'not watched'})\n")
             for kill in range(1, kills + 1):
                 _one_kill(server, sidecar, kill, after, out)
 

@@ -250,6 +250,8 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--kills", type=int, default=1)
     rec.add_argument("--probe-interval-s", type=float, default=2.0)
     rec.add_argument("--after", type=int, default=5, help="requests sent after each recovery")
+    rec.add_argument("--signal", dest="signal_name", choices=["KILL", "STOP"], default="KILL",
+                     help="SIGKILL the stub (a crash) or SIGSTOP it (a hang)")
     rec.add_argument("--no-watch-stubs", dest="watch_stubs", action="store_false",
                      help="the sidecar finds the dead stub through its probes only (as before stubs were watched)")
 

@@ -152,33 +152,37 @@ def wait_for_ready(sidecar_url: str, want: int, deadline_s: float) -> float:
 
 
 def run(assets_dir: Path, *, kills: int = 1, probe_interval_s: float = 2.0, after: int = 5,
-        watch_stubs: bool = True, out: TextIO = sys.stdout) -> None:
-    """Kill the ``lora_adapter`` stub ``kills`` times; print what the outage cost each time. Without
-    ``watch_stubs`` the sidecar finds the dead stub through its probes only."""
+        watch_stubs: bool = True, signal_name: str = "KILL", out: TextIO = sys.stdout) -> None:
+    """Kill (or, with ``signal_name`` STOP, stop) the ``lora_adapter`` stub ``kills`` times; print what the
+    outage cost each time, and how long the server and sidecar took to be ready at start (what a restart
+    of a killed tritonserver costs). Without ``watch_stubs`` the sidecar finds the stub through its probes."""
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_REDIS_URL": "",
            "WARMUP_REQUEST_LOG_DIR": ""}
     server = TritonServer(REPO_ROOT / "model_repository", env=env, explicit_model_control=True,
                           repository_key=RepositoryKey.generate())
     config = SidecarConfig(probe_interval_s=probe_interval_s, port=0)
+    start = time.monotonic()
     with server:
         server.wait_ready(timeout=600)
         with Sidecar(config, server.http_url, server.grpc_url, server.repository_key,
                      REPO_ROOT / "model_repository", server_pid=server.pid if watch_stubs else None) as sidecar:
             wait_for_ready(sidecar.url, 200, 300)
-            out.write(f"server and sidecar ready (probe interval {probe_interval_s:g} s, stubs "
-                      f"{'watched' if watch_stubs else 'not watched'})\n")
+            watched = "watched" if watch_stubs else "not watched"
+            out.write(f"server and sidecar ready {time.monotonic() - start:.1f} s after the start (probe interval "
+                      f"{probe_interval_s:g} s, stubs {watched}, SIG{signal_name})\n")
             for kill in range(1, kills + 1):
-                _one_kill(server, sidecar, kill, after, out)
+                _one_kill(server, sidecar, kill, after, out, getattr(signal, f"SIG{signal_name}"))
 
 
-def _one_kill(server: TritonServer, sidecar: Sidecar, kill: int, after: int, out: TextIO) -> None:
+def _one_kill(server: TritonServer, sidecar: Sidecar, kill: int, after: int, out: TextIO,
+              sig: signal.Signals = signal.SIGKILL) -> None:
     stubs = server.stub_pids("lora_adapter")
     if len(stubs) != 1:
         raise ServerError(f"expected one lora_adapter stub, found {stubs}")
     outage = OutageClient(server.grpc_url)
     inflight = InFlightRequest(server.grpc_url)
     streaming = inflight.start()
-    os.kill(stubs[0], signal.SIGKILL)
+    os.kill(stubs[0], sig)
     killed_at, killed_wall = time.monotonic(), time.time()
     outage.start(killed_at)
     try:

@@ -14,7 +14,7 @@ from typing import Callable, Protocol
 from warmup_tools.common.errors import WarmupToolsError
 from warmup_tools.sidecar.config import ENSEMBLE_MODEL, SidecarConfig
 from warmup_tools.sidecar.coverage import NOT_CHECKED, CoverageVerdict
-from warmup_tools.sidecar.health import HealthTracker, ModelState, ProbeResult, Readiness, RecoveryResult
+from warmup_tools.sidecar.health import HealthTracker, ProbeResult, Readiness, RecoveryResult
 
 LOGGER = logging.getLogger(__name__)
 
@@ -58,6 +58,8 @@ class Monitor:
         self._covered: frozenset[str] = frozenset()
         self._probe = probe
         self._stub_faults = stub_faults if config.stub_check_interval_s > 0 else None
+        #: Faults seen between rounds, for the next round to act on.
+        self._pending_faults: dict[str, str] = {}
         self._server_ready = server_ready
         self._repository = repository
         self._clock = clock
@@ -162,21 +164,20 @@ class Monitor:
                 return
 
     def _scan_stubs(self) -> dict[str, str]:
+        """Faults seen since the last call (each dead stub is reported once: see StubScanner)."""
         if self._stub_faults is None:
             return {}
+        faults, self._pending_faults = self._pending_faults, {}
         try:
-            faults = self._stub_faults()
+            faults.update(self._stub_faults())
         except OSError as exc:  # NOTE: /proc unreadable: the probes still find a dead stub, only later
             LOGGER.warning("cannot look at the Python backend stubs: %s", exc)
-            return {}
         return {m: f for m, f in faults.items() if m in self._tracker.health}
 
     def _new_stub_fault(self) -> bool:
-        """Whether a stub of a model that is not being reloaded already exited or stopped."""
-        faults = self._scan_stubs()
-        with self._lock:
-            return any(self._tracker.health[m].state not in (ModelState.RECOVERING, ModelState.UNHEALTHY,
-                                                             ModelState.RECOVERY_FAILED) for m in faults)
+        """Whether a stub exited or stopped since the last look (kept for the next round)."""
+        self._pending_faults = self._scan_stubs()
+        return bool(self._pending_faults)
 
     def _recover(self, model: str) -> None:
         with self._lock:

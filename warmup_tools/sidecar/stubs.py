@@ -22,6 +22,9 @@ class StubScanner:
 
     NOTE: a zombie's command line is empty, so the scanner remembers which model each live stub serves
     (pid -> model) from earlier scans; a stub that dies before the first scan is left to the probes.
+    Each dead stub is reported once: Triton reaps it only when the old instance is destroyed, which a
+    request still in flight on it can put off long after the reload (seen on 2.51), and a retry of a
+    reload that failed is the health tracker's business.
     """
 
     def __init__(self, server_pid: int, models: Sequence[str], proc: Path = Path("/proc")) -> None:
@@ -29,6 +32,7 @@ class StubScanner:
         self.models = tuple(models)
         self._proc = proc
         self._known: dict[int, str] = {}
+        self._reported: set[int] = set()
 
     def __call__(self) -> dict[str, str]:
         return self.scan()
@@ -52,9 +56,13 @@ class StubScanner:
             if model is None:
                 continue
             seen[pid] = model
-            if state in _STATES:
+            if state not in _STATES:
+                self._reported.discard(pid)  # running again (SIGCONT): a later fault is a new one
+            elif pid not in self._reported:
+                self._reported.add(pid)
                 faults.setdefault(model, f"its Python backend stub (pid {pid}) {_STATES[state]}")
         self._known = seen
+        self._reported &= set(seen)
         return faults
 
     def _model_of(self, argv: list[bytes]) -> str | None:

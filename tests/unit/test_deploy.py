@@ -67,22 +67,112 @@ def test_the_pod_probes_the_sidecar_and_its_ports_match_the_command():
         assert (doc["spec"]["selector"].get("matchLabels") or doc["spec"]["selector"]) == selector
 
 
-def test_compose_runs_the_sidecar_with_a_password_protected_redis():
+def test_compose_runs_the_sidecar_in_trust_mode_with_generated_secrets():
     services = COMPOSE["services"]
-    assert set(services) == {"triton", "redis", "prometheus", "grafana", "locust"}
+    assert set(services) == {"secrets", "triton", "redis", "prometheus", "grafana", "locust"}
     triton = services["triton"]
     args = _sidecar_args(triton["command"])
-    assert f"{args.sidecar_port}:{args.sidecar_port}" in triton["ports"]
+    assert f"127.0.0.1:{args.sidecar_port}:{args.sidecar_port}" in triton["ports"]
     assert f"localhost:{args.sidecar_port}/ready" in " ".join(triton["healthcheck"]["test"])
     snapshot_dir = triton["environment"]["WARMUP_SNAPSHOT_DIR"]
     assert any(v.endswith(f":{snapshot_dir}") for v in triton["volumes"])
-    redis_password = re.search(r"redis://:([^@]+)@redis:", triton["environment"]["WARMUP_REDIS_URL"]).group(1)
-    assert services["redis"]["command"][services["redis"]["command"].index("--requirepass") + 1] == redis_password
+    # Trust mode: every file the models and the sidecar read comes from the volume the secrets service fills.
+    init = services["secrets"]
+    init_args = _parser().parse_args(init["command"][3:])
+    assert init["command"][:4] == ["python3", "-m", "warmup_tools", "deploy-secrets"]
+    volume = next(v.split(":")[0] for v in init["volumes"] if v.split(":")[1] == str(init_args.dir))
+    mount = next(v.split(":")[1] for v in triton["volumes"] if v.split(":")[0] == volume)
+    assert next(v for v in triton["volumes"] if v.startswith(f"{volume}:")).endswith(":ro")
+    env = triton["environment"]
+    assert "WARMUP_REDIS_URL" not in env  # the URL, with its password, is a file of that volume
+    for name in ("WARMUP_DEPLOYMENT_SECRET_FILE", "WARMUP_TENANT_KEYS_FILE", "WARMUP_PROBE_TENANT_KEY_FILE",
+                 "WARMUP_REDIS_URL_FILE"):
+        assert env[name].startswith(f"{mount}/"), name
+    assert triton["depends_on"]["secrets"] == {"condition": "service_completed_successfully"}
+    # Redis reads the config with the generated password that the secrets service writes.
+    redis = services["redis"]
+    conf_volume = next(v.split(":")[0] for v in init["volumes"] if v.split(":")[1] == str(init_args.redis_conf_dir))
+    conf_mount = next(v.split(":")[1] for v in redis["volumes"] if v.split(":")[0] == conf_volume)
+    assert redis["command"] == ["redis-server", f"{conf_mount}/redis.conf"]
     for service in services.values():
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
             if source.startswith("./"):
                 assert (ROOT / source).exists(), f"compose mounts {source}, which does not exist"
+
+
+def test_no_default_password_anywhere_in_the_shipped_files():
+    shipped = [ROOT / "docker-compose.yml", ROOT / "docker" / "Dockerfile", *K8S]
+    for path in shipped:
+        text = path.read_text()
+        assert "change-me" not in text and "requirepass" not in text, path
+        assert not re.search(r"PASSWORD:-|redis://:[^@$]+@", text), path
+    grafana = COMPOSE["services"]["grafana"]["environment"]
+    assert grafana["GF_AUTH_DISABLE_LOGIN_FORM"] == "true" and grafana["GF_AUTH_BASIC_ENABLED"] == "false"
+
+
+def test_compose_publishes_only_the_inference_ports_beyond_the_loopback_and_restarts_what_exits():
+    public = set()
+    for name, service in COMPOSE["services"].items():
+        for port in service.get("ports", []):
+            if not port.startswith("127.0.0.1:"):
+                public.add(port)
+        assert service["restart"] in ({"on-failure"} if name == "secrets" else {"unless-stopped", "always"}), name
+        if name != "secrets":
+            assert service["healthcheck"]["test"], name
+    assert public == {"8000:8000", "8001:8001"}
+    assert "ports" not in COMPOSE["services"]["redis"]
+
+
+def test_the_pod_runs_trust_mode_from_a_secret_and_the_service_exposes_inference_only():
+    deployment = next(doc for _, doc in k8s_docs() if doc["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    secret_volume = next(v for v in pod["volumes"] if "secret" in v)
+    assert secret_volume["secret"]["defaultMode"] == 0o400 and not secret_volume["secret"].get("optional")
+    mount = next(m for m in container["volumeMounts"] if m["name"] == secret_volume["name"])
+    assert mount["readOnly"] is True
+    for name in ("WARMUP_DEPLOYMENT_SECRET_FILE", "WARMUP_TENANT_KEYS_FILE", "WARMUP_PROBE_TENANT_KEY_FILE"):
+        assert env[name]["value"].startswith(mount["mountPath"] + "/"), name
+    assert "value" not in env["WARMUP_REDIS_URL"]  # from a Secret, never a literal
+    service = next(doc for _, doc in k8s_docs() if doc["kind"] == "Service")
+    assert {p["name"] for p in service["spec"]["ports"]} == {"http", "grpc"}
+    policy = next(doc for _, doc in k8s_docs() if doc["kind"] == "NetworkPolicy")
+    assert policy["spec"]["podSelector"] == deployment["spec"]["selector"]
+    by_port = {p["port"]: rule for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert "from" not in by_port[8000] and "from" not in by_port[8001]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for name in ("metrics", "sidecar"):
+        assert by_port[ports[name]]["from"], name  # only the monitoring may connect
+
+
+def test_deploy_secrets_makes_owner_only_files_once_and_every_deployment_its_own(tmp_path):
+    import stat
+
+    from warmup_tools.common.records import PROBE_TENANT
+    from warmup_tools.ops.deploy_secrets import make_deployment_secrets
+    from warmup_tools.triton.trust import TenantTrust
+
+    files = make_deployment_secrets(tmp_path / "a", redis_conf_dir=tmp_path / "conf")
+    made = sorted(p.name for p in files.folder.iterdir())
+    assert made == ["deployment.secret", "load_tenant.key", "probe_tenant.key", "redis.password", "redis.url",
+                    "tenant_keys.json"]
+    assert stat.S_IMODE(files.folder.stat().st_mode) == 0o700
+    assert {stat.S_IMODE(p.stat().st_mode) for p in [*files.folder.iterdir(), tmp_path / "conf" / "redis.conf"]} == {
+        0o600}
+    trust = TenantTrust.from_files(files.deployment_secret, files.tenant_keys, keys=True)
+    trust.verify_key(PROBE_TENANT, files.probe_key.read_text().strip())
+    trust.verify_key("default", files.load_key.read_text().strip())
+    password = files.redis_password.read_text().strip()
+    assert len(password) >= 32 and f"redis://:{password}@redis:6379/0" == files.redis_url.read_text().strip()
+    assert f"requirepass {password}\n" in (tmp_path / "conf" / "redis.conf").read_text()
+    before = {p.name: p.read_bytes() for p in files.folder.iterdir()}
+    make_deployment_secrets(tmp_path / "a")  # a restart keeps every key
+    assert {p.name: p.read_bytes() for p in files.folder.iterdir()} == before
+    other = make_deployment_secrets(tmp_path / "b")
+    assert other.redis_password.read_bytes() != files.redis_password.read_bytes()
+    assert other.deployment_secret.read_bytes() != files.deployment_secret.read_bytes()
 
 
 def test_prometheus_scrapes_triton_and_the_sidecar_where_compose_serves_them():
@@ -102,3 +192,10 @@ def test_the_dashboard_queries_only_metrics_the_code_exports():
     titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
     for topic in ("ttft", "cold share", "hit ratio", "adapter states", "recoveries"):
         assert topic in titles
+
+
+def test_the_image_defaults_to_trust_mode():
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    for name in ("WARMUP_DEPLOYMENT_SECRET_FILE", "WARMUP_TENANT_KEYS_FILE", "WARMUP_PROBE_TENANT_KEY_FILE"):
+        assert re.search(rf"\b{name}=/run/warmup/\S+", text), name
+    assert "HEALTHCHECK" in text

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from warmup_tools.adapters.state import LifecycleError, validate_name
+from warmup_tools.common.control_json import loads_bounded, read_capped
+from warmup_tools.common.errors import FileFormatError
 from warmup_tools.common.files import stat_key, write_atomic
 from warmup_tools.planning.plan import PLAN_FORMAT, Plan, PlanError
 
@@ -72,9 +74,9 @@ class LivePlan:
     def parse(cls, raw: bytes, *, max_items: int = MAX_PLAN_ITEMS) -> LivePlan:
         """Validate a plan file's bytes; :class:`PlanError` says what is wrong."""
         try:
-            data = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise PlanError(f"not JSON ({exc})") from None
+            data = loads_bounded(raw, PLAN_FILE)
+        except FileFormatError as exc:
+            raise PlanError(str(exc)) from None
         if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
             raise PlanError(f"not a plan of format {PLAN_FORMAT}")
         plan_id, block_size, fingerprint, items = (data.get(k) for k in
@@ -112,11 +114,9 @@ class PlanFileWatcher:
         self._key = key
         try:
             with open(self.path, "rb") as file:
-                raw = file.read(self.max_bytes + 1)
-            if len(raw) > self.max_bytes:
-                raise PlanError(f"larger than {self.max_bytes} bytes")
+                raw = read_capped(file, self.max_bytes, PLAN_FILE)
             plan = LivePlan.parse(raw, max_items=self.max_items)
-        except (OSError, PlanError) as exc:
+        except (OSError, FileFormatError, PlanError) as exc:
             self.error = f"{self.path} refused: {exc}"
             LOGGER.error("%s%s; keeping the plan served now", f"instance {self.who}: " if self.who else "",
                          self.error)
@@ -183,7 +183,7 @@ class PlanStatus:
     @classmethod
     def from_json(cls, raw: bytes) -> PlanStatus:
         try:
-            data = json.loads(raw.decode("utf-8"))
+            data = loads_bounded(raw, "plan status")
             if not isinstance(data, dict) or data.get("format") != STATUS_FORMAT:
                 raise ValueError(f"not a plan status of format {STATUS_FORMAT}")
             adapters = data["adapters"]

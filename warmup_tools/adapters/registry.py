@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from warmup_tools.adapters.state import AdapterSpec, AdapterState, AdapterStatus, LifecycleError, validate_name
+from warmup_tools.common.control_json import loads_bounded, read_capped, read_json_bounded
 from warmup_tools.common.files import stat_key, write_atomic
 
 LOGGER = logging.getLogger(__name__)
@@ -46,6 +47,11 @@ LOCK_FILE = ".lock"
 
 
 FORMAT_VERSION = 1
+
+
+#: Bounds on what a reader takes from the control folder (desired.json holds every adapter's warm prompts).
+MAX_DESIRED_BYTES = 16 * 1024 * 1024
+MAX_STATUS_BYTES = 1024 * 1024
 
 
 class ControlRegistry:
@@ -143,7 +149,7 @@ class ControlRegistry:
             if file.name.startswith("."):
                 continue
             try:
-                document = _expect(json.loads(file.read_text(encoding="utf-8")), dict, "status file")
+                document = _expect(read_json_bounded(file, max_bytes=MAX_STATUS_BYTES), dict, "status file")
                 raw_statuses = _expect(document["adapters"], dict, "adapters")
                 found[file.stem] = {name: _status_from_json(raw) for name, raw in raw_statuses.items()}
             except (OSError, ValueError, KeyError, TypeError, LifecycleError) as exc:
@@ -224,14 +230,21 @@ class ControlRegistry:
         try:
             with open(self.desired_path, "rb") as file:
                 st = os.fstat(file.fileno())
-                raw = file.read()
+                raw = read_capped(file, MAX_DESIRED_BYTES, DESIRED_FILE)
         except FileNotFoundError:
             return 0, {}, None
         except OSError as exc:
             raise LifecycleError(f"cannot read {self.desired_path}: {exc}") from exc
+        except ValueError as exc:  # too big: refused like any other bad file, below
+            raw, bad = b"", exc
+        else:
+            bad = None
         key = (st.st_ino, st.st_size, st.st_mtime_ns)
         try:
-            document = _expect(json.loads(raw.decode("utf-8")), dict, "desired.json")
+            if bad is not None:
+                raise bad
+            # NOTE: bounded and iterative: a deeply nested file is a bad file, not a RecursionError.
+            document = _expect(loads_bounded(raw, DESIRED_FILE), dict, "desired.json")
             unknown = set(document) - {"format", "generation", "adapters"}
             if unknown:
                 raise LifecycleError(f"unknown keys {sorted(unknown)}")

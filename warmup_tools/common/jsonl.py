@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from warmup_tools.common.errors import FileFormatError
-from warmup_tools.common.files import write_atomic
+from warmup_tools.common.files import PRIVATE_MODE, write_atomic
 
 LOGGER = logging.getLogger(__name__)
 
@@ -92,8 +92,9 @@ def iter_json_lines(paths: str | Path | Iterable[str | Path],
 
 
 def write_json_lines(path: Path, records: Iterable[dict[str, Any]], *, compress: bool = False,
-                     mode: int = 0o644) -> int:
-    """Write ``records`` as a whole file, atomically (gzip with a fixed header when ``compress``)."""
+                     mode: int = PRIVATE_MODE) -> int:
+    """Write ``records`` as a whole file, atomically (gzip with a fixed header when ``compress``), owner only
+    unless ``mode`` says otherwise."""
     data = b"".join(_line(r) for r in records)
     count = data.count(b"\n")
     if compress:

@@ -65,6 +65,15 @@ def _parser() -> argparse.ArgumentParser:
                      help="the deployment_secret_file of the composing models (created if missing)")
     key.set_defaults(func=_cmd_tenant_key)
 
+    init = sub.add_parser("deploy-secrets", help="trust mode: make a deployment's secret, the probe tenant's key and "
+                                                 "a random Redis password in a folder (keeps what exists)")
+    init.add_argument("--dir", type=Path, required=True, help="the folder (made 0700; every file 0600)")
+    init.add_argument("--redis-host", default="redis")
+    init.add_argument("--redis-port", type=int, default=6379)
+    init.add_argument("--redis-conf-dir", type=Path, help="also write Redis's redis.conf (requirepass) here")
+    init.add_argument("--redis-uid", type=int, help="owner of redis.conf (the Redis image's user)")
+    init.set_defaults(func=_cmd_deploy_secrets)
+
     plan = sub.add_parser("plan", help="decide what to warm from request logs; writes a versioned plan")
     plan.add_argument("logs", nargs="+", type=Path,
                       help="request logs (.jsonl, .jsonl.gz, rotated .jsonl.N) or folders holding them")
@@ -241,6 +250,10 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--kills", type=int, default=1)
     rec.add_argument("--probe-interval-s", type=float, default=2.0)
     rec.add_argument("--after", type=int, default=5, help="requests sent after each recovery")
+    rec.add_argument("--signal", dest="signal_name", choices=["KILL", "STOP"], default="KILL",
+                     help="SIGKILL the stub (a crash) or SIGSTOP it (a hang)")
+    rec.add_argument("--no-watch-stubs", dest="watch_stubs", action="store_false",
+                     help="the sidecar finds the dead stub through its probes only (as before stubs were watched)")
 
     demo = sub.add_parser("demo", help="start the server, stream requests for two adapters, stop")
     _server_flags(demo)
@@ -335,7 +348,7 @@ def _cmd_sidecar(args: argparse.Namespace) -> int:
     with _server(config, explicit_model_control=True, repository_key=RepositoryKey.generate()) as server:
         # The sidecar answers from the start, so a startupProbe sees 503 with the reason while models load.
         with Sidecar(sidecar_settings, server.http_url, server.grpc_url, server.repository_key,
-                     config.model_repository, control_dir=config.control_dir) as sidecar:
+                     config.model_repository, control_dir=config.control_dir, server_pid=server.pid) as sidecar:
             print(f"tritonserver starting on {config.model_repository}: HTTP {server.http_url}, gRPC "
                   f"{server.grpc_url} (log {server.log_path}); sidecar {sidecar.url}/ready /live /status; "
                   "Ctrl-C stops", flush=True)
@@ -382,6 +395,15 @@ def _cmd_tenant_key(args: argparse.Namespace) -> int:
         raise WarmupToolsError(str(exc)) from None
     print(f"tenant {args.tenant}: key {key}\n(shown once; {args.keys_file} keeps only its SHA-256)", file=sys.stderr)
     print(key)
+    return 0
+
+
+def _cmd_deploy_secrets(args: argparse.Namespace) -> int:
+    from warmup_tools.ops.deploy_secrets import make_deployment_secrets
+
+    files = make_deployment_secrets(args.dir, redis_host=args.redis_host, redis_port=args.redis_port,
+                                    redis_conf_dir=args.redis_conf_dir, redis_uid=args.redis_uid)
+    print(f"deployment secrets ready in {files.folder}")
     return 0
 
 

@@ -9,11 +9,14 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from warmup_tools.common.errors import ConfigError
+from warmup_tools.common.control_json import read_json_bounded
+from warmup_tools.common.errors import ConfigError, FileFormatError
 from warmup_tools.common.files import write_atomic
 
 #: Version of the plan file layout; :meth:`Plan.load` refuses any other.
 PLAN_FORMAT = 1
+#: The largest plan file :meth:`Plan.load` reads (an instance reads at most 16 MiB of a live plan).
+MAX_PLAN_FILE_BYTES = 64 * 1024 * 1024
 
 
 class PlanError(ConfigError):
@@ -100,12 +103,12 @@ class Plan:
         """Read and validate a plan file; :class:`PlanError` says what is wrong and what to do."""
         path = Path(path)
         rebuild = "rebuild it from the request logs with warmup_tools.planning.planner.build_plan"
+        if not path.exists():
+            raise PlanError(f"plan file {path} does not exist; {rebuild}")
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise PlanError(f"plan file {path} does not exist; {rebuild}") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise PlanError(f"plan file {path} is not readable JSON ({exc}); {rebuild}") from None
+            data = read_json_bounded(path, max_bytes=MAX_PLAN_FILE_BYTES)
+        except FileFormatError as exc:
+            raise PlanError(f"plan file {exc}; {rebuild}") from None
         if not isinstance(data, dict):
             raise PlanError(f"plan file {path} does not hold a JSON object; {rebuild}")
         if data.get("format") != PLAN_FORMAT:

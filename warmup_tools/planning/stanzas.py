@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+import stat
 from pathlib import Path
 from typing import Sequence
 
@@ -114,7 +115,9 @@ def write_model_warmup(model_dir: Path, samples: Sequence[WarmupSample]) -> list
     text = config_path.read_text()
     new_text = replace_block(text, render_block(samples) if samples else "")
     if new_text != text:
-        write_atomic(config_path, new_text)
+        # NOTE: the config names data files but holds no prompt text: it keeps the bits it had (tritonserver
+        # may read the repository as another user); the data files, which hold prompts, are owner only.
+        write_atomic(config_path, new_text, mode=stat.S_IMODE(config_path.stat().st_mode))
     if warmup_dir.exists():
         for stale in warmup_dir.glob(f"{FILE_PREFIX}*__*"):
             if stale not in written:

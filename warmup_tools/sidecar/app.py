@@ -18,6 +18,7 @@ from warmup_tools.sidecar.plan_id import discover_plan_id
 from warmup_tools.sidecar.probes import PROBED_MODELS, TritonProbes
 from warmup_tools.sidecar.replan import Replanner
 from warmup_tools.sidecar.repository import RepositoryClient
+from warmup_tools.sidecar.stubs import StubScanner
 
 
 class Sidecar:
@@ -31,9 +32,12 @@ class Sidecar:
     """
 
     def __init__(self, config: SidecarConfig, http_url: str, grpc_url: str, key: RepositoryKey | None,
-                 model_repository: Path | None = None, control_dir: Path | None = None) -> None:
+                 model_repository: Path | None = None, control_dir: Path | None = None,
+                 server_pid: int | None = None) -> None:
         """``control_dir``: the folder lora_adapter's instances report their warm coverage to (its
-        ``control_dir`` parameter); with it, and ``coverage_threshold`` above 0, ``/ready`` checks coverage."""
+        ``control_dir`` parameter); with it, and ``coverage_threshold`` above 0, ``/ready`` checks coverage.
+        ``server_pid``: tritonserver's process id, when it runs beside the sidecar: its stubs are watched in
+        ``/proc`` and one that exits or stops is reloaded at once."""
         unknown = sorted(set(config.models) - set(PROBED_MODELS))
         if unknown:
             raise ConfigError(f"no probe for model(s) {', '.join(unknown)}; known: {', '.join(PROBED_MODELS)}")
@@ -44,7 +48,8 @@ class Sidecar:
                     if control_dir is not None and config.coverage_threshold > 0 else None)
         self.monitor = Monitor(config, self._probes.probe, self._probes.server_ready, self._repository,
                                plan_id=discover_plan_id(model_repository) if model_repository else None,
-                               coverage=coverage)
+                               coverage=coverage,
+                               stub_faults=StubScanner(server_pid, config.models) if server_pid else None)
         self.replanner: Replanner | None = None
         if config.replan_interval_s > 0:
             if control_dir is None or model_repository is None:
@@ -55,7 +60,8 @@ class Sidecar:
                                      since_s=config.replan_since_h * 3600)
             self.replanner = Replanner(planner.run_once, config.replan_interval_s)
             self.monitor.sections["replan"] = self.replanner.status
-        self._http = SidecarHttpServer(self.monitor, config.host, config.port)
+        self._http = SidecarHttpServer(self.monitor, config.host, config.port, workers=config.http_workers,
+                                       timeout_s=config.http_timeout_s)
 
     @property
     def url(self) -> str:
@@ -85,7 +91,8 @@ class Sidecar:
 
 
 def _probe_credentials(environ: Mapping[str, str]) -> dict[str, str | None]:
-    """Trust mode: the probe tenant's key (``WARMUP_PROBE_TENANT_KEY``, made with ``warmup_tools tenant-key
+    """Trust mode: the probe tenant's key (``WARMUP_PROBE_TENANT_KEY`` or the file
+    ``WARMUP_PROBE_TENANT_KEY_FILE`` names, made with ``warmup_tools tenant-key
     warmup-sidecar-probe``) and a token signed with the deployment secret the models read
     (``WARMUP_DEPLOYMENT_SECRET_FILE``); none in open mode."""
     secret = environ.get("WARMUP_DEPLOYMENT_SECRET_FILE")
@@ -94,5 +101,12 @@ def _probe_credentials(environ: Mapping[str, str]) -> dict[str, str | None]:
     from warmup_tools.common.records import PROBE_TENANT
     from warmup_tools.triton.trust import TenantTrust
 
-    return {"tenant_key": environ.get("WARMUP_PROBE_TENANT_KEY") or None,
+    key = environ.get("WARMUP_PROBE_TENANT_KEY") or None
+    if key is None and environ.get("WARMUP_PROBE_TENANT_KEY_FILE"):
+        # NOTE: a file (a mounted Secret, the compose secrets volume) keeps the key out of the environment.
+        try:
+            key = Path(environ["WARMUP_PROBE_TENANT_KEY_FILE"]).read_text(encoding="utf-8").strip() or None
+        except OSError as exc:
+            raise ConfigError(f"WARMUP_PROBE_TENANT_KEY_FILE is not readable ({exc.strerror})") from None
+    return {"tenant_key": key,
             "tenant_token": TenantTrust.from_files(Path(secret)).token(PROBE_TENANT)}

@@ -21,6 +21,9 @@ class SidecarConfig:
     probe_interval_s: float = 2.0
     #: Deadline of one probe request; a probe that takes longer counts as failed.
     probe_timeout_s: float = 5.0
+    #: Seconds between looks at the Python backend stubs in ``/proc`` (beside tritonserver): a stub that
+    #: exited or was stopped is reloaded at once, without waiting for a probe round. 0: probes only.
+    stub_check_interval_s: float = 0.25
     #: Consecutive failed probes of one model after which it is reloaded even without a stub error.
     failures_to_recover: int = 3
     #: Deadline of one reload (unload, then load, which re-runs the model's model_warmup samples).
@@ -31,6 +34,10 @@ class SidecarConfig:
     #: Where ``/ready``, ``/live`` and ``/status`` are served.
     host: str = "127.0.0.1"
     port: int = 8080
+    #: Connections served at once (a fixed pool of threads; more wait in the listen backlog) and the
+    #: deadline of each read and write on one: a half-sent request frees its worker after this long.
+    http_workers: int = 8
+    http_timeout_s: float = 5.0
     models: tuple[str, ...] = (*COMPOSING_MODELS, ENSEMBLE_MODEL)
     #: Warm coverage (needs the control folder lora_adapter reports to): ``/ready`` also wants every live
     #: adapter's planned hot set resident at this share or above on every instance; 0 turns the check off.
@@ -46,9 +53,13 @@ class SidecarConfig:
 
     def __post_init__(self) -> None:
         for name in ("probe_interval_s", "probe_timeout_s", "recovery_timeout_s", "recovery_backoff_s",
-                     "max_backoff_s"):
+                     "max_backoff_s", "http_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be positive")
+        if self.stub_check_interval_s < 0:
+            raise ConfigError(f"stub_check_interval_s={self.stub_check_interval_s} must be >= 0 (0: off)")
+        if not 1 <= self.http_workers <= 256:
+            raise ConfigError(f"http_workers={self.http_workers} must be 1 to 256")
         if self.failures_to_recover < 1:
             raise ConfigError(f"failures_to_recover={self.failures_to_recover} must be at least 1")
         if not 0 <= self.port <= 65535:

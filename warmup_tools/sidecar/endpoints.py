@@ -17,20 +17,25 @@ import json
 import logging
 import threading
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
+from warmup_tools.sidecar.http_server import BoundedHTTPServer
 from warmup_tools.sidecar.monitor import Monitor
 
 LOGGER = logging.getLogger(__name__)
 
 
 class SidecarHttpServer:
-    """A ThreadingHTTPServer on its own thread; ``port=0`` picks a free port (see :attr:`port`)."""
+    """A :class:`BoundedHTTPServer` on its own thread; ``port=0`` picks a free port (see :attr:`port`).
 
-    def __init__(self, monitor: Monitor, host: str = "127.0.0.1", port: int = 8080) -> None:
+    ``workers`` connections are served at once, each read and write with a ``timeout_s`` deadline.
+    """
+
+    def __init__(self, monitor: Monitor, host: str = "127.0.0.1", port: int = 8080, *, workers: int = 8,
+                 timeout_s: float = 5.0) -> None:
         handler = type("Handler", (_Handler,), {"monitor": monitor})
-        self._server = ThreadingHTTPServer((host, port), handler)
-        self._server.daemon_threads = True
+        self._server = BoundedHTTPServer((host, port), handler, workers=workers, timeout_s=timeout_s,
+                                         name="sidecar-http")
         self._thread: threading.Thread | None = None
 
     @property

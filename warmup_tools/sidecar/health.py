@@ -145,6 +145,14 @@ class HealthTracker:
         elif health.state not in (ModelState.UNHEALTHY, ModelState.RECOVERY_FAILED):
             health.state = ModelState.FAILING
 
+    def record_stub_fault(self, model: str, reason: str) -> None:
+        """The sidecar saw ``model``'s stub exit or stop: reload it (unless a reload is under way)."""
+        health = self.health[model]
+        if health.state is ModelState.RECOVERING:
+            return
+        health.consecutive_failures += 1
+        self._mark_unhealthy(model, reason)
+
     def to_recover(self, now: float) -> list[str]:
         """Models to reload now, in probe order (composing models before the ensemble)."""
         due = []

@@ -39,10 +39,14 @@ class Monitor:
         *,
         plan_id: str | None = None,
         coverage: Callable[[frozenset[str]], CoverageVerdict] | None = None,
+        stub_faults: Callable[[], dict[str, str]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``coverage`` (a :class:`~warmup_tools.sidecar.coverage.CoverageReader`) is asked once per round
-        whether the planned hot sets are resident; None: warm coverage is not part of readiness."""
+        whether the planned hot sets are resident; None: warm coverage is not part of readiness.
+        ``stub_faults`` (a :class:`~warmup_tools.sidecar.stubs.StubScanner`) names the models whose stub
+        exited or stopped; it is asked every ``stub_check_interval_s`` between rounds, and a fault starts
+        a round at once, which reloads the model before any probe."""
         self.config = config
         self.plan_id = plan_id
         self._coverage = coverage
@@ -53,6 +57,9 @@ class Monitor:
         #: lora_adapter instances that met the coverage threshold (forgotten when the model is reloaded).
         self._covered: frozenset[str] = frozenset()
         self._probe = probe
+        self._stub_faults = stub_faults if config.stub_check_interval_s > 0 else None
+        #: Faults seen between rounds, for the next round to act on.
+        self._pending_faults: dict[str, str] = {}
         self._server_ready = server_ready
         self._repository = repository
         self._clock = clock
@@ -85,7 +92,13 @@ class Monitor:
         with self._lock:
             self._tracker.record_server(ready, reason)
         if ready:
-            for model in self.config.models:
+            faults = self._scan_stubs()
+            with self._lock:
+                for model, fault in faults.items():
+                    self._tracker.record_stub_fault(model, fault)
+            # NOTE: with a dead stub known, reload first: a probe of it, and of the ensemble, would only spend
+            # a second each finding out what the scan already said, while requests wait for the reload.
+            for model in () if faults else self.config.models:
                 result = self._probe(model)
                 with self._lock:
                     self._tracker.record(model, result)
@@ -139,7 +152,32 @@ class Monitor:
                 LOGGER.exception("probe round failed")
                 with self._lock:
                     self._tracker.record_server(False, f"sidecar probe round failed: {exc!r}")
-            self._stop.wait(max(0.0, self.config.probe_interval_s - (time.monotonic() - started)))
+            self._wait_for_next_round(started + self.config.probe_interval_s)
+
+    def _wait_for_next_round(self, deadline: float) -> None:
+        """Until ``deadline`` (monotonic) or a stop; earlier when a stub exited or stopped."""
+        while (left := deadline - time.monotonic()) > 0:
+            if self._stub_faults is None:
+                self._stop.wait(left)
+                return
+            if self._stop.wait(min(left, self.config.stub_check_interval_s)) or self._new_stub_fault():
+                return
+
+    def _scan_stubs(self) -> dict[str, str]:
+        """Faults seen since the last call (each dead stub is reported once: see StubScanner)."""
+        if self._stub_faults is None:
+            return {}
+        faults, self._pending_faults = self._pending_faults, {}
+        try:
+            faults.update(self._stub_faults())
+        except OSError as exc:  # NOTE: /proc unreadable: the probes still find a dead stub, only later
+            LOGGER.warning("cannot look at the Python backend stubs: %s", exc)
+        return {m: f for m, f in faults.items() if m in self._tracker.health}
+
+    def _new_stub_fault(self) -> bool:
+        """Whether a stub exited or stopped since the last look (kept for the next round)."""
+        self._pending_faults = self._scan_stubs()
+        return bool(self._pending_faults)
 
     def _recover(self, model: str) -> None:
         with self._lock:

@@ -12,24 +12,65 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from warmup_tools.common.errors import RequestError
+from warmup_tools.common.errors import ConfigError, RequestError
 from warmup_tools.triton.params import ModelParameters
 
 
 def redis_tier_from_params(params: ModelParameters) -> Any:
     """The Redis shared tier a model's ``redis_url`` parameter names, or None when it is empty."""
-    url = params.get("redis_url", str, "")
+    url = params.get("redis_url", str, "") or _read_url(params)
     timeout_ms = params.get("redis_timeout_ms", float, 20.0)
     retry_after_s = params.get("redis_retry_after_s", float, 2.0)
+    control_dir = params.get("control_dir", str, "")
     if not url:
         return None
     from warmup_tools.caches.redis_tier import SharedTier
     from warmup_tools.triton.trust import TenantTrust
 
-    # Trust mode: values carry a MAC under a key derived from the deployment secret, and keys are salted.
+    # Values carry a MAC and keys are salted, under keys derived from the deployment secret (trust mode) or,
+    # in open mode, from a random value made once per deployment in the control folder.
     trust = TenantTrust.from_parameters(params)
+    if not trust.trusted:
+        if not control_dir:
+            raise ConfigError(f"model '{params.model_name}': a shared tier (redis_url) in open mode needs "
+                              "control_dir, where the deployment's random Redis key salt is kept; set it, or use "
+                              "trust mode (deployment_secret_file)")
+        trust = TenantTrust(open_mode_seed(params.path("control_dir")))
     return SharedTier(url, timeout_ms=timeout_ms, retry_after_s=retry_after_s,
                       mac_key=trust.derived_key(b"redis-mac"), salt=trust.cache_salt())
+
+
+def _read_url(params: ModelParameters) -> str:
+    """The URL in the file ``redis_url_file`` names (a mounted secret: the password stays out of the
+    environment and the config); empty when unset."""
+    if not params.get("redis_url_file", str, ""):
+        return ""
+    path = params.path("redis_url_file")
+    try:
+        with open(path, "rb") as file:
+            return file.read(4096).decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"model '{params.model_name}': redis_url_file {path} is not readable ({exc})") from None
+
+
+#: In the control folder: the random value open mode derives its Redis MAC key and key salt from.
+OPEN_MODE_SEED_FILE = "deployment.salt"
+
+
+def open_mode_seed(control_dir: Path) -> bytes:
+    """The deployment's random seed (``<control_dir>/deployment.salt``, 0600), made by the first instance.
+
+    NOTE: every instance and replica reads the same folder, so they agree on Redis keys; another deployment
+    has another folder, so its keys and MACs differ, and a reader of Redis without the folder can neither
+    test which prompts are cached nor write a value an instance accepts. It is not tenant isolation: open
+    mode's tenants are whatever clients say.
+    """
+    from warmup_tools.common.files import read_or_create_secret
+
+    try:
+        return read_or_create_secret(Path(control_dir) / OPEN_MODE_SEED_FILE)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"the open-mode Redis key salt in {control_dir} is not usable ({exc})") from None
 
 
 def model_parameters(args: Mapping[str, Any]) -> ModelParameters:

@@ -71,6 +71,14 @@ def test_bad_and_oversized_files_are_refused_once_and_the_instance_keeps_its_pla
         assert watcher.poll() is None and watcher.poll() is None
         assert len(caplog.records) == 1 and "keeping the plan served now" in caplog.records[0].getMessage()
         assert "refused" in watcher.error
+    # A plan nested 100,000 deep is one more bad file, with an error that says which and why.
+    caplog.clear()
+    write_atomic(tmp_path / "plan.json", b"[" * 100_000 + b"]" * 100_000,
+                 min_mtime_ns=(tmp_path / "plan.json").stat().st_mtime_ns + 1000)
+    deep = PlanFileWatcher(tmp_path, who="inst_0")
+    assert deep.poll() is None and deep.poll() is None
+    assert "plan.json refused: plan.json: nested 100000 levels deep" in deep.error
+    assert len(caplog.records) == 1
     many = make_plan([{"tenant": "acme", "token_ids": [i] * BS} for i in range(5)])
     write_plan_file(tmp_path, many)
     assert PlanFileWatcher(tmp_path, max_items=4).poll() is None

@@ -434,3 +434,25 @@ def test_status_files_are_plain_json(tmp_path):
     document = json.loads((tmp_path / "status" / "i0.json").read_text())
     assert document["adapters"] == {"a": {"state": "live", "revision": 1, "detail": "ok", "updated_at": 1.0}}
     assert adapters.FORMAT_VERSION == document["format"]
+
+
+def test_a_deeply_nested_control_file_is_a_bad_file_and_the_instance_keeps_polling(tmp_path, caplog):
+    engine = FakeEngine()
+    registry = ControlRegistry(tmp_path)
+    reconciler = Reconciler(registry, AdapterLifecycle(), "i0", load=engine.load, warm=engine.warm)
+    (tmp_path / "desired.json").write_bytes(b'{"adapters": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    assert reconciler.maybe_reconcile() is False  # every poll: no RecursionError, one log line in all
+    assert reconciler.maybe_reconcile() is False
+    assert sum("not a valid control file" in r.getMessage() for r in caplog.records) == 1
+    with pytest.raises(LifecycleError, match=r"desired\.json is not a valid control file .*nested 100001 levels"):
+        registry.desired()
+    (tmp_path / "desired.json").unlink()
+    registry.add("a", ["warm me"])
+    assert reconciler.maybe_reconcile() is True and reconciler.lifecycle.check_servable("a")
+
+
+def test_an_oversized_desired_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(adapters, "MAX_DESIRED_BYTES", 64)
+    (tmp_path / "desired.json").write_text(json.dumps({"format": 1, "generation": 1, "adapters": {}, "x": "y" * 64}))
+    with pytest.raises(LifecycleError, match="larger than 64 bytes"):
+        ControlRegistry(tmp_path).desired()

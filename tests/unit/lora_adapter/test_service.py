@@ -99,3 +99,19 @@ class _Sink:
 
     def is_cancelled(self):
         return False
+
+
+def test_an_instance_starts_and_converges_when_the_control_files_are_nested_100000_deep(engine, tmp_path):
+    (tmp_path / "desired.json").write_bytes(b'{"adapters": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    (tmp_path / "plan.json").write_bytes(b"{" * 100_000)
+    service = LoraService(engine, instance="test_0", control_dir=tmp_path, poll_s=0.05)  # no RecursionError
+    try:
+        assert service.reconciler.maybe_reconcile() is False  # the poll keeps working on the bad file
+        tokens, _ = greedy(service, engine.encode("User: hello\nAssistant:"), "support")
+        assert tokens
+        (tmp_path / "desired.json").unlink()
+        registry = ControlRegistry(tmp_path)
+        registry.add("sql", [], live=True)
+        registry.wait_until("sql", AdapterState.LIVE, instances=1, timeout_s=120)
+    finally:
+        service.close()

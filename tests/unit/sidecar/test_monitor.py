@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import urllib.error
 import urllib.request
 
@@ -126,3 +128,28 @@ def get(url: str) -> tuple[int, dict]:
     except urllib.error.HTTPError as exc:
         with exc:
             return exc.code, json.loads(exc.read())
+
+
+def test_half_sent_requests_hold_no_more_threads_than_the_pool_and_are_dropped_at_their_deadline():
+    monitor = monitor_for(FakeTriton())
+    # NOTE: the short deadline only bounds how long the test runs; nothing below is asserted on time.
+    server = SidecarHttpServer(monitor, port=0, workers=4, timeout_s=0.2)
+    server.start()
+    host, port = server.url.removeprefix("http://").split(":")
+    half_sent = []
+    try:
+        threads = threading.active_count()
+        for _ in range(40):
+            conn = socket.create_connection((host, int(port)), timeout=30)
+            conn.sendall(b"GET /live HTTP/1.1\r\nHost: x\r\n")  # never finished
+            half_sent.append(conn)
+        # Answered after the 40 (the accept loop takes connections in order), with no thread more.
+        assert get(server.url + "/live") == (200, {"live": True})
+        assert threading.active_count() == threads
+        for conn in half_sent:
+            assert conn.recv(1024) == b""  # closed by the server at its deadline, without an answer
+        assert get(server.url + "/live") == (200, {"live": True})
+    finally:
+        for conn in half_sent:
+            conn.close()
+        server.stop()

@@ -3,7 +3,8 @@
 One server in explicit model-control mode with the sidecar beside it (what ``warmup_tools sidecar``
 runs). For each kill: SIGKILL the ``lora_adapter`` stub, then print the seconds until ``/ready`` says 503
 and until it says 200 again, how the requests a client kept sending meanwhile failed (and how fast), the
-reload's duration, and whether requests after the recovery fail and hit the warm prefix.
+reload's duration, when it started, how a request that was streaming at the kill ended (and how long
+after the kill), and whether requests after the recovery fail and hit the warm prefix.
 """
 
 from __future__ import annotations
@@ -91,6 +92,45 @@ class OutageClient:
             self._stop.wait(self.gap_s)
 
 
+class InFlightRequest:
+    """One long generation that is streaming when the stub is killed: how long after the kill it ends."""
+
+    def __init__(self, grpc_url: str, adapter: str = "support") -> None:
+        self.grpc_url = grpc_url
+        self.adapter = adapter
+        self.streaming = threading.Event()
+        self.ended_at: float | None = None
+        self.error = ""
+        self._thread = threading.Thread(target=self._run, name="in-flight", daemon=True)
+
+    def start(self) -> bool:
+        """Start it; True once its first token arrived (it is in the engine, not queued)."""
+        self._thread.start()
+        return self.streaming.wait(CLIENT_TIMEOUT_S)
+
+    def join(self) -> None:
+        self._thread.join(CLIENT_TIMEOUT_S + 10)
+
+    def describe(self, killed_at: float) -> str:
+        if self.ended_at is None:
+            return "still waiting"
+        outcome = f"failed ({self.error[:90]!r})" if self.error else "finished"
+        return f"{outcome} {self.ended_at - killed_at:.1f} s after the kill"
+
+    def _run(self) -> None:
+        question = USER_QUESTIONS[self.adapter][0]
+        with StreamingClient(self.grpc_url, timeout_s=CLIENT_TIMEOUT_S) as client:
+            try:
+                client.generate(demo_prompt(self.adapter, question),
+                                GenerateParams(max_tokens=512, adapter_id=self.adapter),
+                                on_piece=lambda _: self.streaming.set())
+            except GenerateError as exc:
+                self.error = str(exc) or "error"
+            finally:
+                self.ended_at = time.monotonic()
+                self.streaming.set()
+
+
 def ready_status(sidecar_url: str) -> int:
     """``GET /ready``'s status code."""
     try:
@@ -112,38 +152,48 @@ def wait_for_ready(sidecar_url: str, want: int, deadline_s: float) -> float:
 
 
 def run(assets_dir: Path, *, kills: int = 1, probe_interval_s: float = 2.0, after: int = 5,
-        out: TextIO = sys.stdout) -> None:
-    """Kill the ``lora_adapter`` stub ``kills`` times; print what the outage cost each time."""
+        watch_stubs: bool = True, signal_name: str = "KILL", out: TextIO = sys.stdout) -> None:
+    """Kill (or, with ``signal_name`` STOP, stop) the ``lora_adapter`` stub ``kills`` times; print what the
+    outage cost each time, and how long the server and sidecar took to be ready at start (what a restart
+    of a killed tritonserver costs). Without ``watch_stubs`` the sidecar finds the stub through its probes."""
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_REDIS_URL": "",
            "WARMUP_REQUEST_LOG_DIR": ""}
     server = TritonServer(REPO_ROOT / "model_repository", env=env, explicit_model_control=True,
                           repository_key=RepositoryKey.generate())
     config = SidecarConfig(probe_interval_s=probe_interval_s, port=0)
+    start = time.monotonic()
     with server:
         server.wait_ready(timeout=600)
         with Sidecar(config, server.http_url, server.grpc_url, server.repository_key,
-                     REPO_ROOT / "model_repository") as sidecar:
+                     REPO_ROOT / "model_repository", server_pid=server.pid if watch_stubs else None) as sidecar:
             wait_for_ready(sidecar.url, 200, 300)
-            out.write(f"server and sidecar ready (probe interval {probe_interval_s:g} s)\n")
+            watched = "watched" if watch_stubs else "not watched"
+            out.write(f"server and sidecar ready {time.monotonic() - start:.1f} s after the start (probe interval "
+                      f"{probe_interval_s:g} s, stubs {watched}, SIG{signal_name})\n")
             for kill in range(1, kills + 1):
-                _one_kill(server, sidecar, kill, after, out)
+                _one_kill(server, sidecar, kill, after, out, getattr(signal, f"SIG{signal_name}"))
 
 
-def _one_kill(server: TritonServer, sidecar: Sidecar, kill: int, after: int, out: TextIO) -> None:
+def _one_kill(server: TritonServer, sidecar: Sidecar, kill: int, after: int, out: TextIO,
+              sig: signal.Signals = signal.SIGKILL) -> None:
     stubs = server.stub_pids("lora_adapter")
     if len(stubs) != 1:
         raise ServerError(f"expected one lora_adapter stub, found {stubs}")
     outage = OutageClient(server.grpc_url)
-    os.kill(stubs[0], signal.SIGKILL)
-    killed_at = time.monotonic()
+    inflight = InFlightRequest(server.grpc_url)
+    streaming = inflight.start()
+    os.kill(stubs[0], sig)
+    killed_at, killed_wall = time.monotonic(), time.time()
     outage.start(killed_at)
     try:
         not_ready_s = wait_for_ready(sidecar.url, 503, 300)
         ready_s = not_ready_s + wait_for_ready(sidecar.url, 200, 600)
     finally:
         outage.stop()
+        inflight.join()
     status = sidecar.monitor.snapshot()
     recovery = status["last_recovery"] or {}
+    reload_at = recovery.get("started_at", float("nan")) - killed_wall
     failed_after, cached = 0, []
     with StreamingClient(server.grpc_url, timeout_s=CLIENT_TIMEOUT_S) as client:
         for question in (USER_QUESTIONS["support"] * after)[:after]:
@@ -157,6 +207,8 @@ def _one_kill(server: TritonServer, sidecar: Sidecar, kill: int, after: int, out
               f"(reload {recovery.get('duration_s', float('nan')):.1f} s); {len(outage.failures())} of "
               f"{len(outage.attempts)} requests during the outage failed, {len(outage.hung())} hung; "
               f"after recovery {failed_after} of {after} failed, cached_tokens {cached}\n")
+    out.write(f"    reload started {reload_at:.1f} s after the kill; a request streaming at the kill "
+              f"{inflight.describe(killed_at) if streaming else 'did not start streaming'}\n")
     for line in outage.summary():
         out.write(f"    {line}  (min / median / max)\n")
     out.flush()

@@ -23,8 +23,11 @@ import grpc.experimental.gevent as grpc_gevent
 
 grpc_gevent.init_gevent()
 
+import dataclasses  # noqa: E402
+import os  # noqa: E402
 import random  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any, Iterator  # noqa: E402
 
 import gevent  # noqa: E402
@@ -107,6 +110,11 @@ class TritonUser(User):
         self.client.close()
 
     def generate(self, name: str, prompt: str, params: GenerateParams) -> None:
+        key_file = os.environ.get("WARMUP_LOAD_TENANT_KEY_FILE")
+        if key_file and params.tenant_key is None and params.tenant_id in (None, "default"):
+            # Trust mode (compose's secrets service makes the key): requests of tenant default carry its key.
+            params = dataclasses.replace(params, tenant_id="default",
+                                         tenant_key=Path(key_file).read_text(encoding="utf-8").strip())
         start = time.perf_counter()
         last = None
         context = {"adapter": params.adapter_id or "base", "tenant": params.tenant_id or ""}

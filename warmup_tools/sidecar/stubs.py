@@ -1,0 +1,74 @@
+"""A dead or stopped Python backend stub, seen from ``/proc`` within a fraction of a second.
+
+Triton never notices a stub that died while it was generating: a decoupled request already in the
+stub's engine loop gets no final response until the model is unloaded, and a new request finds out only
+after the backend's one-second health wait. The sidecar runs beside tritonserver (same container, same
+process tree), so it can look at the stubs themselves: each ``triton_python_backend_stub`` is a child of
+tritonserver whose command line names its model's ``model.py``. A stub that exited is a zombie (state
+``Z``) until Triton reaps it at unload; one stopped by a signal is in state ``T``. Either one is reported
+at once, and the monitor reloads that model without waiting for a probe to time out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+_STATES = {"Z": "exited", "X": "exited", "T": "stopped by a signal"}
+
+
+class StubScanner:
+    """``scan()``: ``{model: reason}`` for each model of ``models`` with a stub that exited or was stopped.
+
+    NOTE: a zombie's command line is empty, so the scanner remembers which model each live stub serves
+    (pid -> model) from earlier scans; a stub that dies before the first scan is left to the probes.
+    Each dead stub is reported once: Triton reaps it only when the old instance is destroyed, which a
+    request still in flight on it can put off long after the reload (seen on 2.51), and a retry of a
+    reload that failed is the health tracker's business.
+    """
+
+    def __init__(self, server_pid: int, models: Sequence[str], proc: Path = Path("/proc")) -> None:
+        self.server_pid = server_pid
+        self.models = tuple(models)
+        self._proc = proc
+        self._known: dict[int, str] = {}
+        self._reported: set[int] = set()
+
+    def __call__(self) -> dict[str, str]:
+        return self.scan()
+
+    def scan(self) -> dict[str, str]:
+        faults: dict[str, str] = {}
+        seen: dict[int, str] = {}
+        for entry in self._proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            try:
+                # NOTE: the command may hold spaces and parentheses: the fields after the last ')' are fixed.
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                state, ppid = fields[0], int(fields[1])
+                if ppid != self.server_pid:
+                    continue
+                model = self._known.get(pid) or self._model_of((entry / "cmdline").read_bytes().split(b"\0"))
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile, or not ours to read
+            if model is None:
+                continue
+            seen[pid] = model
+            if state not in _STATES:
+                self._reported.discard(pid)  # running again (SIGCONT): a later fault is a new one
+            elif pid not in self._reported:
+                self._reported.add(pid)
+                faults.setdefault(model, f"its Python backend stub (pid {pid}) {_STATES[state]}")
+        self._known = seen
+        self._reported &= set(seen)
+        return faults
+
+    def _model_of(self, argv: list[bytes]) -> str | None:
+        if not argv or not argv[0].endswith(b"triton_python_backend_stub"):
+            return None
+        for model in self.models:
+            if any(f"/{model}/".encode() in arg for arg in argv[1:2]):
+                return model
+        return None

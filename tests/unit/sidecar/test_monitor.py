@@ -116,7 +116,6 @@ def test_no_public_endpoint_names_a_plan_id():
     """A plan id is what a warm-up sample carries: /status, /metrics and /ready never show one (the
     monitor keeps it, and its log names it)."""
     from warmup_tools.sidecar.coverage import evaluate
-    from warmup_tools.sidecar.endpoints import public_status
 
     monitor = monitor_for(FakeTriton())
     monitor.sections["coverage_example"] = lambda: evaluate({}, threshold=0.9, now=0, stale_s=30).status
@@ -131,6 +130,8 @@ def test_no_public_endpoint_names_a_plan_id():
             bodies.append(response.read().decode())
         for body in bodies:
             assert "default-0001" not in body and "live-0002" not in body and "plan_id" not in body
+        from warmup_tools.sidecar.endpoints import public_status
+
         assert public_status({"a": [{"plan_id": "x", "b": 1}], "plan_id": "y"}) == {"a": [{"b": 1}]}
     finally:
         server.stop()

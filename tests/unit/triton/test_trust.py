@@ -207,11 +207,14 @@ def test_a_warm_up_sample_s_token_is_unsigned_and_refused_downstream(files):
 # ------------------------------------------------------------------------------------ the probe tenant
 def test_in_open_mode_a_client_cannot_name_the_probe_tenant(files):
     from warmup_tools.common.records import PROBE_TENANT
-    from warmup_tools.triton.trust import probe_secret_token
 
     probe = "a-per-start-probe-secret-0123456789"
     claim = {"tenant_id": s(PROBE_TENANT)}
-    for first, later in ((TenantTrust(), TenantTrust(model="lora_adapter")),  # no sidecar: no one is the probe
+    with pytest.raises(TenantAuthError, match="reserved for the sidecar's readiness probes"):
+        TenantTrust().first_step_tenant(claim, own_sample=False)  # no sidecar: no one is the probe tenant
+    from warmup_tools.triton.trust import probe_secret_token
+
+    for first, later in ((TenantTrust(), TenantTrust(model="lora_adapter")),
                          (TenantTrust.from_files(None, probe_secret=probe),
                           TenantTrust.from_files(None, model="lora_adapter", probe_secret=probe))):
         for inputs in (claim, {**claim, "tenant_key": s("guess")}):

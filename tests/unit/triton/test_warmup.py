@@ -43,9 +43,10 @@ def test_the_model_s_own_sample_may_carry_warmup_plan(tmp_path):
     request = _inputs(input_ids=np.arange(5, 37, dtype=np.int32), adapter_id=np.array([b"legal"], dtype=object),
                       tenant_id=np.array([b"acme"], dtype=object), max_tokens=np.array([1], dtype=np.int32),
                       warmup_plan=np.array([b"p1"], dtype=object))
-    assert own.loading and own.check(request) is True
-    assert not own.loading  # its one run is over: the model is READY now
+    assert own.check(request) is True
     assert own.check({**request, "warmup_plan": None}) is False  # a live request: nothing to check
+    with pytest.raises(ControlInputError):  # its one run is over: the model is READY, the sample a replay
+        own.check(request)
 
 
 @pytest.mark.parametrize("change", [
@@ -98,10 +99,9 @@ def test_a_sample_is_honoured_exactly_as_often_as_triton_runs_it_at_load(tmp_pat
                  .replace("batch_size: 1", f"batch_size: {batch_size}"))
     assert [own.check(_request()) for _ in range(runs)] == [True] * runs
     # The same bytes after load: an ordinary client request, and warmup_plan in it is refused.
-    assert not own.loading
     with pytest.raises(ControlInputError):
         own.check(_request())
-    assert own.claim({**_request(), "warmup_plan": None}) is False
+    assert not own.loading and own.claim({**_request(), "warmup_plan": None}) is False
 
 
 def test_the_first_request_that_is_not_the_next_sample_closes_the_window(tmp_path):

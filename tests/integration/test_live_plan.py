@@ -66,7 +66,7 @@ def test_a_live_plan_warms_a_new_prefix_without_a_restart_and_ready_follows_cove
                  REPO_ROOT / "model_repository", control_dir=control) as sidecar:
         # At start the hot set is the model_warmup samples' plan: every system prompt resident.
         wait_for(lambda: ready_status(sidecar.url) == 200, "the sidecar to report ready", server)
-        entry = get_json(sidecar.url + "/status")["coverage"]["instances"][INSTANCE]
+        entry = sidecar.monitor.snapshot()["coverage"]["instances"][INSTANCE]  # plan ids: inside the sidecar only
         assert entry["plan_id"] == discover_plan_id(REPO_ROOT / "model_repository") and entry["source"] == "samples"
         assert {a: c["coverage"] for a, c in entry["adapters"].items()} == {"support": 1.0, "legal": 1.0, "sql": 1.0}
 
@@ -84,7 +84,7 @@ def test_a_live_plan_warms_a_new_prefix_without_a_restart_and_ready_follows_cove
                                                                        tenant_id="globex"))
         assert warm.cached_tokens >= blocks * 16, warm
         assert other.cached_tokens == 0, other  # planned for acme only
-        wait_for(lambda: get_json(sidecar.url + "/status")["coverage"]["instances"][INSTANCE]["plan_id"]
+        wait_for(lambda: sidecar.monitor.snapshot()["coverage"]["instances"][INSTANCE]["plan_id"]
                  == claims.plan_id, "the sidecar to see the new plan", server)
         assert ready_status(sidecar.url) == 200
         with urllib.request.urlopen(server.metrics_url, timeout=10) as response:

@@ -9,6 +9,7 @@ import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 
 from tests.conftest import REPO_ROOT
@@ -48,7 +49,19 @@ def test_a_killed_lora_adapter_stub_is_reloaded_and_serves_warm_again(explicit_s
                  REPO_ROOT / "model_repository") as sidecar:
         wait_for(lambda: ready_status(sidecar.url) == 200, "the sidecar to report ready", server)
         status = get_json(sidecar.url + "/status")
-        assert status["plan_id"], status
+        assert "plan_id" not in json.dumps(status), status  # the sidecar's public endpoints name no plan
+        # Open mode: the probes prove the probe tenant with the sidecar's per-start secret; a client
+        # naming it is refused, so it cannot drop out of the request log and the heat statistics.
+        from tests.integration.test_errors import _stream_direct
+        from warmup_tools.common.records import PROBE_TENANT
+
+        error = _stream_direct(server, "lora_adapter", {"input_ids": np.arange(5, 40, dtype=np.int32),
+                                                        "max_tokens": np.array([1], np.int32),
+                                                        "tenant_id": np.array([PROBE_TENANT.encode()], dtype=object)})
+        assert error is not None and "reserved for the sidecar's readiness probes" in str(error), error
+        with pytest.raises(GenerateError, match="reserved for the sidecar's readiness probes"):
+            with StreamingClient(server.grpc_url) as probe_client:
+                probe_client.generate("Hello", GenerateParams(max_tokens=1, tenant_id=PROBE_TENANT))
         assert all(m["state"] == "healthy" for m in status["models"].values()), status
 
         # Nobody but the sidecar may reload models: the repository API wants the per-run key.

@@ -26,7 +26,7 @@ def trusted(served_assets, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("trust")
     keys, secret = folder / "tenant_keys.json", folder / "deployment.secret"
-    tenant_keys = {tenant: add_tenant_key(keys, secret, tenant) for tenant in ("acme", "globex", "default")}
+    tenant_keys = {tenant: add_tenant_key(keys, secret, tenant) for tenant in ("acme", "globex", "default", "rotated")}
     server = TritonServer(
         REPO_ROOT / "model_repository",
         env={"WARMUP_ASSETS_DIR": str(served_assets), "WARMUP_CONTROL_DIR": "",
@@ -35,6 +35,7 @@ def trusted(served_assets, tmp_path_factory):
     server.start()
     try:
         server.wait_ready(timeout=600)
+        server.keys_file, server.secret_file = keys, secret
         with StreamingClient(server.grpc_url) as client:
             yield server, client, tenant_keys
         from warmup_tools.ops.client import scrape_metrics
@@ -106,5 +107,85 @@ def test_calling_a_later_step_directly_cannot_choose_a_tenant(trusted, model):
             error = _stream_direct(server, model, {"input_ids": np.arange(5, 40, dtype=np.int32),
                                                    "max_tokens": np.array([1], np.int32), **extra})
             assert error is not None and "this deployment verifies tenants" in str(error)
+    assert client.generate("Hello", GenerateParams(max_tokens=1, tenant_id="acme",
+                                                   tenant_key=keys["acme"])).output_tokens == 1
+
+
+def _token_from_tokenizer_cache(server, tenant, key):
+    """What any client holding ``tenant``'s key gets by calling the first step directly."""
+    from tests.integration.test_errors import _infer_direct
+
+    result = _infer_direct(server, "tokenizer_cache", {"text_input": np.array([b"Hello there"], dtype=object),
+                                                        "tenant_id": np.array([tenant.encode()], dtype=object),
+                                                        "tenant_key": np.array([key.encode()], dtype=object)})
+    return np.array([result.as_numpy("tenant_token").reshape(-1)[0]], dtype=object)
+
+
+def test_a_token_stops_working_once_its_tenant_s_key_is_rotated(trusted):
+    from tritonclient.utils import InferenceServerException
+
+    from tests.integration.test_errors import _infer_direct, _stream_direct
+
+    server, client, keys = trusted
+    token = _token_from_tokenizer_cache(server, "rotated", keys["rotated"])
+    text = {"text_input": np.array([b"hello"], dtype=object), "tenant_token": token}
+    lora = {"input_ids": np.arange(5, 40, dtype=np.int32), "max_tokens": np.array([1], np.int32),
+            "tenant_token": token}
+    assert _infer_direct(server, "embedding_cache", text).as_numpy("embedding").shape == (384,)
+    assert _stream_direct(server, "lora_adapter", lora) is None
+
+    new_key = add_tenant_key(server.keys_file, server.secret_file, "rotated")  # no restart
+    keys["rotated"] = new_key
+    with pytest.raises(InferenceServerException, match="the tenant token is not valid"):
+        _infer_direct(server, "embedding_cache", text)
+    error = _stream_direct(server, "lora_adapter", lora)
+    assert error is not None and "the tenant token is not valid" in str(error)
+    # The new key works at once, through the ensemble and for a new token.
+    assert client.generate("Hello", GenerateParams(max_tokens=1, tenant_id="rotated",
+                                                   tenant_key=new_key)).output_tokens == 1
+    fresh = _token_from_tokenizer_cache(server, "rotated", new_key)
+    assert _stream_direct(server, "lora_adapter", {**lora, "tenant_token": fresh}) is None
+
+
+def _own_samples(model):
+    """The model's own model_warmup samples, as the bytes Triton sends at load: {name: array}."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from tests.conftest import REPO_ROOT
+    from warmup_tools.triton.tensors import deserialize_tensor
+
+    folder = REPO_ROOT / "model_repository" / model
+    config = text_format.Parse((folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    samples = []
+    for entry in config.model_warmup:
+        sample = {}
+        for name, spec in entry.inputs.items():
+            sample[name] = deserialize_tensor((folder / "warmup" / spec.input_data_file).read_bytes(),
+                                              model_config_pb2.DataType.Name(spec.data_type), list(spec.dims))
+        samples.append(sample)
+    assert samples, f"{model} has no model_warmup samples"
+    return samples
+
+
+def test_a_warm_up_sample_replayed_after_ready_is_an_ordinary_request(trusted):
+    """Byte for byte one of the model's own samples, sent after load: no key-less tenant, no control input."""
+    from tritonclient.utils import InferenceServerException
+
+    from tests.integration.test_errors import _infer_direct, _stream_direct
+
+    server, client, keys = trusted
+    for sample in _own_samples("tokenizer_cache"):  # a sample's tenant needs its key now
+        with pytest.raises(InferenceServerException, match="is not authenticated on this deployment"):
+            _infer_direct(server, "tokenizer_cache", sample)
+    for sample in _own_samples("embedding_cache"):
+        with pytest.raises(InferenceServerException, match="'warmup_plan' is a control input"):
+            _infer_direct(server, "embedding_cache", sample)
+    for sample in _own_samples("lora_adapter"):
+        error = _stream_direct(server, "lora_adapter", sample)
+        assert error is not None and "'warmup_plan' is a control input" in str(error), error
+        without_plan = {name: value for name, value in sample.items() if name != "warmup_plan"}
+        error = _stream_direct(server, "lora_adapter", without_plan)
+        assert error is not None and "this deployment verifies tenants" in str(error), error
     assert client.generate("Hello", GenerateParams(max_tokens=1, tenant_id="acme",
                                                    tenant_key=keys["acme"])).output_tokens == 1

@@ -1,9 +1,17 @@
 """The semantic layer of the embedding cache: nearest-cluster assignment and an index of distinct prompts.
 
 Every prompt embedding (L2-normalised, so a dot product is a cosine) is assigned to the nearest cluster
-centroid, where centroids come from a warm-up plan (:meth:`SemanticIndex.set_centroids`) or are learnt
-online by leader clustering. Separately, a bounded index keeps one embedding per group of near-duplicate
-prompts; a warm-up plan is drawn from it. Both lookups are one matrix-vector product each.
+centroid **of its own tenant**, where centroids come from a warm-up plan (:meth:`SemanticIndex.set_centroids`,
+each planned cluster belongs to the tenant the plan found it in) or are learnt online by leader clustering
+from that tenant's prompts only. Separately, a bounded index keeps one embedding per group of
+near-duplicate prompts of one tenant. Both lookups are one matrix-vector product each.
+
+NOTE: clusters are per tenant because the model's outputs (``cluster_id``, ``similarity``) reach whoever
+calls ``embedding_cache`` directly: a cluster another tenant's prompts formed would tell that caller a
+similar prompt was sent. For the same reason the id a caller sees is :func:`reported_cluster_id`, a
+keyed digest of its tenant and the cluster, not the running counter behind it (which would count every
+tenant's clusters). What tenants still share is the capacity (``max_clusters``, with a fair share per
+tenant once it is full): how many clusters others hold, never what their prompts say.
 """
 
 from __future__ import annotations
@@ -32,21 +40,29 @@ NO_CLUSTER = -1
 PLANNED_CENTROID_WEIGHT = 100.0
 #: First capacity of the entry matrix; it doubles up to max_entries.
 INITIAL_CAPACITY = 64
+#: Reported cluster ids lie in [0, REPORTED_CLUSTER_IDS) (lora_adapter's ``cluster_id`` input accepts them).
+REPORTED_CLUSTER_IDS = 1 << 20
+#: The tenant of planned centroids from a file that does not name one.
+DEFAULT_TENANT = "default"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Assignment:
     """Where one prompt embedding went.
 
-    ``similarity`` is the cosine between the vector and the centroid of ``cluster_id`` as it was before this
-    vector updated it (1.0 when the vector started a new cluster, -1.0 when ``cluster_id`` is
-    :data:`NO_CLUSTER`). It is not the similarity to the nearest indexed entry. ``admitted`` says whether the
-    vector entered the index of distinct entries (False: a near duplicate of an indexed entry).
+    ``cluster_id`` is one of the tenant's own clusters (or :data:`NO_CLUSTER`); ``similarity`` is the cosine
+    between the vector and its centroid as it was before this vector updated it (1.0 when the vector started
+    a new cluster, -1.0 with :data:`NO_CLUSTER`). It is not the similarity to the nearest indexed entry.
+    ``admitted`` says whether the vector entered the index of distinct entries (False: a near duplicate of
+    one of the tenant's indexed entries).
     """
 
     cluster_id: int
     similarity: float
     admitted: bool
+    #: The cluster's name within its tenant (what :func:`reported_cluster_id` keys): a planned cluster's
+    #: plan id, an online one's per-tenant ordinal as ``-2 - ordinal``; :data:`NO_CLUSTER` with none.
+    label: int = NO_CLUSTER
 
 
 @dataclasses.dataclass(slots=True)
@@ -65,10 +81,13 @@ class SemanticIndex:
 
     def __init__(self, dim: int = 384, *, threshold: float = 0.82, max_entries: int = 4096,
                  max_clusters: int = 256, centroids: np.ndarray | None = None, learn_online: bool = True,
-                 max_entries_per_tenant: int | None = None) -> None:
+                 max_entries_per_tenant: int | None = None, max_clusters_per_tenant: int | None = None) -> None:
         """``max_entries_per_tenant`` (default a quarter of ``max_entries``, at least 1) keeps one tenant's
         flood of distinct prompts from evicting every other tenant's entries: once the index is full, a
-        tenant at its share replaces its own least recently used entry (a lone tenant still uses it all)."""
+        tenant at its share replaces its own least recently used entry (a lone tenant still uses it all).
+        ``max_clusters_per_tenant`` (default a quarter of ``max_clusters``, at least 1) works the same way
+        for clusters: once ``max_clusters`` are in use, a tenant below its share replaces the least recently
+        used online cluster of a tenant above it, and one at its share joins its nearest own cluster."""
         if dim < 1:
             raise ValueError("dim must be >= 1")
         if not -1.0 <= threshold <= 1.0:
@@ -81,6 +100,8 @@ class SemanticIndex:
         self.max_clusters = max_clusters
         self.max_entries_per_tenant = (max(1, max_entries // 4) if max_entries_per_tenant is None
                                        else max_entries_per_tenant)
+        self.max_clusters_per_tenant = (max(1, max_clusters // 4) if max_clusters_per_tenant is None
+                                        else max_clusters_per_tenant)
         self.learn_online = learn_online
         self.stats = SemanticStats()
         self._lock = threading.Lock()
@@ -89,6 +110,11 @@ class SemanticIndex:
         self._centroids = np.zeros((max_clusters, dim), dtype=np.float32)
         self._weights = np.zeros(max_clusters, dtype=np.float64)
         self._cluster_ids = np.zeros(max_clusters, dtype=np.int64)
+        #: A 63-bit hash of the tenant each cluster belongs to, when it was last used, and whether a plan made it.
+        self._cluster_tenants = np.zeros(max_clusters, dtype=np.int64)
+        self._cluster_used = np.zeros(max_clusters, dtype=np.int64)
+        self._cluster_planned = np.zeros(max_clusters, dtype=bool)
+        self._cluster_labels = np.zeros(max_clusters, dtype=np.int64)
         self._n_clusters = 0
         self._next_cluster_id = 0
         capacity = min(max_entries, INITIAL_CAPACITY)
@@ -111,14 +137,19 @@ class SemanticIndex:
         v = self._unit(vector)
         with self._lock:
             self._tick += 1
-            cluster_id, similarity = self._assign_cluster(v)
-            admitted = self._admit(v, cluster_id, _tenant_key(tenant))
+            key = _tenant_key(tenant)
+            slot, similarity = self._assign_cluster(v, key)
+            cluster_id = int(self._cluster_ids[slot]) if slot >= 0 else NO_CLUSTER
+            label = int(self._cluster_labels[slot]) if slot >= 0 else NO_CLUSTER
+            admitted = self._admit(v, cluster_id, key)
             self.stats.assigned += 1
-            return Assignment(cluster_id, similarity, admitted)
+            return Assignment(cluster_id, similarity, admitted, label)
 
-    def set_centroids(self, centroids: np.ndarray, ids: Sequence[int] | None = None) -> None:
-        """Replace the clusters by ``centroids`` (k x dim, rows are normalised) with ``ids`` (default 0..k-1);
-        indexed entries are re-assigned to their nearest new centroid."""
+    def set_centroids(self, centroids: np.ndarray, ids: Sequence[int] | None = None,
+                      tenants: Sequence[str] | None = None) -> None:
+        """Replace the clusters by ``centroids`` (k x dim, rows are normalised) with ``ids`` (default 0..k-1),
+        each the cluster of one of ``tenants`` (default :data:`DEFAULT_TENANT`); indexed entries are
+        re-assigned to their nearest new centroid of their own tenant."""
         matrix = np.asarray(centroids, dtype=np.float32)
         if matrix.ndim != 2 or matrix.shape[1] != self.dim:
             raise ValueError(f"centroids must have shape (k, {self.dim}), not {matrix.shape}")
@@ -131,18 +162,29 @@ class SemanticIndex:
         id_array = np.arange(k, dtype=np.int64) if ids is None else np.asarray(list(ids), dtype=np.int64)
         if id_array.shape != (k,) or len(set(id_array.tolist())) != k:
             raise ValueError("ids must be k distinct integers")
+        owners = [DEFAULT_TENANT] * k if tenants is None else list(tenants)
+        if len(owners) != k:
+            raise ValueError("tenants must name one tenant per centroid")
         with self._lock:
             self._centroids[:k] = matrix / norms if k else matrix
             self._centroids[k:] = 0.0
             self._weights[:k] = PLANNED_CENTROID_WEIGHT
             self._weights[k:] = 0.0
             self._cluster_ids[:k] = id_array
+            self._cluster_tenants[:k] = [_tenant_key(t) for t in owners]
+            self._cluster_used[:k] = self._tick
+            self._cluster_planned[:k] = True
+            self._cluster_labels[:k] = id_array
+            self._cluster_planned[k:] = False
             self._n_clusters = k
             self._next_cluster_id = int(id_array.max()) + 1 if k else 0
             n = self._n_entries
             if n and k:
-                nearest = np.argmax(self._entries[:n] @ self._centroids[:k].T, axis=1)
-                self._entry_clusters[:n] = self._cluster_ids[nearest]
+                sims = self._entries[:n] @ self._centroids[:k].T
+                own = self._entry_tenants[:n, None] == self._cluster_tenants[None, :k]
+                sims = np.where(own, sims, -np.inf)
+                nearest = np.argmax(sims, axis=1)
+                self._entry_clusters[:n] = np.where(own.any(axis=1), self._cluster_ids[nearest], NO_CLUSTER)
             elif n:
                 self._entry_clusters[:n] = NO_CLUSTER
             self.stats.clusters = k
@@ -167,7 +209,8 @@ class SemanticIndex:
     def nbytes(self) -> int:
         """Bytes held by the index's arrays (at most about (max_entries + max_clusters) * dim * 4)."""
         arrays = (self._centroids, self._weights, self._cluster_ids, self._entries, self._entry_clusters,
-                  self._last_used, self._entry_tenants)
+                  self._last_used, self._entry_tenants, self._cluster_tenants, self._cluster_used,
+                  self._cluster_planned, self._cluster_labels)
         return int(sum(a.nbytes for a in arrays))
 
     def __len__(self) -> int:
@@ -186,26 +229,26 @@ class SemanticIndex:
         # for callers that pass raw vectors.
         return v if abs(norm - 1.0) < 1e-4 else v / norm
 
-    def _assign_cluster(self, v: np.ndarray) -> tuple[int, float]:
+    def _assign_cluster(self, v: np.ndarray, tenant: int) -> tuple[int, float]:
+        """The slot of the nearest of the tenant's own clusters, or of a new one of its own, and the
+        similarity; slot -1 for none (call with the lock held)."""
         k = self._n_clusters
-        if k:
-            sims = self._centroids[:k] @ v
-            best = int(np.argmax(sims))
-            similarity = float(sims[best])
+        own = np.flatnonzero(self._cluster_tenants[:k] == tenant)
+        if own.size:
+            sims = self._centroids[own] @ v
+            best = int(own[int(np.argmax(sims))])
+            similarity = float(sims.max())
         else:
             best, similarity = -1, -1.0
-        if (not k or similarity < self.threshold) and self.learn_online and k < self.max_clusters:
-            cluster_id = self._next_cluster_id
-            self._next_cluster_id += 1
-            self._centroids[k] = v
-            self._weights[k] = 1.0
-            self._cluster_ids[k] = cluster_id
-            self._n_clusters = k + 1
-            self.stats.clusters_created += 1
-            self.stats.clusters = k + 1
-            return cluster_id, 1.0
-        if not k:
-            return NO_CLUSTER, -1.0
+        if (not own.size or similarity < self.threshold) and self.learn_online and self.max_clusters:
+            slot = (k if k < self.max_clusters
+                    else self._evictable_cluster() if own.size < self.max_clusters_per_tenant else None)
+            if slot is not None:
+                self._new_cluster(slot, v, tenant, own)
+                return slot, 1.0
+        if not own.size:
+            return -1, -1.0
+        self._cluster_used[best] = self._tick
         if self.learn_online:
             self._weights[best] += 1.0
             centroid = self._centroids[best]
@@ -213,20 +256,53 @@ class SemanticIndex:
             norm = float(np.linalg.norm(centroid))
             if norm > 0.0:
                 centroid /= norm
-        return int(self._cluster_ids[best]), similarity
+        return best, similarity
+
+    def _evictable_cluster(self) -> int | None:
+        """The least recently used online cluster of a tenant above its share (planned ones stay), or None."""
+        k = self._n_clusters
+        _, inverse, counts = np.unique(self._cluster_tenants[:k], return_inverse=True, return_counts=True)
+        online = np.flatnonzero(~self._cluster_planned[:k] & (counts[inverse] > self.max_clusters_per_tenant))
+        if not online.size:
+            return None
+        slot = int(online[int(np.argmin(self._cluster_used[online]))])
+        gone = self._cluster_ids[slot]
+        n = self._n_entries
+        self._entry_clusters[:n][self._entry_clusters[:n] == gone] = NO_CLUSTER
+        return slot
+
+    def _new_cluster(self, slot: int, v: np.ndarray, tenant: int, own: np.ndarray) -> int:
+        online = own[~self._cluster_planned[own]]
+        # NOTE: the tenant's own count, so what it is shown depends on its own prompts only.
+        ordinal = int((-2 - self._cluster_labels[online]).max()) + 1 if online.size else 0
+        self._cluster_labels[slot] = -2 - ordinal
+        cluster_id = self._next_cluster_id
+        self._next_cluster_id += 1
+        self._centroids[slot] = v
+        self._weights[slot] = 1.0
+        self._cluster_ids[slot] = cluster_id
+        self._cluster_tenants[slot] = tenant
+        self._cluster_used[slot] = self._tick
+        self._cluster_planned[slot] = False
+        if slot == self._n_clusters:
+            self._n_clusters += 1
+        self.stats.clusters_created += 1
+        self.stats.clusters = self._n_clusters
+        return cluster_id
 
     def _admit(self, v: np.ndarray, cluster_id: int, tenant: int = 0) -> bool:
         n = self._n_entries
-        if n:
-            sims = self._entries[:n] @ v
-            nearest = int(np.argmax(sims))
-            if sims[nearest] >= self.threshold:
+        own = self._entry_tenants[:n] == tenant
+        if n and own.any():
+            candidates = np.flatnonzero(own)  # a near duplicate of the tenant's own entries only
+            sims = self._entries[candidates] @ v
+            nearest = int(candidates[int(np.argmax(sims))])
+            if sims.max() >= self.threshold:
                 self._last_used[nearest] = self._tick
                 self.stats.duplicates += 1
                 return False
         if self.max_entries == 0:
             return False
-        own = self._entry_tenants[:n] == tenant
         if n and n >= self.max_entries and int(np.count_nonzero(own)) >= self.max_entries_per_tenant:
             # A full index, and the tenant at its share: its own least recently used entry makes room.
             slot = int(np.flatnonzero(own)[np.argmin(self._last_used[:n][own])])
@@ -262,13 +338,25 @@ class SemanticIndex:
         self._entry_tenants = tenants
 
 
+def reported_cluster_id(key: bytes, tenant: str, label: int) -> int:
+    """The id a caller of ``tenant`` is shown for the cluster of :attr:`Assignment.label` ``label``: a keyed
+    digest in [0, :data:`REPORTED_CLUSTER_IDS`), stable for the tenant, unrelated across tenants, and
+    silent about any other tenant's clusters; :data:`NO_CLUSTER` stays."""
+    if label == NO_CLUSTER:
+        return NO_CLUSTER
+    digest = hashlib.blake2b(f"{tenant}\0{label}".encode("utf-8"), key=key[:64], digest_size=8).digest()
+    return int.from_bytes(digest, "little") % REPORTED_CLUSTER_IDS
+
+
 def _tenant_key(tenant: str) -> int:
     return int.from_bytes(hashlib.blake2b(tenant.encode("utf-8"), digest_size=8).digest(), "little") >> 1
 
 
 def write_centroids(path: Path, clusters: Iterable[Mapping[str, Any]]) -> int:
-    """Write ``[{"cluster": id, "centroid": [...]}, ...]`` atomically (removing the file when empty)."""
-    rows = [{"cluster": int(c["cluster"]), "centroid": list(c["centroid"])} for c in clusters if c.get("centroid")]
+    """Write ``[{"cluster": id, "tenant": name, "centroid": [...]}, ...]`` atomically (removing the file
+    when empty); each planned cluster belongs to the tenant whose prompts formed it."""
+    rows = [{"cluster": int(c["cluster"]), "tenant": str(c.get("tenant") or DEFAULT_TENANT),
+             "centroid": list(c["centroid"])} for c in clusters if c.get("centroid")]
     if not rows:
         Path(path).unlink(missing_ok=True)
         return 0

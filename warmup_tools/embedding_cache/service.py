@@ -18,7 +18,7 @@ from warmup_tools.caches.tiered import CacheSource
 from warmup_tools.common.records import PROBE_TENANT
 from warmup_tools.embedding_cache.embedder import OnnxEmbedder
 from warmup_tools.embedding_cache.heat import HeatEntry, HeatLogWriter, HeatSampler
-from warmup_tools.embedding_cache.semantic import SemanticIndex
+from warmup_tools.embedding_cache.semantic import DEFAULT_TENANT, NO_CLUSTER, SemanticIndex, reported_cluster_id
 
 LOGGER = logging.getLogger(__name__)
 
@@ -28,10 +28,14 @@ LOGGER = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True, slots=True)
 class EmbeddingOutcome:
     vector: np.ndarray
+    #: The cluster in this instance's index (heat statistics); callers see :attr:`reported_cluster_id`.
     cluster_id: int
+    #: Cosine to the centroid of one of the caller's own tenant's clusters (0.0 with no cluster).
     similarity: float
     #: local, shared, computed, or skipped
     source: CacheSource
+    #: What the model outputs as ``cluster_id``: a per-tenant id (:func:`reported_cluster_id`) or -1.
+    reported_cluster_id: int = NO_CLUSTER
 
 
 class EmbeddingService:
@@ -49,8 +53,11 @@ class EmbeddingService:
                  threshold: float = 0.82, max_entries: int = 4096, max_clusters: int = 256,
                  centroids_path: Path | None = None, heat_log: Path | None = None,
                  flush_interval_s: float = 10.0, clock=time.time, deferred: bool = False,
-                 deferred_queue: int = 64) -> None:
+                 deferred_queue: int = 64, cluster_key: bytes = b"") -> None:
+        """``cluster_key`` keys the cluster ids callers see (:func:`reported_cluster_id`): the deployment's
+        in trust mode, so every instance reports a planned cluster alike."""
         self.embedder = embedder
+        self.cluster_key = cluster_key
         # NOTE: the caches, the semantic index and the heat sampler each hold their own lock, so the worker
         # and the request path share them without one here.
         self.dropped = 0
@@ -113,14 +120,16 @@ class EmbeddingService:
 
     def _account(self, vector: np.ndarray, source: CacheSource, adapter: str, prompt_tokens: int, tenant: str,
                  warmup: bool) -> EmbeddingOutcome:
-        assignment = self.index.assign(vector, tenant)
+        assignment = self.index.assign(vector, tenant)  # the tenant's own clusters only
         if not warmup and tenant != PROBE_TENANT:  # health probes are not traffic
             # NOTE: hits are counted once; sampled misses stand for 1 / sample_rate requests each, so the
             # heat estimate stays unbiased while most misses skip the embedding.
             hit = source in (CacheSource.LOCAL, CacheSource.SHARED)
             weight = 1.0 if hit else 1.0 / max(self.sample_rate, 1e-9)
             self.heat.record(assignment.cluster_id, adapter, prompt_tokens=prompt_tokens, weight=weight)
-        return EmbeddingOutcome(vector, assignment.cluster_id, assignment.similarity, source)
+        similarity = assignment.similarity if assignment.cluster_id != NO_CLUSTER else 0.0
+        return EmbeddingOutcome(vector, assignment.cluster_id, similarity, source,
+                                reported_cluster_id(self.cluster_key, tenant, assignment.label))
 
     def _run(self) -> None:
         assert self._work is not None
@@ -154,7 +163,10 @@ class EmbeddingService:
             return 0
         ids = [int(c["cluster"]) for c in clusters]
         matrix = np.asarray([c["centroid"] for c in clusters], dtype=np.float32)
-        self.index.set_centroids(matrix, ids if len(set(ids)) == len(ids) else None)
+        # NOTE: a planned cluster is its tenant's (the plan found it in that tenant's prompts); a file
+        # written before centroids named their tenant gives them all to the default tenant.
+        tenants = [str(c.get("tenant") or DEFAULT_TENANT) for c in clusters]
+        self.index.set_centroids(matrix, ids if len(set(ids)) == len(ids) else None, tenants)
         return len(ids)
 
 

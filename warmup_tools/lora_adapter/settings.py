@@ -123,6 +123,10 @@ class LoraAdapterSettings:
     request_log_redact: bool
     #: Trust mode (see :mod:`warmup_tools.triton.trust`): the tenant only from a signed token.
     deployment_secret_file: Path | None
+    #: Trust mode: the hashed tenant keys a token's key version is checked against (as the file is now).
+    tenant_keys_file: Path | None
+    #: Open mode: the sidecar's per-start probe secret (``WARMUP_PROBE_SECRET``), proof of the probe tenant.
+    probe_secret: str | None
     #: False withholds ``cached_tokens`` from clients (the prompt-cache side channel; SECURITY.md).
     expose_cached_tokens: bool
     #: Operator-declared public prefixes, shared by every tenant on purpose (``public_prefixes_file``).
@@ -166,6 +170,8 @@ class LoraAdapterSettings:
             request_log_redact=params.get("request_log_redact", parse_bool, False),
             deployment_secret_file=(params.path("deployment_secret_file")
                                     if params.get("deployment_secret_file", str, "") else None),
+            tenant_keys_file=params.path("tenant_keys_file") if params.get("tenant_keys_file", str, "") else None,
+            probe_secret=params.get("probe_secret", str, "") or None,
             expose_cached_tokens=params.get("expose_cached_tokens", parse_bool, True),
             public_prefixes=(read_public_prefixes(params.path("public_prefixes_file"))
                              if params.get("public_prefixes_file", str, "") else ()),

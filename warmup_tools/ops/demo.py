@@ -77,8 +77,8 @@ def _show_sidecar(sidecar: Any, out: TextIO, timeout_s: float = 60.0) -> None:
         f"{name} {m['state']}" + (f" ({m['last_probe']['latency_ms']:.0f} ms)" if m["last_probe"] else "")
         for name, m in status["models"].items())
     out.write(f"\nsidecar /ready: {'200' if status['ready'] else '503 ' + status['reason']}; {models}; "
-              f"plan {status.get('plan_id')}, {sum(m['recoveries'] for m in status['models'].values())} recoveries\n")
+              f"{sum(m['recoveries'] for m in status['models'].values())} recoveries\n")
     for instance, entry in dict(status.get("coverage", {}).get("instances") or {}).items():
         coverage = ", ".join(f"{name} {c['resident']}/{c['planned']}" for name, c in entry["adapters"].items())
-        out.write(f"  warm coverage on {instance} (plan {entry['plan_id']}, {entry['source']}): {coverage or '-'}\n")
+        out.write(f"  warm coverage on {instance} ({entry['source']}): {coverage or '-'}\n")
     out.flush()

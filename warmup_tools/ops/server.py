@@ -17,6 +17,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import dataclasses
+import hashlib
+import hmac
 import logging
 import os
 import secrets
@@ -126,6 +128,11 @@ class RepositoryKey:
 
     def http_headers(self) -> dict[str, str]:
         return {self.header: self.value}
+
+    def probe_secret(self) -> str:
+        """The per-run secret the sidecar proves its probe tenant with in open mode (derived from the key;
+        the server hands it to its models as ``WARMUP_PROBE_SECRET``, see :mod:`warmup_tools.triton.trust`)."""
+        return hmac.new(self.value.encode("utf-8"), b"warmup-probe-secret", hashlib.sha256).hexdigest()
 
     def __repr__(self) -> str:  # never log the secret
         return f"RepositoryKey(header={self.header!r}, value=<hidden>)"
@@ -382,6 +389,8 @@ class TritonServer:
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        if self.repository_key is not None:
+            env["WARMUP_PROBE_SECRET"] = self.repository_key.probe_secret()
         env.update(self._env_overrides)
         return env
 

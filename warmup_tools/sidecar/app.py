@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.ops.server import RepositoryKey
@@ -42,7 +42,7 @@ class Sidecar:
         if unknown:
             raise ConfigError(f"no probe for model(s) {', '.join(unknown)}; known: {', '.join(PROBED_MODELS)}")
         self.config = config
-        self._probes = TritonProbes(grpc_url, config.probe_timeout_s, **_probe_credentials(os.environ))
+        self._probes = TritonProbes(grpc_url, config.probe_timeout_s, **_probe_credentials(os.environ, key))
         self._repository = RepositoryClient(http_url, key, config.recovery_timeout_s)
         coverage = (CoverageReader(Path(control_dir), config.coverage_threshold, config.coverage_stale_s, time.time)
                     if control_dir is not None and config.coverage_threshold > 0 else None)
@@ -90,23 +90,33 @@ class Sidecar:
         self.stop()
 
 
-def _probe_credentials(environ: Mapping[str, str]) -> dict[str, str | None]:
-    """Trust mode: the probe tenant's key (``WARMUP_PROBE_TENANT_KEY`` or the file
-    ``WARMUP_PROBE_TENANT_KEY_FILE`` names, made with ``warmup_tools tenant-key
-    warmup-sidecar-probe``) and a token signed with the deployment secret the models read
-    (``WARMUP_DEPLOYMENT_SECRET_FILE``); none in open mode."""
-    secret = environ.get("WARMUP_DEPLOYMENT_SECRET_FILE")
-    if not secret:
-        return {}
-    from warmup_tools.common.records import PROBE_TENANT
-    from warmup_tools.triton.trust import TenantTrust
+def _probe_credentials(environ: Mapping[str, str], key: RepositoryKey | None = None,
+                       clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    """What proves the probe tenant, and a maker of fresh tokens for the later steps (tokens expire).
 
-    key = environ.get("WARMUP_PROBE_TENANT_KEY") or None
-    if key is None and environ.get("WARMUP_PROBE_TENANT_KEY_FILE"):
+    Trust mode: the probe tenant's key (``WARMUP_PROBE_TENANT_KEY`` or the file
+    ``WARMUP_PROBE_TENANT_KEY_FILE`` names, made with ``warmup_tools tenant-key
+    warmup-sidecar-probe``) and tokens signed with the deployment secret the models read
+    (``WARMUP_DEPLOYMENT_SECRET_FILE``). Open mode: the per-start probe secret of ``key``, which the
+    server it belongs to hands its models (``WARMUP_PROBE_SECRET``); none without a key."""
+    from warmup_tools.common.records import PROBE_TENANT
+    from warmup_tools.triton.trust import probe_secret_token, probe_token, read_secret
+
+    secret_file = environ.get("WARMUP_DEPLOYMENT_SECRET_FILE")
+    if not secret_file:
+        if key is None:
+            return {}
+        probe_secret = key.probe_secret()
+        return {"tenant_key": probe_secret, "tenant_token": lambda: probe_secret_token(probe_secret, now=clock())}
+    tenant_key = environ.get("WARMUP_PROBE_TENANT_KEY") or None
+    if tenant_key is None and environ.get("WARMUP_PROBE_TENANT_KEY_FILE"):
         # NOTE: a file (a mounted Secret, the compose secrets volume) keeps the key out of the environment.
         try:
-            key = Path(environ["WARMUP_PROBE_TENANT_KEY_FILE"]).read_text(encoding="utf-8").strip() or None
+            tenant_key = Path(environ["WARMUP_PROBE_TENANT_KEY_FILE"]).read_text(encoding="utf-8").strip() or None
         except OSError as exc:
             raise ConfigError(f"WARMUP_PROBE_TENANT_KEY_FILE is not readable ({exc.strerror})") from None
-    return {"tenant_key": key,
-            "tenant_token": TenantTrust.from_files(Path(secret)).token(PROBE_TENANT)}
+    if tenant_key is None:
+        return {}  # NOTE: the probes are refused, and /ready says so
+    secret = read_secret(Path(secret_file))
+    return {"tenant_key": tenant_key,
+            "tenant_token": lambda: probe_token(secret, PROBE_TENANT, tenant_key, now=clock())}

@@ -61,9 +61,9 @@ def evaluate(statuses: Mapping[str, PlanStatus], *, threshold: float, now: float
         fresh += 1
         if status.state == "warming":
             if name not in covered:
-                reasons.append(f"{name}: warming plan {status.plan_id}")
+                reasons.append(f"{name}: warming its plan")
             continue
-        short = [f"{name}/{adapter}: warm coverage {cov.coverage:.1%} of plan {status.plan_id} "
+        short = [f"{name}/{adapter}: warm coverage {cov.coverage:.1%} of its plan "
                  f"({cov.resident}/{cov.planned} blocks) is below {threshold:.0%}"
                  + (f"; {cov.shortfall}" if cov.shortfall else "")
                  for adapter, cov in sorted(status.adapters.items()) if cov.live and cov.coverage < threshold]

@@ -5,10 +5,13 @@
   above the coverage threshold on every instance; otherwise 503 with ``{"ready": false, "reason": ...}``.
 - ``/live`` (livenessProbe): 200 while this process serves HTTP; it says nothing about Triton, so a
   Triton outage makes the pod unready, never restarts the sidecar.
-- ``/status``: per model state, last probe result and latency, last recovery, the warm-up plan id, and
-  warm coverage per lora_adapter instance and adapter (plan id, planned and resident blocks, shortfall).
+- ``/status``: per model state, last probe result and latency, last recovery, and warm coverage per
+  lora_adapter instance and adapter (source, planned and resident blocks, shortfall).
 - ``/metrics``: the same as Prometheus text (ready, per model health, probe latency, recoveries), for the
   dashboard beside Triton's own ``/metrics``.
+
+Neither names a plan id (:func:`public_status`): the endpoints answer anyone who reaches the port, and a
+plan id is what a warm-up sample carries. The sidecar's log and the control folder keep them.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import logging
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
+from typing import Any
 
 from warmup_tools.sidecar.http_server import BoundedHTTPServer
 from warmup_tools.sidecar.monitor import Monitor
@@ -73,9 +77,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/live":
             self._json(HTTPStatus.OK, {"live": True})
         elif path == "/status":
-            self._json(HTTPStatus.OK, self.monitor.snapshot())
+            self._json(HTTPStatus.OK, public_status(self.monitor.snapshot()))
         elif path == "/metrics":
-            data = prometheus_text(self.monitor.snapshot()).encode()
+            data = prometheus_text(public_status(self.monitor.snapshot())).encode()
             self.send_response(HTTPStatus.OK)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(data)))
@@ -97,6 +101,19 @@ class _Handler(BaseHTTPRequestHandler):
         LOGGER.debug("%s %s", self.address_string(), format % args)
 
 
+#: Keys of the monitor's snapshot that never leave the sidecar: plan ids (and a re-plan's previous one).
+PRIVATE_KEYS = frozenset({"plan_id", "previous"})
+
+
+def public_status(status: object) -> Any:
+    """The monitor's snapshot without :data:`PRIVATE_KEYS`, at any depth."""
+    if isinstance(status, dict):
+        return {key: public_status(value) for key, value in status.items() if key not in PRIVATE_KEYS}
+    if isinstance(status, list):
+        return [public_status(value) for value in status]
+    return status
+
+
 def prometheus_text(status: dict[str, object]) -> str:
     """``/status`` as Prometheus exposition text (prometheus-client's own renderer, a private registry)."""
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
@@ -113,7 +130,7 @@ def prometheus_text(status: dict[str, object]) -> str:
                    registry=registry)
     coverage = Gauge("warmup_sidecar_warm_coverage",
                      "Share of the planned hot set resident, per lora_adapter instance and adapter",
-                     ["instance", "adapter", "plan_id"], registry=registry)
+                     ["instance", "adapter"], registry=registry)
     short = Gauge("warmup_sidecar_warm_coverage_shortfall",
                   "1 when the instance says the planned hot set cannot be resident (budget), per adapter",
                   ["instance", "adapter"], registry=registry)
@@ -121,7 +138,7 @@ def prometheus_text(status: dict[str, object]) -> str:
         if entry.get("stale"):
             continue
         for adapter, cov in entry["adapters"].items():
-            coverage.labels(instance, adapter, entry.get("plan_id") or "").set(cov["coverage"])
+            coverage.labels(instance, adapter).set(cov["coverage"])
             short.labels(instance, adapter).set(1 if cov["shortfall"] else 0)
     for model, health in dict(status.get("models") or {}).items():
         healthy.labels(model).set(1 if health.get("state") == "healthy" else 0)

@@ -2,8 +2,10 @@
 
 A probe is what a client would see: the model's own readiness endpoint says nothing about a dead stub
 (see :mod:`warmup_tools.sidecar.health`), so every model gets a request it must answer. Probes carry their
-own tenant (``PROBE_TENANT``: their cache entries never mix with a real tenant's, the request log skips
-them), and ask for one token; their prompts are shorter than a KV block, so they cache no KV.
+own tenant (``PROBE_TENANT``: their cache entries never mix with a real tenant's, the request log and the
+heat statistics skip them), proven with a credential only the sidecar holds (its probe tenant's key in
+trust mode, the per-start probe secret in open mode) and a fresh token per probe for the later steps, and
+ask for one token; their prompts are shorter than a KV block, so they cache no KV.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import dataclasses
 import queue
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 import numpy as np
 
@@ -21,6 +23,8 @@ from warmup_tools.sidecar.health import ProbeResult
 
 #: A probe of one model: returns a :class:`ProbeResult`, never raises for a failed request.
 ProbeFn = Callable[[str], ProbeResult]
+#: The token a probe of a later step carries: a fixed one, or a function that makes a fresh one (tokens expire).
+TokenSource = Union[str, Callable[[], str], None]
 
 # The demo tokenizer's ids are small integers; any few ids the LM's vocabulary holds will do.
 _PROBE_IDS = np.array([1, 2, 3, 4], dtype=np.int32)
@@ -37,15 +41,16 @@ class TritonProbes:
     """Probes of the demo repository's models over one gRPC connection (used from one thread)."""
 
     def __init__(self, grpc_url: str, timeout_s: float = 5.0, tenant: str = PROBE_TENANT, *,
-                 tenant_key: str | None = None, tenant_token: str | None = None) -> None:
-        """In trust mode (SECURITY.md) the probe tenant needs its key for ``tokenizer_cache`` and
-        ``ensemble``, and a signed token for the later steps, which the sidecar makes from the secret."""
+                 tenant_key: str | None = None, tenant_token: TokenSource = None) -> None:
+        """The probe tenant needs its key for ``tokenizer_cache`` and ``ensemble``, and a signed token for
+        the later steps, which the sidecar makes itself (SECURITY.md); ``tenant_token`` may make a fresh
+        one for each probe."""
         import tritonclient.grpc as grpcclient
 
         self.timeout_s = timeout_s
         self._grpc = grpcclient
         self._client = grpcclient.InferenceServerClient(grpc_url)
-        self._requests = _probe_requests(tenant.encode(), tenant_key, tenant_token)
+        self._tenant, self._tenant_key, self._tenant_token = tenant.encode(), tenant_key, tenant_token
 
     def server_ready(self) -> tuple[bool, str]:
         """``(ready, reason)`` from Triton's own readiness endpoint."""
@@ -61,7 +66,8 @@ class TritonProbes:
         """Send ``model`` its probe request and wait for its (final) response, at most ``timeout_s``."""
         from tritonclient.utils import InferenceServerException
 
-        request = self._requests[model]
+        token = self._tenant_token() if callable(self._tenant_token) else self._tenant_token
+        request = _probe_requests(self._tenant, self._tenant_key, token)[model]
         start = time.perf_counter()
         at = time.time()
         try:

@@ -3,6 +3,8 @@
 All logic lives in ``warmup_tools.embedding_cache.service``; this file only adapts Triton's request objects.
 """
 
+import secrets
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +28,7 @@ INPUTS = ("text_input", "warmup_plan", "tenant_id", "tenant_token", "adapter_id"
 class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
+        self.trust = TenantTrust.from_parameters(params)
         embedder = OnnxEmbedder(
             params.path("embedder_path"),
             cache_bytes=params.get("cache_bytes", int, 64 << 20),
@@ -43,12 +46,12 @@ class TritonPythonModel:
             centroids_path=Path(args["model_repository"]) / CENTROIDS_FILE,
             heat_log=params.path("heat_log_dir") / f"heat-{instance}.jsonl" if heat_dir else None,
             deferred=params.get("deferred_misses", parse_bool, True),
+            cluster_key=self.trust.derived_key(b"cluster-id") or secrets.token_bytes(32),
         )
-        self.trust = TenantTrust.from_parameters(params)
         params.check_unknown()
         self.metrics = CacheMetrics(pb_utils, "embedding_cache", instance)
         self.heat_metrics = HeatMetrics(pb_utils, instance)
-        self.own_samples = OwnWarmupSamples.from_args(args)  # only they may carry warmup_plan
+        self.own_samples = OwnWarmupSamples.from_args(args)  # only they, while loading, may carry warmup_plan
         pb_utils.Logger.log_info(f"embedding_cache: ONNX Runtime providers {embedder.providers}")
 
     def execute(self, requests):
@@ -59,14 +62,15 @@ class TritonPythonModel:
                 own_sample = self.own_samples.check(inputs)
                 outcome = self.service.handle(
                     parse_text(inputs),
-                    tenant=self.trust.tenant_of(inputs, own_sample),
+                    tenant=self.trust.tenant_of(inputs, own_sample, now=time.time()),
                     adapter=parse_identity(inputs, "adapter_id", ""),
                     prompt_tokens=parse_count(inputs, "prompt_tokens", 0, MAX_PROMPT_TOKENS),
                     warmup=own_sample,
                 )
                 responses.append(pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor("embedding", outcome.vector),
-                    pb_utils.Tensor("cluster_id", np.array([outcome.cluster_id], dtype=np.int32)),
+                    # Only the caller's own tenant's clusters, under ids of its own (embedding_cache.semantic).
+                    pb_utils.Tensor("cluster_id", np.array([outcome.reported_cluster_id], dtype=np.int32)),
                     pb_utils.Tensor("similarity", np.array([outcome.similarity], dtype=np.float32)),
                 ]))
                 self.metrics.record(outcome.source, self.service.embedder.local.stats)

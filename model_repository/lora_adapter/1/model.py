@@ -6,6 +6,8 @@ instance's scheduler and returns at once; its responses go out through the reque
 from the scheduler's thread.
 """
 
+import time
+
 import triton_python_backend_utils as pb_utils
 
 from warmup_tools.triton.inputs import parse_optional_text
@@ -30,13 +32,14 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 class TritonPythonModel:
     def initialize(self, args):
         settings = LoraAdapterSettings.from_parameters(model_parameters(args))
-        self.trust = TenantTrust.from_files(settings.deployment_secret_file, model="lora_adapter")
+        self.trust = TenantTrust.from_files(settings.deployment_secret_file, settings.tenant_keys_file,
+                                            model="lora_adapter", probe_secret=settings.probe_secret)
         engine = LoraEngine(EngineConfig(
             base_model=settings.base_model, adapter_root=settings.adapter_root, adapters=settings.adapters,
             device=settings.device, dtype=settings.dtype, num_threads=settings.num_threads, kv=settings.kv,
             cache_salt=self.trust.cache_salt(), public_prefixes=settings.public_prefixes))
         self.instance = args["model_instance_name"]
-        self.own_samples = OwnWarmupSamples.from_args(args)  # only they may carry warmup_plan
+        self.own_samples = OwnWarmupSamples.from_args(args)  # only they, while loading, may carry warmup_plan
         self.limits = RequestLimits(max_tokens_limit=settings.max_tokens_limit,
                                     default_max_tokens=settings.default_max_tokens, vocab_size=engine.vocab_size)
         self.redact = settings.request_log_redact
@@ -83,7 +86,7 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 inputs = collect_inputs(pb_utils, request, INPUTS)
-                tenant = self.trust.tenant_of(inputs, self.own_samples.check(inputs))
+                tenant = self.trust.tenant_of(inputs, self.own_samples.check(inputs), now=time.time())
                 req = parse_generate_request(inputs, self.limits, tenant=tenant)
                 prompt = (prompt_for_log(self.tokenizer, parse_optional_text(inputs), req.prompt_ids)
                           if self.request_log is not None else None)

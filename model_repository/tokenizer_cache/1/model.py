@@ -3,6 +3,8 @@
 All logic lives in ``warmup_tools.tokenizer_cache.service``; this file only adapts Triton's request objects.
 """
 
+import time
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -26,26 +28,25 @@ class TritonPythonModel:
             cache_bytes=params.get("cache_bytes", int, 64 << 20),
             shared=redis_tier_from_params(params),
         )
-        self.trust = TenantTrust.from_parameters(params, keys=True)
+        self.trust = TenantTrust.from_parameters(params)
         params.check_unknown()
         self.metrics = CacheMetrics(pb_utils, "tokenizer_cache", args["model_instance_name"])
-        self.own_samples = OwnWarmupSamples.from_args(args)  # only they may carry warmup_plan
+        self.own_samples = OwnWarmupSamples.from_args(args)  # only they, while loading, may carry warmup_plan
 
     def execute(self, requests):
         responses = []
         for request in requests:
             try:
                 inputs = collect_inputs(pb_utils, request, INPUTS)
-                # warmup_plan marks a template (own samples only); in trust mode a warm-up sample needs no
-                # tenant key (and gets no signed token), which only then needs the sample check without it.
-                template = self.own_samples.check(inputs)
-                own_sample = template or (self.trust.trusted and self.own_samples.is_sample(inputs))
+                # An own warm-up sample (at load only) needs no tenant key and gets no signed token; one that
+                # carries warmup_plan marks a template.
+                own_sample = self.own_samples.check(inputs)
                 tenant = self.trust.first_step_tenant(inputs, own_sample)
                 text = parse_text(inputs)
-                if template:
+                if own_sample and inputs.get("warmup_plan") is not None:
                     self.service.register_template(text)
                 ids, source = self.service.encode(text, tenant)
-                token = self.trust.token(tenant, verified=not own_sample)
+                token = self.trust.token(tenant, now=time.time(), verified=not own_sample)
                 responses.append(pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor("input_ids", ids),
                     pb_utils.Tensor("input_length", np.array([ids.size], dtype=np.int32)),

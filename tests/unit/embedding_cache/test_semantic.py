@@ -85,7 +85,8 @@ def test_planned_centroids_are_not_dragged_by_one_prompt():
 
 def test_memory_stays_bounded_under_20000_random_vectors():
     index = SemanticIndex(384, threshold=0.82, max_entries=1000, max_clusters=64)
-    bound = (1000 + 64) * 384 * 4 + (1000 + 64) * 3 * 8
+    # vectors; per entry its cluster, tenant and last use; per cluster weight, id, tenant, last use, label, planned
+    bound = (1000 + 64) * 384 * 4 + 1000 * 3 * 8 + 64 * (5 * 8 + 1)
     vectors = random_units(20_000, dim=384, seed=10)
     for i, v in enumerate(vectors):
         index.assign(v)
@@ -151,3 +152,56 @@ def test_one_tenant_s_flood_cannot_evict_every_other_tenant_s_entries():
     unit = [v / np.linalg.norm(v) for v in quiet]
     kept = sum(any(np.allclose(e, u, atol=1e-5) for e in entries) for u in unit)
     assert kept == 5  # the flood replaced its own entries (10 at most), never the quiet tenant's
+
+
+# ------------------------------------------------------------------------------- tenants share nothing
+def _b_after(a_vectors, b_vector, **options):
+    """What tenant B's prompt is assigned after tenant A sent ``a_vectors`` (and one of B's own before)."""
+    index = SemanticIndex(DIM, threshold=0.8, **options)
+    a_clusters = {index.assign(v, tenant="acme").cluster_id for v in a_vectors}
+    result = index.assign(b_vector, tenant="globex")
+    return result, a_clusters
+
+
+@pytest.mark.parametrize("options", [{}, {"max_clusters": 2}])
+def test_tenant_b_s_prompt_similar_to_tenant_a_s_gets_no_signal_of_a(options):
+    rng = np.random.default_rng(3)
+    a = random_units(2, seed=4)
+    b = near(a[0], rng, 0.05)  # B's prompt: a near copy of one of A's
+    assert float(a[0] @ b) > 0.9
+    with_a, a_clusters = _b_after(a, b, **options)
+    without_a, _ = _b_after([], b, **options)
+    # The same similarity and the same kind of answer whether A exists or not, and never A's cluster.
+    assert with_a.similarity == without_a.similarity == 1.0
+    assert with_a.cluster_id not in a_clusters | {NO_CLUSTER}
+    assert (with_a.admitted, with_a.label) == (without_a.admitted, without_a.label) == (True, -2)
+
+
+def test_planned_centroids_belong_to_their_tenant():
+    centroids = random_units(2, seed=5)
+    index = SemanticIndex(DIM, threshold=0.8, learn_online=False)
+    index.set_centroids(centroids, ids=[7, 9], tenants=["acme", "globex"])
+    assert index.assign(centroids[0], tenant="acme").cluster_id == 7
+    assert index.assign(centroids[0], tenant="globex").cluster_id == 9  # its own, though A's is nearer
+    assert index.assign(centroids[0], tenant="initech").cluster_id == NO_CLUSTER  # none of its own
+
+
+def test_a_full_cluster_table_gives_a_tenant_below_its_share_a_slot_of_one_above_it():
+    index = SemanticIndex(DIM, threshold=0.99, max_clusters=4, max_clusters_per_tenant=1)
+    vectors = random_units(6, seed=6)
+    flood = [index.assign(v, tenant="flood").cluster_id for v in vectors[:4]]
+    assert len(set(flood)) == 4  # alone, it uses the whole table
+    quiet = index.assign(vectors[4], tenant="quiet")
+    assert quiet.similarity == 1.0 and quiet.cluster_id not in flood
+    assert index.assign(vectors[5], tenant="quiet").cluster_id == quiet.cluster_id  # at its share: its own
+
+
+def test_the_cluster_id_a_caller_sees_is_per_tenant_and_keyed():
+    from warmup_tools.embedding_cache.semantic import REPORTED_CLUSTER_IDS, reported_cluster_id
+
+    key = b"k" * 32
+    ids = {reported_cluster_id(key, tenant, n) for tenant in ("acme", "globex") for n in range(50)}
+    assert len(ids) == 100 and all(0 <= i < REPORTED_CLUSTER_IDS for i in ids)
+    assert reported_cluster_id(key, "acme", 3) == reported_cluster_id(key, "acme", 3)  # stable
+    assert reported_cluster_id(key, "acme", 3) != reported_cluster_id(b"x" * 32, "acme", 3)  # keyed
+    assert reported_cluster_id(key, "acme", NO_CLUSTER) == NO_CLUSTER

@@ -74,3 +74,21 @@ def test_a_full_deferred_queue_drops_and_counts_instead_of_blocking(demo_assets)
     service.close()  # the worker is gone: nothing drains the queue
     assert service.handle("first miss").source == "deferred"
     assert service.handle("second miss").source == "skipped" and service.dropped == 1
+
+
+def test_a_direct_caller_gets_no_signal_of_another_tenant_s_similar_prompt(demo_assets):
+    """What embedding_cache outputs (cluster_id, similarity) for tenant B's prompt is the same whether
+    tenant A sent a similar one before or not."""
+    embedder = OnnxEmbedder(demo_assets.embedder_dir)
+
+    def b_sees(a_prompts):
+        service = EmbeddingService(embedder, sample_rate=1.0, cluster_key=b"k" * 32)
+        a = [service.handle(p, tenant="acme") for p in a_prompts]
+        return service.handle("I want a refund for my last invoice, please", tenant="globex"), a
+
+    with_a, a_outcomes = b_sees(["How do I get a refund for my invoice?", "Refund my invoice"])
+    without_a, _ = b_sees([])
+    assert with_a.similarity == without_a.similarity == 1.0
+    assert with_a.cluster_id not in {a.cluster_id for a in a_outcomes}  # never joins A's cluster
+    assert with_a.reported_cluster_id == without_a.reported_cluster_id  # the model's output: the same id
+    assert with_a.reported_cluster_id not in {a.reported_cluster_id for a in a_outcomes}

@@ -29,7 +29,7 @@ def test_coverage_needs_every_live_adapter_above_the_threshold_on_every_fresh_in
     low = status(support=(20, 16, True, BUDGET), legal=(10, 0, False))  # legal is not live: not counted
     verdict = evaluate({"a": full, "b": low}, threshold=0.95, now=101, stale_s=30)
     assert not verdict.ready
-    assert verdict.reason == f"b/support: warm coverage 80.0% of plan p1 (16/20 blocks) is below 95%; {BUDGET}"
+    assert verdict.reason == f"b/support: warm coverage 80.0% of its plan (16/20 blocks) is below 95%; {BUDGET}"
     assert evaluate({"b": low}, threshold=0.8, now=101, stale_s=30).ready
 
     assert not evaluate({}, threshold=0.95, now=101, stale_s=30).ready
@@ -74,7 +74,7 @@ def test_ready_follows_coverage_and_status_and_metrics_show_it(tmp_path, caplog)
     entry = snapshot["coverage"]["instances"]["lora_adapter_0_0"]
     assert entry["plan_id"] == "p1" and entry["adapters"]["support"]["coverage"] == 0.8
     text = prometheus_text(snapshot)
-    assert 'warmup_sidecar_warm_coverage{adapter="support",instance="lora_adapter_0_0",plan_id="p1"} 0.8' in text
+    assert 'warmup_sidecar_warm_coverage{adapter="support",instance="lora_adapter_0_0"} 0.8' in text
     assert 'warmup_sidecar_warm_coverage_shortfall{adapter="support",instance="lora_adapter_0_0"} 1.0' in text
 
     coverage.board.report(status(support=(20, 20)))

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
+import pytest
+
 from warmup_tools.sidecar.health import (
     HealthTracker,
     ModelState,
@@ -162,23 +167,52 @@ def test_a_model_that_never_passes_after_its_reloads_is_reloaded_ever_more_slowl
     assert tracker.to_recover(now=start) == ["lora_adapter"]
 
 
-def test_in_trust_mode_probes_carry_the_probe_tenant_s_key_and_a_signed_token(tmp_path):
+def test_in_trust_mode_probes_carry_the_probe_tenant_s_key_and_a_fresh_signed_token(tmp_path):
     from warmup_tools.common.records import PROBE_TENANT
     from warmup_tools.sidecar.app import _probe_credentials
     from warmup_tools.sidecar.probes import _probe_requests
-    from warmup_tools.triton.trust import TenantTrust, add_tenant_key
+    from warmup_tools.triton.trust import TenantAuthError, TenantTrust, add_tenant_key
 
     assert _probe_credentials({}) == {}
-    secret = tmp_path / "secret"
-    key = add_tenant_key(tmp_path / "keys.json", secret, PROBE_TENANT)
-    creds = _probe_credentials({"WARMUP_DEPLOYMENT_SECRET_FILE": str(secret), "WARMUP_PROBE_TENANT_KEY": key})
-    trust = TenantTrust.from_files(secret, tmp_path / "keys.json", keys=True)
+    secret, keys = tmp_path / "secret", tmp_path / "keys.json"
+    key = add_tenant_key(keys, secret, PROBE_TENANT)
+    now = [1_800_000_000.0]
+    creds = _probe_credentials({"WARMUP_DEPLOYMENT_SECRET_FILE": str(secret), "WARMUP_PROBE_TENANT_KEY": key},
+                               clock=lambda: now[0])
+    trust = TenantTrust.from_files(secret, keys, model="lora_adapter")
     trust.verify_key(PROBE_TENANT, creds["tenant_key"])
-    requests = _probe_requests(PROBE_TENANT.encode(), **creds)
+    requests = _probe_requests(PROBE_TENANT.encode(), creds["tenant_key"], creds["tenant_token"]())
     names = {model: {name for name, _, _ in r.inputs} for model, r in requests.items()}
     assert "tenant_key" in names["tokenizer_cache"] and "tenant_key" in names["ensemble"]
     lora_token = next(a for n, a, _ in requests["lora_adapter"].inputs if n == "tenant_token")
-    assert trust.tenant_of({"tenant_token": lora_token}, own_sample=False) == PROBE_TENANT
+    assert trust.tenant_of({"tenant_token": lora_token}, own_sample=False, now=now[0]) == PROBE_TENANT
+    # Tokens expire: the sidecar makes a new one for every probe, so a probe an hour later still passes.
+    now[0] += 3600
+    with pytest.raises(TenantAuthError):
+        trust.tenant_of({"tenant_token": lora_token}, own_sample=False, now=now[0])
+    fresh = np.array([creds["tenant_token"]().encode()], dtype=object)
+    assert trust.tenant_of({"tenant_token": fresh}, own_sample=False, now=now[0]) == PROBE_TENANT
+
+
+def test_in_open_mode_probes_prove_the_probe_tenant_with_the_per_start_secret(tmp_path):
+    from warmup_tools.common.records import PROBE_TENANT
+    from warmup_tools.ops.server import RepositoryKey, TritonDistribution, TritonServer
+    from warmup_tools.sidecar.app import _probe_credentials
+    from warmup_tools.triton.trust import TenantTrust
+
+    key = RepositoryKey.generate()
+    creds = _probe_credentials({}, key, clock=lambda: 1_800_000_000.0)
+    # The server started with this key hands its models the same secret (WARMUP_PROBE_SECRET).
+    server = TritonServer(tmp_path, repository_key=key, work_dir=tmp_path / "w")
+    probe_secret = server.environment(TritonDistribution(Path("/bin/tritonserver"), Path("/b")))["WARMUP_PROBE_SECRET"]
+    assert probe_secret == creds["tenant_key"] == key.probe_secret() != RepositoryKey.generate().probe_secret()
+    first = TenantTrust.from_files(None, probe_secret=probe_secret)
+    later = TenantTrust.from_files(None, model="embedding_cache", probe_secret=probe_secret)
+    claim = {"tenant_id": np.array([PROBE_TENANT.encode()], dtype=object)}
+    assert first.first_step_tenant({**claim, "tenant_key": np.array([creds["tenant_key"].encode()], dtype=object)},
+                                   own_sample=False) == PROBE_TENANT
+    token = np.array([creds["tenant_token"]().encode()], dtype=object)
+    assert later.tenant_of({**claim, "tenant_token": token}, own_sample=False, now=1_800_000_000.0) == PROBE_TENANT
 
 
 def test_the_status_is_also_prometheus_text():

@@ -114,6 +114,31 @@ def test_endpoints_answer_from_the_last_round():
         server.stop()
 
 
+def test_no_public_endpoint_names_a_plan_id():
+    """A plan id is what a warm-up sample carries: /status, /metrics and /ready never show one (the
+    monitor keeps it, and its log names it)."""
+    from warmup_tools.sidecar.coverage import evaluate
+
+    monitor = monitor_for(FakeTriton())
+    monitor.sections["coverage_example"] = lambda: evaluate({}, threshold=0.9, now=0, stale_s=30).status
+    monitor.sections["replan"] = lambda: {"last": {"plan_id": "live-0002", "previous": "default-0001"}}
+    server = SidecarHttpServer(monitor, port=0)
+    server.start()
+    try:
+        monitor.run_once()
+        assert monitor.snapshot()["plan_id"] == "default-0001"  # kept inside the sidecar
+        bodies = [json.dumps(get(server.url + path)[1]) for path in ("/status", "/ready")]
+        with urllib.request.urlopen(server.url + "/metrics", timeout=10) as response:
+            bodies.append(response.read().decode())
+        for body in bodies:
+            assert "default-0001" not in body and "live-0002" not in body and "plan_id" not in body
+        from warmup_tools.sidecar.endpoints import public_status
+
+        assert public_status({"a": [{"plan_id": "x", "b": 1}], "plan_id": "y"}) == {"a": [{"b": 1}]}
+    finally:
+        server.stop()
+
+
 def test_config_is_validated():
     with pytest.raises(ConfigError, match="probe_interval_s"):
         SidecarConfig(probe_interval_s=0)

@@ -1,4 +1,4 @@
-"""Only a model's own warm-up samples may carry the warmup_plan control input."""
+"""Only a model's own warm-up samples, run while it loads, may carry the warmup_plan control input."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from warmup_tools.triton.warmup import ControlInputError, OwnWarmupSamples
 CONFIG = 'name: "lora_adapter"\nbackend: "python"\nmax_batch_size: 0\n'
 
 
-def _model(tmp_path, samples):
+def _model(tmp_path, samples, edit=lambda text: text):
     model = tmp_path / "lora_adapter"
     model.mkdir()
     (model / "config.pbtxt").write_text(CONFIG)
     write_model_warmup(model, samples)
+    (model / "config.pbtxt").write_text(edit((model / "config.pbtxt").read_text()))
     # The config as Triton hands it to initialize(): the protobuf as JSON.
     config = text_format.Parse((model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     return OwnWarmupSamples.from_model_config(json_format.MessageToDict(config, preserving_proto_field_name=True),
@@ -44,6 +45,8 @@ def test_the_model_s_own_sample_may_carry_warmup_plan(tmp_path):
                       warmup_plan=np.array([b"p1"], dtype=object))
     assert own.check(request) is True
     assert own.check({**request, "warmup_plan": None}) is False  # a live request: nothing to check
+    with pytest.raises(ControlInputError):  # its one run is over: the model is READY, the sample a replay
+        own.check(request)
 
 
 @pytest.mark.parametrize("change", [
@@ -58,7 +61,8 @@ def test_a_client_request_with_warmup_plan_is_refused(tmp_path, change):
     request = _inputs(input_ids=np.arange(5, 37, dtype=np.int32), adapter_id=np.array([b"legal"], dtype=object),
                       tenant_id=np.array([b"acme"], dtype=object), max_tokens=np.array([1], dtype=np.int32),
                       warmup_plan=np.array([b"p1"], dtype=object))
-    with pytest.raises(ControlInputError, match="'warmup_plan' is a control input: only this model's own"):
+    with pytest.raises(ControlInputError, match="'warmup_plan' is a control input: only this model's own warm-up "
+                                                "samples, while it loads, may carry it"):
         own.check({**request, **change})
 
 
@@ -80,3 +84,40 @@ def test_the_plan_of_the_model_s_own_samples_is_read_back_for_snapshot_restore(t
     assert sample_plan_ids(data, model) == {"p1"}
     assert own_plan_id({"model_config": json.dumps(data), "model_repository": str(model)}) == "p1"
     assert own_plan_id({"model_config": json.dumps({"name": "x"}), "model_repository": str(model)}) is None
+
+
+def _request():
+    return _inputs(input_ids=np.arange(5, 37, dtype=np.int32), adapter_id=np.array([b"legal"], dtype=object),
+                   tenant_id=np.array([b"acme"], dtype=object), max_tokens=np.array([1], dtype=np.int32),
+                   warmup_plan=np.array([b"p1"], dtype=object))
+
+
+@pytest.mark.parametrize(("count", "batch_size", "runs"), [(3, 1, 3), (0, 1, 1), (2, 2, 4), (5, 0, 0)])
+def test_a_sample_is_honoured_exactly_as_often_as_triton_runs_it_at_load(tmp_path, count, batch_size, runs):
+    """Triton runs each sample max(count, 1) times, batch_size requests each time, and skips batch_size 0."""
+    own = _model(tmp_path, [SAMPLE], lambda text: text.replace("count: 1", f"count: {count}")
+                 .replace("batch_size: 1", f"batch_size: {batch_size}"))
+    assert [own.check(_request()) for _ in range(runs)] == [True] * runs
+    # The same bytes after load: an ordinary client request, and warmup_plan in it is refused.
+    with pytest.raises(ControlInputError):
+        own.check(_request())
+    assert not own.loading and own.claim({**_request(), "warmup_plan": None}) is False
+
+
+def test_the_first_request_that_is_not_the_next_sample_closes_the_window(tmp_path):
+    second = WarmupSample("kv_0001", (*SAMPLE.inputs[:-1], string_input("warmup_plan", "p2")))
+    own = _model(tmp_path, [SAMPLE, second])
+    with pytest.raises(ControlInputError):  # the second sample first: not what Triton would send
+        own.check({**_request(), "warmup_plan": np.array([b"p2"], dtype=object)})
+    assert not own.loading
+    with pytest.raises(ControlInputError):  # closed for good: the first sample no longer counts either
+        own.check(_request())
+
+
+def test_a_sample_without_data_files_keeps_its_place_but_never_counts(tmp_path):
+    zero = ('  {\n    name: "zeros"\n    batch_size: 1\n    count: 2\n    inputs { key: "input_ids" value: '
+            '{ data_type: TYPE_INT32 dims: [ 4 ] zero_data: true } }\n  },\n')
+    own = _model(tmp_path, [SAMPLE], lambda text: text.replace("model_warmup [\n", "model_warmup [\n" + zero))
+    zeros = _inputs(input_ids=np.zeros(4, dtype=np.int32))
+    assert [own.claim(zeros), own.claim(zeros)] == [False, False]  # Triton's two zero-data runs
+    assert own.loading and own.check(_request()) is True and not own.loading

@@ -161,7 +161,7 @@ def test_deploy_secrets_makes_owner_only_files_once_and_every_deployment_its_own
     assert stat.S_IMODE(files.folder.stat().st_mode) == 0o700
     assert {stat.S_IMODE(p.stat().st_mode) for p in [*files.folder.iterdir(), tmp_path / "conf" / "redis.conf"]} == {
         0o600}
-    trust = TenantTrust.from_files(files.deployment_secret, files.tenant_keys, keys=True)
+    trust = TenantTrust.from_files(files.deployment_secret, files.tenant_keys)
     trust.verify_key(PROBE_TENANT, files.probe_key.read_text().strip())
     trust.verify_key("default", files.load_key.read_text().strip())
     password = files.redis_password.read_text().strip()

@@ -144,3 +144,26 @@ def test_a_plan_the_warm_up_budget_cannot_hold_says_so(engine, tmp_path):
         assert f"{8 - coverage.resident} of 8 planned blocks do not fit the warm-up budget" in coverage.shortfall
     finally:
         service.close()
+
+
+def test_plan_items_outside_the_vocabulary_or_the_context_are_left_out_and_counted(engine, tmp_path):
+    good = prefix(engine, SYSTEM_PROMPTS["support"], 2)
+    out_of_vocab = good[:16] + [engine.vocab_size] + good[17:]
+    too_long = (good * (engine.context_length // len(good) + 1))[: engine.context_length]
+    warmed = []
+    service = LoraService(engine, instance="inst_0", control_dir=None)
+    real_warm = service.plan._warm
+    service.plan._warm = lambda adapter, tenant, ids: (warmed.append(tuple(ids)), real_warm(adapter, tenant, ids))
+    try:
+        from warmup_tools.adapters.plan_control import LivePlan
+
+        plan = make_plan([item(good), item(out_of_vocab), item(too_long)])
+        service.plan.apply(LivePlan.parse(plan.to_json().encode()))
+        status = service.plan.status()
+        # Only the good item is planned and warmed; the other two never reach the engine.
+        assert {n: (c.planned, c.resident) for n, c in status.adapters.items()} == {"support": (2, 2)}
+        assert warmed == [tuple(good)]
+        assert status.detail.endswith("; 2 items outside the model's vocabulary or context")
+    finally:
+        service.close()
+        engine.prefix_cache.activate_plan(None)

@@ -7,7 +7,7 @@ import stat
 import numpy as np
 import pytest
 
-from warmup_tools.common.errors import ConfigError
+from warmup_tools.common.errors import ConfigError, InvalidInputError
 from warmup_tools.ops.cli import main
 from warmup_tools.triton.params import ModelParameters
 from warmup_tools.triton.trust import TenantAuthError, TenantTrust, add_tenant_key, read_key_hashes
@@ -51,14 +51,26 @@ def test_the_first_step_verifies_the_key_and_signs_the_tenant(files):
     assert later.tenant_of({"tenant_token": s(token), "tenant_id": s("globex")}, own_sample=False) == "acme"
 
 
-@pytest.mark.parametrize("token", ["", "acme", "acme:", "acme:00", "globex:{mac}", "acme:{mac}x", "a b:{mac}"])
-def test_later_steps_refuse_a_missing_or_forged_token(files, token):
+NO_TOKEN = "this deployment verifies tenants: send requests to the 'ensemble' model with tenant_id and tenant_key"
+BAD_TOKEN = ("this deployment verifies tenants: the tenant token is not valid; send requests to the 'ensemble' "
+             "model with tenant_id and tenant_key")
+
+
+@pytest.mark.parametrize(("token", "error", "message"), [
+    ("", TenantAuthError, NO_TOKEN), ("acme", TenantAuthError, NO_TOKEN), ("acme:", TenantAuthError, BAD_TOKEN),
+    ("acme:00", TenantAuthError, BAD_TOKEN), ("globex:{mac}", TenantAuthError, BAD_TOKEN),
+    ("acme:{mac}x", TenantAuthError, BAD_TOKEN),
+    ("a b:{mac}", InvalidInputError, "input 'tenant_token' is not a valid name: use "),
+])
+def test_later_steps_refuse_a_missing_or_forged_token(files, token, error, message):
     keys, secret, *_ = files
     later = TenantTrust.from_parameters(params(deployment_secret_file=secret))
     mac = later.token("acme").split(":")[1]
     inputs = {"tenant_id": s("acme")} | ({"tenant_token": s(token.format(mac=mac))} if token else {})
-    with pytest.raises(Exception, match="tenant"):
+    with pytest.raises(error) as refused:
         later.tenant_of(inputs, own_sample=False)
+    assert type(refused.value) is error and refused.value.code == "INVALID_ARG"
+    assert str(refused.value).startswith(message) and mac not in str(refused.value)
 
 
 def test_another_deployment_s_token_is_refused(files, tmp_path):

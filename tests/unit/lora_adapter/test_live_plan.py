@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-import time
 
 import pytest
 
 from tests.unit.adapters.test_plan_control import make_plan
+from tests.waiting import wait_for
 from warmup_tools.adapters.plan_control import PlanStatusBoard, write_plan_file
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.config import KVCacheConfig
@@ -40,13 +40,11 @@ def item(ids, adapter="support", tenant="acme"):
 
 
 def wait_status(board, plan_id, instance="inst_0"):
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
+    def applied():
         status = board.read_all(host=socket.gethostname())[0].get(instance)
-        if status is not None and status.plan_id == plan_id and status.state == "applied":
-            return status
-        time.sleep(0.05)
-    pytest.fail(f"plan {plan_id} not applied within {DEADLINE_S:.0f} s: {board.read_all()}")
+        return status if status is not None and status.plan_id == plan_id and status.state == "applied" else None
+
+    return wait_for(applied, f"plan {plan_id} applied", detail=lambda: f": {board.read_all()}")
 
 
 def serve_once(service, ids, adapter="support", tenant="acme"):

@@ -2,10 +2,11 @@
 
 One run against the real server in trust mode (a deployment secret and tenant keys in a temporary
 folder): tenant ``acme`` sends ``prompts`` distinct prompts; then tenant ``globex``, with its own key,
-sends the same prompts (probes) and as many prompts nobody sent (never seen), ``max_tokens=1``. Printed:
-``cached_tokens`` of the probes (0 when the KV cache is keyed by tenant) and the time to first token of
-probes and never-seen prompts (median, spread). Alike figures mean the cache gives the prober nothing to
-tell them apart; the integration test ``tests/integration/test_trust.py`` checks the ``cached_tokens``.
+sends the same prompts (probes) and as many prompts nobody sent (never seen), interleaved in a seeded
+order, ``max_tokens=1``. Printed: ``cached_tokens`` of the probes (0 when the KV cache is keyed by
+tenant) and the time to first token of probes and never-seen prompts (median, spread). Alike figures
+mean the cache gives the prober nothing to tell them apart; the integration test
+``tests/integration/test_trust.py`` checks the ``cached_tokens``.
 """
 
 from __future__ import annotations
@@ -50,8 +51,13 @@ def run(assets_dir: Path, *, prompts: int = 50, seed: int = 7, out: TextIO = sys
                 for prompt in secrets_of_acme:
                     client.generate(prompt, acme)
                 own = client.generate(secrets_of_acme[0], acme)
-                probes = [client.generate(prompt, globex) for prompt in secrets_of_acme]
-                fresh = [client.generate(memo(rng), globex) for _ in range(prompts)]
+                # NOTE: probes and never-seen prompts interleaved in a seeded order, so that whatever drifts
+                # during the run (other load, the caches filling) weighs on both kinds alike.
+                sends = [(True, prompt) for prompt in secrets_of_acme] + [(False, memo(rng)) for _ in range(prompts)]
+                rng.shuffle(sends)
+                probes, fresh = [], []
+                for is_probe, prompt in sends:
+                    (probes if is_probe else fresh).append(client.generate(prompt, globex))
     out.write(f"trust mode, {prompts} prompts of tenant acme (acme's own repeat: {own.cached_tokens} of "
               f"{own.prompt_tokens} prompt tokens cached)\n\n"
               "| tenant globex sends | requests | cached_tokens > 0 | TTFT median ms | TTFT stdev ms |\n"

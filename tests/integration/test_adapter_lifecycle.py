@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from warmup_tools.adapters.registry import ControlRegistry
-from warmup_tools.adapters.state import AdapterState
+from warmup_tools.adapters.state import AdapterState, LifecycleError
 from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient, metric_sum, scrape_metrics
 from warmup_tools.ops.demo import demo_prompt
 from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
@@ -74,7 +74,9 @@ def test_registered_adapter_is_refused_with_its_state(triton, grpc_client):
 def test_adapter_whose_folder_is_missing_fails_with_a_clear_status(triton):
     registry = ControlRegistry(triton.control_dir)
     registry.add("ghost")
-    with pytest.raises(Exception, match="ghost"):
+    # The instance reports the adapter FAILED with the reason (not a timeout, whose message names it too).
+    with pytest.raises(LifecycleError, match=r"^adapter 'ghost' failed on instance lora_adapter_0_0: load failed: "
+                                             r"AssetError: adapter 'ghost': .* has no adapter_config\.json$"):
         registry.wait_until("ghost", AdapterState.LIVE, timeout_s=60)
 
 

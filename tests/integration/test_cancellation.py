@@ -8,12 +8,12 @@ gRPC frontend's cancellation reaches the request's response sender.
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 from transformers import AutoTokenizer
 
+from tests.waiting import wait_for
 from warmup_tools.ops.client import GenerateParams, metric_sum, scrape_metrics
 
 MAX_TOKENS = 512  # lora_adapter's max_tokens_limit: a stream that ran to the end would produce all of them
@@ -66,16 +66,18 @@ def test_a_cancelled_grpc_stream_leaves_the_batch_and_the_instance_keeps_serving
         client.start_stream(callback=lambda result, error: first.set())
         client.async_stream_infer("lora_adapter", inputs)
         assert first.wait(120), "no first token within 120 s"
+        # NOTE: a step's metrics are recorded after its tokens went out: see the stream running before
+        # cancelling it, so that "no running sequence" below means it left, not that it was not counted yet.
+        wait_for(lambda: _scheduler_state(triton)[0] >= 1, "the stream counted as running")
         client.stop_stream(cancel_requests=True)
     finally:
         client.close()
-    deadline = time.monotonic() + 300  # generous: only a cancellation that never arrives fails this
-    while True:
+
+    def left_the_batch():
         running, tokens = _scheduler_state(triton)
-        if running == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert running == 0
+        return (tokens,) if running == 0 else None
+
+    (tokens,) = wait_for(left_the_batch, "the cancelled stream leaving the running batch")
     assert tokens - tokens_before < MAX_TOKENS, "the cancelled stream ran to its last token"
     result = grpc_client.generate("Hello after a cancelled stream", GenerateParams(max_tokens=4))
     assert result.output_tokens == 4

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import requests
 
+from tests.waiting import wait_for
 from warmup_tools.ops.client import GenerateParams, http_generate, http_generate_stream, metric_sum, scrape_metrics
 from warmup_tools.ops.demo import demo_prompt
 from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
@@ -99,19 +100,13 @@ def test_first_live_request_after_warmup_reuses_the_warmed_system_prompt(triton)
 
 def test_each_request_is_logged_off_the_request_path(triton, grpc_client):
     import json
-    import time
     import uuid
 
     text = f"Request log check {uuid.uuid4().hex}"
     result = grpc_client.generate(text, GenerateParams(max_tokens=3, adapter_id="sql", tenant_id="globex"))
     path = triton.request_log_dir / "requests-lora_adapter_0_0.jsonl"
-    deadline = time.monotonic() + 10
-    found = None
-    while found is None and time.monotonic() < deadline:
-        if path.exists():
-            found = next((json.loads(line) for line in path.read_text().splitlines() if text in line), None)
-        time.sleep(0.2)
-    assert found is not None
+    found = wait_for(lambda: path.exists() and next(
+        (json.loads(line) for line in path.read_text().splitlines() if text in line), None), "the request logged")
     assert found["prompt"] == text and found["tenant"] == "globex" and found["adapter"] == "sql"
     assert found["prompt_tokens"] == result.prompt_tokens and found["output_tokens"] == 3
     assert found["cached_tokens"] == result.cached_tokens and found["ttft_ms"] > 0
@@ -119,7 +114,6 @@ def test_each_request_is_logged_off_the_request_path(triton, grpc_client):
 
 def test_a_direct_call_cannot_put_text_it_did_not_send_into_the_request_log(triton, grpc_client):
     """text_input beside unrelated input_ids (a direct call to lora_adapter) is logged without its text."""
-    import time
     import uuid
 
     from tests.integration.test_errors import _stream_direct
@@ -132,9 +126,7 @@ def test_a_direct_call_cannot_put_text_it_did_not_send_into_the_request_log(trit
     probe = f"Request log check {uuid.uuid4().hex}"
     grpc_client.generate(probe, GenerateParams(max_tokens=1))  # logged after the direct call
     path = triton.request_log_dir / "requests-lora_adapter_0_0.jsonl"
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not (path.exists() and probe in path.read_text()):
-        time.sleep(0.2)
+    wait_for(lambda: path.exists() and probe in path.read_text(), "the probe logged after the direct call")
     text = path.read_text()
     assert probe in text and marker not in text
 
@@ -149,8 +141,26 @@ def test_concurrent_streams_are_batched_and_each_gets_the_text_it_gets_alone(tri
     cases = [(adapter, demo_prompt(scope, f"Concurrency check {i}: what next?"))
              for i, (adapter, scope) in enumerate([("support", "support"), ("legal", "legal"), ("sql", "sql"),
                                                    (None, "support"), ("sql", "sql"), ("support", "support")])]
-    alone = [grpc_client.generate(prompt, GenerateParams(max_tokens=10, adapter_id=adapter)).text
+
+    # What requests add to the counters, not the totals of the whole session. NOTE: a step's metrics are
+    # recorded after its responses went out: wait until the requests' last token is counted.
+    def added(metrics, since, name, **labels):
+        return (metric_sum(metrics, name, model="lora_adapter", **labels)
+                - metric_sum(since, name, model="lora_adapter", **labels))
+
+    def counted(since, tokens):
+        metrics = scrape_metrics(triton.metrics_url)
+        return metrics if added(metrics, since, "warmup_output_tokens_total") >= tokens else None
+
+    def one_sequence_steps(metrics):
+        return sum(v for (name, labels), v in metrics.items() if name == "warmup_scheduler_batch_size_bucket"
+                   and float(dict(labels).get("le", "nan")) == 1.0)
+
+    initial = scrape_metrics(triton.metrics_url)
+    alone = [grpc_client.generate(prompt, GenerateParams(max_tokens=10, adapter_id=adapter))
              for adapter, prompt in cases]
+    tokens = sum(result.output_tokens for result in alone)
+    before = wait_for(lambda: counted(initial, tokens), "the requests' tokens on /metrics")
     together: list[object] = [None] * len(cases)
     start = threading.Barrier(len(cases))
 
@@ -168,10 +178,11 @@ def test_concurrent_streams_are_batched_and_each_gets_the_text_it_gets_alone(tri
         thread.start()
     for thread in threads:
         thread.join(120)
-    assert together == alone
-    metrics = scrape_metrics(triton.metrics_url)
-    assert metric_sum(metrics, "warmup_output_tokens_total", model="lora_adapter", adapter="sql") >= 20
-    steps = metric_sum(metrics, "warmup_scheduler_batch_size_count", model="lora_adapter")
-    single = sum(v for (name, labels), v in metrics.items() if name == "warmup_scheduler_batch_size_bucket"
-                 and float(dict(labels).get("le", "nan")) == 1.0)
-    assert steps > single  # some steps ran more than one sequence
+    assert together == [result.text for result in alone]
+
+    metrics = wait_for(lambda: counted(before, tokens), "the concurrent requests' tokens on /metrics")
+    assert added(metrics, before, "warmup_output_tokens_total") == tokens
+    assert added(metrics, before, "warmup_output_tokens_total", adapter="sql") == sum(
+        result.output_tokens for (adapter, _), result in zip(cases, alone) if adapter == "sql")
+    steps = added(metrics, before, "warmup_scheduler_batch_size_count")
+    assert steps > one_sequence_steps(metrics) - one_sequence_steps(before)  # some ran more than one sequence

@@ -6,10 +6,10 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
+from tests.waiting import wait_for
 from warmup_tools.common.errors import ServerError
 from warmup_tools.ops.server import TritonServer
 
@@ -60,10 +60,7 @@ def test_start_ready_stop_leaves_no_process(tmp_path):
         assert group_alive(pgid)
         assert "echo" in server.logs()
     assert not server.is_alive()
-    deadline = time.monotonic() + 10
-    while group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not group_alive(pgid), "a tritonserver or stub survived stop()"
+    wait_for(lambda: not group_alive(pgid), "no tritonserver or stub left after stop()", timeout_s=120)
 
 
 def test_model_that_fails_to_load_gives_a_clear_error_with_the_log(tmp_path):
@@ -78,30 +75,29 @@ def test_model_that_fails_to_load_gives_a_clear_error_with_the_log(tmp_path):
 def test_server_dies_with_the_process_that_started_it(tmp_path):
     repo = make_repo(tmp_path / "repo")
     script = textwrap.dedent(f"""
-        import sys, time
+        import sys
         from pathlib import Path
         from warmup_tools.ops.server import TritonServer
         server = TritonServer(Path({str(repo)!r}), work_dir=Path({str(tmp_path / 'work')!r}))
         server.start()
         server.wait_ready(timeout=120)
         print(server.pid, flush=True)
-        time.sleep(600)
+        sys.stdin.read()  # until it is killed
     """)
-    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    pgid = None
     try:
         pgid = int(owner.stdout.readline())
         assert group_alive(pgid)
         owner.kill()
         owner.wait(timeout=30)
-        deadline = time.monotonic() + 60
-        while group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        alive = group_alive(pgid)
+        wait_for(lambda: not group_alive(pgid), "tritonserver and its stubs gone with the process that started them",
+                 timeout_s=120)
     finally:
         owner.kill()
-    if alive:
-        os.killpg(pgid, 9)
-    assert not alive, "tritonserver or a stub outlived the process that started it"
+        if pgid is not None and group_alive(pgid):
+            os.killpg(pgid, 9)
 
 
 def test_a_bad_lora_adapter_parameter_fails_the_load_naming_the_parameter(tmp_path, demo_assets):

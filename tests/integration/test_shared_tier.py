@@ -50,11 +50,12 @@ def test_redis_outage_during_load_fails_no_request_and_recovers(triton, redis_se
             redis_server.start()
     assert len(results) == 18 and all(r.output_tokens == 2 for r in results)
     # Recovery is automatic: new entries reach Redis again once the tier's retry delay has passed.
-    import time
+    from tests.waiting import wait_for
 
     admin = redis_server.admin()
-    deadline = time.monotonic() + 30
-    while admin.dbsize() == 0 and time.monotonic() < deadline:
+
+    def new_entries_reach_redis():
         grpc_client.generate(f"after outage {uuid.uuid4().hex}", GenerateParams(max_tokens=1))
-        time.sleep(0.5)
-    assert admin.dbsize() > 0
+        return admin.dbsize() > 0
+
+    wait_for(new_entries_reach_redis, "new entries in Redis after it came back", poll_s=0.5)

@@ -186,6 +186,12 @@ def _parser() -> argparse.ArgumentParser:
     flood.add_argument("--requests", type=int, default=10_000)
     flood.add_argument("--seed", type=int, default=0)
 
+    trust = which.add_parser("trust", parents=[assets],
+                             help="trust mode: another tenant's cached_tokens and TTFT on one tenant's prompts "
+                                  "vs prompts nobody sent (the TTFT side channel)")
+    trust.add_argument("--prompts", type=int, default=50, help="prompts of each kind (at least 2)")
+    trust.add_argument("--seed", type=int, default=7)
+
     # The closed-loop stream levels of bench concurrency and bench engine.
     streams = argparse.ArgumentParser(add_help=False)
     streams.add_argument("--levels", type=lambda v: tuple(int(x) for x in v.split(",")), default=(1, 4, 8, 16),

@@ -92,16 +92,24 @@ class RollingPlanner:
 
     def run_once(self, now: float | None = None) -> ReplanResult:
         """One re-plan; ``now`` (epoch seconds the window ends at) overrides the clock (a replay's time)."""
+        from warmup_tools.common.jsonl import ReadStats
         from warmup_tools.common.records import log_files, read_request_log
         from warmup_tools.planning.plan_stanzas import write_plan_stanzas
         from warmup_tools.planning.select import build_plan
 
         started = time.perf_counter()
         target, tokenizer, embedder = self._load()
-        records = list(read_request_log(log_files([self.log_dir])))
+        stats = ReadStats()
+        records = list(read_request_log(log_files([self.log_dir]), stats))
         end = now if now is not None else self._now()
         end = end if end is not None else max((r.ts for r in records), default=time.time())
         records = [r for r in records if end - self.since_s <= r.ts <= end]
+        if not records:
+            # NOTE: a plan from no records would drop every item the served plan pins: logs that are gone,
+            # unreadable or all bad lines are no evidence that the traffic stopped.
+            raise PlanError(f"no request record of the last {self.since_s / 3600:g} h in the logs under "
+                            f"{self.log_dir} ({stats.skipped} bad lines skipped): nothing to plan from; the plan "
+                            "served now stays")
         previous = served_plan(self.control_dir)
         plan = build_plan(records, tokenizer, embedder, target.default_budgets(), now=end,
                           block_size=target.block_size, kv_bytes_per_token=target.kv_bytes_per_token,

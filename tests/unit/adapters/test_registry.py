@@ -202,27 +202,48 @@ def test_report_and_statuses_round_trip_and_skip_partial_files(tmp_path):
 
 
 # -------------------------------------------------------------------------------------- wait_until
-def test_wait_until_returns_once_every_instance_reports_the_state(tmp_path):
+class FakeTime:
+    """The registry module's clock: each poll's sleep advances it and runs the next scripted event."""
+
+    def __init__(self, *events) -> None:
+        self.now = 0.0
+        self.slept = 0
+        self._events = list(events)
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return time.time()  # wall-clock stamps in status files and messages stay real
+
+    def sleep(self, seconds: float) -> None:
+        self.slept += 1
+        self.now += seconds
+        if self._events:
+            self._events.pop(0)()
+
+
+@pytest.fixture()
+def fake_time(monkeypatch):
+    def install(*events):
+        clock = FakeTime(*events)
+        monkeypatch.setattr(adapters, "time", clock)
+        return clock
+    return install
+
+
+def test_wait_until_returns_once_every_instance_reports_the_state(tmp_path, fake_time):
     registry = ControlRegistry(tmp_path)
     registry.add("a")
     for inst in ("i0", "i1"):
         registry.report(inst, {"a": AdapterStatus(S.REGISTERED, 0)})
-
-    def instances_go_live():
-        time.sleep(0.1)
-        registry.report("i0", {"a": AdapterStatus(S.LIVE, 1)})
-        time.sleep(0.1)
-        registry.report("i1", {"a": AdapterStatus(S.LIVE, 0)})  # an older revision does not count
-        time.sleep(0.1)
-        registry.report("i1", {"a": AdapterStatus(S.LIVE, 1)})
-
-    thread = threading.Thread(target=instances_go_live)
-    thread.start()
-    try:
-        ready = registry.wait_until("a", S.LIVE, timeout_s=10, poll_s=0.02)
-    finally:
-        thread.join()
+    # Between polls: i0 goes live, then i1 at an older revision (which does not count), then i1 at this one.
+    clock = fake_time(lambda: registry.report("i0", {"a": AdapterStatus(S.LIVE, 1)}),
+                      lambda: registry.report("i1", {"a": AdapterStatus(S.LIVE, 0)}),
+                      lambda: registry.report("i1", {"a": AdapterStatus(S.LIVE, 1)}))
+    ready = registry.wait_until("a", S.LIVE, timeout_s=10, poll_s=0.02)
     assert set(ready) == {"i0", "i1"} and all(st.revision == 1 for st in ready.values())
+    assert clock.slept == 3  # returned at the first poll that saw both live at revision 1
 
 
 def test_wait_until_a_number_of_instances(tmp_path):
@@ -233,32 +254,35 @@ def test_wait_until_a_number_of_instances(tmp_path):
     assert list(registry.wait_until("a", S.LIVE, instances=1, timeout_s=1)) == ["i0"]
 
 
-def test_wait_until_raises_at_once_when_an_instance_failed(tmp_path):
+def test_wait_until_raises_at_once_when_an_instance_failed(tmp_path, fake_time):
     registry = ControlRegistry(tmp_path)
     registry.add("a")
     registry.report("i0", {"a": AdapterStatus(S.LIVE, 1)})
     registry.report("i1", {"a": AdapterStatus(S.FAILED, 1, "load failed: no adapter_config.json")})
-    start = time.monotonic()
+    clock = fake_time()
     with pytest.raises(LifecycleError, match="i1: load failed: no adapter_config.json"):
         registry.wait_until("a", S.LIVE, timeout_s=30)
-    assert time.monotonic() - start < 5
+    assert clock.slept == 0  # at the first look, not after a poll or the timeout
 
 
-def test_wait_until_timeout_lists_each_instance_state(tmp_path):
+def test_wait_until_timeout_lists_each_instance_state(tmp_path, fake_time):
     registry = ControlRegistry(tmp_path)
     registry.add("a")
     registry.report("i0", {"a": AdapterStatus(S.LIVE, 1, updated_at=time.time())})
     registry.report("i1", {"a": AdapterStatus(S.WARMING, 1, "warming 3 prompts", time.time())})
     registry.report("i2", {})
+    clock = fake_time()
     with pytest.raises(LifecycleError) as info:
         registry.wait_until("a", S.LIVE, timeout_s=0.2, poll_s=0.05)
     message = str(info.value)
     assert "timed out" in message and "i0: live at revision 1" in message
     assert "i1: warming at revision 1" in message and "i2: not reported" in message
+    assert clock.now >= 0.2
 
 
-def test_wait_until_with_no_instance_and_unknown_adapter(tmp_path):
+def test_wait_until_with_no_instance_and_unknown_adapter(tmp_path, fake_time):
     registry = ControlRegistry(tmp_path)
+    fake_time()
     with pytest.raises(LifecycleError, match="add it first"):
         registry.wait_until("a", S.LIVE, timeout_s=0.1)
     registry.add("a")

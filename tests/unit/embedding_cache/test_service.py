@@ -92,3 +92,38 @@ def test_a_direct_caller_gets_no_signal_of_another_tenant_s_similar_prompt(demo_
     assert with_a.cluster_id not in {a.cluster_id for a in a_outcomes}  # never joins A's cluster
     assert with_a.reported_cluster_id == without_a.reported_cluster_id  # the model's output: the same id
     assert with_a.reported_cluster_id not in {a.reported_cluster_id for a in a_outcomes}
+
+
+class RecordingTier:
+    """A shared tier in memory that records the keys it is asked for (the embedder only calls get and put)."""
+
+    def __init__(self) -> None:
+        self.values: dict = {}
+        self.keys: list = []
+
+    def get(self, key):
+        self.keys.append(key)
+        return self.values.get(key)
+
+    def put(self, key, payload) -> bool:
+        self.keys.append(key)
+        self.values[key] = payload
+        return True
+
+
+def test_the_embedding_cache_is_keyed_by_tenant_in_both_tiers(demo_assets):
+    shared = RecordingTier()
+    embedder = OnnxEmbedder(demo_assets.embedder_dir, shared=shared)
+    text = "How do I get a refund for my invoice?"
+    embedder.compute(text, "acme")
+    assert embedder.lookup(text, "acme").source == "local"
+    assert embedder.lookup(text, "beta").source == "miss"  # another tenant misses, locally and in the shared tier
+    assert {key.tenant for key in shared.keys} == {"acme", "beta"}
+    assert len(shared.values) == 1 and next(iter(shared.values)).tenant == "acme"
+
+    # Through the service: another tenant's identical prompt is a miss that is not sampled (rate 0), with no
+    # vector and no cluster, while the first tenant's is a hit.
+    service = EmbeddingService(embedder, sample_rate=0.0)
+    assert service.handle(text, tenant="acme").source == "local"
+    other = service.handle(text, tenant="beta")
+    assert other.source == "skipped" and not np.any(other.vector) and other.cluster_id == -1

@@ -1,7 +1,6 @@
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import torch
@@ -202,8 +201,28 @@ def test_int8_storage_is_close_and_smaller():
         assert torch.allclose(k, rk, atol=0.03) and torch.allclose(v, rv, atol=0.03)
 
 
+class LookupCounter(dict):
+    """The cache's in-flight table, counting the lookups that decide who computes (a test hook)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self.changed = threading.Condition()
+
+    def get(self, key, default=None):
+        with self.changed:
+            self.count += 1
+            self.changed.notify_all()
+        return super().get(key, default)
+
+    def wait_for(self, count: int) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.count >= count, timeout=30)
+
+
 def test_single_flight_computes_a_shared_prefix_once():
     cache = PrefixCache(budget_bytes=1 << 20, block_size=BS)
+    cache._inflight = lookups = LookupCounter()
     tokens = list(range(8))
     hashes = block_hashes(tokens, BS, SCOPE)
     computed = []
@@ -214,7 +233,9 @@ def test_single_flight_computes_a_shared_prefix_once():
         if len(match) < len(hashes):
             with cache.single_flight(hashes[len(match)]) as leader:
                 if leader:
-                    time.sleep(0.2)  # the prefill
+                    # The prefill ends only after every request has asked who computes: none of them can
+                    # find the prefix stored already, so each either computes or waits for this one.
+                    assert lookups.wait_for(4)
                     computed.append(1)
                     cache.store(hashes, kv_for(tokens), start_block=len(match))
                 else:

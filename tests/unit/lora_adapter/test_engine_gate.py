@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import queue
 import threading
-import time
 
 import pytest
 
@@ -11,23 +11,43 @@ from warmup_tools.common.errors import ConfigError
 from warmup_tools.lora_adapter import service as lora_service
 from warmup_tools.lora_adapter.service import EngineGate, warm_chunk_ends
 
+HANG_S = 30.0  # only a thread that never gets there waits this long
 
-def wait_until(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.001)
+
+class WaitRecorder(threading.Condition):
+    """The gate's condition, telling the test which thread went to wait on it (the thread's name).
+
+    A thread reports while it still holds the lock, which it gives up only inside ``wait``: so once the test
+    has read a name, that thread waits on the gate before any thread the test starts after it can look.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiters: queue.Queue[str] = queue.Queue()
+
+    def wait(self, timeout=None):
+        self.waiters.put(threading.current_thread().name)
+        return super().wait(timeout)
+
+    def next_waiter(self) -> str:
+        return self.waiters.get(timeout=HANG_S)
+
+
+def recording_gate(priority: str) -> tuple[EngineGate, WaitRecorder]:
+    gate = EngineGate(priority, warm_share=1.0)
+    gate._cond = recorder = WaitRecorder()  # before any thread uses the gate
+    return gate, recorder
 
 
 def test_a_waiting_live_request_goes_before_the_next_warm_step():
-    gate = EngineGate("live_first", warm_share=1.0)
+    gate, recorder = recording_gate("live_first")
     order: list[str] = []
     holding, release = threading.Event(), threading.Event()
 
     def first_warm_step():
         with gate.background():
             holding.set()
-            release.wait(10)
+            release.wait(HANG_S)
             order.append("warm 1")
 
     def next_warm_step():
@@ -38,23 +58,23 @@ def test_a_waiting_live_request_goes_before_the_next_warm_step():
         with gate.live():
             order.append("live")
 
-    threads = [threading.Thread(target=first_warm_step)]
+    threads = [threading.Thread(target=first_warm_step, name="warm 1")]
     threads[0].start()
-    assert holding.wait(10)
-    threads.append(threading.Thread(target=next_warm_step))
+    assert holding.wait(HANG_S)
+    threads.append(threading.Thread(target=next_warm_step, name="warm 2"))
     threads[1].start()
-    time.sleep(0.05)  # the second warm step is queued first...
-    threads.append(threading.Thread(target=live_request))
+    assert recorder.next_waiter() == "warm 2"  # the second warm step is queued first...
+    threads.append(threading.Thread(target=live_request, name="live"))
     threads[2].start()
-    wait_until(lambda: gate.live_waiting == 1)  # ...and the live request after it
+    assert recorder.next_waiter() == "live" and gate.live_waiting == 1  # ...and the live request after it
     release.set()
     for thread in threads:
-        thread.join(10)
+        thread.join(HANG_S)
     assert order == ["warm 1", "live", "warm 2"]
 
 
 def test_warm_up_waits_while_a_live_request_holds_the_engine():
-    gate = EngineGate("live_first", warm_share=1.0)
+    gate, recorder = recording_gate("live_first")
     done = threading.Event()
 
     def warm_step():
@@ -62,12 +82,12 @@ def test_warm_up_waits_while_a_live_request_holds_the_engine():
             done.set()
 
     with gate.live():
-        waiter = threading.Thread(target=warm_step)
+        waiter = threading.Thread(target=warm_step, name="warm")
         waiter.start()
-        time.sleep(0.02)
+        assert recorder.next_waiter() == "warm"
         assert not done.is_set()  # warm-up waits while a live request holds the engine
-    assert done.wait(10)
-    waiter.join(10)
+    assert done.wait(HANG_S)
+    waiter.join(HANG_S)
 
 
 @pytest.mark.parametrize(("share", "rest"), [(0.5, 0.2), (0.25, 0.6), (1.0, None)])

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-import time
 
 import pytest
 
 from tests.unit.adapters.test_plan_control import make_plan
+from tests.waiting import wait_for
 from warmup_tools.adapters.plan_control import PlanStatusBoard, write_plan_file
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.config import KVCacheConfig
@@ -40,13 +40,11 @@ def item(ids, adapter="support", tenant="acme"):
 
 
 def wait_status(board, plan_id, instance="inst_0"):
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
+    def applied():
         status = board.read_all(host=socket.gethostname())[0].get(instance)
-        if status is not None and status.plan_id == plan_id and status.state == "applied":
-            return status
-        time.sleep(0.05)
-    pytest.fail(f"plan {plan_id} not applied within {DEADLINE_S:.0f} s: {board.read_all()}")
+        return status if status is not None and status.plan_id == plan_id and status.state == "applied" else None
+
+    return wait_for(applied, f"plan {plan_id} applied", detail=lambda: f": {board.read_all()}")
 
 
 def serve_once(service, ids, adapter="support", tenant="acme"):
@@ -176,3 +174,26 @@ def test_a_plan_the_warm_up_budget_cannot_hold_says_so(engine, tmp_path):
         assert f"{8 - coverage.resident} of 8 planned blocks do not fit the warm-up budget" in coverage.shortfall
     finally:
         service.close()
+
+
+def test_plan_items_outside_the_vocabulary_or_the_context_are_left_out_and_counted(engine, tmp_path):
+    good = prefix(engine, SYSTEM_PROMPTS["support"], 2)
+    out_of_vocab = good[:16] + [engine.vocab_size] + good[17:]
+    too_long = (good * (engine.context_length // len(good) + 1))[: engine.context_length]
+    warmed = []
+    service = LoraService(engine, instance="inst_0", control_dir=None)
+    real_warm = service.plan._warm
+    service.plan._warm = lambda adapter, tenant, ids: (warmed.append(tuple(ids)), real_warm(adapter, tenant, ids))
+    try:
+        from warmup_tools.adapters.plan_control import LivePlan
+
+        plan = make_plan([item(good), item(out_of_vocab), item(too_long)])
+        service.plan.apply(LivePlan.parse(plan.to_json().encode()))
+        status = service.plan.status()
+        # Only the good item is planned and warmed; the other two never reach the engine.
+        assert {n: (c.planned, c.resident) for n, c in status.adapters.items()} == {"support": (2, 2)}
+        assert warmed == [tuple(good)]
+        assert status.detail.endswith("; 2 items outside the model's vocabulary or context")
+    finally:
+        service.close()
+        engine.prefix_cache.activate_plan(None)

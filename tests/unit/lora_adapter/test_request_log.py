@@ -1,6 +1,5 @@
 import json
 import threading
-import time
 
 from warmup_tools.common.records import RECORD_KEYS, RequestRecord
 from warmup_tools.lora_adapter.request_log import RequestLogWriter
@@ -61,10 +60,8 @@ def test_logging_never_blocks_even_when_the_disk_is_stuck(tmp_path, monkeypatch)
 
 def test_rotation_keeps_backups(tmp_path):
     writer = RequestLogWriter(tmp_path, "inst_0", max_bytes=2000, backups=2, flush_interval_s=0.01)
-    for i in range(200):
-        writer.log(record(i))
-        if i % 20 == 0:
-            time.sleep(0.03)
+    # NOTE: the file rotates line by line, so how the writer thread batches the records does not matter.
+    assert all(writer.log(record(i)) for i in range(200))
     writer.close()
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["requests-inst_0.jsonl", "requests-inst_0.jsonl.1", "requests-inst_0.jsonl.2"]

@@ -11,7 +11,8 @@ import pytest
 from warmup_tools.ops.cli import _parser, bench_options
 
 
-@pytest.mark.parametrize("name", ["kv", "caches", "replay", "load", "preload", "concurrency", "flood", "recovery"])
+@pytest.mark.parametrize("name", ["kv", "caches", "replay", "load", "preload", "concurrency", "flood", "recovery",
+                                  "trust"])
 def test_every_bench_flag_binds_to_its_run_function(name):
     args = _parser().parse_args(["bench", name])
     module = importlib.import_module(f"warmup_tools.sim.bench.{name}")

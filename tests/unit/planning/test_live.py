@@ -93,3 +93,47 @@ def test_the_replanner_keeps_its_last_result_and_error():
     replanner.run_once()
     status = replanner.status()
     assert status["runs"] == 2 and "embedder gone" in status["error"] and status["last"]["plan_id"] == "p2"
+
+
+@pytest.fixture()
+def replanning(tmp_path, env):
+    """A real rolling planner that has applied one plan, behind the sidecar's Replanner."""
+    repo, control, logs = tmp_path / "repo", tmp_path / "control", tmp_path / "logs"
+    shutil.copytree(REPO, repo)
+    logs.mkdir()
+    write_json_lines(logs / "requests.jsonl.1", records(OLD, NOW - 8 * 3600, 20))
+    clock = [NOW - 7 * 3600]
+    planner = RollingPlanner(repo, control, logs, since_s=6 * 3600, environ=env, now=lambda: clock[0])
+    replanner = Replanner(planner.run_once, interval_s=3600)
+    replanner.run_once()
+    served = served_plan(control)
+    assert served is not None and replanner.status()["error"] == ""
+    clock[0] = NOW + 3600
+    return replanner, served, repo, control, logs
+
+
+def served_state(repo, control):
+    return (control / "plan.json").read_bytes(), (repo / "lora_adapter" / "config.pbtxt").read_text()
+
+
+def test_a_re_plan_that_cannot_read_its_logs_keeps_the_served_plan(replanning):
+    replanner, served, repo, control, logs = replanning
+    before = served_state(repo, control)
+    shutil.rmtree(logs)  # the log volume is gone
+    replanner.run_once()
+    status = replanner.status()
+    assert status["error"] == f"FileFormatError: {logs}: cannot read (No such file or directory)"
+    assert status["runs"] == 2 and status["last"]["plan_id"] == served.plan_id
+    assert served_state(repo, control) == before
+
+
+def test_a_re_plan_over_logs_with_no_usable_record_keeps_the_served_plan(replanning):
+    replanner, served, repo, control, logs = replanning
+    before = served_state(repo, control)
+    # Only bad lines in the window (the old log is outside it): no evidence that the traffic stopped.
+    (logs / "requests.jsonl").write_text('not json\n{"ts": "never"}\n')
+    replanner.run_once()
+    status = replanner.status()
+    assert status["error"] == (f"PlanError: no request record of the last 6 h in the logs under {logs} (2 bad "
+                               "lines skipped): nothing to plan from; the plan served now stays")
+    assert served_state(repo, control) == before and served_plan(control).items == served.items

@@ -95,3 +95,24 @@ def test_without_a_coverage_reader_readiness_is_as_before():
     monitor = Monitor(SidecarConfig(), triton.probe, triton.server_ready, triton)
     monitor.run_once()
     assert monitor.readiness().ready and monitor.snapshot()["coverage"] == {"checked": False}
+
+
+def test_a_reloaded_lora_adapter_must_reach_the_coverage_threshold_again(tmp_path):
+    now = [100.0]
+    triton = FakeTriton()
+    coverage = FakeCoverage(tmp_path, now)
+    monitor = Monitor(SidecarConfig(), triton.probe, triton.server_ready, triton, coverage=coverage)
+    coverage.board.report(status(support=(20, 20)))
+    monitor.run_once()
+    assert monitor.readiness().ready  # covered: a later plan change may warm without leaving rotation
+    # The stub dies and is reloaded; its instance comes back warming its plan from nothing.
+    triton.dead.add("lora_adapter")
+    coverage.board.report(status(state="warming", support=(20, 3)))
+    monitor.run_once()
+    assert ("reload", "lora_adapter") in triton.calls
+    monitor.run_once()  # the probes pass again: only coverage can keep the pod out now
+    readiness = monitor.readiness()
+    assert not readiness.ready and readiness.reason == "warm coverage: lora_adapter_0_0: warming plan p1"
+    coverage.board.report(status(support=(20, 20)))
+    monitor.run_once()
+    assert monitor.readiness().ready

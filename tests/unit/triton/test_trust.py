@@ -70,8 +70,11 @@ def test_later_steps_refuse_a_missing_or_forged_token(files, token):
     later = TenantTrust.from_files(secret, keys, model="lora_adapter")
     rest = later.token("acme", now=NOW).split(":", 1)[1]
     inputs = {"tenant_id": s("acme")} | ({"tenant_token": s(token.format(rest=rest))} if token else {})
-    with pytest.raises(TenantAuthError, match="this deployment verifies tenants: "):
+    with pytest.raises(TenantAuthError) as refused:
         later.tenant_of(inputs, own_sample=False, now=NOW)
+    message = str(refused.value)
+    assert type(refused.value) is TenantAuthError and refused.value.code == "INVALID_ARG"
+    assert message.startswith("this deployment verifies tenants: ") and rest not in message
 
 
 @pytest.mark.parametrize("field", range(5))

@@ -17,19 +17,18 @@ from warmup_tools.triton.params import ModelParameters
 
 
 def redis_tier_from_params(params: ModelParameters) -> Any:
-    """The Redis shared tier a model's ``redis_url`` parameter names, or None when it is empty."""
-    url = params.get("redis_url", str, "")
-    timeout_ms = params.get("redis_timeout_ms", float, 20.0)
-    retry_after_s = params.get("redis_retry_after_s", float, 2.0)
-    if not url:
+    """The Redis shared tier a model's ``redis_*`` parameters describe, or None when ``redis_url`` is empty."""
+    from warmup_tools.caches.settings import SharedTierSettings
+
+    settings = SharedTierSettings.from_parameters(params)
+    if not settings.url:
         return None
     from warmup_tools.caches.redis_tier import SharedTier
     from warmup_tools.triton.trust import TenantTrust
 
     # Trust mode: values carry a MAC under a key derived from the deployment secret, and keys are salted.
     trust = TenantTrust.from_parameters(params)
-    return SharedTier(url, timeout_ms=timeout_ms, retry_after_s=retry_after_s,
-                      mac_key=trust.derived_key(b"redis-mac"), salt=trust.cache_salt())
+    return SharedTier(settings, mac_key=trust.derived_key(b"redis-mac"), salt=trust.cache_salt())
 
 
 def model_parameters(args: Mapping[str, Any]) -> ModelParameters:

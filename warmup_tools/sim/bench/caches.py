@@ -98,6 +98,7 @@ def run(assets_dir: Path, *, n: int = 300, out: TextIO = sys.stdout) -> None:
 def _tier_latency(out: TextIO) -> None:
     from warmup_tools.caches.policies import SegmentedLRUCache
     from warmup_tools.caches.redis_tier import SharedTier, decode_array, encode_array
+    from warmup_tools.caches.settings import SharedTierSettings
     from warmup_tools.caches.tiered import TieredCache
 
     binary = shutil.which("redis-server")
@@ -119,7 +120,7 @@ def _tier_latency(out: TextIO) -> None:
             except redis.ConnectionError:
                 time.sleep(0.05)
         admin.close()
-        tier = SharedTier(f"redis://127.0.0.1:{port}/0", timeout_ms=50)
+        tier = SharedTier(SharedTierSettings(url=f"redis://127.0.0.1:{port}/0", timeout_ms=50))
         writer = TieredCache(SegmentedLRUCache(64 << 20), tier, kind="tok", fingerprint="bench",
                              encode=encode_array, decode=decode_array)
         reader = TieredCache(SegmentedLRUCache(64 << 20), tier, kind="tok", fingerprint="bench",

@@ -472,9 +472,8 @@ def test_a_warm_up_expiring_at_once_is_recomputed_once_per_key(redis_server, tie
     """The load the design names: N keys a warm-up wrote expire together (here all at the same instant,
     the worst case jitter would spread), and M instances (own client, pool and local cache each) then ask
     for every key at the same moment. Each key's computation only finishes once every instance has asked
-    for it, so without single flight most instances compute it too (349 of 384 on the code before the
-    lock); with the lock exactly one does and
-    the others get its value from Redis."""
+    for it, so without single flight most of the M instances compute it too (N * M at worst); with the
+    lock exactly one does and the others get its value from Redis."""
     n, m = 48, 8
     writer = tiers(redis_server.url, ttl_s=1000)
     keys = warm_up(writer, n)

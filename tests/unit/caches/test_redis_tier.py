@@ -71,10 +71,10 @@ def tiers():
     """SharedTier objects a test creates (``make(url, clock=..., **settings)``), closed afterwards."""
     made: list[SharedTier] = []
 
-    def make(url: str, *, clock: FakeClock | None = None, mac_key: bytes = b"", salt: str = "",
+    def make(url: str, *, clock: FakeClock | None = None, sleep=None, mac_key: bytes = b"", salt: str = "",
              **settings) -> SharedTier:
         settings.setdefault("retry_after_s", RETRY_AFTER_S)
-        timing = {} if clock is None else {"clock": clock, "sleep": clock.sleep}
+        timing = {} if clock is None else {"clock": clock, "sleep": sleep or clock.sleep}
         tier = SharedTier(SharedTierSettings(url=url, **settings), mac_key=mac_key, salt=salt, **timing)
         made.append(tier)
         return tier
@@ -560,7 +560,6 @@ def test_a_waiting_instance_takes_the_value_as_soon_as_it_lands(redis_server, ti
     assert state is LockState.HELD
 
     clock = FakeClock()
-    waiter = make_cache(tiers(redis_server.url, clock=clock, lock_wait_ms=100, lock_poll_ms=2))
 
     def sleep(seconds: float) -> None:  # the holder finishes while the waiter sleeps its third poll
         clock.sleep(seconds)
@@ -568,7 +567,7 @@ def test_a_waiting_instance_takes_the_value_as_soon_as_it_lands(redis_server, ti
             make_cache(holder).put("t1", key.digest, np.array([9], dtype=np.int32))
             holder.unlock(lease)
 
-    waiter.shared._sleep = sleep
+    waiter = make_cache(tiers(redis_server.url, clock=clock, sleep=sleep, lock_wait_ms=100, lock_poll_ms=2))
     value, source = waiter.get_or_compute("t1", key.digest, lambda: pytest.fail("the holder computed it"))
     assert source == "shared" and value.tolist() == [9] and len(clock.slept) == 3
     assert waiter.shared.stats.lock_waited == 1

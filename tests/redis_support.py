@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -52,12 +53,22 @@ class RedisServer:
             return
         proc, self.proc = self.proc, None
         if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)  # a paused server cannot act on SIGTERM
             proc.terminate()
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=5)
+
+    def pause(self) -> None:
+        """Stop the process (SIGSTOP): connections stay open and new ones are accepted, nothing answers."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
 
     def admin(self) -> "redis.Redis":
         return redis.Redis(port=self.port, socket_timeout=2, socket_connect_timeout=2)

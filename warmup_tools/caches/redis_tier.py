@@ -17,7 +17,21 @@ The shared tier is an optimisation, never a dependency:
 - the MAC (blake2b-128) covers the Redis key and the payload, keyed by a per-deployment key in trust mode
   (derived from the deployment secret): a value copied under another key (another tenant's), or written
   by anyone without the key, is a miss. Decoded arrays are checked too (:func:`checked_decoder`);
-- the URL carries the password and TLS (``rediss://:password@host:6380/0``); it is never logged.
+- the URL carries the password and TLS (``rediss://:password@host:6380/0``); it is never logged;
+- one instance opens at most ``max_connections`` to Redis; a call that finds them all busy for
+  ``pool_timeout_ms`` is a miss (and leaves the circuit closed).
+
+Under the load a warm-up makes (many keys written at once, so they would all expire at once a TTL later
+and every instance of every replica would recompute them at the same moment):
+
+- each key's TTL is ``ttl_s`` spread by ``ttl_jitter`` (a factor taken from the key's name), so they
+  expire over a window instead of together;
+- a miss is computed once across instances (:meth:`SharedTier.lock_or_wait`): the first instance takes
+  the key's lock (redis-py's ``Lock``: ``SET NX PX`` with a token, released by compare-and-delete) and
+  computes; the others poll for its value for at most ``lock_wait_ms``, then compute it themselves, so a
+  lock holder that died costs a request at most that long.
+
+Every setting comes from :class:`~warmup_tools.caches.settings.SharedTierSettings`.
 
 Keys carry the cache kind, the tokenizer or embedding-model fingerprint, a hash of the tenant and the
 text digest, so neither two tenants nor two models ever share an entry, in either tier.
@@ -27,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import functools
 import hashlib
 import hmac
@@ -34,9 +49,10 @@ import logging
 import struct
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from warmup_tools.caches.settings import SharedTierSettings
 from warmup_tools.common.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -44,6 +60,8 @@ if TYPE_CHECKING:
 
 
 LOGGER = logging.getLogger(__name__)
+
+V = TypeVar("V")
 
 
 #: First bytes of every value this module writes; anything else under our keys is foreign.
@@ -72,6 +90,10 @@ _ARRAY_HEADER = struct.Struct("<BB")  # dtype-string length, ndim
 
 
 _ARRAY_DIM = struct.Struct("<Q")
+
+
+#: The name every connection of the tier gives itself (``CLIENT LIST`` shows who holds what).
+CLIENT_NAME = "warmup-tools-cache"
 
 
 #: Get latencies kept for :meth:`TierStats.p50` / :meth:`TierStats.p99`.
@@ -193,6 +215,12 @@ class TierStats:
     skipped: int = 0  # get/put calls not sent because the tier was marked down
     puts: int = 0
     put_errors: int = 0
+    pool_exhausted: int = 0  # calls that found every connection busy for pool_timeout_ms (also errors)
+    locks: int = 0  # misses this instance computed under the key's lock
+    lock_busy: int = 0  # misses that found another instance computing the value
+    lock_waited: int = 0  # ... and got it from the tier while waiting
+    lock_timeouts: int = 0  # ... and computed it themselves after lock_wait_ms
+    lock_lost: int = 0  # locks that expired (lock_ms) before their holder released them
     get_latency_s: collections.deque[float] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=LATENCY_SAMPLES)
     )
@@ -211,29 +239,26 @@ class TierStats:
         return self.latency_quantile(0.99)
 
 
+class LockState(enum.Enum):
+    """What :meth:`SharedTier.try_lock` found."""
+
+    HELD = "held"  # this caller holds the lock: it computes the value
+    BUSY = "busy"  # another instance holds it: that one is computing the value
+    UNAVAILABLE = "unavailable"  # the tier is down, closed or out of connections: compute without the lock
+
+
 class SharedTier:
     """Redis behind the local caches. Every call is bounded by timeout_ms and never raises."""
 
     def __init__(
         self,
-        url: str,
+        settings: SharedTierSettings,
         *,
-        namespace: str = "wt",
-        timeout_ms: float = 20.0,
-        retry_after_s: float = 2.0,
-        ttl_s: float | None = 86400,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
         mac_key: bytes = b"",
         salt: str = "",
     ) -> None:
-        if not namespace or ":" in namespace:
-            raise ConfigError(f"shared tier namespace {namespace!r} must be non-empty and hold no ':'")
-        if timeout_ms <= 0:
-            raise ConfigError(f"shared tier timeout_ms must be > 0, got {timeout_ms}")
-        if retry_after_s < 0:
-            raise ConfigError(f"shared tier retry_after_s must be >= 0, got {retry_after_s}")
-        if ttl_s is not None and ttl_s <= 0:
-            raise ConfigError(f"shared tier ttl_s must be > 0 or None, got {ttl_s}")
         try:
             import redis  # optional: only a configured shared tier needs it
             from redis.backoff import NoBackoff
@@ -241,31 +266,38 @@ class SharedTier:
         except ImportError as exc:
             raise ConfigError("a shared cache tier needs the redis package: pip install 'redis>=5'") from exc
 
-        self.namespace = namespace
+        self.settings = settings
+        self.namespace = settings.namespace
         self._mac_key = mac_key
         self._salt = salt.encode("utf-8")
-        self.timeout_s = timeout_ms / 1000.0
-        self.retry_after_s = retry_after_s
-        self._ttl_ms = None if ttl_s is None else max(1, round(ttl_s * 1000))
+        self.timeout_s = settings.timeout_ms / 1000.0
+        self.retry_after_s = settings.retry_after_s
         self._clock = clock
-        self.where = _redact(url)  # for logs: the URL without its password
+        self._sleep = sleep
+        self.where = _redact(settings.url)  # for logs: the URL without its password
         self.stats = TierStats()
         # NOTE: redis-py >= 6 retries timeouts and connection errors by default (10 times, with
         # backoff up to 1 s), which would turn a 20 ms bound into seconds: one attempt, no retries.
         # ``retry_on_timeout=False`` alone no longer does this (deprecated, and the default Retry
         # still applies). driver_info=None skips the two CLIENT SETINFO round trips on each connect.
+        # The blocking pool holds at most max_connections and a call waits pool_timeout_ms for one
+        # (redis-py's default pool opens a connection per concurrent call, without a bound).
         # from_url does not connect: a server that starts while Redis is down still starts.
         try:
-            self._client = redis.Redis.from_url(
-                url,
+            pool = redis.BlockingConnectionPool.from_url(
+                settings.url,
+                max_connections=settings.max_connections,
+                timeout=settings.pool_timeout_ms / 1000.0,
                 socket_timeout=self.timeout_s,
                 socket_connect_timeout=self.timeout_s,
                 retry=Retry(NoBackoff(), 0),
                 health_check_interval=0,
                 driver_info=None,
+                client_name=CLIENT_NAME,
             )
         except ValueError as exc:
             raise ConfigError(f"shared tier URL {self.where!r} is not usable: {exc}") from exc
+        self._client = redis.Redis.from_pool(pool)
         self._lock = threading.Lock()
         self._down_until: float | None = None  # None: circuit closed
         self._probing = False  # half-open: one call is testing whether Redis is back
@@ -280,24 +312,37 @@ class SharedTier:
         digest = hmac.new(self._salt, b"text:" + key.digest, hashlib.sha256).hexdigest()[:32]
         return f"{self.namespace}:{key.kind}:{key.fingerprint}:{tenant}:{digest}"
 
+    def ttl_ms(self, redis_key: str) -> int | None:
+        """The TTL a value under ``redis_key`` gets: ``ttl_s`` spread by ``ttl_jitter``; None: no expiry.
+
+        NOTE: the factor comes from the key's name, so every instance that writes a key gives it the same
+        TTL and a run is reproducible, while the keys one warm-up wrote in the same second expire over
+        a window of 2 * ttl_jitter * ttl_s instead of in the same second, a TTL later.
+        """
+        if not self.settings.ttl_s:
+            return None
+        ttl_ms = self.settings.ttl_s * 1000.0
+        if self.settings.ttl_jitter:
+            u = int.from_bytes(hashlib.blake2b(redis_key.encode(), digest_size=8, person=b"wt-ttl").digest(),
+                               "little") / 2.0**64
+            ttl_ms *= 1.0 + self.settings.ttl_jitter * (2.0 * u - 1.0)
+        return max(1, round(ttl_ms))
+
     def get(self, key: TierKey) -> bytes | None:
         """The payload stored under ``key``, or None on a miss, a corrupt value or any failure."""
         if not self._admit():
             return None
+        name = self.redis_key(key)
         start = time.perf_counter()
-        try:
-            blob = self._client.get(self.redis_key(key))
-        except Exception as exc:  # noqa: BLE001  (never raise: any failure is a miss)
-            self.stats.get_latency_s.append(time.perf_counter() - start)
-            self.stats.errors += 1
-            self._failed(exc)
-            return None
+        ok, blob = self._call(self._client.get, name)
         self.stats.get_latency_s.append(time.perf_counter() - start)
-        self._succeeded()
+        if not ok:
+            self.stats.errors += 1
+            return None
         if blob is None:
             self.stats.misses += 1
             return None
-        payload = decode_value(blob, mac_key=self._mac_key, bound_to=self.redis_key(key).encode())
+        payload = decode_value(blob, mac_key=self._mac_key, bound_to=name.encode())
         if payload is None:
             self.stats.corrupt += 1
             return None
@@ -305,29 +350,101 @@ class SharedTier:
         return payload
 
     def put(self, key: TierKey, payload: bytes) -> bool:
-        """Store ``payload`` under ``key`` (with the TTL); False if it was not (certainly) stored.
+        """Store ``payload`` under ``key`` (with its TTL); False if it was not (certainly) stored.
 
         NOTE: the whole envelope goes in one SET, which Redis applies atomically, so a concurrent
         reader sees the old value, the new one or nothing. A write that times out may still land;
         that is harmless because values are a pure function of their key.
         """
+        name = self.redis_key(key)
         try:
-            blob = encode_value(payload, mac_key=self._mac_key, bound_to=self.redis_key(key).encode())
+            blob = encode_value(payload, mac_key=self._mac_key, bound_to=name.encode())
         except ValueError:
             self.stats.put_errors += 1
             LOGGER.debug("value for %s too large for the shared tier", key.kind, exc_info=True)
             return False
         if not self._admit():
             return False
-        try:
-            self._client.set(self.redis_key(key), blob, px=self._ttl_ms)
-        except Exception as exc:  # noqa: BLE001  (best effort: the local tier already has the value)
+        ok, _ = self._call(self._client.set, name, blob, px=self.ttl_ms(name))
+        if not ok:
             self.stats.put_errors += 1
-            self._failed(exc)
             return False
-        self._succeeded()
         self.stats.puts += 1
         return True
+
+    # -- one computation per key across instances -----------------------------------------------------
+
+    def lock_or_wait(self, key: TierKey, poll: Callable[[], V | None]) -> tuple[object | None, V | None]:
+        """Single flight for a miss of ``key``; ``poll`` reads the value from this tier (None: not there).
+
+        - ``(lease, None)``: this caller holds the key's lock and computes the value; it puts the value,
+          then passes the lease to :meth:`unlock`;
+        - ``(None, value)``: another instance computed it and ``poll`` found it;
+        - ``(None, None)``: compute without the lock: single flight is off, the tier is unavailable, or
+          the holder did not publish the value within ``lock_wait_ms`` (it may have died: its lock
+          expires by itself after ``lock_ms``, and no request waits for it longer than ``lock_wait_ms``).
+        """
+        if not self.settings.single_flight:
+            return None, None
+        deadline = self._clock() + self.settings.lock_wait_ms / 1000.0
+        poll_s = self.settings.lock_poll_ms / 1000.0
+        waited = False
+        while True:
+            state, lease = self.try_lock(key)
+            if state is LockState.HELD:
+                # NOTE: the value may have landed between the caller's miss and the lock (its holder
+                # put it and unlocked): look once more, or this instance would compute it a second time.
+                value = poll()
+                if value is None:
+                    return lease, None
+                self.unlock(lease)
+                return None, value
+            if state is LockState.UNAVAILABLE:
+                return None, None
+            if not waited:
+                self.stats.lock_busy += 1
+                waited = True
+            now = self._clock()
+            if now >= deadline:
+                self.stats.lock_timeouts += 1
+                return None, None
+            self._sleep(min(poll_s, deadline - now))
+            value = poll()
+            if value is not None:
+                self.stats.lock_waited += 1
+                return None, value
+
+    def try_lock(self, key: TierKey) -> tuple[LockState, object | None]:
+        """Take ``key``'s lock without waiting: ``(HELD, lease)``, ``(BUSY, None)`` or ``(UNAVAILABLE, None)``.
+
+        The lock is redis-py's :class:`redis.lock.Lock`: ``SET name token NX PX lock_ms`` with a random
+        token, released by a Lua compare-and-delete, so a holder whose lock expired never frees the lock
+        another instance took since.
+        """
+        if not self._admit():
+            return LockState.UNAVAILABLE, None
+        lock = self._client.lock(f"{self.redis_key(key)}:lock", timeout=self.settings.lock_ms / 1000.0,
+                                 blocking=False, thread_local=False)
+        ok, held = self._call(lock.acquire, blocking=False)
+        if not ok:
+            self.stats.errors += 1
+            return LockState.UNAVAILABLE, None
+        if not held:
+            return LockState.BUSY, None
+        self.stats.locks += 1
+        return LockState.HELD, lock
+
+    def unlock(self, lease: object) -> None:
+        """Release a lock :meth:`try_lock` took; one that expired meanwhile is counted, never raised."""
+        from redis.exceptions import LockNotOwnedError
+
+        try:
+            lease.release()  # type: ignore[attr-defined]
+        except LockNotOwnedError:
+            self.stats.lock_lost += 1  # it expired (lock_ms) before the value was ready
+        except Exception as exc:  # noqa: BLE001  (the lock expires by itself after lock_ms)
+            self.stats.errors += 1
+            self._on_error(exc)
 
     @property
     def available(self) -> bool:
@@ -343,6 +460,25 @@ class SharedTier:
             LOGGER.debug("closing the shared cache tier at %s failed", self.where, exc_info=True)
 
     # -- circuit breaker ----------------------------------------------------------------------------
+
+    def _call(self, fn: Callable[..., object], *args: object, **kwargs: object) -> tuple[bool, object]:
+        """``(True, fn's result)``, or ``(False, None)`` after any failure (never raises)."""
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001  (never raise: a failure is a miss or a dropped write)
+            self._on_error(exc)
+            return False, None
+        self._succeeded()
+        return True, result
+
+    def _on_error(self, exc: Exception) -> None:
+        if _pool_exhausted(exc):
+            # NOTE: every connection is busy in this process: Redis itself may be fine, so the call is a
+            # miss but the circuit stays closed.
+            self.stats.pool_exhausted += 1
+            LOGGER.debug("shared cache tier at %s: no free connection within the pool timeout", self.where)
+            return
+        self._failed(exc)
 
     def _admit(self) -> bool:
         """Whether this call may go to Redis: yes when closed; one probe at a time once retry_after_s passed."""
@@ -381,6 +517,17 @@ class SharedTier:
             )
         else:
             LOGGER.debug("shared cache tier at %s still down: %s", self.where, exc)
+
+
+def _pool_exhausted(exc: Exception) -> bool:
+    """Whether ``exc`` is redis-py's blocking pool finding no free connection within its timeout.
+
+    NOTE: redis-py raises a plain ConnectionError with this message (redis/connection.py,
+    BlockingConnectionPool.get_connection); test_pool_is_bounded_and_a_full_pool_is_a_miss pins it.
+    """
+    import redis
+
+    return isinstance(exc, redis.ConnectionError) and str(exc) == "No connection available."
 
 
 def check_key_part(name: str, value: str) -> None:

@@ -76,18 +76,9 @@ class TieredCache(Generic[V]):
         if value is not None:
             self.stats.local_hits += 1
             return value, CacheSource.LOCAL
-        if self.shared is not None:
-            payload = self.shared.get(TierKey(self.kind, tenant, self.fingerprint, digest))
-            if payload is not None:
-                try:
-                    value = self._decode(payload)
-                except Exception:
-                    self.stats.undecodable += 1
-                    LOGGER.debug("undecodable %s value in the shared tier", self.kind, exc_info=True)
-                else:
-                    self.local.put(local_key, value)
-                    self.stats.shared_hits += 1
-                    return value, CacheSource.SHARED
+        value = self._get_shared(tenant, digest, local_key)
+        if value is not None:
+            return value, CacheSource.SHARED
         self.stats.misses += 1
         return None, CacheSource.MISS
 
@@ -107,15 +98,46 @@ class TieredCache(Generic[V]):
     def get_or_compute(self, tenant: str, digest: bytes, compute: Callable[[], V]) -> tuple[V, str]:
         """``(value, LOCAL | SHARED | COMPUTED)``; a computed value is stored in both tiers.
 
-        Errors raised by ``compute`` propagate: they belong to the request, not to the cache.
+        On a miss in both tiers, one instance computes the value under the key's lock in the shared tier
+        while the others wait for it (at most the tier's ``lock_wait_ms``; see
+        :meth:`~warmup_tools.caches.redis_tier.SharedTier.lock_or_wait`). Errors raised by ``compute``
+        propagate: they belong to the request, not to the cache (the lock is released).
         """
         value, source = self.get(tenant, digest)
         if value is not None:
             return value, source
-        value = compute()
-        self.stats.computed += 1
-        self.put(tenant, digest, value)
+        lease = None
+        if self.shared is not None:
+            local_key = self._local_key(tenant, digest)
+            lease, value = self.shared.lock_or_wait(TierKey(self.kind, tenant, self.fingerprint, digest),
+                                                    lambda: self._get_shared(tenant, digest, local_key))
+            if value is not None:
+                return value, CacheSource.SHARED
+        try:
+            value = compute()
+            self.stats.computed += 1
+            self.put(tenant, digest, value)  # NOTE: before unlocking, so a waiter that sees the lock gone finds it
+        finally:
+            if lease is not None:
+                self.shared.unlock(lease)
         return value, CacheSource.COMPUTED
+
+    def _get_shared(self, tenant: str, digest: bytes, local_key: tuple[str, str, str, bytes]) -> V | None:
+        """The shared tier's value, decoded and copied into the local tier; None on a miss."""
+        if self.shared is None:
+            return None
+        payload = self.shared.get(TierKey(self.kind, tenant, self.fingerprint, digest))
+        if payload is None:
+            return None
+        try:
+            value = self._decode(payload)
+        except Exception:
+            self.stats.undecodable += 1
+            LOGGER.debug("undecodable %s value in the shared tier", self.kind, exc_info=True)
+            return None
+        self.local.put(local_key, value)
+        self.stats.shared_hits += 1
+        return value
 
     def _local_key(self, tenant: str, digest: bytes) -> tuple[str, str, str, bytes]:
         # NOTE: the tenant is part of the local key too: tenants never share an entry in either tier.

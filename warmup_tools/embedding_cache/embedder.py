@@ -100,10 +100,13 @@ class OnnxEmbedder:
         return EmbeddingResult(vector, source if vector is not None else CacheSource.MISS)
 
     def compute(self, text: str, tenant: str = "default") -> np.ndarray:
-        """Embed ``text`` now and cache it (read-only, shared by every later hit)."""
+        """Embed ``text`` and cache it (read-only, shared by every later hit); with a shared tier, one
+        instance embeds a text at a time while the others wait for its vector (``redis_lock_wait_ms``)."""
+        return self.cache.get_or_compute(tenant, text_digest(text), lambda: self._embed_one(text))[0]
+
+    def _embed_one(self, text: str) -> np.ndarray:
         vector = self.embed_batch([text])[0]
         vector.setflags(write=False)
-        self.cache.put(tenant, text_digest(text), vector)
         return vector
 
     def embed(self, text: str, tenant: str = "default") -> np.ndarray:

@@ -154,6 +154,16 @@ def _parser() -> argparse.ArgumentParser:
                               help="tokenizer/embedding cache latency, hit ratios, tiers, ensemble overhead")
     caches.add_argument("--requests", dest="n", type=int, default=300)
 
+    stampede = which.add_parser("stampede", parents=[assets],
+                                help="a warm-up's Redis keys expiring together: recomputes per key and their peak "
+                                     "rate with and without TTL jitter and the single-flight lock")
+    stampede.add_argument("--keys", type=int, default=200)
+    stampede.add_argument("--instances", type=int, default=8)
+    stampede.add_argument("--ttl-s", type=float, default=10.0)
+    stampede.add_argument("--compute-ms", type=float, default=20.0, help="cost of one computation (simulated)")
+    stampede.add_argument("--zipf-s", type=float, default=1.1, help="key popularity exponent")
+    stampede.add_argument("--timeout-ms", type=float, default=250.0, help="redis_timeout_ms of the instances")
+
     rep = which.add_parser("replay", parents=[assets],
                            help="plan from day-1 logs, replay day 2's first hours with and without it, beside the "
                                 "floor (the best any plan could do)")

@@ -17,12 +17,17 @@ from warmup_tools.triton.params import ModelParameters
 
 
 def redis_tier_from_params(params: ModelParameters) -> Any:
-    """The Redis shared tier a model's ``redis_url`` parameter names, or None when it is empty."""
-    url = params.get("redis_url", str, "") or _read_url(params)
-    timeout_ms = params.get("redis_timeout_ms", float, 20.0)
-    retry_after_s = params.get("redis_retry_after_s", float, 2.0)
+    """The Redis shared tier a model's ``redis_*`` parameters describe (the URL from ``redis_url`` or the file
+    ``redis_url_file`` names), or None when there is none."""
+    import dataclasses
+
+    from warmup_tools.caches.settings import SharedTierSettings
+
+    settings = SharedTierSettings.from_parameters(params)
+    if not settings.url:
+        settings = dataclasses.replace(settings, url=_read_url(params))
     control_dir = params.get("control_dir", str, "")
-    if not url:
+    if not settings.url:
         return None
     from warmup_tools.caches.redis_tier import SharedTier
     from warmup_tools.triton.trust import TenantTrust
@@ -36,8 +41,7 @@ def redis_tier_from_params(params: ModelParameters) -> Any:
                               "control_dir, where the deployment's random Redis key salt is kept; set it, or use "
                               "trust mode (deployment_secret_file)")
         trust = TenantTrust(open_mode_seed(params.path("control_dir")))
-    return SharedTier(url, timeout_ms=timeout_ms, retry_after_s=retry_after_s,
-                      mac_key=trust.derived_key(b"redis-mac"), salt=trust.cache_salt())
+    return SharedTier(settings, mac_key=trust.derived_key(b"redis-mac"), salt=trust.cache_salt())
 
 
 def _read_url(params: ModelParameters) -> str:

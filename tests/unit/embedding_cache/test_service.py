@@ -110,6 +110,12 @@ class RecordingTier:
         self.values[key] = payload
         return True
 
+    def lock_or_wait(self, key, poll):
+        return None, None  # no single flight: compute at once
+
+    def unlock(self, lease) -> None:
+        raise AssertionError("no lease was handed out")
+
 
 def test_the_embedding_cache_is_keyed_by_tenant_in_both_tiers(demo_assets):
     shared = RecordingTier()

@@ -7,6 +7,7 @@ the ensemble's tokenizer and embedding steps add over calling ``lora_adapter`` d
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import random
 import shutil
@@ -17,7 +18,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Sequence, TextIO
+from typing import Callable, Iterator, Sequence, TextIO
 
 import numpy as np
 
@@ -95,22 +96,20 @@ def run(assets_dir: Path, *, n: int = 300, out: TextIO = sys.stdout) -> None:
     _ensemble_overhead(assets_dir, tok, rng, out)
 
 
-def _tier_latency(out: TextIO) -> None:
-    from warmup_tools.caches.policies import SegmentedLRUCache
-    from warmup_tools.caches.redis_tier import SharedTier, decode_array, encode_array
-    from warmup_tools.caches.tiered import TieredCache
-
+@contextlib.contextmanager
+def local_redis() -> Iterator[str | None]:
+    """A throwaway redis-server on a free port (its URL), stopped afterwards; None without redis-server."""
     binary = shutil.which("redis-server")
     if binary is None:
-        out.write("\nLocal vs Redis tier: skipped (redis-server not installed)\n")
+        yield None
         return
+    import redis
+
     port = free_port()
     work = Path(tempfile.mkdtemp(prefix="bench-redis-"))
     proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                              "--dir", str(work)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        import redis
-
         admin = redis.Redis(port=port, socket_timeout=1, socket_connect_timeout=1)
         for _ in range(100):
             try:
@@ -119,7 +118,24 @@ def _tier_latency(out: TextIO) -> None:
             except redis.ConnectionError:
                 time.sleep(0.05)
         admin.close()
-        tier = SharedTier(f"redis://127.0.0.1:{port}/0", timeout_ms=50)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _tier_latency(out: TextIO) -> None:
+    from warmup_tools.caches.policies import SegmentedLRUCache
+    from warmup_tools.caches.redis_tier import SharedTier, decode_array, encode_array
+    from warmup_tools.caches.settings import SharedTierSettings
+    from warmup_tools.caches.tiered import TieredCache
+
+    with local_redis() as url:
+        if url is None:
+            out.write("\nLocal vs Redis tier: skipped (redis-server not installed)\n")
+            return
+        tier = SharedTier(SharedTierSettings(url=url, timeout_ms=50))
         writer = TieredCache(SegmentedLRUCache(64 << 20), tier, kind="tok", fingerprint="bench",
                              encode=encode_array, decode=decode_array)
         reader = TieredCache(SegmentedLRUCache(64 << 20), tier, kind="tok", fingerprint="bench",
@@ -135,10 +151,6 @@ def _tier_latency(out: TextIO) -> None:
         out.write(f"\nLocal vs Redis tier (300 token ids): local hit p50 {lp:.4f} ms / p99 {lq:.4f} ms; "
                   f"Redis hit p50 {sp:.3f} ms / p99 {sq:.3f} ms\n")
         tier.close()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _ensemble_overhead(assets_dir: Path, tok: object, rng: random.Random, out: TextIO) -> None:

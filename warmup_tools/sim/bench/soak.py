@@ -1,0 +1,851 @@
+"""``python -m warmup_tools bench soak``: long mixed traffic against the stack ``warmup_tools sidecar`` runs,
+a ``lora_adapter`` stub killed at an interval, and whether anything grows, hangs or is lost.
+
+The stack is started as ``python -m warmup_tools sidecar`` (tritonserver in explicit model-control mode with
+the readiness and recovery sidecar in the same process) on free ports, with its own control, request-log
+and log folders, and a fourth adapter (``billing``, built with the demo asset code) made live through the
+control folder beside the three demo adapters. Then, for ``duration``:
+
+- ``concurrency`` closed-loop clients send a mix: ``ensemble`` gRPC streams with the demo plan's prompts
+  (planned prefixes) and with unplanned ones, requests straight to ``lora_adapter`` (token ids), several
+  tenants, the four adapters and the base model; some streams are cancelled mid-stream (gRPC cancel), and
+  ``bad_share`` of the requests are bad in one of several ways, each of which must get its error;
+- every ``kill_every`` the ``lora_adapter`` stub is SIGKILLed; a recovery window runs from the kill until
+  the sidecar's ``/ready`` answers 200 again, plus ``grace_s``; a good request that fails outside every
+  window is lost;
+- every ``sample_every`` the RSS, open files and threads of tritonserver, each stub (by model instance: a
+  stub started by a recovery continues its role), the sidecar process and the bench itself are sampled.
+
+Written to ``out_dir``: ``samples.csv``, ``requests.csv``, ``summary.md`` (printed too), and the logs of
+the server and the sidecar. The run fails (exit 2) when a request was lost, a bad request did not get its
+clear error, a metric grew beyond its tolerance, or a slot stayed held after the traffic stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import datetime
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator, TextIO
+
+import numpy as np
+
+from warmup_tools.common.errors import ServerError, WarmupToolsError
+from warmup_tools.ops.config import REPO_ROOT
+from warmup_tools.ops.server import free_port
+from warmup_tools.sim.bench.soak_checks import (
+    CANCELLED,
+    ERROR,
+    HUNG,
+    METRICS,
+    OK,
+    TOLERANCES,
+    Accounting,
+    BadKind,
+    Flatness,
+    ProcSample,
+    RequestRecord,
+    Window,
+    account,
+    error_class,
+    flatness,
+    flatness_table,
+    process_role,
+)
+from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
+
+#: The fourth adapter, built for the run and made live through the control folder, and its warm prompt.
+EXTRA_ADAPTER = "billing"
+EXTRA_SYSTEM_PROMPT = (
+    "You answer billing questions for Acme Cloud. Invoices are issued on the first day of each month, in the "
+    "currency of the customer's contract. Explain each line of an invoice, point to the usage report behind "
+    "it, and say when a credit note applies. Refunds take five to seven business days. Never change a plan or "
+    "issue a refund yourself: tell the customer which form to send.\n\n"
+)
+EXTRA_QUESTIONS = ["Why is my invoice higher than last month?", "When will my refund arrive?"]
+ADAPTERS: tuple[str, ...] = ("support", "legal", "sql", EXTRA_ADAPTER)
+TENANTS: tuple[str, ...] = ("default", "acme", "globex", "initech")
+#: Seconds a request may take before it counts as hung.
+CLIENT_TIMEOUT_S = 120.0
+#: Pause of a client after an error (a real client backs off too; keeps a recovery from being flooded).
+ERROR_PAUSE_S = 0.5
+#: Deadlines of the stack's start and of one recovery.
+START_TIMEOUT_S, RECOVERY_TIMEOUT_S = 1200.0, 900.0
+#: Vocabulary of the demo LM (token ids above it are refused).
+OUTSIDE_VOCAB_ID = 999_999
+
+
+def _bad_requests() -> list[tuple[BadKind, Any, dict[str, Any]]]:
+    """Each bad request: its kind, its text (or token ids, direct), and its parameters."""
+    return [
+        (BadKind("tenant with control characters", "http", "INVALID_ARG", "tenant_id' is not a valid name", "zq7"),
+         "hello", {"tenant_id": "acme\x00\nzq7", "max_tokens": 3}),
+        (BadKind("tenant of 100,000 bytes", "grpc", "INVALID_ARG", "tenant_id' is not a valid name", "t" * 80),
+         "hello", {"tenant_id": "t" * 100_000, "max_tokens": 3}),
+        (BadKind("adapter name with a path", "http", "INVALID_ARG", "adapter_id' is not a valid name", "../"),
+         "hello", {"adapter_id": "../adapters/support", "max_tokens": 3}),
+        (BadKind("unknown adapter (HTTP)", "http", "NOT_FOUND", "unknown adapter"),
+         "hello", {"adapter_id": "no-such-adapter", "max_tokens": 3}),
+        (BadKind("unknown adapter (gRPC)", "grpc", "NOT_FOUND", "unknown adapter"),
+         "hello", {"adapter_id": "no-such-adapter", "max_tokens": 3}),
+        (BadKind("text of 300 KiB", "http", "INVALID_ARG", "longer than 262144 bytes", "x" * 32),
+         "zq " + "x" * (300 << 10), {"adapter_id": "support", "max_tokens": 3}),
+        (BadKind("top_p 0", "grpc", "INVALID_ARG", "1 for no nucleus filtering"),
+         "hello", {"top_p": 0.0, "max_tokens": 3}),
+        (BadKind("max_tokens 0", "http", "INVALID_ARG", "max_tokens"), "hello", {"max_tokens": 0}),
+        (BadKind("max_tokens 100000", "grpc", "INVALID_ARG", "max_tokens"), "hello", {"max_tokens": 100_000}),
+        (BadKind("temperature -1", "http", "INVALID_ARG", "temperature"), "hello",
+         {"temperature": -1.0, "max_tokens": 3}),
+        (BadKind("temperature 1000", "grpc", "INVALID_ARG", "temperature"), "hello",
+         {"temperature": 1000.0, "max_tokens": 3}),
+        (BadKind("top_k -1", "http", "INVALID_ARG", "top_k"), "hello", {"top_k": -1, "max_tokens": 3}),
+        (BadKind("empty text", "grpc", "INVALID_ARG", "empty"), "   ", {"max_tokens": 3}),
+        (BadKind("text not UTF-8", "grpc", "INVALID_ARG", "UTF-8"), b"\xff\xfe zq", {"max_tokens": 3}),
+        (BadKind("token id outside the vocabulary (direct)", "direct", "INVALID_ARG", "outside the vocabulary"),
+         [OUTSIDE_VOCAB_ID], {"max_tokens": 3}),
+        (BadKind("tenant of 65 bytes (direct)", "direct", "INVALID_ARG", "tenant_id' is not a valid name", "t" * 65),
+         [5, 6, 7, 8], {"tenant_id": "t" * 65, "max_tokens": 3}),
+    ]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SoakSettings:
+    duration_s: float
+    kill_every_s: float
+    concurrency: int
+    bad_share: float
+    cancel_share: float
+    direct_share: float
+    settle_s: float
+    sample_every_s: float
+    grace_s: float
+    max_tokens: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise WarmupToolsError("--concurrency must be at least 1")
+        shares = (self.bad_share, self.cancel_share, self.direct_share)
+        if not all(0.0 <= s <= 1.0 for s in shares) or sum(shares) > 1.0:
+            raise WarmupToolsError("--bad-share, --cancel-share and --direct-share must be shares that sum to 1 "
+                                   "or less")
+        if not 1 <= self.max_tokens <= 512:
+            raise WarmupToolsError("--max-tokens must be 1 to 512 (lora_adapter's max_tokens_limit)")
+
+    def kill_times(self) -> list[float]:
+        """Seconds after the traffic's start at which the stub is killed (every interval before the end)."""
+        times, t = [], self.kill_every_s
+        while t < self.duration_s:
+            times.append(t)
+            t += self.kill_every_s
+        return times
+
+
+# ------------------------------------------------------------------------------------------- stack
+class Stack:
+    """``python -m warmup_tools sidecar`` in a child process on free ports, in its own folders.
+
+    Stopped with SIGINT (the command stops the sidecar, then tritonserver: SIGINT, a bounded wait, SIGKILL),
+    then whatever is left of the tree is SIGKILLed: nothing outlives :meth:`stop`."""
+
+    def __init__(self, assets_dir: Path, work: Path) -> None:
+        self.work = work
+        self.control_dir = work / "control"
+        self.request_log_dir = work / "request_log"
+        self.server_log = work / "tritonserver.log"
+        self.sidecar_log = work / "sidecar.log"
+        self.http_port, self.grpc_port, self.metrics_port, self.sidecar_port = (free_port() for _ in range(4))
+        self.assets_dir = assets_dir
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log = None
+        #: Every process of the stack seen while it ran (pid: role), checked after the stop.
+        self.seen: dict[int, str] = {}
+
+    http_url = property(lambda self: f"127.0.0.1:{self.http_port}")
+    grpc_url = property(lambda self: f"127.0.0.1:{self.grpc_port}")
+    sidecar_url = property(lambda self: f"http://127.0.0.1:{self.sidecar_port}")
+    metrics_url = property(lambda self: f"http://127.0.0.1:{self.metrics_port}/metrics")
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def start(self) -> None:
+        from warmup_tools.ops.server import _die_with_parent
+
+        for folder in (self.control_dir, self.request_log_dir):
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "warmup_tools", "sidecar",
+               "--model-repository", str(REPO_ROOT / "model_repository"), "--assets-dir", str(self.assets_dir),
+               "--control-dir", str(self.control_dir), "--log-file", str(self.server_log),
+               "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+               "--metrics-port", str(self.metrics_port), "--sidecar-port", str(self.sidecar_port),
+               "--ready-timeout-s", str(START_TIMEOUT_S)]
+        # NOTE: no WARMUP_* setting of the caller's environment reaches the stack (a snapshot folder or a
+        # Redis URL there would change what is measured); the request log goes to the run's own folder.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WARMUP_")}
+        env["WARMUP_REQUEST_LOG_DIR"] = str(self.request_log_dir)
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+        self._log = open(self.sidecar_log, "ab", buffering=0)
+        self._process = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while ready_status(self.sidecar_url) != 200:
+            if self._process is None or self._process.poll() is not None:
+                raise ServerError(f"`warmup_tools sidecar` exited before /ready said 200; its output:\n"
+                                  f"{_tail(self.sidecar_log)}\nserver log:\n{_tail(self.server_log)}")
+            if time.monotonic() > deadline:
+                raise ServerError(f"/ready did not answer 200 within {timeout_s:.0f}s:\n{_tail(self.sidecar_log)}")
+            time.sleep(0.5)
+
+    def processes(self) -> dict[int, str]:
+        """``pid: role`` of the sidecar process, tritonserver and each Python backend stub now."""
+        if self.pid is None:
+            return {}
+        children: dict[int, list[tuple[int, list[str]]]] = {}
+        for pid, ppid, argv in _proc_table():
+            children.setdefault(ppid, []).append((pid, argv))
+        found = {self.pid: "sidecar"}
+        queue = [self.pid]
+        while queue:
+            parent = queue.pop()
+            for pid, argv in children.get(parent, ()):
+                role = process_role(argv)
+                if role is not None:
+                    found[pid] = role
+                    queue.append(pid)
+        self.seen.update(found)
+        return found
+
+    def stop(self, timeout_s: float = 90.0) -> list[str]:
+        """Stop the stack; returns the processes of it still alive afterwards (should be none)."""
+        process = self._process
+        if process is None:
+            return []
+        try:
+            self.processes()
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+                try:
+                    process.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(timeout=10)
+            # NOTE: tritonserver leads its own process group (its stubs are in it): kill what is left of it.
+            for pid, role in self.seen.items():
+                if role == "tritonserver":
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(pid, signal.SIGKILL)
+        finally:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+        deadline = time.monotonic() + 10
+        while True:
+            alive = [f"{role} (pid {pid})" for pid, role in self.seen.items() if _alive(pid)]
+            if not alive or time.monotonic() > deadline:
+                return alive
+            time.sleep(0.2)
+
+
+def _proc_table() -> Iterator[tuple[int, int, list[str]]]:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
+        except (OSError, IndexError, ValueError):
+            continue
+        yield int(entry.name), ppid, argv
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def ready_status(sidecar_url: str) -> int:
+    """``GET /ready``'s status code; 0 while nothing answers."""
+    try:
+        with urllib.request.urlopen(sidecar_url + "/ready", timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return exc.code
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return 0
+
+
+def serve_assets(demo_root: Path, work: Path, seed: int) -> Path:
+    """An assets folder for the run: the demo LM and embedder, copies of the demo adapters, and the extra
+    adapter built beside them (adapter folders must be real folders under the adapter root)."""
+    from warmup_tools.sim.assets import build_extra_adapter
+
+    root = work / "assets"
+    (root / "adapters").mkdir(parents=True)
+    (root / "lm").symlink_to((demo_root / "lm").resolve())
+    (root / "embedder").symlink_to((demo_root / "embedder").resolve())
+    for name in ("support", "legal", "sql"):
+        shutil.copytree(demo_root / "adapters" / name, root / "adapters" / name)
+    build_extra_adapter(root / "lm", root / "adapters" / EXTRA_ADAPTER, EXTRA_ADAPTER, seed)
+    return root
+
+
+# ----------------------------------------------------------------------------------------- sampling
+def read_process(pid: int, t_s: float, role: str, uptime_s: float, ticks: int) -> ProcSample | None:
+    """RSS (``VmRSS``), open files (``/proc/PID/fd``) and threads of one process; None once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        start_ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    try:
+        rss = int(fields["VmRSS"].split()[0]) * 1024
+        threads = int(fields["Threads"])
+    except (KeyError, ValueError, IndexError):
+        return None  # a zombie has no VmRSS
+    return ProcSample(t_s, role, pid, max(0.0, uptime_s - start_ticks / ticks), rss, fds, threads)
+
+
+class Sampler:
+    """Samples every process of the stack and the bench every ``every_s`` on its own thread."""
+
+    def __init__(self, stack: Stack, t0: float, every_s: float) -> None:
+        self.stack, self.t0, self.every_s = stack, t0, every_s
+        self.samples: list[ProcSample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="soak-sampler", daemon=True)
+        self._ticks = os.sysconf("SC_CLK_TCK")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def sample_once(self) -> None:
+        t_s = time.monotonic() - self.t0
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        for pid, role in {**self.stack.processes(), os.getpid(): "bench"}.items():
+            sample = read_process(pid, t_s, role, uptime, self._ticks)
+            if sample is not None:
+                self.samples.append(sample)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample_once()
+            self._stop.wait(self.every_s)
+
+
+# ------------------------------------------------------------------------------------------ kills
+class Killer:
+    """SIGKILLs the ``lora_adapter`` stub at each kill time and records the recovery window."""
+
+    def __init__(self, stack: Stack, t0: float, settings: SoakSettings, out: TextIO) -> None:
+        self.stack, self.t0, self.settings, self.out = stack, t0, settings, out
+        self.windows: list[Window] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="soak-killer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(RECOVERY_TIMEOUT_S + 30)
+
+    def _now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def _wait_status(self, want: int, deadline_s: float) -> float | None:
+        """Poll ``/ready`` every 0.1 s until it answers ``want``: the time it did, or None (stopped, deadline)."""
+        while not self._stop.is_set() and self._now() < deadline_s:
+            if ready_status(self.stack.sidecar_url) == want:
+                return self._now()
+            self._stop.wait(0.1)
+        return None
+
+    def _run(self) -> None:
+        for kill_at in self.settings.kill_times():
+            if self._stop.wait(max(0.0, kill_at - self._now())):
+                return
+            stubs = [pid for pid, role in self.stack.processes().items() if role.startswith("lora_adapter")]
+            if not stubs:
+                self.errors.append(f"no lora_adapter stub to kill at {kill_at:.0f} s")
+                continue
+            killed = self._now()
+            for pid in stubs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            not_ready = self._wait_status(503, killed + 120)
+            ready = self._wait_status(200, killed + RECOVERY_TIMEOUT_S)
+            window = Window.after_kill(killed, ready, self.settings.grace_s, self.settings.duration_s, not_ready)
+            self.windows.append(window)
+            recovered = f"/ready 200 again after {ready - killed:.1f} s" if ready is not None else "not recovered"
+            self.out.write(f"[{killed:7.1f} s] killed lora_adapter stub {stubs}: {recovered}\n")
+            self.out.flush()
+
+
+class ReadyWatch:
+    """Polls ``/ready`` every second: the seconds it was not 200, to tell unready time outside the kills."""
+
+    def __init__(self, sidecar_url: str, t0: float) -> None:
+        self.sidecar_url, self.t0 = sidecar_url, t0
+        self.unready: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="soak-ready", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            if ready_status(self.sidecar_url) != 200:
+                self.unready.append(time.monotonic() - self.t0)
+
+
+# ----------------------------------------------------------------------------------------- traffic
+class _Cancel(Exception):
+    """Raised from a stream's piece callback to cancel it mid-stream."""
+
+
+class Traffic:
+    """``concurrency`` client threads sending the mix until stopped; each request becomes a record."""
+
+    def __init__(self, stack: Stack, t0: float, settings: SoakSettings, tokenizer: Any) -> None:
+        self.stack, self.t0, self.settings, self.tokenizer = stack, t0, settings, tokenizer
+        self.records: list[RequestRecord] = []
+        self.bad = _bad_requests()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._worker, args=(i,), name=f"soak-client-{i}", daemon=True)
+                         for i in range(settings.concurrency)]
+
+    @property
+    def bad_kinds(self) -> dict[str, BadKind]:
+        return {kind.name: kind for kind, _, _ in self.bad}
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(CLIENT_TIMEOUT_S + 30)
+
+    def _now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def _worker(self, index: int) -> None:
+        from warmup_tools.ops.client import StreamingClient
+
+        rng = random.Random(self.settings.seed * 1000 + index)
+        client: Any = None
+        try:
+            while not self._stop.is_set():
+                if client is None:
+                    client = StreamingClient(self.stack.grpc_url, timeout_s=CLIENT_TIMEOUT_S)
+                record = self._one(rng, client)
+                self.records.append(record)
+                if record.outcome in (ERROR, HUNG) and record.kind != "bad":
+                    client.close()  # NOTE: a stream that saw an error is not reused
+                    client = None
+                    self._stop.wait(ERROR_PAUSE_S)
+        finally:
+            if client is not None:
+                client.close()
+
+    def _one(self, rng: random.Random, client: Any) -> RequestRecord:
+        s = self.settings
+        draw = rng.random()
+        if draw < s.bad_share:
+            return self._bad(rng)
+        if draw < s.bad_share + s.cancel_share:
+            return self._cancelled(rng)
+        adapter, tenant = rng.choice(ADAPTERS), rng.choice(TENANTS)
+        planned = rng.random() < 0.5
+        text = planned_prompt(adapter, rng) if planned else unplanned_prompt(rng)
+        if not planned and rng.random() < 0.1:
+            adapter = ""  # the base model
+        params = {"adapter_id": adapter or None, "tenant_id": tenant, "max_tokens": rng.randint(2, s.max_tokens)}
+        if draw < s.bad_share + s.cancel_share + s.direct_share:
+            return self._stream("direct", client=None, payload=self._ids(text), params=params)
+        return self._stream("planned" if planned else "unplanned", client, text, params)
+
+    def _ids(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text))
+
+    def _stream(self, kind: str, client: Any, payload: Any, params: dict[str, Any], *, cancel_after: int = 0,
+                bad_kind: str = "") -> RequestRecord:
+        """One gRPC stream: to ``ensemble`` on ``client`` (text), or to ``lora_adapter`` on a fresh client
+        (token ids, ``client`` None); cancelled after ``cancel_after`` pieces when set."""
+        from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient, grpc_inputs
+
+        gen = GenerateParams(**{k: v for k, v in params.items() if v is not None})
+        own = client is None or cancel_after > 0 or bad_kind != ""
+        if own:
+            client = StreamingClient(self.stack.grpc_url, model="ensemble" if isinstance(payload, (str, bytes))
+                                     else "lora_adapter", timeout_s=CLIENT_TIMEOUT_S)
+        if isinstance(payload, (str, bytes)):
+            inputs = grpc_inputs(payload, gen, True)
+        else:
+            inputs = direct_inputs(payload, gen)
+        pieces = 0
+
+        def on_piece(_: str) -> None:
+            nonlocal pieces
+            pieces += 1
+            if cancel_after and pieces >= cancel_after:
+                raise _Cancel()
+
+        start = self._now()
+        record = dict(kind=kind, adapter=params.get("adapter_id") or "", tenant=params.get("tenant_id") or "",
+                      bad_kind=bad_kind)
+        try:
+            result = client.stream_inputs(inputs, on_piece=on_piece)
+        except _Cancel:
+            client.cancel()
+            return RequestRecord(start_s=start, end_s=self._now(), outcome=CANCELLED, **record)
+        except GenerateError as exc:
+            message = str(exc)
+            outcome = HUNG if message.startswith("no response within") else ERROR
+            return RequestRecord(start_s=start, end_s=self._now(), outcome=outcome, error=message[:500],
+                                 status=exc.status, **record)
+        finally:
+            if own:
+                client.close()
+        return RequestRecord(start_s=start, end_s=self._now(), outcome=OK, cached_tokens=result.cached_tokens,
+                             prompt_tokens=result.prompt_tokens, output_tokens=result.output_tokens, **record)
+
+    def _cancelled(self, rng: random.Random) -> RequestRecord:
+        adapter, tenant = rng.choice(ADAPTERS), rng.choice(TENANTS)
+        text = unplanned_prompt(rng)
+        if rng.random() < 0.5:
+            # NOTE: straight to lora_adapter, where the gRPC cancellation reaches the running sequence (through
+            # the ensemble Triton 2.51 does not cancel a step already running: it runs to max_tokens).
+            return self._stream("cancel", None, self._ids(text), {"adapter_id": adapter, "tenant_id": tenant,
+                                                                  "max_tokens": 64}, cancel_after=2)
+        return self._stream("cancel", None, text, {"adapter_id": adapter, "tenant_id": tenant,
+                                                   "max_tokens": self.settings.max_tokens}, cancel_after=1)
+
+    def _bad(self, rng: random.Random) -> RequestRecord:
+        kind, payload, params = rng.choice(self.bad)
+        if kind.transport != "http":
+            return self._stream("bad", None, payload, params, bad_kind=kind.name)
+        import requests
+
+        from warmup_tools.ops.client import GenerateError, GenerateParams, http_generate
+
+        start = self._now()
+        base = dict(kind="bad", bad_kind=kind.name, adapter=str(params.get("adapter_id") or ""),
+                    tenant=str(params.get("tenant_id") or ""))
+        try:
+            http_generate(self.stack.http_url, payload, GenerateParams(**params), timeout_s=CLIENT_TIMEOUT_S)
+        except GenerateError as exc:
+            return RequestRecord(start_s=start, end_s=self._now(), outcome=ERROR, error=str(exc)[:500],
+                                 status=int(exc.status) if exc.status is not None else None, **base)
+        except requests.Timeout:
+            return RequestRecord(start_s=start, end_s=self._now(), outcome=HUNG, **base)
+        except requests.RequestException as exc:
+            return RequestRecord(start_s=start, end_s=self._now(), outcome=ERROR,
+                                 error=f"{type(exc).__name__}: {exc}"[:500], **base)
+        return RequestRecord(start_s=start, end_s=self._now(), outcome=OK, **base)
+
+
+def direct_inputs(ids: list[int], params: Any) -> list[Any]:
+    """``lora_adapter``'s inputs: the ensemble's sampling and identity tensors, token ids for the text."""
+    import tritonclient.grpc as grpcclient
+
+    from warmup_tools.ops.client import grpc_inputs
+
+    tensors = [t for t in grpc_inputs(b"-", params, True) if t.name() != "text_input"]
+    array = np.asarray(ids, dtype=np.int32)
+    tensor = grpcclient.InferInput("input_ids", list(array.shape), "INT32")
+    tensor.set_data_from_numpy(array)
+    return [tensor, *tensors]
+
+
+def planned_prompt(adapter: str, rng: random.Random) -> str:
+    """A prompt behind the demo plan's (or the extra adapter's warmed) system prompt."""
+    if adapter == EXTRA_ADAPTER:
+        return f"{EXTRA_SYSTEM_PROMPT}User: {rng.choice(EXTRA_QUESTIONS)}\nAssistant:"
+    return f"{SYSTEM_PROMPTS[adapter]}User: {rng.choice(USER_QUESTIONS[adapter])}\nAssistant:"
+
+
+def unplanned_prompt(rng: random.Random) -> str:
+    """A prompt no plan holds: a random ticket number first, then a few questions of any scope."""
+    questions = [q for qs in USER_QUESTIONS.values() for q in qs] + EXTRA_QUESTIONS
+    body = " ".join(rng.choice(questions) for _ in range(rng.randint(2, 8)))
+    return f"Ticket {rng.getrandbits(48):012x}: {body}\nAssistant:"
+
+
+# ---------------------------------------------------------------------------------------------- run
+def run(assets_dir: Path, *, duration: float = 1800.0, kill_every: float = 600.0, concurrency: int = 4,
+        bad_share: float = 0.05, cancel_share: float = 0.05, direct_share: float = 0.10, settle: float = 300.0,
+        sample_every: float = 5.0, grace: float = 5.0, max_tokens: int = 16, seed: int = 0,
+        out_dir: Path = REPO_ROOT / "runs" / "soak", out: TextIO = sys.stdout) -> Accounting:
+    """Run the soak; write samples.csv, requests.csv and summary.md to ``out_dir``; print the summary."""
+    from transformers import AutoTokenizer
+
+    from warmup_tools.adapters.registry import ControlRegistry
+    from warmup_tools.adapters.state import AdapterState
+
+    settings = SoakSettings(duration, kill_every, concurrency, bad_share, cancel_share, direct_share, settle,
+                            sample_every, grace, max_tokens, seed)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-soak-"))
+    stack: Stack | None = None
+    left: list[str] = []
+    try:
+        out.write(f"building the assets of the run (the extra adapter {EXTRA_ADAPTER!r}) in {work}\n")
+        out.flush()
+        served = serve_assets(Path(assets_dir), work, seed)
+        tokenizer = AutoTokenizer.from_pretrained(served / "lm")
+        stack = Stack(served, work)
+        stack.start()
+        out.write(f"starting `warmup_tools sidecar` (pid {stack.pid}): gRPC {stack.grpc_url}, sidecar "
+                  f"{stack.sidecar_url}\n")
+        out.flush()
+        stack.wait_ready()
+        registry = ControlRegistry(stack.control_dir)
+        registry.add(EXTRA_ADAPTER, [EXTRA_SYSTEM_PROMPT])
+        registry.wait_until(EXTRA_ADAPTER, AdapterState.LIVE, timeout_s=600)
+        stack.wait_ready()
+        out.write(f"ready with adapters {', '.join(ADAPTERS)}; {concurrency} clients for {duration / 60:g} min, the "
+                  f"lora_adapter stub killed at {', '.join(f'{t / 60:g}' for t in settings.kill_times()) or 'never'}"
+                  " min\n")
+        out.flush()
+        t0 = time.monotonic()
+        sampler, killer = Sampler(stack, t0, sample_every), Killer(stack, t0, settings, out)
+        watch, traffic = ReadyWatch(stack.sidecar_url, t0), Traffic(stack, t0, settings, tokenizer)
+        for part in (sampler, watch, killer, traffic):
+            part.start()
+        try:
+            _progress(traffic, killer, t0, duration, out)
+        finally:
+            traffic.stop()
+            killer.stop()
+            watch.stop()
+            sampler.stop()
+        run_end = time.monotonic() - t0
+        held = _slots_after(stack)
+        left = stack.stop()
+        stack_logs = (stack.server_log, stack.sidecar_log)
+        stack = None
+        for log in stack_logs:
+            if log.exists():
+                shutil.copy2(log, out_dir / log.name)
+        windows = list(killer.windows)
+        if len(windows) < len(settings.kill_times()):
+            out.write("warning: fewer recoveries recorded than kills planned\n")
+        accounting = account(traffic.records, windows, traffic.bad_kinds)
+        rows = [flatness(sampler.samples, role, metric, settle, windows)
+                for role in _roles(sampler.samples) for metric in METRICS]
+        _write_samples(out_dir / "samples.csv", sampler.samples, windows)
+        _write_requests(out_dir / "requests.csv", traffic.records)
+        unready_outside = [t for t in watch.unready if not any(w.kill_s <= t <= w.end_s for w in windows)]
+        summary = format_summary(settings, accounting, windows, rows, held, left, unready_outside,
+                                 killer.errors, run_end, traffic.bad_kinds)
+        (out_dir / "summary.md").write_text(summary)
+        out.write("\n" + summary)
+        out.write(f"\nwritten to {out_dir}: summary.md, samples.csv, requests.csv, tritonserver.log, sidecar.log\n")
+        out.flush()
+        failures = verdict_failures(accounting, rows, held, left, killer.errors)
+        if failures:
+            raise WarmupToolsError("soak failed: " + "; ".join(failures))
+        return accounting
+    finally:
+        if stack is not None:
+            left = stack.stop()
+            if left:
+                out.write(f"warning: still alive after the stop: {', '.join(left)}\n")
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _progress(traffic: Traffic, killer: Killer, t0: float, duration: float, out: TextIO) -> None:
+    """Wait for the end of the run, printing a line a minute."""
+    next_line = 60.0
+    while True:
+        now = time.monotonic() - t0
+        if now >= duration:
+            return
+        time.sleep(min(1.0, duration - now))
+        if now >= next_line:
+            records = list(traffic.records)
+            errors = sum(r.outcome in (ERROR, HUNG) and r.kind != "bad" for r in records)
+            out.write(f"[{now:7.1f} s] {len(records)} requests, {errors} good ones failed, "
+                      f"{len(killer.windows)} recoveries\n")
+            out.flush()
+            next_line += 60.0
+
+
+def _slots_after(stack: Stack, timeout_s: float = 120.0) -> dict[str, float]:
+    """lora_adapter's running and waiting sequences once the traffic stopped (0 when nothing leaked)."""
+    from warmup_tools.ops.client import metric_sum, scrape_metrics
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            samples = scrape_metrics(stack.metrics_url)
+        except Exception:  # noqa: BLE001 - shown as unknown (a failure), the run goes on to stop the stack
+            return {"running": float("nan"), "waiting": float("nan")}
+        held = {name: metric_sum(samples, f"warmup_scheduler_{name}_sequences") for name in ("running", "waiting")}
+        if not any(held.values()) or time.monotonic() > deadline:
+            return held
+        time.sleep(0.5)
+
+
+def _roles(samples: list[ProcSample]) -> list[str]:
+    order = {"tritonserver": 0, "sidecar": 2, "bench": 3}
+    return sorted({s.role for s in samples}, key=lambda r: (order.get(r, 1), r))
+
+
+def _write_samples(path: Path, samples: list[ProcSample], windows: list[Window]) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["t_s", "role", "pid", "age_s", "rss_bytes", "fds", "threads", "in_recovery_window"])
+        for s in samples:
+            writer.writerow([f"{s.t_s:.1f}", s.role, s.pid, f"{s.age_s:.1f}", s.rss_bytes, s.fds, s.threads,
+                             int(any(w.kill_s <= s.t_s <= w.end_s for w in windows))])
+
+
+def _write_requests(path: Path, records: list[RequestRecord]) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["kind", "start_s", "end_s", "outcome", "adapter", "tenant", "bad_kind", "status", "error",
+                         "prompt_tokens", "cached_tokens", "output_tokens"])
+        for r in sorted(records, key=lambda r: r.start_s):
+            writer.writerow([r.kind, f"{r.start_s:.3f}", f"{r.end_s:.3f}", r.outcome, r.adapter,
+                             r.tenant[:64].encode("unicode_escape").decode(), r.bad_kind,
+                             "" if r.status is None else r.status, error_class(r.error, 200), r.prompt_tokens,
+                             r.cached_tokens, r.output_tokens])
+
+
+def verdict_failures(accounting: Accounting, rows: list[Flatness], held: dict[str, float], left: list[str],
+                     killer_errors: list[str]) -> list[str]:
+    failures = []
+    if accounting.lost:
+        failures.append(f"{len(accounting.lost)} requests lost outside the recovery windows")
+    if accounting.bad_failed:
+        failures.append(f"{len(accounting.bad_failed)} bad requests without their clear error")
+    growing = [f"{r.role} {r.metric}" for r in rows if r.verdict == "growing"]
+    if growing:
+        failures.append("growing: " + ", ".join(growing))
+    if any(v != 0 for v in held.values()):
+        failures.append(f"sequences held after the traffic stopped: {held}")
+    if left:
+        failures.append(f"still alive after the stop: {', '.join(left)}")
+    failures += killer_errors
+    return failures
+
+
+def _machine() -> str:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    gpu = "a GPU (nvidia-smi found)" if shutil.which("nvidia-smi") else "no GPU"
+    return f"{os.cpu_count()} CPU cores ({model or 'unknown model'}), {gpu}"
+
+
+def format_summary(settings: SoakSettings, a: Accounting, windows: list[Window], rows: list[Flatness],
+                   held: dict[str, float], left: list[str], unready_outside: list[float], killer_errors: list[str],
+                   run_end_s: float, bad_kinds: dict[str, BadKind]) -> str:
+    s = settings
+    lines = [
+        f"# Soak: {s.duration_s / 60:g} minutes of mixed traffic, a lora_adapter stub killed every "
+        f"{s.kill_every_s / 60:g} minutes",
+        "",
+        f"{datetime.date.today().isoformat()}, {_machine()}. `python -m warmup_tools bench soak --duration "
+        f"{s.duration_s / 60:g}m --kill-every {s.kill_every_s / 60:g}m --concurrency {s.concurrency} --bad-share "
+        f"{s.bad_share:g}` ({s.concurrency} closed-loop clients, cancel share {s.cancel_share:g}, direct share "
+        f"{s.direct_share:g}, max_tokens up to {s.max_tokens}, seed {s.seed}); traffic ran {run_end_s:.0f} s.",
+        "",
+        "## Requests",
+        "",
+        "| class | sent | served | cancelled | failed in a recovery window | lost |",
+        "|---|---|---|---|---|---|",
+    ]
+    for kind in ("planned", "unplanned", "direct", "cancel"):
+        sent = a.sent.get(kind, 0)
+        lines.append(f"| {kind} | {sent} | {a.ok.get(kind, 0)} | {a.cancelled if kind == 'cancel' else 0} | "
+                     f"{sum(r.kind == kind for r in a.outage_failures)} | {sum(r.kind == kind for r in a.lost)} |")
+    lines += ["", f"**Lost requests outside the recovery windows: {len(a.lost)}** (a window runs from the kill "
+              f"until the sidecar's /ready answers 200 again, plus {s.grace_s:g} s of grace).", ""]
+    for r in a.lost[:10]:
+        lines.append(f"- lost: {r.kind} at {r.start_s:.1f}-{r.end_s:.1f} s, {r.outcome}: {error_class(r.error)}")
+    failures_by_error: dict[str, int] = {}
+    for r in a.outage_failures:
+        failures_by_error[error_class(r.error)] = failures_by_error.get(error_class(r.error), 0) + 1
+    for message, count in sorted(failures_by_error.items(), key=lambda kv: -kv[1])[:5]:
+        lines.append(f"- in a window, {count} x: {message}")
+    lines += ["", "## Recoveries", "", "| kill at s | /ready 503 after s | /ready 200 after s | window s |",
+              "|---|---|---|---|"]
+    for w in windows:
+        not_ready = f"{w.not_ready_s - w.kill_s:.1f}" if w.not_ready_s is not None else "-"
+        ready = f"{w.ready_s - w.kill_s:.1f}" if w.ready_s is not None else "not recovered"
+        lines.append(f"| {w.kill_s:.1f} | {not_ready} | {ready} | {w.end_s - w.kill_s:.1f} |")
+    lines += ["", f"/ready not 200 outside the windows: {len(unready_outside)} of the once-a-second polls."]
+    lines += killer_errors
+    lines += ["", "## Bad requests", "",
+              f"{sum(a.bad_sent.values())} sent, {sum(a.bad_answered.values())} answered with their error, "
+              f"**{len(a.bad_failed)} without it** outside the windows, {a.bad_in_window} in a window (not judged).",
+              "", "| kind | transport | expected | sent | answered |", "|---|---|---|---|---|"]
+    for name, kind in bad_kinds.items():
+        lines.append(f"| {name} | {kind.transport} | {kind.code} | {a.bad_sent.get(name, 0)} | "
+                     f"{a.bad_answered.get(name, 0)} |")
+    for r, verdict in a.bad_failed[:10]:
+        lines.append(f"- {r.bad_kind}: {verdict} (status {r.status}): {error_class(r.error)}")
+    lines += ["", "Over HTTP the class is the status (INVALID_ARG 400, NOT_FOUND 404); over a gRPC stream Triton "
+              "sends the message only, and the class is told by the text only that error holds. A message must "
+              "not echo the bad value.", "",
+              f"## Processes (flat after {s.settle_s / 60:g} minutes)", "",
+              f"Sampled every {s.sample_every_s:g} s. The slope is a least-squares line over the samples at least "
+              f"{s.settle_s / 60:g} minutes after both the traffic's start and the process's own start, outside the "
+              "recovery windows, with one intercept per process (a stub started by a recovery continues its "
+              "role); \"at settle\" is the first sample at or after that time, \"max after\" the largest after it. "
+              "Tolerances per 10 minutes: "
+              + "; ".join(f"{m}: {t.describe(m)}" for m, t in TOLERANCES.items()) + ".", ""]
+    lines += flatness_table(rows)
+    held_text = ", ".join(f"{k} {v:g}" for k, v in held.items())
+    lines += ["", f"lora_adapter sequences after the traffic stopped: {held_text}; processes of the stack alive "
+              f"after the stop: {len(left)}.", ""]
+    return "\n".join(lines) + "\n"

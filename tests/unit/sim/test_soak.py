@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from warmup_tools.sim.bench.soak import SoakSettings, _bad_requests, format_summary, verdict_failures
+from warmup_tools.sim.bench.soak import _bad_requests, format_summary, verdict_failures
 from warmup_tools.sim.bench.soak_checks import (
     ANSWERED,
     CANCELLED,
@@ -25,6 +25,7 @@ from warmup_tools.sim.bench.soak_checks import (
     BadKind,
     ProcSample,
     RequestRecord,
+    SoakSettings,
     Tolerance,
     Window,
     account,

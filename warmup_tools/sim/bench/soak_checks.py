@@ -10,11 +10,47 @@ import dataclasses
 import re
 from typing import Iterable, Mapping, Sequence
 
+from warmup_tools.common.errors import WarmupToolsError
+
 #: The HTTP status Triton answers for each ``pb_utils.TritonError`` code (its HTTP frontend's mapping).
 HTTP_STATUS: dict[str, int] = {"INVALID_ARG": 400, "NOT_FOUND": 404, "UNAVAILABLE": 503, "INTERNAL": 500}
 
 #: Request outcomes as the client saw them.
 OK, CANCELLED, ERROR, HUNG = "ok", "cancelled", "error", "hung"
+
+
+# ----------------------------------------------------------------------------------------- settings
+@dataclasses.dataclass(frozen=True, slots=True)
+class SoakSettings:
+    duration_s: float
+    kill_every_s: float
+    concurrency: int
+    bad_share: float
+    cancel_share: float
+    direct_share: float
+    settle_s: float
+    sample_every_s: float
+    grace_s: float
+    max_tokens: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise WarmupToolsError("--concurrency must be at least 1")
+        shares = (self.bad_share, self.cancel_share, self.direct_share)
+        if not all(0.0 <= s <= 1.0 for s in shares) or sum(shares) > 1.0:
+            raise WarmupToolsError("--bad-share, --cancel-share and --direct-share must be shares that sum to 1 "
+                                   "or less")
+        if not 1 <= self.max_tokens <= 512:
+            raise WarmupToolsError("--max-tokens must be 1 to 512 (lora_adapter's max_tokens_limit)")
+
+    def kill_times(self) -> list[float]:
+        """Seconds after the traffic's start at which the stub is killed (every interval before the end)."""
+        times, t = [], self.kill_every_s
+        while t < self.duration_s:
+            times.append(t)
+            t += self.kill_every_s
+        return times
 
 
 # ------------------------------------------------------------------------------------------ windows

@@ -227,3 +227,11 @@ def test_the_summary_states_the_verdicts():
     assert "| 180.0 | 2.0 | 20.0 | 25.0 |" in text
     failures = verdict_failures(accounting, rows, {"running": 0.0, "waiting": math.nan}, [], [])
     assert failures[0].startswith("1 requests lost") and "held" in failures[1]
+
+
+def test_a_kind_may_state_the_status_triton_answers_for_its_class():
+    kind = BadKind("unknown adapter (HTTP)", "http", "NOT_FOUND", "unknown adapter", http_status=400)
+    record = _record(kind="bad", bad_kind=kind.name, outcome=ERROR, status=400,
+                     error="in ensemble 'ensemble', unknown adapter 'x': send the name of an adapter")
+    assert judge_bad(kind, record) == ANSWERED
+    assert judge_bad(BadKind(kind.name, "http", "NOT_FOUND", "unknown adapter"), record) == WRONG_CLASS

@@ -94,6 +94,12 @@ class BadKind:
     code: str
     fragment: str
     secret: str = ""
+    #: The HTTP status where Triton does not answer ``code``'s own (see the bad mix).
+    http_status: int | None = None
+
+    @property
+    def expected_status(self) -> int:
+        return self.http_status if self.http_status is not None else HTTP_STATUS[self.code]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -126,7 +132,7 @@ def judge_bad(kind: BadKind, record: RequestRecord) -> str:
         return HUNG
     if record.outcome != ERROR:
         return SUCCEEDED
-    if kind.transport == "http" and record.status != HTTP_STATUS[kind.code]:
+    if kind.transport == "http" and record.status != kind.expected_status:
         return WRONG_CLASS
     if kind.fragment not in record.error:
         return UNCLEAR

@@ -271,6 +271,26 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--no-watch-stubs", dest="watch_stubs", action="store_false",
                      help="the sidecar finds the dead stub through its probes only (as before stubs were watched)")
 
+    soak = which.add_parser("soak", parents=[assets],
+                            help="long mixed traffic (planned and unplanned prefixes, four adapters, tenants, "
+                                 "cancellations, bad requests) against the sidecar stack with the lora_adapter stub "
+                                 "killed at an interval: lost requests, bad requests' errors, RSS / open files / "
+                                 "threads per process")
+    soak.add_argument("--duration", type=_duration, default=1800.0, help="how long the traffic runs (30m)")
+    soak.add_argument("--kill-every", type=_duration, default=600.0, help="SIGKILL the lora_adapter stub this often")
+    soak.add_argument("--concurrency", type=int, default=4, help="closed-loop clients")
+    soak.add_argument("--bad-share", type=float, default=0.05, help="share of bad requests")
+    soak.add_argument("--cancel-share", type=float, default=0.05, help="share of streams cancelled mid-stream")
+    soak.add_argument("--direct-share", type=float, default=0.10, help="share of requests straight to lora_adapter")
+    soak.add_argument("--settle", type=_duration, default=300.0,
+                      help="flat after this long (after the start and after each process's own start)")
+    soak.add_argument("--sample-every", type=_duration, default=5.0, help="process sampling interval")
+    soak.add_argument("--grace", type=_duration, default=5.0, help="added to each recovery window after /ready 200")
+    soak.add_argument("--max-tokens", type=int, default=16)
+    soak.add_argument("--seed", type=int, default=0)
+    soak.add_argument("--out", dest="out_dir", type=Path, default=REPO_ROOT / "runs" / "soak",
+                      help="folder for summary.md, samples.csv, requests.csv and the logs")
+
     demo = sub.add_parser("demo", help="start the server, stream requests for two adapters, stop")
     _server_flags(demo)
     demo.add_argument("--max-tokens", type=int, default=24)

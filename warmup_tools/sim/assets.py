@@ -41,6 +41,7 @@ __all__ = [
     "DEMO_ADAPTERS",
     "DemoAssets",
     "build_demo_assets",
+    "build_extra_adapter",
     "demo_assets",
     "ensure_demo_assets",
 ]
@@ -144,6 +145,23 @@ def build_demo_assets(out_dir: Path, seed: int = DEFAULT_SEED) -> DemoAssets:
 
     logger.info("demo assets built in %.1f s at %s", time.perf_counter() - started, out_dir)
     return final
+
+
+def build_extra_adapter(lm_dir: Path, adapter_dir: Path, name: str, seed: int = DEFAULT_SEED) -> Path:
+    """Build one more seeded LoRA adapter for the demo LM in ``lm_dir``, the way the demo adapters are built
+    (same rank and target modules, its own seed from ``name``), into ``adapter_dir``; returns ``adapter_dir``.
+
+    For deployments that serve more than the demo set (a fourth adapter added through the control folder).
+    """
+    from transformers import LlamaForCausalLM
+
+    if name in DEMO_ADAPTERS:
+        raise ValueError(f"{name!r} is a demo adapter; build_demo_assets makes it")
+    lm_dir, adapter_dir = Path(lm_dir).resolve(), Path(adapter_dir)
+    with _build_environment():
+        base = LlamaForCausalLM.from_pretrained(lm_dir)
+        _build_adapter(base, adapter_dir, seed=stable_seed(seed, f"adapter:extra:{name}"), base_model_path=lm_dir)
+    return adapter_dir
 
 
 def ensure_demo_assets(out_dir: Path, seed: int = DEFAULT_SEED) -> DemoAssets:

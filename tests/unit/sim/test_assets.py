@@ -25,6 +25,7 @@ from warmup_tools.sim.assets import (  # noqa: E402
     DEMO_ADAPTERS,
     DemoAssets,
     build_demo_assets,
+    build_extra_adapter,
     demo_assets,
     ensure_demo_assets,
 )
@@ -209,6 +210,20 @@ def test_adapters_change_greedy_output(built: DemoAssets, base_model: Any, token
     for i, prompt in enumerate(PROMPTS):
         per_model = {key: value[i] for key, value in outputs.items()}
         assert len(set(per_model.values())) == len(per_model), (prompt, per_model)
+
+
+def test_an_extra_adapter_is_built_like_the_demo_ones_reproducibly(built: DemoAssets, tmp_path: Path) -> None:
+    path = build_extra_adapter(built.lm_dir, tmp_path / "one" / "billing", "billing")
+    config = json.loads((path / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(built.lm_dir.resolve())
+    assert (config["r"], config["lora_alpha"]) == (8, 16)
+    assert sorted(config["target_modules"]) == ["k_proj", "o_proj", "q_proj", "v_proj"]
+    weights = _sha256(path / "adapter_model.safetensors")
+    assert weights not in {_sha256(built.adapter_root / name / "adapter_model.safetensors") for name in DEMO_ADAPTERS}
+    again = build_extra_adapter(built.lm_dir, tmp_path / "two" / "billing", "billing")
+    assert _sha256(again / "adapter_model.safetensors") == weights
+    with pytest.raises(ValueError, match="is a demo adapter"):
+        build_extra_adapter(built.lm_dir, tmp_path / "support", "support")
 
 
 # ---- determinism, ensure, atomic build ----------------------------------------------------

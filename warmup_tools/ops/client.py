@@ -206,15 +206,7 @@ class StreamingClient(_Closeable):
     def cancel(self) -> None:
         """Cancel the stream (gRPC cancellation) with every request still running on it; the client is
         not usable afterwards."""
-        # NOTE: tritonclient (2.73) ends a cancelled stream without ending its request iterator, so the gRPC
-        # thread that reads that iterator waits on its queue for good: one thread leaked per cancelled stream
-        # (a soak run saw the thread count climb by one per cancel). The end marker a plain stop_stream()
-        # would have queued lets that thread finish.
-        stream = getattr(self._client, "_stream", None)
-        self._client.stop_stream(cancel_requests=True)
-        queue_ = getattr(stream, "_request_queue", None)
-        if queue_ is not None:
-            queue_.put(None)
+        cancel_stream(self._client)
 
     def close(self) -> None:
         self._client.close()
@@ -300,3 +292,18 @@ def metric_sum(samples: dict[tuple[str, frozenset], float], name: str, **labels:
     """Sum of the samples named ``name`` whose labels include ``labels``."""
     wanted = set(labels.items())
     return sum(v for (n, lbl), v in samples.items() if n == name and wanted <= lbl)
+
+
+def cancel_stream(client: Any) -> None:
+    """Stop a tritonclient gRPC client's stream with gRPC cancellation of every request still on it.
+
+    NOTE: tritonclient (2.73) ends a cancelled stream without ending its request iterator, so the gRPC
+    thread that reads that iterator waits on its queue for good: one thread leaked per cancelled stream
+    (the soak benchmark saw a process's thread count climb by one per cancel). The end marker a plain
+    ``stop_stream()`` would have queued lets that thread finish.
+    """
+    stream = getattr(client, "_stream", None)
+    client.stop_stream(cancel_requests=True)
+    queue_ = getattr(stream, "_request_queue", None)
+    if queue_ is not None:
+        queue_.put(None)

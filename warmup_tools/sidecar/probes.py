@@ -19,6 +19,7 @@ from typing import Any, Callable, Union
 import numpy as np
 
 from warmup_tools.common.records import PROBE_TENANT
+from warmup_tools.ops.client import cancel_stream
 from warmup_tools.sidecar.health import ProbeResult
 
 #: A probe of one model: returns a :class:`ProbeResult`, never raises for a failed request.
@@ -116,7 +117,7 @@ class TritonProbes:
                 if final is not None and final.bool_param:
                     return
         finally:
-            self._client.stop_stream(cancel_requests=True)
+            cancel_stream(self._client)  # NOTE: not stop_stream(cancel_requests=True): that leaks a thread
 
 
 def _probe_requests(tenant: bytes, tenant_key: str | None = None,

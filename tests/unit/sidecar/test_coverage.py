@@ -112,7 +112,7 @@ def test_a_reloaded_lora_adapter_must_reach_the_coverage_threshold_again(tmp_pat
     assert ("reload", "lora_adapter") in triton.calls
     monitor.run_once()  # the probes pass again: only coverage can keep the pod out now
     readiness = monitor.readiness()
-    assert not readiness.ready and readiness.reason == "warm coverage: lora_adapter_0_0: warming plan p1"
+    assert not readiness.ready and readiness.reason == "warm coverage: lora_adapter_0_0: warming its plan"
     coverage.board.report(status(support=(20, 20)))
     monitor.run_once()
     assert monitor.readiness().ready

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ASSETS := .assets
 PYTEST_ARGS ?=
 
-.PHONY: demo test assets venv serve clean redis lint
+.PHONY: demo test assets venv serve clean redis lint mutation
 
 demo: assets
 	$(PY) -m warmup_tools demo
@@ -36,10 +36,16 @@ assets: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# Mutation testing of the security-critical modules (docs/mutation.md); not part of `make test`.
+# MUTATE= names a subset (source paths), e.g. `make mutation MUTATE=warmup_tools/kv/hashing.py`.
+MUTATE ?=
+mutation: assets
+	$(PY) scripts/mutation.py $(MUTATE)
+
 # The shared-tier tests run a real redis-server (started and stopped by the tests themselves).
 redis:
 	@command -v redis-server >/dev/null || { echo "installing redis-server (Debian package)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 
 clean:
-	rm -rf $(VENV) $(ASSETS) .build .pytest_cache
+	rm -rf $(VENV) $(ASSETS) .build .pytest_cache mutants

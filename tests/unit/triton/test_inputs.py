@@ -13,6 +13,9 @@ from warmup_tools.triton.inputs import (
     MAX_TEXT_BYTES,
     parse_count,
     parse_identity,
+    parse_optional_string,
+    parse_optional_text,
+    parse_scalar,
     parse_text,
 )
 
@@ -49,9 +52,73 @@ def test_text_is_bounded_before_it_is_decoded():
         parse_text({"text_input": np.array(["é" * MAX_TEXT_BYTES], dtype=object)})  # str, counted in bytes
 
 
+def test_text_exactly_at_the_bound_passes_as_bytes_or_str():
+    assert parse_text({"text_input": s(b"x" * MAX_TEXT_BYTES)}) == "x" * MAX_TEXT_BYTES
+    assert parse_text({"text_input": np.array(["x" * MAX_TEXT_BYTES], dtype=object)}) == "x" * MAX_TEXT_BYTES
+    two_byte = "é" * (MAX_TEXT_BYTES // 2)  # exactly the bound in UTF-8 bytes
+    assert parse_text({"text_input": np.array([two_byte], dtype=object)}) == two_byte
+
+
+def test_a_text_checks_its_own_input_name_and_bound():
+    assert parse_text({"prompt": s("x" * 10)}, "prompt", max_bytes=10) == "x" * 10
+    with pytest.raises(InvalidInputError, match=r"^input 'prompt' is longer than 10 bytes: send a shorter text$"):
+        parse_text({"prompt": s("x" * 11)}, "prompt", max_bytes=10)
+    with pytest.raises(InvalidInputError, match=r"^input 'prompt' is required: send the prompt as a BYTES"):
+        parse_text({}, "prompt")
+
+
+def test_a_single_value_in_a_batch_shaped_tensor_is_read():
+    # Triton clients send [1, 1] as often as [1]: one element is one value whatever the shape.
+    assert parse_text({"text_input": np.array([[b"hello"]], dtype=object)}) == "hello"
+    assert parse_identity({"tenant_id": np.array([[b"acme"]], dtype=object)}, "tenant_id", None) == "acme"
+    assert parse_count({"prompt_tokens": np.array([[7]], dtype=np.int32)}, "prompt_tokens", 0, 10) == 7
+    with pytest.raises(InvalidInputError, match="must be an integer"):
+        parse_count({"prompt_tokens": np.array([[2.5]], dtype=np.float32)}, "prompt_tokens", 0, 10)
+
+
+def test_a_non_string_tensor_is_refused_as_such():
+    with pytest.raises(InvalidInputError, match=r"^input 'text_input' must be a BYTES \(string\) tensor$"):
+        parse_text({"text_input": np.array([1], dtype=np.int32)})
+
+
+def test_a_scalar_of_several_values_is_refused_with_the_count():
+    with pytest.raises(InvalidInputError, match=r"^input 'prompt_tokens' must hold exactly one value, got 2$"):
+        parse_count({"prompt_tokens": np.array([1, 2], dtype=np.int32)}, "prompt_tokens", 0, 10)
+
+
+def test_an_integral_float_is_an_integer_and_scalars_take_their_declared_type():
+    assert parse_count({"prompt_tokens": np.array([3.0], dtype=np.float32)}, "prompt_tokens", 0, 10) == 3
+    assert type(parse_scalar({"seed": np.array([3.0], dtype=np.float64)}, "seed", int, 0)) is int
+    assert parse_scalar({"top_p": np.array([0.5], dtype=np.float32)}, "top_p", float, 1.0) == 0.5
+    assert parse_scalar({"stream": np.array([True])}, "stream", bool, False) is True
+
+
+def test_an_absent_optional_string_is_its_default():
+    assert parse_optional_string({}, "warmup_plan") == ""
+    assert parse_optional_string({"warmup_plan": s("  ")}, "warmup_plan", "none") == "none"
+    assert parse_optional_string({"warmup_plan": s(" p1 ")}, "warmup_plan") == "p1"
+
+
+@pytest.mark.parametrize("array,expected", [
+    (None, None),
+    (np.array([b"hello"], dtype=object), "hello"),
+    (np.array([[b"hello"]], dtype=object), "hello"),
+    (np.array([b"hello"], dtype="S5"), "hello"),
+    (np.array(["hello"], dtype=object), "hello"),
+    (np.array([b"caf\xe9"], dtype=object), "caf\ufffd"),  # kept for the log, with a replacement
+    (np.array([b"a", b"b"], dtype=object), None),
+    (np.array([], dtype=object), None),
+])
+def test_optional_text_is_the_prompt_when_there_is_exactly_one(array, expected):
+    inputs = {} if array is None else {"text_input": array}
+    assert parse_optional_text(inputs) == expected
+    assert parse_optional_text({"other": np.array([b"x"], dtype=object)} | inputs, "other") == "x"
+
+
 def test_counts_are_non_negative_integers_in_range():
     assert parse_count({}, "prompt_tokens", 0, 10) == 0
     assert parse_count({"prompt_tokens": np.array([7], dtype=np.int32)}, "prompt_tokens", 0, 10) == 7
+    assert parse_count({"prompt_tokens": np.array([10], dtype=np.int32)}, "prompt_tokens", 0, 10) == 10
     for bad in (np.array([-1], dtype=np.int32), np.array([11], dtype=np.int64), np.array([2.5], dtype=np.float32)):
         with pytest.raises(InvalidInputError, match="prompt_tokens"):
             parse_count({"prompt_tokens": bad}, "prompt_tokens", 0, 10)

@@ -333,7 +333,10 @@ class Scheduler:
                 report = self.step()
             except Exception as exc:  # NOTE: the scheduler's own fault; see _abort
                 LOGGER.exception("scheduler step failed; ending the sequences it held")
-                self._abort(exc)
+                try:
+                    self._abort(exc)
+                except Exception:
+                    LOGGER.exception("could not end the sequences of a failed step")
                 continue
             rest = self._warm_rest_until - self._clock()
             if report.batch_size == 0 and rest > 0:
@@ -354,11 +357,9 @@ class Scheduler:
         self._cond.wait(timeout)
 
     def _abort(self, error: BaseException) -> None:
-        """End every sequence the scheduler holds with ``error`` and free them (a step failed outside any
-        one sequence, so its queues may no longer be consistent)."""
-        with self._cond:
-            inbox, self._inbox = self._inbox, []
-        held = [*inbox, *self._running, *self._waiting, *self._warm_waiting, *([self._warm] if self._warm else [])]
+        """End every sequence the step held with ``error`` and free them (it failed outside any one
+        sequence, so its queues may no longer be consistent); requests still in the inbox go on."""
+        held = [*self._running, *self._waiting, *self._warm_waiting, *([self._warm] if self._warm else [])]
         for seq in held:
             try:
                 self._remove(seq)
@@ -572,10 +573,10 @@ class Scheduler:
                 for s, n in group]
         try:
             return list(zip(group, self.engine.forward_batch(rows)))
-        except Exception:  # NOTE: retried row by row below; a row that fails alone ends
+        except Exception as exc:
             if len(group) == 1:
-                outputs = [self._guarded(group[0][0], lambda: self.engine.forward_batch(rows)[0], "forward")]
-                return [(group[0], outputs[0])] if outputs[0] is not None else []
+                self._fail(group[0][0], exc, "forward")
+                return []
             LOGGER.warning("batched forward of %d sequences failed; running each alone", len(group), exc_info=True)
         # NOTE: a failed forward leaves each row's own KV as it was (the batch cache grows by new tensors,
         # never by writing into a row's view), so each row can be run again from it.

@@ -52,7 +52,7 @@ def _direct(triton, **extra):
     return _stream_direct(triton, "lora_adapter", inputs, timeout=CLIENT_TIMEOUT_S)
 
 
-def test_concurrent_denormal_temperatures_straight_to_lora_adapter_get_invalid_arg_then_a_request_is_served(triton):
+def test_concurrent_denormal_temperatures_straight_to_lora_adapter_are_refused_then_a_request_is_served(triton):
     sampled = {"temperature": np.array([DENORMAL], np.float32), "top_p": np.array([0.9], np.float32)}
     with concurrent.futures.ThreadPoolExecutor(CONCURRENT) as pool:
         errors = list(pool.map(lambda _: _direct(triton, **sampled), range(CONCURRENT)))

@@ -148,8 +148,16 @@ class LoraEngine:
             yield from self._decode(request, logits, cache, cached_tokens, start)
 
     def check_request(self, request: GenerateRequest) -> None:
-        """Raise the request's error if it cannot be served: too long for the context, unknown adapter."""
+        """Raise the request's error if it cannot be served: empty, a token id outside the vocabulary, too long
+        for the context, an unknown adapter. NOTE: parse_generate_request refuses the same inputs; this keeps
+        every other way in (warm prompts, plans, tests) from reaching a forward that would fail on them."""
         prompt_len, max_tokens = len(request.prompt_ids), request.sampling.max_tokens
+        if not prompt_len:
+            raise InvalidInputError("the prompt is empty: send at least one token id")
+        if min(request.prompt_ids) < 0 or max(request.prompt_ids) >= self.vocab_size:
+            raise InvalidInputError(f"the prompt holds a token id outside the vocabulary [0, {self.vocab_size})")
+        if max_tokens < 1:
+            raise InvalidInputError("max_tokens must be at least 1")
         if prompt_len + max_tokens > self.context_length:
             raise InvalidInputError(
                 f"the prompt has {prompt_len} tokens and max_tokens is {max_tokens}: together they exceed "

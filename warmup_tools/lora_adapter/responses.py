@@ -41,6 +41,8 @@ class ResponseSink:
     arrived: float = dataclasses.field(default_factory=time.time)
     _pieces: list[str] = dataclasses.field(default_factory=list)
     _ttft_ms: float = 0.0
+    #: True once the FINAL response went out: the request gets no other.
+    _closed: bool = False
 
     def send(self, step: GenerationStep) -> None:
         final = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -50,6 +52,7 @@ class ResponseSink:
             self._pieces.append(step.text)
             if step.finished:
                 self.sender.send(self._response("".join(self._pieces), step), flags=final)
+        self._closed = step.finished
         if step.output_tokens == 1:  # NOTE: after the send, so metrics never delay the first token
             self._ttft_ms = step.elapsed * 1000
             if self.metrics is not None:
@@ -64,6 +67,11 @@ class ResponseSink:
                 digest_key=self.digest_key))
 
     def fail(self, error: BaseException) -> None:
+        """End the request with ``error``; nothing once its FINAL response went out (a fault after the last
+        token, such as a failed request-log write, must not send a second final response)."""
+        if self._closed:
+            return
+        self._closed = True
         self.sender.send(self.pb_utils.InferenceResponse(error=error_for(self.pb_utils, error)),
                          flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 

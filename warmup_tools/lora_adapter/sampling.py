@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from warmup_tools.lora_adapter.requests import SamplingParams
+from warmup_tools.common.errors import InvalidInputError
+from warmup_tools.lora_adapter.requests import MIN_TEMPERATURE, SamplingParams
 
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
@@ -18,7 +19,12 @@ def make_generator(params: SamplingParams, device: torch.device) -> torch.Genera
 
 
 def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """Pick the next token id from the last position's logits (shape ``[vocab]``)."""
+    """Pick the next token id from the last position's logits (shape ``[vocab]``).
+
+    Raises :class:`InvalidInputError` when the sampling parameters leave no valid distribution (a
+    temperature so small that the scaled scores overflow), and ``FloatingPointError`` when the model's own
+    logits are not finite (a fault of the model, not of the request).
+    """
     if params.greedy or generator is None:
         return int(torch.argmax(logits).item())
     scores = logits.float() / params.temperature
@@ -30,7 +36,16 @@ def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
         cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
         # Keep the smallest set whose mass reaches top_p (always at least the best token).
         drop = cumulative - torch.softmax(sorted_scores, dim=-1) >= params.top_p
+        # NOTE: explicitly, because a top_p below float32's smallest value (1e-46) compares as 0 and would
+        # drop the best token too, leaving nothing to sample.
+        drop[0] = False
         sorted_scores = sorted_scores.masked_fill(drop, float("-inf"))
         scores = torch.full_like(scores, float("-inf")).scatter(0, order, sorted_scores)
     probs = torch.softmax(scores, dim=-1)
+    if not bool(torch.isfinite(probs).all()):
+        # Checked only here, so a valid step pays for one check of the probabilities and no more.
+        if not bool(torch.isfinite(logits).all()):
+            raise FloatingPointError("the model produced non-finite logits")
+        raise InvalidInputError(f"input 'temperature' is too small for this model's scores: use 0 (greedy) or at "
+                                f"least {MIN_TEMPERATURE:.2g}")
     return int(torch.multinomial(probs, 1, generator=generator).item())

@@ -21,6 +21,14 @@ The scheduler owns the engine. A thread calls :meth:`Scheduler.step` in a loop; 
 Requests arrive through :meth:`Scheduler.submit` with a :class:`SequenceSink` (model.py's sends
 responses through the request's response sender); errors go to the one sequence they concern. Tests
 drive :meth:`step` directly, without the thread.
+
+Faults: whatever raises while one sequence is admitted, stored, sampled or sent ends that sequence with
+the error (its own code for a :class:`~warmup_tools.common.errors.RequestError`, INTERNAL for anything
+else), frees its slot and its KV memory, and leaves the others running. A batched forward that raises is
+retried row by row, so only the rows that fail alone end. A step that raises outside any one sequence
+(the scheduler's own fault) ends every sequence it held with that error rather than keep a state it may
+have broken. A step that changed nothing (no forward, no sequence admitted, ended or preempted, no
+call run) makes the thread wait on its condition until a request or a call arrives: it never spins.
 """
 
 from __future__ import annotations
@@ -40,12 +48,13 @@ from warmup_tools.common.errors import (
     AdapterUnavailableError,
     KVBudgetError,
     RequestCancelledError,
+    RequestError,
     ServerBusyError,
 )
 from warmup_tools.kv.blocks import BlockSource, PrefixMatch
 from warmup_tools.kv.hashing import BlockHash
 from warmup_tools.lora_adapter.detokenize import IncrementalDetokenizer
-from warmup_tools.lora_adapter.engine import BatchRow, GenerationStep, LoraEngine
+from warmup_tools.lora_adapter.engine import BatchRow, GenerationStep, LoraEngine, RowOutput
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.sampling import make_generator, next_token
 from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING, SchedulerConfig
@@ -128,6 +137,9 @@ class StepReport:
     preempted: int = 0
     finished: int = 0
     seconds: float = 0.0
+    #: Nothing changed: no forward ran, no sequence was admitted, ended or preempted, no call ran; the
+    #: thread then waits for new input instead of stepping again.
+    idle: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -147,8 +159,15 @@ class Scheduler:
 
     def __init__(self, engine: LoraEngine, config: SchedulerConfig = DEFAULT_BATCHING, *,
                  observer: Callable[[StepReport, "Scheduler"], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_wait: Callable[["Scheduler"], None] | None = None) -> None:
+        """``on_wait`` is called, holding the scheduler's lock, each time the thread blocks on its condition
+        (tests count these to see that the loop waits instead of spinning)."""
         self.engine = engine
+        self._on_wait = on_wait
+        #: Bumped by every change a step makes besides a forward (admission, an ended or preempted
+        #: sequence, calls, new arrivals): a step that leaves it and runs no forward is idle.
+        self._changes = 0
         self._clock = clock
         self._last_live = float("-inf")
         self._warm_rest_until = float("-inf")
@@ -222,6 +241,7 @@ class Scheduler:
         """One iteration: calls, cancellations, admission, one batched forward, outputs."""
         started = time.perf_counter()
         began = self._clock()
+        changes = self._changes
         self._run_calls()
         self._take_inbox()
         self._drop_cancelled()
@@ -241,7 +261,8 @@ class Scheduler:
             warm_tokens=sum(n for s, n in plan if s.klass is SequenceClass.WARM),
             seq_ids=tuple(s.seq_id for s, _ in plan),
             adapters=tuple(s.request.adapter for s, _ in plan),
-            preempted=preempted, finished=finished, seconds=time.perf_counter() - started)
+            preempted=preempted, finished=finished, seconds=time.perf_counter() - started,
+            idle=not plan and self._changes == changes)
         if report.warm_tokens and self._live_recent():
             # NOTE: warm_share, as in the serial gate: after a warm chunk, warm-up rests so that it holds the
             # engine for at most that share of the time, and most live requests find no warm chunk running.
@@ -305,23 +326,57 @@ class Scheduler:
             with self._cond:
                 while not self._stopped and not (self._inbox or self._calls or self._waiting or self._running
                                                  or self._warm_waiting or self._warm):
-                    self._cond.wait()
+                    self._wait()
                 if self._stopped:
                     return
             try:
                 report = self.step()
-            except Exception:
-                LOGGER.exception("scheduler step failed")
+            except Exception as exc:  # NOTE: the scheduler's own fault; see _abort
+                LOGGER.exception("scheduler step failed; ending the sequences it held")
+                try:
+                    self._abort(exc)
+                except Exception:
+                    LOGGER.exception("could not end the sequences of a failed step")
                 continue
             rest = self._warm_rest_until - self._clock()
             if report.batch_size == 0 and rest > 0:
                 with self._cond:  # only resting warm-up is left: sleep until the rest ends or a request comes
                     if not (self._inbox or self._calls or self._stopped):
-                        self._cond.wait(rest)
+                        self._wait(rest)
+            elif report.idle:
+                # NOTE: nothing a step can do changes without new input (a forward would have run, or a
+                # sequence moved): wait for a request, a call or stop instead of stepping again at full CPU.
+                with self._cond:
+                    while not (self._inbox or self._calls or self._stopped):
+                        self._wait()
+
+    def _wait(self, timeout: float | None = None) -> None:
+        """Block on the condition (the caller holds it)."""
+        if self._on_wait is not None:
+            self._on_wait(self)
+        self._cond.wait(timeout)
+
+    def _abort(self, error: BaseException) -> None:
+        """End every sequence the step held with ``error`` and free them (it failed outside any one
+        sequence, so its queues may no longer be consistent); requests still in the inbox go on."""
+        held = [*self._running, *self._waiting, *self._warm_waiting, *([self._warm] if self._warm else [])]
+        for seq in held:
+            try:
+                self._remove(seq)
+            except Exception:  # freeing one must not keep the others from ending
+                LOGGER.exception("could not free sequence %d", seq.seq_id)
+            self._finish(seq, error)
+        self._running.clear()
+        self._waiting.clear()
+        self._warm_waiting.clear()
+        self._warm = None
+        self._inflight.clear()
+        self.engine.forget_batches()
 
     def _run_calls(self) -> None:
         with self._cond:
             calls, self._calls = self._calls, []
+        self._changes += len(calls)
         for fn, future in calls:
             try:
                 future.set_result(fn())
@@ -331,6 +386,7 @@ class Scheduler:
     def _take_inbox(self) -> None:
         with self._cond:
             inbox, self._inbox = self._inbox, []
+        self._changes += len(inbox)
         for seq in inbox:
             (self._warm_waiting if seq.klass is SequenceClass.WARM else self._waiting).append(seq)
         if self._waiting or self._running:
@@ -351,7 +407,11 @@ class Scheduler:
         for seq in list(self._waiting):
             if len(self._running) >= self.config.max_num_seqs:
                 break
-            admitted = self._try_admit(seq)
+            try:
+                admitted = self._try_admit(seq)
+            except Exception as exc:  # noqa: BLE001 - NOTE: one sequence's fault ends that sequence only
+                self._fail(seq, exc, "admitting")
+                continue
             if admitted is None and not self._running:
                 # Nothing runs that could free memory: this request can never fit within the budget.
                 self._waiting.remove(seq)
@@ -364,11 +424,17 @@ class Scheduler:
             if admitted:
                 self._waiting.remove(seq)
                 self._running.append(seq)
+                self._changes += 1
         if self._warm is None and self._warm_waiting:
             seq = self._warm_waiting[0]
-            admitted = self._try_admit(seq)
+            try:
+                admitted = self._try_admit(seq)
+            except Exception as exc:  # noqa: BLE001 - as above
+                self._fail(seq, exc, "admitting")
+                admitted = False
             if admitted:
                 self._warm = self._warm_waiting.popleft()
+                self._changes += 1
             elif admitted is None and not self._running:
                 self._warm_waiting.popleft()
                 self._finish(seq, KVBudgetError("the KV memory budget is too small for this warm prompt"))
@@ -389,7 +455,10 @@ class Scheduler:
             if len(match) < len(usable):
                 key = usable[len(match)]
                 owner = self._inflight.get(key)
-                if owner is not None and owner != seq.seq_id:
+                # NOTE: a live request never waits for a warm prompt's block: warm-up stays out of steps
+                # while a live request waits, so the two would wait for each other; it computes the block.
+                warm_owner = self._warm is not None and owner == self._warm.seq_id
+                if owner is not None and owner != seq.seq_id and not (warm_owner and seq.klass is SequenceClass.LIVE):
                     cache.release(match)
                     return False
         cached = match.num_tokens if match else 0
@@ -416,6 +485,10 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         planned: dict[int, tuple[Sequence, int]] = {}
         preempted = 0
+        for seq in [s for s in self._running if s.remaining < 1]:
+            # NOTE: cannot happen (a sequence is sampled, or ended, when its last token is computed); if it
+            # ever did, the sequence could never be planned again and would hold its slot for good.
+            self._fail(seq, RuntimeError(f"sequence {seq.seq_id} has no token left to compute"), "planning")
         decoding = [s for s in self._running if s.remaining == 1]
         prefilling = [s for s in self._running if s.remaining > 1]
         for seq in [*decoding, *prefilling]:
@@ -488,24 +561,59 @@ class Scheduler:
         for group in groups:
             if not group:
                 continue
-            rows = [BatchRow(s.tokens[s.num_computed:s.num_computed + n], s.num_computed, s.kv, s.request.adapter)
-                    for s, n in group]
-            try:
-                outputs = self.engine.forward_batch(rows)
-            except Exception as exc:
-                LOGGER.exception("batched forward of %d sequences failed", len(group))
-                for seq, _ in group:
-                    self._remove(seq)
-                    self._finish(seq, exc)
-                continue
-            for (seq, count), out in zip(group, outputs):
-                seq.kv = out.kv
-                seq.num_computed += count
-                seq.steps += 1
-                self._store_blocks(seq)
-                if seq.remaining == 0 and self._emit(seq, out.logits):
+            for (seq, count), out in self._forward(group):
+                if self._guarded(seq, lambda s=seq, c=count, o=out: self._advance(s, c, o), "serving"):
                     finished += 1
         return finished
+
+    def _forward(self, group: list[tuple[Sequence, int]]) -> list[tuple[tuple[Sequence, int], RowOutput]]:
+        """Run one batched forward; when it raises, each row again alone, so that only the rows that fail
+        by themselves end (with their error) and the others go on."""
+        rows = [BatchRow(s.tokens[s.num_computed:s.num_computed + n], s.num_computed, s.kv, s.request.adapter)
+                for s, n in group]
+        try:
+            return list(zip(group, self.engine.forward_batch(rows)))
+        except Exception as exc:
+            if len(group) == 1:
+                self._fail(group[0][0], exc, "forward")
+                return []
+            LOGGER.warning("batched forward of %d sequences failed; running each alone", len(group), exc_info=True)
+        # NOTE: a failed forward leaves each row's own KV as it was (the batch cache grows by new tensors,
+        # never by writing into a row's view), so each row can be run again from it.
+        results = []
+        for item, row in zip(group, rows):
+            out = self._guarded(item[0], lambda r=row: self.engine.forward_batch([r])[0], "forward")
+            if out is not None:
+                results.append((item, out))
+        return results
+
+    def _advance(self, seq: Sequence, count: int, out: RowOutput) -> bool:
+        """Take one row's forward output: its KV, its completed blocks, and its next token once its tokens
+        are all computed; True when the sequence finished."""
+        seq.kv = out.kv
+        seq.num_computed += count
+        seq.steps += 1
+        self._store_blocks(seq)
+        return seq.remaining == 0 and self._emit(seq, out.logits)
+
+    def _guarded(self, seq: Sequence, fn: Callable[[], T], doing: str) -> T | None:
+        """``fn()`` for one sequence; when it raises, that sequence ends with the error and None is returned."""
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - NOTE: one sequence's fault ends that sequence only
+            self._fail(seq, exc, doing)
+            return None
+
+    def _fail(self, seq: Sequence, error: BaseException, doing: str) -> None:
+        """End one sequence with ``error``: out of every queue, its memory freed, the error to its client."""
+        if isinstance(error, RequestError):
+            LOGGER.info("sequence %d ended while %s: %s", seq.seq_id, doing, error)
+        else:
+            LOGGER.error("sequence %d failed while %s", seq.seq_id, doing, exc_info=error)
+        try:
+            self._remove(seq)
+        finally:
+            self._finish(seq, error)
 
     # ------------------------------------------------------------------------------------- helpers
     def _new_sequence(self, request: GenerateRequest, sink: SequenceSink | None,
@@ -543,6 +651,7 @@ class Scheduler:
         self._release(seq)
         self._waiting.appendleft(seq)
         self.stats.preemptions += 1
+        self._changes += 1
 
     def _release(self, seq: Sequence) -> None:
         """Free what a sequence holds: its KV memory, its cache match, its single-flight claim."""
@@ -570,6 +679,7 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, error: BaseException | None = None) -> None:
         """Report the end of a sequence: an error to its sink or future, or a warm result."""
+        self._changes += 1
         if seq.done is not None:
             if error is None:
                 seq.done.set_result(seq.steps)
@@ -628,9 +738,10 @@ class Scheduler:
         self.stats.output_tokens[adapter] = self.stats.output_tokens.get(adapter, 0) + 1
         try:
             seq.sink.send(step)
-        except Exception:
+        except Exception as exc:  # the client is gone, or its response could not be built
             LOGGER.warning("sequence %d: sending a response failed; dropping it", seq.seq_id, exc_info=True)
             self._remove(seq)
+            self._finish(seq, exc)  # best effort: a sender that still works closes the request with it
             return True
         if finished:
             self._remove(seq)

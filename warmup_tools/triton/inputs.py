@@ -43,13 +43,26 @@ def parse_text(inputs: Inputs, name: str = "text_input", max_bytes: int = MAX_TE
     return text
 
 
-def parse_optional_text(inputs: Inputs, name: str = "text_input") -> str | None:
-    """The prompt text when the request carries it (undecodable text is kept, with replacements)."""
+def parse_optional_text(inputs: Inputs, name: str = "text_input", max_bytes: int = MAX_TEXT_BYTES) -> str | None:
+    """The prompt text when the request carries it (undecodable text is kept, with replacements); text
+    longer than ``max_bytes`` is refused before it is decoded (:func:`check_text_size`)."""
+    check_text_size(inputs, name, max_bytes)
     array = inputs.get(name)
     if array is None or array.size != 1:
         return None
     value = array.reshape(-1)[0]
     return value.decode("utf-8", errors="replace") if isinstance(value, (bytes, np.bytes_)) else str(value)
+
+
+def check_text_size(inputs: Inputs, name: str = "text_input", max_bytes: int = MAX_TEXT_BYTES) -> None:
+    """Refuse an optional text input that holds more than one string or a string longer than
+    ``max_bytes``, without decoding it (the bound every model puts on prompt text)."""
+    array = inputs.get(name)
+    if array is None:
+        return
+    if array.size != 1:
+        raise InvalidInputError(f"input '{name}' must hold exactly one string, got {array.size} elements")
+    _check_length(array.reshape(-1)[0], name, max_bytes)
 
 
 def parse_optional_string(inputs: Inputs, name: str, default: str = "", max_bytes: int = MAX_TEXT_BYTES) -> str:
@@ -86,20 +99,27 @@ def _single_string(array: np.ndarray, name: str, max_bytes: int = MAX_TEXT_BYTES
     if array.size != 1:
         raise InvalidInputError(f"input '{name}' must hold exactly one string, got {array.size} elements")
     value = array.reshape(-1)[0]
+    _check_length(value, name, max_bytes)  # before decoding; refuses anything but str and bytes too
     if isinstance(value, str):
-        if len(value) > max_bytes or len(value.encode("utf-8")) > max_bytes:
-            raise InvalidInputError(f"input '{name}' is longer than {max_bytes} bytes: send a shorter text")
         return value
-    if isinstance(value, (bytes, np.bytes_)):
-        if len(value) > max_bytes:
-            raise InvalidInputError(f"input '{name}' is longer than {max_bytes} bytes: send a shorter text")
-        try:
-            return bytes(value).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidInputError(
-                f"input '{name}' is not valid UTF-8 (byte {exc.start}: {exc.reason}); encode the text as UTF-8"
-            ) from None
-    raise InvalidInputError(f"input '{name}' must be a BYTES (string) tensor")
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(
+            f"input '{name}' is not valid UTF-8 (byte {exc.start}: {exc.reason}); encode the text as UTF-8"
+        ) from None
+
+
+def _check_length(value: object, name: str, max_bytes: int) -> None:
+    """Refuse a string element longer than ``max_bytes`` UTF-8 bytes (bytes are not decoded for it)."""
+    if isinstance(value, str):
+        too_long = len(value) > max_bytes or len(value.encode("utf-8")) > max_bytes
+    elif isinstance(value, (bytes, np.bytes_)):
+        too_long = len(value) > max_bytes
+    else:
+        raise InvalidInputError(f"input '{name}' must be a BYTES (string) tensor")
+    if too_long:
+        raise InvalidInputError(f"input '{name}' is longer than {max_bytes} bytes: send a shorter text")
 
 
 def parse_scalar(inputs: Inputs, name: str, cast: type, default: object) -> object:
@@ -109,10 +129,14 @@ def parse_scalar(inputs: Inputs, name: str, cast: type, default: object) -> obje
     if array.size != 1:
         raise InvalidInputError(f"input '{name}' must hold exactly one value, got {array.size}")
     value = array.reshape(-1)[0]
+    if isinstance(value, (bytes, np.bytes_, str)):
+        # NOTE: Triton checks each input's data type against config.pbtxt; this keeps a caller that skips
+        # that check (a test, another frontend) from turning a string into an INTERNAL error.
+        raise InvalidInputError(f"input '{name}' must be a number, not a string")
     if cast is float:
         return float(value)
     if cast is bool:
         return bool(value)
     if isinstance(value, (float, np.floating)) and not float(value).is_integer():
-        raise InvalidInputError(f"input '{name}' must be an integer, got {value}")
+        raise InvalidInputError(f"input '{name}' must be an integer")
     return int(value)

@@ -78,3 +78,38 @@ def test_the_warmup_plan_input_becomes_a_source_and_a_plan_id():
     assert (unpinned.source, unpinned.plan_id) == (BlockSource.WARMUP, None)
     pinned = parse_generate_request({**base, "warmup_plan": np.array([b"p1"], dtype=np.object_)}, RequestLimits())
     assert (pinned.source, pinned.plan_id) == (BlockSource.WARMUP, "p1")
+
+
+@pytest.mark.parametrize("value", [1e-40, 1.4e-45, 1e-38, 1e-30, 1e-3, 0.0099, 100.5, 3.4e38, np.inf, -np.inf, np.nan,
+                                   -1e-40])
+def test_temperature_must_be_0_or_at_least_the_minimum_a_float32_division_survives(value):
+    """Sampling divides float32 logits by the temperature: a subnormal or tiny one overflows them (1e-40
+    once froze an instance). The message states the range and never echoes the value."""
+    rule = r"'temperature' is out of range: use 0 \(greedy\) or 0.01 to 100"
+    with pytest.raises(InvalidInputError, match=rule) as info:
+        parse_generate_request({"input_ids": ids(1), "temperature": np.array([value], dtype=np.float32)}, LIMITS)
+    assert "e-" not in str(info.value) and "inf" not in str(info.value) and "nan" not in str(info.value)
+
+
+@pytest.mark.parametrize("value", [0.0, -0.0, 0.01, 0.5, 100.0])
+def test_temperature_0_and_the_fp32_values_from_001_to_100_are_taken(value):
+    req = parse_generate_request({"input_ids": ids(1), "temperature": np.array([value], dtype=np.float32)}, LIMITS)
+    assert req.sampling.temperature == float(np.float32(value))
+
+
+def test_text_input_is_bounded_before_it_is_decoded_like_every_models_prompt_text():
+    from warmup_tools.triton.inputs import MAX_TEXT_BYTES
+
+    base = {"input_ids": ids(1, 2)}
+    ok = parse_generate_request({**base, "text_input": np.array([b"x" * MAX_TEXT_BYTES], dtype=object)}, LIMITS)
+    assert ok.prompt_ids == (1, 2)
+    for value in (b"\xff" * (MAX_TEXT_BYTES + 1), b"x" * (2 << 20)):  # too long wins over bad UTF-8
+        with pytest.raises(InvalidInputError, match=f"'text_input' is longer than {MAX_TEXT_BYTES} bytes"):
+            parse_generate_request({**base, "text_input": np.array([value], dtype=object)}, LIMITS)
+    with pytest.raises(InvalidInputError, match="exactly one string"):
+        parse_generate_request({**base, "text_input": np.array([b"a", b"b"], dtype=object)}, LIMITS)
+
+
+def test_a_string_where_a_number_belongs_is_invalid_arg_not_an_internal_error():
+    with pytest.raises(InvalidInputError, match="'top_k' must be a number"):
+        parse_generate_request({"input_ids": ids(1), "top_k": np.array([b"seven"], dtype=object)}, LIMITS)

@@ -105,7 +105,8 @@ def test_non_streaming_sends_the_whole_text_once_and_errors_carry_their_code():
     for step in steps(3):
         sink.send(step)
     assert len(sender.sent) == 1 and sender.sent[0][0]["outputs"]["text_output"] == [b"t1t2t3"]
-    sink.fail(ServerBusyError("server busy"))
+    failing = ResponseSink(fake_pb_utils(), sender, request(stream=False))
+    failing.fail(ServerBusyError("server busy"))
     response, flags = sender.sent[-1]
     assert flags == FINAL and response["error"].code == "unavailable" and "busy" in response["error"].message
     assert not sink.is_cancelled()
@@ -182,3 +183,23 @@ def test_cached_tokens_can_be_withheld_from_clients():
         return [r["outputs"]["cached_tokens"] for r, _ in sender.sent]
 
     assert sent(True) == [[4], [4]] and sent(False) == [[0], [0]]
+
+
+def test_a_request_gets_exactly_one_final_response_whatever_fails_after_it():
+    for stream in (True, False):
+        sender = FakeSender()
+        sink = ResponseSink(fake_pb_utils(), sender, request(stream=stream))
+        for step in steps(3):
+            sink.send(step)
+        sink.fail(RuntimeError("the request log could not be written"))  # after the last token: no second final
+        sink.fail(ServerBusyError("server busy"))
+        assert [flags for _, flags in sender.sent].count(FINAL) == 1
+        assert all(response["error"] is None for response, _ in sender.sent)
+    sender = FakeSender()
+    sink = ResponseSink(fake_pb_utils(), sender, request(stream=True))
+    sink.send(steps(3)[0])
+    sink.fail(RuntimeError("sampling failed"))  # mid-stream: the error is the final response, once
+    sink.fail(ServerBusyError("server busy"))
+    assert [flags for _, flags in sender.sent] == [0, FINAL]
+    assert sender.sent[-1][0]["error"].code == "internal"
+    assert "sampling" not in sender.sent[-1][0]["error"].message  # the exception text stays in the server log

@@ -128,7 +128,7 @@ LIMITS = RequestLimits(max_tokens_limit=64, default_max_tokens=8, vocab_size=100
 
 
 @pytest.mark.parametrize("inputs,match", [
-    ({"top_p": np.array([0.0], dtype=np.float32)}, r"top_p'=0.0 is out of range.*1 for no nucleus"),
+    ({"top_p": np.array([0.0], dtype=np.float32)}, r"top_p' is out of range.*1 for no nucleus"),
     ({"top_p": np.array([np.inf], dtype=np.float32)}, "top_p"),
     ({"seed": np.array([-1], dtype=np.int64)}, "seed"),
     ({"cluster_id": np.array([-2], dtype=np.int32)}, "cluster_id"),

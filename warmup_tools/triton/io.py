@@ -24,8 +24,9 @@ def redis_tier_from_params(params: ModelParameters) -> Any:
     from warmup_tools.caches.settings import SharedTierSettings
 
     settings = SharedTierSettings.from_parameters(params)
+    url_from_file = _read_url(params)  # NOTE: always read, so check_unknown knows the parameter
     if not settings.url:
-        settings = dataclasses.replace(settings, url=_read_url(params))
+        settings = dataclasses.replace(settings, url=url_from_file)
     control_dir = params.get("control_dir", str, "")
     if not settings.url:
         return None
@@ -47,7 +48,7 @@ def redis_tier_from_params(params: ModelParameters) -> Any:
 def _read_url(params: ModelParameters) -> str:
     """The URL in the file ``redis_url_file`` names (a mounted secret: the password stays out of the
     environment and the config); empty when unset."""
-    if not params.get("redis_url_file", str, ""):
+    if not params.get("redis_url_file", str, "") or params.get("redis_url", str, ""):
         return ""
     path = params.path("redis_url_file")
     try:

@@ -34,3 +34,21 @@ def test_a_shared_tier_in_open_mode_needs_the_control_folder(tmp_path):
     with pytest.raises(ConfigError, match="needs control_dir"):
         tier("")
     assert tier(tmp_path, url="") is None
+
+
+@pytest.mark.parametrize("model", ["tokenizer_cache", "embedding_cache"])
+def test_every_shared_tier_parameter_a_shipped_config_declares_is_known(model, tmp_path):
+    """config.pbtxt declares redis_url_file beside redis_url: a model whose URL comes from redis_url (the
+    environment) must still know the other, or it refuses to load (unknown parameter)."""
+    import re
+    from pathlib import Path
+
+    config = (Path(__file__).resolve().parents[3] / "model_repository" / model / "config.pbtxt").read_text()
+    declared = {name for name in re.findall(r'key:\s*"([a-z_]+)"', config) if name.startswith("redis_")}
+    assert "redis_url_file" in declared
+    for url in ("redis://127.0.0.1:1/0", ""):
+        parameters = {name: {"string_value": ""} for name in declared} | {
+            "redis_url": {"string_value": url}, "control_dir": {"string_value": str(tmp_path)}}
+        params = ModelParameters({"name": model, "parameters": parameters})
+        redis_tier_from_params(params)
+        params.check_unknown()

@@ -158,7 +158,7 @@ warmup_scheduler_waiting_sequences{instance="lora_adapter_0_1",model="lora_adapt
 def triton_http():
     """Triton's model configuration and /metrics endpoints, as 2.51 answers them."""
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the http.server API)
+        def do_GET(self) -> None:
             bodies = {
                 "/metrics": METRICS.encode(),
                 "/v2/models/lora_adapter/config": json.dumps(

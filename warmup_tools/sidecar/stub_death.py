@@ -19,9 +19,11 @@ import dataclasses
 import logging
 import math
 
-from warmup_tools.triton.metrics import RUNNING_SEQUENCES, WAITING_SEQUENCES
-
 LOGGER = logging.getLogger(__name__)
+
+#: The scheduler's gauges per instance, as lora_adapter exports them (triton/metrics.py, SchedulerMetrics).
+RUNNING_SEQUENCES = "warmup_scheduler_running_sequences"
+WAITING_SEQUENCES = "warmup_scheduler_waiting_sequences"
 
 RESTART = "restart"
 RELOAD = "reload"

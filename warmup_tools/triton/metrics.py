@@ -171,11 +171,6 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 STEP_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-#: The scheduler's gauges per instance (the sidecar reads them when a stub dies: see sidecar/stub_death.py).
-RUNNING_SEQUENCES = "warmup_scheduler_running_sequences"
-WAITING_SEQUENCES = "warmup_scheduler_waiting_sequences"
-
-
 class SchedulerMetrics:
     """The continuous-batching scheduler on /metrics: running and waiting sequences, batch size,
     preemptions, step time and output tokens per adapter.
@@ -191,9 +186,9 @@ class SchedulerMetrics:
         self._model = model
         # NOTE: the families are kept: Triton refuses a Metric whose MetricFamily was garbage collected.
         self._families = (
-            family(name=RUNNING_SEQUENCES,
+            family(name="warmup_scheduler_running_sequences",
                    description="Sequences in the running batch of an instance", kind=family.GAUGE),
-            family(name=WAITING_SEQUENCES,
+            family(name="warmup_scheduler_waiting_sequences",
                    description="Sequences waiting for a running slot on an instance", kind=family.GAUGE),
             family(name="warmup_scheduler_batch_size", description="Sequences per scheduler step",
                    kind=family.HISTOGRAM),

@@ -7,6 +7,7 @@ HTTP endpoints (served here by a small HTTP server; tests/integration/test_sidec
 from __future__ import annotations
 
 import http.server
+import inspect
 import json
 import threading
 
@@ -15,7 +16,15 @@ import pytest
 from warmup_tools.common.errors import ConfigError, ServerError
 from warmup_tools.sidecar.config import SidecarConfig
 from warmup_tools.sidecar.monitor import Monitor
-from warmup_tools.sidecar.stub_death import RELOAD, RESTART, StubDeathFacts, decide
+from warmup_tools.sidecar.stub_death import (
+    RELOAD,
+    RESTART,
+    RUNNING_SEQUENCES,
+    WAITING_SEQUENCES,
+    StubDeathFacts,
+    decide,
+)
+from warmup_tools.triton import metrics
 from warmup_tools.sidecar.stubs import StubFault
 
 from .test_monitor import FakeTriton
@@ -195,6 +204,12 @@ def test_the_facts_come_from_the_model_configuration_and_the_scheduler_gauges(tr
         assert facts.in_flight("lora_adapter", "") is None
     finally:
         facts.close()
+
+
+def test_the_gauges_read_are_the_ones_the_scheduler_exports():
+    source = inspect.getsource(metrics.SchedulerMetrics)
+    assert f'name="{RUNNING_SEQUENCES}"' in source and f'name="{WAITING_SEQUENCES}"' in source
+    assert 'labels = {"model": model, "instance": instance}' in source
 
 
 def test_facts_that_cannot_be_read_are_unknown():

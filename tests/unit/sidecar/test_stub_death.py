@@ -24,8 +24,8 @@ from warmup_tools.sidecar.stub_death import (
     StubDeathFacts,
     decide,
 )
-from warmup_tools.triton import metrics
 from warmup_tools.sidecar.stubs import StubFault
+from warmup_tools.triton import metrics
 
 from .test_monitor import FakeTriton
 

@@ -215,8 +215,8 @@ class Monitor:
         error = ""
         try:
             self._restart_server()
-        except WarmupToolsError as exc:
-            error = str(exc)
+        except (WarmupToolsError, OSError) as exc:  # NOTE: OSError: the new process could not be spawned
+            error = str(exc) or type(exc).__name__
         result = RecoveryResult(SERVER, not error, started_at, time.monotonic() - start, error)
         if result.ok:
             LOGGER.info("restarted tritonserver in %.1fs", result.duration_s)

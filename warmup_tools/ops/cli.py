@@ -268,9 +268,9 @@ def _stub_death_flags(parser: argparse.ArgumentParser) -> None:
     from warmup_tools.sidecar.config import STUB_DEATH_ACTIONS
 
     parser.add_argument("--on-stub-death", choices=STUB_DEATH_ACTIONS,
-                        help="when the stub of a decoupled model dies holding requests: restart tritonserver (its "
-                             "streams fail at once) or reload the model (they wait for their deadline); default "
-                             "restart; see docs/faults.md")
+                        help="when the stub of a decoupled model dies: restart tritonserver (its streams fail at "
+                             "once) or reload the model (they wait for their deadline); default restart; see "
+                             "docs/faults.md")
     parser.add_argument("--restart-grace-s", type=float,
                         help="on a restart, seconds the other requests get before tritonserver is killed (default 1)")
 

@@ -26,11 +26,11 @@ class SidecarConfig:
     #: Seconds between looks at the Python backend stubs in ``/proc`` (beside tritonserver): a stub that
     #: exited or was stopped is reloaded at once, without waiting for a probe round. 0: probes only.
     stub_check_interval_s: float = 0.25
-    #: What to do when the stub of a decoupled model (lora_adapter) exits or stops while it holds requests:
-    #: ``restart`` tritonserver (every client's connection drops at once, so a request streaming on the
-    #: dead stub fails at once instead of waiting for its client's deadline: Triton never answers it) or
-    #: ``reload`` the model only (that request waits for its client's deadline). A stub that held no
-    #: request, or of a model that is not decoupled, is always reloaded. See docs/faults.md.
+    #: What to do when the stub of a decoupled model (lora_adapter) exits or stops: ``restart`` tritonserver
+    #: (every client's connection drops at once, so a request streaming on the dead stub fails at once
+    #: instead of waiting for its client's deadline: Triton never answers it) or ``reload`` the model only
+    #: (such a request waits for its client's deadline). A model that is not decoupled is always reloaded.
+    #: See docs/faults.md.
     on_stub_death: str = "restart"
     #: On a restart: seconds tritonserver gets after SIGINT to finish the requests on healthy instances
     #: before its process group is killed (Triton's own stop waits for the request on the dead stub,

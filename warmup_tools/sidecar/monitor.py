@@ -66,8 +66,8 @@ class Monitor:
         exited or stopped; it is asked every ``stub_check_interval_s`` between rounds, and a fault starts
         a round at once, which reloads the model before any probe.
         ``restart_server`` restarts tritonserver and returns once it is ready (raises a WarmupToolsError when
-        it is not); with it and ``on_stub_death`` restart, a dead stub of a decoupled model that held
-        requests (``stub_death`` tells) restarts the server instead of reloading the model."""
+        it is not); with it and ``on_stub_death`` restart, a dead stub of a decoupled model
+        (``stub_death`` tells) restarts the server instead of reloading the model."""
         self.config = config
         self.plan_id = plan_id
         self._coverage = coverage

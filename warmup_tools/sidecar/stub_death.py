@@ -5,10 +5,14 @@ response from Triton 2.51: the Python backend hands each such request's response
 keeps no list of them, the factory holds the model alive, and neither the unload nor the reload sends
 anything (docs/faults.md). Only closing the client's connection ends it, and only tritonserver's exit
 closes every connection at once, whichever client holds it. A restart costs every request in flight on
-the server and a start-up, so the sidecar restarts only when it buys something: with ``on_stub_death``
-``restart``, for a decoupled model whose dead instance held sequences (its scheduler's running and
-waiting gauges on Triton's ``/metrics``, which keep the dead stub's last values), or when either of those
-cannot be read. Everything else is reloaded, as before.
+the server and a start-up, so the sidecar restarts only where it buys something: with ``on_stub_death``
+``restart``, for a model that is decoupled (or whose configuration cannot be read). A model that is not
+decoupled is reloaded, as before: Triton answers its requests with the stub error.
+
+NOTE: the dead instance's scheduler gauges on Triton's ``/metrics`` (running and waiting sequences,
+which keep the dead stub's last values) are read for the log only. They lag a request by its first
+step: a stub killed right after a stream's first token was seen reporting 0, and reloading on that
+left the stream to its client's deadline. A zero cannot prove the instance held nothing.
 
 :func:`decide` is the rule (no I/O); :class:`StubDeathFacts` reads what it needs from the server.
 """
@@ -38,20 +42,16 @@ class Decision:
 
 
 def decide(mode: str, model: str, decoupled: bool | None, in_flight: int | None) -> Decision:
-    """What to do about ``model``'s dead stub. ``decoupled``/``in_flight``: None when unknown.
-
-    NOTE: unknown counts as the costly case only when the operator chose ``restart``: a request left
-    without an answer until its client's deadline is what that setting exists to prevent.
-    """
+    """What to do about ``model``'s dead stub. ``decoupled``/``in_flight``: None when unknown; ``in_flight``
+    (the gauges' last values) is only reported (see the note above)."""
     if mode != RESTART:
         return Decision(RELOAD, "on_stub_death is reload")
     if decoupled is False:
         return Decision(RELOAD, f"{model} is not decoupled: Triton answers its requests with the stub error")
-    if in_flight == 0:
-        return Decision(RELOAD, f"{model}'s dead instance held no request")
-    held = "an unknown number of requests" if in_flight is None else f"{in_flight} request(s)"
-    kind = "a decoupled model" if decoupled else "a model that may be decoupled"
-    return Decision(RESTART, f"{model} is {kind} and its dead instance held {held}, which Triton never answers")
+    kind = "decoupled" if decoupled else "possibly decoupled (its configuration could not be read)"
+    gauges = "unknown" if in_flight is None else str(in_flight)
+    return Decision(RESTART, f"{model} is {kind}: Triton never answers the requests its dead instance held "
+                             f"(its gauges last said {gauges})")
 
 
 class StubDeathFacts:

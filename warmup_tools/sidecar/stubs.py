@@ -8,7 +8,7 @@ themselves: each ``triton_python_backend_stub`` is a child of tritonserver whose
 model's ``model.py`` and its instance. A stub that exited is a zombie (state ``Z``) until Triton reaps it
 at unload; one stopped by a signal is in state ``T``. Either one is reported at once, with the instance
 it served, and the monitor reloads that model (or restarts tritonserver, when the stub was a decoupled
-model's and held requests: :mod:`warmup_tools.sidecar.stub_death`) without waiting for a probe to time
+model's: :mod:`warmup_tools.sidecar.stub_death`) without waiting for a probe to time
 out.
 """
 

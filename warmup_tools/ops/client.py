@@ -178,10 +178,22 @@ class StreamingClient(_Closeable):
         """Send one request and collect its responses until the final one."""
         request_id = uuid.uuid4().hex
         collect = _Collector(on_piece)
-        self._client.async_stream_infer(
-            self.model, grpc_inputs(text, params, stream), request_id=request_id,
-            enable_empty_final_response=True,
-        )
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            self._client.async_stream_infer(
+                self.model, grpc_inputs(text, params, stream), request_id=request_id,
+                enable_empty_final_response=True,
+            )
+        except InferenceServerException:
+            # NOTE: the stream failed before the request went out (the server is gone or restarting); the
+            # reason came through the callback.
+            try:
+                _, error = self._responses.get_nowait()
+            except queue.Empty:
+                error = None
+            raise GenerateError(f"the stream failed before the request was sent: {error}",
+                                getattr(error, "status", lambda: None)()) from None
         while True:
             try:
                 result, error = self._responses.get(timeout=self.timeout_s)

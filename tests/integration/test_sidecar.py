@@ -18,7 +18,7 @@ from warmup_tools.ops.demo import demo_prompt
 from warmup_tools.ops.server import RepositoryKey, TritonServer
 from warmup_tools.sidecar.app import Sidecar
 from warmup_tools.sidecar.config import SidecarConfig
-from warmup_tools.sim.bench.recovery import CLIENT_TIMEOUT_MESSAGE, OutageClient, ready_status
+from warmup_tools.sim.bench.recovery import CLIENT_TIMEOUT_MESSAGE, InFlightRequest, OutageClient, ready_status
 from warmup_tools.sim.demo_prompts import USER_QUESTIONS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -115,6 +115,46 @@ def test_a_killed_lora_adapter_stub_is_reloaded_and_serves_warm_again(explicit_s
           f"({len(outage.attempts)}, one every 0.5 s), min / median / max:")
     for line in outage.summary():
         print(f"    {line}")
+
+
+def test_a_stream_in_flight_on_a_killed_lora_adapter_stub_ends_with_an_error_instead_of_waiting_for_its_deadline(
+        explicit_server):
+    """Triton never answers a decoupled request whose stub died; the sidecar restarts tritonserver (the
+    default ``on_stub_death``), which drops the stream's connection, so its client gets an error at once."""
+    server = explicit_server
+    config = SidecarConfig(probe_interval_s=1.0, probe_timeout_s=10.0, port=0)
+    assert config.on_stub_death == "restart"
+    old_pid = server.pid
+    with Sidecar(config, server.http_url, server.grpc_url, server.repository_key,
+                 REPO_ROOT / "model_repository", server=server) as sidecar:
+        wait_for(lambda: ready_status(sidecar.url) == 200, "the sidecar to report ready", server)
+        stubs = server.stub_pids("lora_adapter")
+        assert len(stubs) == 1, f"expected one lora_adapter stub under tritonserver {server.pid}: {stubs}"
+        # NOTE: a deadline between responses far beyond the test's waits: the stream may end only by an error
+        # the server side causes, not by its client giving up.
+        inflight = InFlightRequest(server.grpc_url, timeout_s=2 * DEADLINE_S)
+        assert inflight.start(), "the long generation did not start streaming"
+        os.kill(stubs[0], signal.SIGKILL)
+        killed_at = time.monotonic()
+        inflight.join()
+        assert inflight.ended_at is not None, "the stream on the dead stub never ended"
+        ended_after_s = inflight.ended_at - killed_at
+        assert inflight.error, "the stream on the dead stub ended without an error"
+        assert CLIENT_TIMEOUT_MESSAGE not in inflight.error, inflight.error
+        assert ended_after_s < DEADLINE_S, f"it ended only {ended_after_s:.0f}s after the kill: {inflight.error}"
+
+        wait_for(lambda: ready_status(sidecar.url) == 200, "/ready to come back after the restart", server)
+        status = get_json(sidecar.url + "/status")
+        assert status["last_recovery"]["model"] == "tritonserver" and status["last_recovery"]["ok"], status
+        assert status["restarts"] == 1 and status["models"]["lora_adapter"]["recoveries"] == 0, status
+        assert server.pid != old_pid and server.is_alive()
+
+        # The restarted server ran its model_warmup samples again: it serves, warm.
+        with StreamingClient(server.grpc_url, timeout_s=CLIENT_TIMEOUT_S) as client:
+            result = client.generate(demo_prompt("support", USER_QUESTIONS["support"][0]),
+                                     GenerateParams(max_tokens=4, adapter_id="support"))
+        assert result.cached_tokens > 0, result
+    print(f"\nin-flight stream on a killed stub: {inflight.error[:120]!r} {ended_after_s:.1f} s after the kill")
 
 
 def get_json(url: str, allow_error: bool = False) -> dict:

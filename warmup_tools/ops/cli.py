@@ -259,6 +259,7 @@ def _parser() -> argparse.ArgumentParser:
                          help="re-plan from the request logs every so many seconds and apply it live (default 0: off)")
     sidecar.add_argument("--replan-log-dir", type=Path, help="the request logs to re-plan from (request_log_dir)")
     sidecar.add_argument("--replan-since-h", type=float, help="hours of logs each re-plan reads (default 6)")
+    _stub_death_flags(sidecar)
     sidecar.set_defaults(func=_cmd_sidecar)
     rec = which.add_parser("recovery", parents=[assets],
                            help="kill the lora_adapter stub beside the sidecar: seconds to /ready 503 and back to "
@@ -270,6 +271,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="SIGKILL the stub (a crash) or SIGSTOP it (a hang)")
     rec.add_argument("--no-watch-stubs", dest="watch_stubs", action="store_false",
                      help="the sidecar finds the dead stub through its probes only (as before stubs were watched)")
+    _stub_death_flags(rec)
 
     soak = which.add_parser("soak", parents=[assets],
                             help="long mixed traffic (planned and unplanned prefixes, four adapters, tenants, "
@@ -296,6 +298,17 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-tokens", type=int, default=24)
     demo.set_defaults(func=_cmd_demo)
     return parser
+
+
+def _stub_death_flags(parser: argparse.ArgumentParser) -> None:
+    from warmup_tools.sidecar.config import STUB_DEATH_ACTIONS
+
+    parser.add_argument("--on-stub-death", choices=STUB_DEATH_ACTIONS,
+                        help="when the stub of a decoupled model dies: restart tritonserver (its streams fail at "
+                             "once) or reload the model (they wait for their deadline); default restart; see "
+                             "docs/faults.md")
+    parser.add_argument("--restart-grace-s", type=float,
+                        help="on a restart, seconds the other requests get before tritonserver is killed (default 1)")
 
 
 def _server_flags(parser: argparse.ArgumentParser) -> None:
@@ -350,9 +363,10 @@ def _server(config: ServeConfig, **options: Any) -> Any:
 
 
 def _wait_while_alive(server: Any, stop: threading.Event) -> int:
-    """Until ``stop``: 0; or 1 with the log tail when tritonserver exits on its own."""
+    """Until ``stop``: 0; or 1 with the log tail when tritonserver exits on its own (a restart by the
+    sidecar is waited for, not an exit)."""
     while not stop.wait(1.0):
-        if not server.is_alive():
+        if server.exited():
             print(f"tritonserver exited with code {server.returncode}; log tail:\n{server.log_tail()}",
                   file=sys.stderr)
             return 1
@@ -368,7 +382,8 @@ def sidecar_config(args: argparse.Namespace) -> "SidecarConfig":
              "probe_timeout_s": args.probe_timeout_s, "failures_to_recover": args.failures_to_recover,
              "recovery_timeout_s": args.recovery_timeout_s, "coverage_threshold": args.coverage_threshold,
              "replan_interval_s": args.replan_interval_s, "replan_log_dir": args.replan_log_dir,
-             "replan_since_h": args.replan_since_h}
+             "replan_since_h": args.replan_since_h, "on_stub_death": args.on_stub_death,
+             "restart_grace_s": args.restart_grace_s}
     return load_config(SidecarConfig, args.sidecar_config, flags, env={})
 
 
@@ -384,7 +399,7 @@ def _cmd_sidecar(args: argparse.Namespace) -> int:
     with _server(config, explicit_model_control=True, repository_key=RepositoryKey.generate()) as server:
         # The sidecar answers from the start, so a startupProbe sees 503 with the reason while models load.
         with Sidecar(sidecar_settings, server.http_url, server.grpc_url, server.repository_key,
-                     config.model_repository, control_dir=config.control_dir, server_pid=server.pid) as sidecar:
+                     config.model_repository, control_dir=config.control_dir, server=server) as sidecar:
             print(f"tritonserver starting on {config.model_repository}: HTTP {server.http_url}, gRPC "
                   f"{server.grpc_url} (log {server.log_path}); sidecar {sidecar.url}/ready /live /status; "
                   "Ctrl-C stops", flush=True)

@@ -185,7 +185,20 @@ class StreamingClient(_Closeable):
         An exception raised by ``on_piece`` propagates; :meth:`cancel` then ends the request on the server."""
         request_id = uuid.uuid4().hex
         collect = _Collector(on_piece)
-        self._client.async_stream_infer(self.model, inputs, request_id=request_id, enable_empty_final_response=True)
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            self._client.async_stream_infer(self.model, inputs, request_id=request_id,
+                                            enable_empty_final_response=True)
+        except InferenceServerException:
+            # NOTE: the stream failed before the request went out (the server is gone or restarting); the
+            # reason came through the callback.
+            try:
+                _, error = self._responses.get_nowait()
+            except queue.Empty:
+                error = None
+            raise GenerateError(f"the stream failed before the request was sent: {error}",
+                                getattr(error, "status", lambda: None)()) from None
         while True:
             try:
                 result, error = self._responses.get(timeout=self.timeout_s)

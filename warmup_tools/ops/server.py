@@ -29,9 +29,11 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Mapping, Sequence
@@ -41,6 +43,11 @@ from warmup_tools.common.errors import ServerError
 LOGGER = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+
+# NOTE: PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process. Every
+# tritonserver is spawned from this one thread, which lives as long as the process: a server restarted
+# by the sidecar's monitor thread must not die when that thread ends, and still dies with the process.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tritonserver-spawner")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -190,6 +197,8 @@ class TritonServer:
         self.repository_key = repository_key
         self._process: subprocess.Popen[bytes] | None = None
         self._log_file = None
+        #: Held by :meth:`restart` from the stop to the start, by :meth:`stop` and by :meth:`exited`.
+        self._lifecycle = threading.RLock()
 
     # ----------------------------------------------------------------------------------- public API
     @property
@@ -221,7 +230,8 @@ class TritonServer:
         if self.repository_key is not None:
             shown = shown.replace(self.repository_key.value, "<hidden>")
         LOGGER.info("starting tritonserver: %s", shown)
-        self._process = subprocess.Popen(
+        self._process = _SPAWNER.submit(
+            subprocess.Popen,
             cmd,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -229,10 +239,28 @@ class TritonServer:
             stderr=subprocess.STDOUT,
             # NOTE: a new session makes tritonserver the leader of a process group holding its
             # stubs, so stop() can signal them all. PDEATHSIG makes the server die with the thread
-            # that started it, so a killed test run or CLI leaves nothing behind.
+            # that started it (_SPAWNER's, which lives as long as this process), so a killed test run
+            # or CLI leaves nothing behind.
             start_new_session=True,
             preexec_fn=_die_with_parent,
-        )
+        ).result()
+
+    def restart(self, grace_s: float) -> None:
+        """Stop (SIGINT, at most ``grace_s``, then SIGKILL the process group) and start again, same ports
+        and environment; returns once the new process is spawned (:meth:`wait_ready` next).
+
+        NOTE: every client connection drops when the old process goes, which is what ends a request that
+        a dead stub holds (Triton never answers it); requests elsewhere get ``grace_s`` to finish. A KV
+        snapshot folder in the environment makes the new instances start warm.
+        """
+        with self._lifecycle:
+            self.stop(timeout=grace_s)
+            self.start()
+
+    def exited(self) -> bool:
+        """Whether tritonserver is not running, a :meth:`restart` under way not counted (it is waited for)."""
+        with self._lifecycle:
+            return not self.is_alive()
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         """Poll ``/v2/health/ready`` until it answers 200, the process exits, or ``timeout`` passes."""
@@ -261,6 +289,10 @@ class TritonServer:
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGINT, wait up to ``timeout``, then SIGKILL the process group. Returns the exit code."""
+        with self._lifecycle:
+            return self._stop(timeout)
+
+    def _stop(self, timeout: float) -> int | None:
         process = self._process
         if process is None:
             return None

@@ -9,7 +9,7 @@ from types import TracebackType
 from typing import Any, Callable, Mapping
 
 from warmup_tools.common.errors import ConfigError
-from warmup_tools.ops.server import RepositoryKey
+from warmup_tools.ops.server import RepositoryKey, TritonServer
 from warmup_tools.sidecar.config import SidecarConfig
 from warmup_tools.sidecar.coverage import CoverageReader
 from warmup_tools.sidecar.endpoints import SidecarHttpServer
@@ -18,6 +18,7 @@ from warmup_tools.sidecar.plan_id import discover_plan_id
 from warmup_tools.sidecar.probes import PROBED_MODELS, TritonProbes
 from warmup_tools.sidecar.replan import Replanner
 from warmup_tools.sidecar.repository import RepositoryClient
+from warmup_tools.sidecar.stub_death import StubDeathFacts
 from warmup_tools.sidecar.stubs import StubScanner
 
 
@@ -33,11 +34,13 @@ class Sidecar:
 
     def __init__(self, config: SidecarConfig, http_url: str, grpc_url: str, key: RepositoryKey | None,
                  model_repository: Path | None = None, control_dir: Path | None = None,
-                 server_pid: int | None = None) -> None:
+                 server_pid: int | None = None, server: TritonServer | None = None) -> None:
         """``control_dir``: the folder lora_adapter's instances report their warm coverage to (its
         ``control_dir`` parameter); with it, and ``coverage_threshold`` above 0, ``/ready`` checks coverage.
-        ``server_pid``: tritonserver's process id, when it runs beside the sidecar: its stubs are watched in
-        ``/proc`` and one that exits or stops is reloaded at once."""
+        ``server``: the tritonserver beside the sidecar (what ``warmup_tools sidecar`` runs): its stubs are
+        watched in ``/proc``, one that exits or stops is reloaded at once, or the server is restarted
+        (``on_stub_death``: see :mod:`warmup_tools.sidecar.stub_death`). ``server_pid`` instead: the stubs
+        of the server with that process id are watched, and never restarted."""
         unknown = sorted(set(config.models) - set(PROBED_MODELS))
         if unknown:
             raise ConfigError(f"no probe for model(s) {', '.join(unknown)}; known: {', '.join(PROBED_MODELS)}")
@@ -46,10 +49,16 @@ class Sidecar:
         self._repository = RepositoryClient(http_url, key, config.recovery_timeout_s)
         coverage = (CoverageReader(Path(control_dir), config.coverage_threshold, config.coverage_stale_s, time.time)
                     if control_dir is not None and config.coverage_threshold > 0 else None)
+        self._server = server
+        self._facts = (StubDeathFacts(http_url, server.metrics_url, timeout_s=min(1.0, config.probe_timeout_s))
+                       if server is not None else None)
+        watched = (lambda: server.pid) if server is not None else server_pid
         self.monitor = Monitor(config, self._probes.probe, self._probes.server_ready, self._repository,
                                plan_id=discover_plan_id(model_repository) if model_repository else None,
                                coverage=coverage,
-                               stub_faults=StubScanner(server_pid, config.models) if server_pid else None)
+                               stub_faults=StubScanner(watched, config.models) if watched else None,
+                               restart_server=self._restart_server if server is not None else None,
+                               stub_death=self._facts)
         self.replanner: Replanner | None = None
         if config.replan_interval_s > 0:
             if control_dir is None or model_repository is None:
@@ -80,6 +89,14 @@ class Sidecar:
         self._http.stop()
         self._probes.close()
         self._repository.close()
+        if self._facts is not None:
+            self._facts.close()
+
+    def _restart_server(self) -> None:
+        """Restart tritonserver on the same ports and wait until it is ready (the monitor's restart)."""
+        assert self._server is not None  # only handed to the monitor with a server
+        self._server.restart(grace_s=self.config.restart_grace_s)
+        self._server.wait_ready(timeout=self.config.recovery_timeout_s)
 
     def __enter__(self) -> "Sidecar":
         self.start()

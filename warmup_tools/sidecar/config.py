@@ -11,6 +11,8 @@ from warmup_tools.common.errors import ConfigError
 #: failure it shares with a composing model is already attributed when the ensemble's probe fails.
 COMPOSING_MODELS: tuple[str, ...] = ("tokenizer_cache", "embedding_cache", "lora_adapter")
 ENSEMBLE_MODEL = "ensemble"
+#: ``on_stub_death`` values: restart tritonserver, or reload the model whose stub died.
+STUB_DEATH_ACTIONS: tuple[str, ...] = ("restart", "reload")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -24,6 +26,16 @@ class SidecarConfig:
     #: Seconds between looks at the Python backend stubs in ``/proc`` (beside tritonserver): a stub that
     #: exited or was stopped is reloaded at once, without waiting for a probe round. 0: probes only.
     stub_check_interval_s: float = 0.25
+    #: What to do when the stub of a decoupled model (lora_adapter) exits or stops: ``restart`` tritonserver
+    #: (every client's connection drops at once, so a request streaming on the dead stub fails at once
+    #: instead of waiting for its client's deadline: Triton never answers it) or ``reload`` the model only
+    #: (such a request waits for its client's deadline). A model that is not decoupled is always reloaded.
+    #: See docs/faults.md.
+    on_stub_death: str = "restart"
+    #: On a restart: seconds tritonserver gets after SIGINT to finish the requests on healthy instances
+    #: before its process group is killed (Triton's own stop waits for the request on the dead stub,
+    #: which never ends). The clients of the dead stub wait this long for their error.
+    restart_grace_s: float = 1.0
     #: Consecutive failed probes of one model after which it is reloaded even without a stub error.
     failures_to_recover: int = 3
     #: Deadline of one reload (unload, then load, which re-runs the model's model_warmup samples).
@@ -58,6 +70,10 @@ class SidecarConfig:
                 raise ConfigError(f"{name}={getattr(self, name)} must be positive")
         if self.stub_check_interval_s < 0:
             raise ConfigError(f"stub_check_interval_s={self.stub_check_interval_s} must be >= 0 (0: off)")
+        if self.on_stub_death not in STUB_DEATH_ACTIONS:
+            raise ConfigError(f"on_stub_death must be one of {', '.join(STUB_DEATH_ACTIONS)}")
+        if not 0 < self.restart_grace_s <= 60:
+            raise ConfigError(f"restart_grace_s={self.restart_grace_s} must be above 0 and at most 60")
         if not 1 <= self.http_workers <= 256:
             raise ConfigError(f"http_workers={self.http_workers} must be 1 to 256")
         if self.failures_to_recover < 1:

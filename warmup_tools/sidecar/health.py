@@ -10,6 +10,9 @@ Each probe round feeds one :class:`ProbeResult` per model to :meth:`HealthTracke
 - ``recovering`` while the monitor reloads it, and ``recovery_failed`` (retried after a backoff) when
   the reload failed.
 
+A restart of tritonserver (:meth:`HealthTracker.restart_started`) makes the server not ready until it is
+back; then every model starts over as ``unknown`` until its next probe.
+
 The sidecar is ready only when the server is ready and every model is ``healthy``: from the first failed
 probe until the model is reloaded and its probes pass again, ``/ready`` answers 503 with the reason.
 """
@@ -105,11 +108,36 @@ class HealthTracker:
         self.server_ready = False
         self.server_reason = "tritonserver not probed yet"
         self.last_recovery: RecoveryResult | None = None
+        self.restarts = 0
+        self.failed_restarts = 0
+        self._restarting = ""
 
     # ----------------------------------------------------------------------------------- public API
     def record_server(self, ready: bool, reason: str = "") -> None:
+        if self._restarting:
+            return  # the restart decides when the server counts again
         self.server_ready = ready
         self.server_reason = "" if ready else (reason or "tritonserver is not ready")
+
+    def restart_started(self, reason: str) -> None:
+        """The monitor restarts tritonserver: not ready, whatever a probe says, until :meth:`restart_finished`."""
+        self._restarting = reason
+        self.server_ready = False
+        self.server_reason = f"restarting tritonserver: {reason}"
+
+    def restart_finished(self, result: RecoveryResult) -> None:
+        """After a restart (``result.model`` names the server): every model unknown until probed again."""
+        self._restarting = ""
+        self.last_recovery = result
+        if result.ok:
+            self.restarts += 1
+            self.server_reason = "tritonserver restarted, waiting for a probe round"
+        else:
+            self.failed_restarts += 1
+            self.server_reason = f"restarting tritonserver failed: {result.error}"
+        for model in self.models:
+            old = self.health[model]
+            self.health[model] = ModelHealth(recoveries=old.recoveries, failed_recoveries=old.failed_recoveries)
 
     def record(self, model: str, result: ProbeResult) -> None:
         """Fold one probe of ``model`` into its state."""
@@ -200,6 +228,8 @@ class HealthTracker:
             "server_ready": self.server_ready,
             "models": {m: _health_json(h) for m, h in self.health.items()},
             "last_recovery": dataclasses.asdict(self.last_recovery) if self.last_recovery else None,
+            "restarts": self.restarts,
+            "failed_restarts": self.failed_restarts,
         }
 
     # ------------------------------------------------------------------------------------- helpers

@@ -9,12 +9,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from warmup_tools.common.errors import WarmupToolsError
 from warmup_tools.sidecar.config import ENSEMBLE_MODEL, SidecarConfig
 from warmup_tools.sidecar.coverage import NOT_CHECKED, CoverageVerdict
 from warmup_tools.sidecar.health import HealthTracker, ProbeResult, Readiness, RecoveryResult
+from warmup_tools.sidecar.stub_death import RESTART, Decision, decide
+
+if TYPE_CHECKING:
+    from warmup_tools.sidecar.stubs import StubFault
 
 LOGGER = logging.getLogger(__name__)
 
@@ -25,6 +29,18 @@ class Repository(Protocol):
     def reload(self, model: str, timeout_s: float | None = None) -> None: ...
 
     def ensure_loaded(self, model: str, timeout_s: float | None = None) -> bool: ...
+
+
+class StubDeathFacts(Protocol):
+    """What the restart decision reads from the server (:class:`~warmup_tools.sidecar.stub_death.StubDeathFacts`)."""
+
+    def decoupled(self, model: str) -> bool | None: ...
+
+    def in_flight(self, model: str, instance: str) -> int | None: ...
+
+
+#: The name a restart of tritonserver has in ``last_recovery``.
+SERVER = "tritonserver"
 
 
 class Monitor:
@@ -39,14 +55,19 @@ class Monitor:
         *,
         plan_id: str | None = None,
         coverage: Callable[[frozenset[str]], CoverageVerdict] | None = None,
-        stub_faults: Callable[[], dict[str, str]] | None = None,
+        stub_faults: Callable[[], dict[str, StubFault]] | None = None,
+        restart_server: Callable[[], None] | None = None,
+        stub_death: StubDeathFacts | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``coverage`` (a :class:`~warmup_tools.sidecar.coverage.CoverageReader`) is asked once per round
         whether the planned hot sets are resident; None: warm coverage is not part of readiness.
         ``stub_faults`` (a :class:`~warmup_tools.sidecar.stubs.StubScanner`) names the models whose stub
         exited or stopped; it is asked every ``stub_check_interval_s`` between rounds, and a fault starts
-        a round at once, which reloads the model before any probe."""
+        a round at once, which reloads the model before any probe.
+        ``restart_server`` restarts tritonserver and returns once it is ready (raises a WarmupToolsError when
+        it is not); with it and ``on_stub_death`` restart, a dead stub of a decoupled model
+        (``stub_death`` tells) restarts the server instead of reloading the model."""
         self.config = config
         self.plan_id = plan_id
         self._coverage = coverage
@@ -59,7 +80,9 @@ class Monitor:
         self._probe = probe
         self._stub_faults = stub_faults if config.stub_check_interval_s > 0 else None
         #: Faults seen between rounds, for the next round to act on.
-        self._pending_faults: dict[str, str] = {}
+        self._pending_faults: dict[str, StubFault] = {}
+        self._restart_server = restart_server
+        self._stub_death = stub_death
         self._server_ready = server_ready
         self._repository = repository
         self._clock = clock
@@ -91,11 +114,14 @@ class Monitor:
         ready, reason = self._server_ready()
         with self._lock:
             self._tracker.record_server(ready, reason)
-        if ready:
-            faults = self._scan_stubs()
+        faults = self._scan_stubs() if ready else {}
+        decision = self._restart_decision(faults)
+        if decision is not None:
+            self._restart(decision.reason)
+        elif ready:
             with self._lock:
                 for model, fault in faults.items():
-                    self._tracker.record_stub_fault(model, fault)
+                    self._tracker.record_stub_fault(model, fault.reason)
             # NOTE: with a dead stub known, reload first: a probe of it, and of the ensemble, would only spend
             # a second each finding out what the scan already said, while requests wait for the reload.
             for model in () if faults else self.config.models:
@@ -163,11 +189,49 @@ class Monitor:
             if self._stop.wait(min(left, self.config.stub_check_interval_s)) or self._new_stub_fault():
                 return
 
-    def _scan_stubs(self) -> dict[str, str]:
+    def _restart_decision(self, faults: dict[str, StubFault]) -> Decision | None:
+        """A restart of tritonserver when one of the dead stubs calls for it (see stub_death), else None."""
+        if self._restart_server is None or self.config.on_stub_death != RESTART:
+            return None
+        for model, fault in faults.items():
+            decoupled = self._stub_death.decoupled(model) if self._stub_death else None
+            in_flight = (self._stub_death.in_flight(model, fault.instance)
+                         if self._stub_death and decoupled is not False else None)
+            decision = decide(self.config.on_stub_death, model, decoupled, in_flight)
+            LOGGER.warning("%s: %s; %s (%s)", model, fault.reason, decision.action, decision.reason)
+            if decision.action == RESTART:
+                return Decision(RESTART, f"{model}: {fault.reason}; {decision.reason}")
+        return None
+
+    def _restart(self, reason: str) -> None:
+        """Restart tritonserver; ``/ready`` answers 503 from now until a probe round passes after it."""
+        if self._restart_server is None:
+            return
+        with self._lock:
+            self._tracker.restart_started(reason)
+            self._log_transition(self._readiness())
+        LOGGER.warning("restarting tritonserver: %s", reason)
+        started_at, start = self._clock(), time.monotonic()
+        error = ""
+        try:
+            self._restart_server()
+        except (WarmupToolsError, OSError) as exc:  # NOTE: OSError: the new process could not be spawned
+            error = str(exc) or type(exc).__name__
+        result = RecoveryResult(SERVER, not error, started_at, time.monotonic() - start, error)
+        if result.ok:
+            LOGGER.info("restarted tritonserver in %.1fs", result.duration_s)
+        else:
+            LOGGER.error("restarting tritonserver failed after %.1fs: %s", result.duration_s, error)
+        with self._lock:
+            self._tracker.restart_finished(result)
+            self._covered = frozenset()  # every instance starts again
+        self._pending_faults = {}  # the old server's stubs are gone with it
+
+    def _scan_stubs(self) -> dict[str, StubFault]:
         """Faults seen since the last call (each dead stub is reported once: see StubScanner)."""
         if self._stub_faults is None:
             return {}
-        faults, self._pending_faults = self._pending_faults, {}
+        faults, self._pending_faults = dict(self._pending_faults), {}
         try:
             faults.update(self._stub_faults())
         except OSError as exc:  # NOTE: /proc unreadable: the probes still find a dead stub, only later

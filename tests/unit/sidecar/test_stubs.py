@@ -12,7 +12,7 @@ import pytest
 
 from warmup_tools.sidecar.config import SidecarConfig
 from warmup_tools.sidecar.monitor import Monitor
-from warmup_tools.sidecar.stubs import StubScanner
+from warmup_tools.sidecar.stubs import StubFault, StubScanner
 
 from .test_monitor import FakeTriton
 
@@ -25,8 +25,12 @@ def stub(tmp_path):
     model_py = tmp_path / "lora_adapter" / "1" / "model.py"
     model_py.parent.mkdir(parents=True)
     model_py.write_text("import time\ntime.sleep(600)\n")
-    proc = subprocess.Popen([str(tmp_path / "triton_python_backend_stub"), str(model_py), "lora_adapter_0_0"],
-                            executable=sys.executable)
+    # NOTE: the stub's command line as the Python backend (r24.10, stub_launcher.cc) writes it: model.py, shm
+    # region, default and growth sizes, parent pid, Python library dir, IPC handle, instance, runtime dir.
+    argv = [str(tmp_path / "triton_python_backend_stub"), str(model_py), "triton_python_backend_shm_region_1",
+            "1048576", "1048576", str(os.getpid()), "/usr/lib/python3.11", "2544", "lora_adapter_0_0",
+            str(tmp_path / "backends" / "python")]
+    proc = subprocess.Popen(argv, executable=sys.executable)
     yield proc
     proc.kill()
     proc.wait()
@@ -37,30 +41,33 @@ def test_the_scanner_names_the_model_of_a_stopped_and_of_an_exited_stub(stub):
     assert scanner.scan() == {}  # alive and running
     os.kill(stub.pid, signal.SIGSTOP)
     os.waitpid(stub.pid, os.WUNTRACED)  # returns once it is stopped
-    assert scanner.scan() == {"lora_adapter": f"its Python backend stub (pid {stub.pid}) stopped by a signal"}
+    stopped = scanner.scan()
+    assert stopped == {"lora_adapter": StubFault(stub.pid, "lora_adapter_0_0", "stopped by a signal")}
+    assert stopped["lora_adapter"].reason == f"its Python backend stub (pid {stub.pid}) stopped by a signal"
     assert scanner.scan() == {}  # reported once: the reload it starts is the monitor's to retry
     os.kill(stub.pid, signal.SIGCONT)
     os.waitpid(stub.pid, os.WCONTINUED)
     assert scanner.scan() == {}
     os.kill(stub.pid, signal.SIGKILL)
     os.waitid(os.P_PID, stub.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped: a zombie, as Triton leaves it
-    exited = {"lora_adapter": f"its Python backend stub (pid {stub.pid}) exited"}
+    exited = {"lora_adapter": StubFault(stub.pid, "lora_adapter_0_0", "exited")}
     assert scanner.scan() == exited
     # Triton reaps it only when the old instance goes, which a request in flight on it can put off: the
     # zombie left after the reload must not start another one.
     assert scanner.scan() == {} and StubScanner(os.getpid(), MODELS).scan() == {}
     assert StubScanner(os.getpid() + 10**6, MODELS).scan() == {}  # another server's children are not ours
+    assert StubScanner(lambda: None, MODELS).scan() == {}  # no server running (a restart under way)
 
 
 def test_a_stub_fault_reloads_the_model_before_any_probe():
     triton = FakeTriton()
     probes = []
-    faults: dict[str, str] = {}
+    faults: dict[str, StubFault] = {}
     monitor = Monitor(SidecarConfig(), lambda m: probes.append(m) or triton.probe(m), triton.server_ready, triton,
                       stub_faults=lambda: dict(faults))
     monitor.run_once()
     assert monitor.readiness().ready and len(probes) == len(MODELS)
-    faults["lora_adapter"] = "its Python backend stub (pid 7) exited"
+    faults["lora_adapter"] = StubFault(7, "lora_adapter_0_0", "exited")
     probes.clear()
     monitor.run_once()
     assert triton.calls[0] == ("reload", "lora_adapter") and probes == []
@@ -72,13 +79,13 @@ def test_the_monitor_does_not_wait_for_the_next_round_to_reload_a_dead_stub():
     reloaded = threading.Event()
     real_reload = triton.reload
     triton.reload = lambda model, timeout_s=None: (real_reload(model, timeout_s), reloaded.set())
-    faults: dict[str, str] = {}
+    faults: dict[str, StubFault] = {}
     # NOTE: an hour between probe rounds: only the stub watch can start the reload within the test's bound.
     monitor = Monitor(SidecarConfig(probe_interval_s=3600, stub_check_interval_s=0.01), triton.probe,
                       triton.server_ready, triton, stub_faults=lambda: dict(faults))
     monitor.start()
     try:
-        faults["lora_adapter"] = "its Python backend stub (pid 7) exited"
+        faults["lora_adapter"] = StubFault(7, "lora_adapter_0_0", "exited")
         assert reloaded.wait(60)
         assert ("reload", "lora_adapter") in triton.calls
     finally:

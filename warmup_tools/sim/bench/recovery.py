@@ -3,8 +3,9 @@
 One server in explicit model-control mode with the sidecar beside it (what ``warmup_tools sidecar``
 runs). For each kill: SIGKILL the ``lora_adapter`` stub, then print the seconds until ``/ready`` says 503
 and until it says 200 again, how the requests a client kept sending meanwhile failed (and how fast), the
-reload's duration, when it started, how a request that was streaming at the kill ended (and how long
-after the kill), and whether requests after the recovery fail and hit the warm prefix.
+recovery (a reload of the model, or a restart of tritonserver: ``--on-stub-death``), its duration, when
+it started, how a request that was streaming at the kill ended (and how long after the kill), and whether
+requests after the recovery fail and hit the warm prefix.
 """
 
 from __future__ import annotations
@@ -95,9 +96,10 @@ class OutageClient:
 class InFlightRequest:
     """One long generation that is streaming when the stub is killed: how long after the kill it ends."""
 
-    def __init__(self, grpc_url: str, adapter: str = "support") -> None:
+    def __init__(self, grpc_url: str, adapter: str = "support", timeout_s: float = CLIENT_TIMEOUT_S) -> None:
         self.grpc_url = grpc_url
         self.adapter = adapter
+        self.timeout_s = timeout_s
         self.streaming = threading.Event()
         self.ended_at: float | None = None
         self.error = ""
@@ -106,10 +108,10 @@ class InFlightRequest:
     def start(self) -> bool:
         """Start it; True once its first token arrived (it is in the engine, not queued)."""
         self._thread.start()
-        return self.streaming.wait(CLIENT_TIMEOUT_S)
+        return self.streaming.wait(self.timeout_s)
 
     def join(self) -> None:
-        self._thread.join(CLIENT_TIMEOUT_S + 10)
+        self._thread.join(self.timeout_s + 10)
 
     def describe(self, killed_at: float) -> str:
         if self.ended_at is None:
@@ -119,7 +121,7 @@ class InFlightRequest:
 
     def _run(self) -> None:
         question = USER_QUESTIONS[self.adapter][0]
-        with StreamingClient(self.grpc_url, timeout_s=CLIENT_TIMEOUT_S) as client:
+        with StreamingClient(self.grpc_url, timeout_s=self.timeout_s) as client:
             try:
                 client.generate(demo_prompt(self.adapter, question),
                                 GenerateParams(max_tokens=512, adapter_id=self.adapter),
@@ -152,22 +154,27 @@ def wait_for_ready(sidecar_url: str, want: int, deadline_s: float) -> float:
 
 
 def run(assets_dir: Path, *, kills: int = 1, probe_interval_s: float = 2.0, after: int = 5,
-        watch_stubs: bool = True, signal_name: str = "KILL", out: TextIO = sys.stdout) -> None:
+        watch_stubs: bool = True, signal_name: str = "KILL", on_stub_death: str | None = None,
+        restart_grace_s: float | None = None, out: TextIO = sys.stdout) -> None:
     """Kill (or, with ``signal_name`` STOP, stop) the ``lora_adapter`` stub ``kills`` times; print what the
     outage cost each time, and how long the server and sidecar took to be ready at start (what a restart
-    of a killed tritonserver costs). Without ``watch_stubs`` the sidecar finds the stub through its probes."""
+    of a killed tritonserver costs). Without ``watch_stubs`` the sidecar finds the stub through its probes
+    (and never restarts the server). ``on_stub_death``, ``restart_grace_s``: the sidecar's settings (None:
+    its default)."""
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_REDIS_URL": "",
            "WARMUP_REQUEST_LOG_DIR": ""}
     server = TritonServer(REPO_ROOT / "model_repository", env=env, explicit_model_control=True,
                           repository_key=RepositoryKey.generate())
-    config = SidecarConfig(probe_interval_s=probe_interval_s, port=0)
+    settings = {k: v for k, v in (("on_stub_death", on_stub_death), ("restart_grace_s", restart_grace_s))
+                if v is not None}
+    config = SidecarConfig(probe_interval_s=probe_interval_s, port=0, **settings)
     start = time.monotonic()
     with server:
         server.wait_ready(timeout=600)
         with Sidecar(config, server.http_url, server.grpc_url, server.repository_key,
-                     REPO_ROOT / "model_repository", server_pid=server.pid if watch_stubs else None) as sidecar:
+                     REPO_ROOT / "model_repository", server=server if watch_stubs else None) as sidecar:
             wait_for_ready(sidecar.url, 200, 300)
-            watched = "watched" if watch_stubs else "not watched"
+            watched = f"watched, on_stub_death {config.on_stub_death}" if watch_stubs else "not watched"
             out.write(f"server and sidecar ready {time.monotonic() - start:.1f} s after the start (probe interval "
                       f"{probe_interval_s:g} s, stubs {watched}, SIG{signal_name})\n")
             for kill in range(1, kills + 1):
@@ -203,11 +210,12 @@ def _one_kill(server: TritonServer, sidecar: Sidecar, kill: int, after: int, out
                 cached.append(result.cached_tokens)
             except GenerateError:
                 failed_after += 1
+    what = "restart" if recovery.get("model") == "tritonserver" else "reload"
     out.write(f"kill {kill}: /ready 503 after {not_ready_s:.1f} s, 200 again after {ready_s:.1f} s "
-              f"(reload {recovery.get('duration_s', float('nan')):.1f} s); {len(outage.failures())} of "
+              f"({what} {recovery.get('duration_s', float('nan')):.1f} s); {len(outage.failures())} of "
               f"{len(outage.attempts)} requests during the outage failed, {len(outage.hung())} hung; "
               f"after recovery {failed_after} of {after} failed, cached_tokens {cached}\n")
-    out.write(f"    reload started {reload_at:.1f} s after the kill; a request streaming at the kill "
+    out.write(f"    {what} started {reload_at:.1f} s after the kill; a request streaming at the kill "
               f"{inflight.describe(killed_at) if streaming else 'did not start streaming'}\n")
     for line in outage.summary():
         out.write(f"    {line}  (min / median / max)\n")

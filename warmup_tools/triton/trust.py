@@ -251,7 +251,7 @@ class TenantTrust:
     def _token_tenant(self, inputs: Mapping[str, np.ndarray | None], now: float | None) -> str | None:
         """The tenant of a valid ``tenant_token``; None for a forged, expired, stale or wrong-audience one;
         :class:`TenantAuthError` when there is none."""
-        token = parse_optional_string(inputs, "tenant_token", "", _MAX_TOKEN_BYTES)
+        token = parse_optional_string(inputs, "tenant_token", max_bytes=_MAX_TOKEN_BYTES)
         parts = token.split(":")
         if len(parts) != 5 or not parts[0]:
             if self.trusted:

@@ -85,7 +85,8 @@ def test_a_client_s_control_input_gets_the_exact_message(tmp_path):
 
 
 def test_sample_plan_ids_reads_only_string_plans_with_a_data_file(tmp_path):
-    int_plan = _entry(tmp_path, "ints", {"warmup_plan": ("TYPE_INT32", np.array([1, 65], dtype=np.int32))}, batch_size=1)
+    as_ints = {"warmup_plan": ("TYPE_INT32", np.array([1, 65], dtype=np.int32))}  # as strings: b"A" and a stub
+    int_plan = _entry(tmp_path, "ints", as_ints, batch_size=1)
     zero_plan = {"name": "zeros", "batch_size": 1,
                  "inputs": {"warmup_plan": {"data_type": "TYPE_STRING", "dims": ["1"], "zero_data": True}}}
     assert sample_plan_ids({"model_warmup": [int_plan, zero_plan]}, tmp_path) == set()

@@ -31,6 +31,12 @@ VERDICTS = {1: "killed", 3: "killed", 36: "killed", 24: "killed", -24: "killed",
 
 _UTF8_CASE = "codec names ignore case"
 _ONE_ELEMENT = "the array has exactly one element (checked just before): -1, 1 and -2 all reshape it to [1]"
+_TRUST, _WARMUP = "warmup_tools/triton/trust.py", "warmup_tools/triton/warmup.py"
+_OWNER_ONLY = "write_atomic's default mode is owner-only (PRIVATE_MODE, 0o600)"
+_ENTROPY = "secrets' default entropy is 32 bytes"
+_ABSENT_PARAMETER = "an absent parameter then reads as None instead of '', and both are false in the test it feeds"
+_ONLY_SELF_COMPARED = ("the digest is kept in memory and only compared with digests of the same function; the "
+                       "encoding stays injective (a length-prefixed value after each name)")
 
 #: Mutants that cannot change behaviour: (source file, function, the mutated line) -> why.
 #: NOTE: listed here rather than marked ``# pragma: no mutate`` in the source, because mutmut applies a
@@ -63,6 +69,65 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "an absent or blank value is then None instead of '', and the next line treats both as absent",
     ("warmup_tools/triton/inputs.py", "parse_identity", "value = parse_optional_string(inputs, name, )"):
         "'' is parse_optional_string's default",
+    (_TRUST, "_hash_key", 'return hashlib.sha256(key.encode("UTF-8")).digest()'): _UTF8_CASE,
+    (_TRUST, "_mac",
+     'return hmac.new(signing_key, b"tenant-token:" + payload.encode("UTF-8"), hashlib.sha256).digest()[:_MAC_BYTES]'):
+        _UTF8_CASE,
+    (_TRUST, "probe_secret_token",
+     'return sign_token(_probe_signing_key(probe_secret.encode("UTF-8")), PROBE_TENANT, _hash_key(probe_secret),'):
+        _UTF8_CASE,
+    (_TRUST, "read_key_hashes", 'data = json.loads(raw.decode("UTF-8"))'): _UTF8_CASE,
+    (_TRUST, "TenantTrust.from_files", 'probe = probe_secret.encode("UTF-8") if probe_secret else None'): _UTF8_CASE,
+    (_TRUST, "add_tenant_key", 'write_atomic(secret_file, secrets.token_hex(32) + "\\n", )'): _OWNER_ONLY,
+    (_TRUST, "add_tenant_key",
+     'write_atomic(keys_file, json.dumps({"tenants": dict(sorted(tenants.items()))}, indent=2) + "\\n", )'):
+        _OWNER_ONLY,
+    (_TRUST, "add_tenant_key", 'write_atomic(secret_file, secrets.token_hex(None) + "\\n", mode=0o600)'): _ENTROPY,
+    (_TRUST, "add_tenant_key", "key = secrets.token_urlsafe(None)"): _ENTROPY,
+    (_TRUST, "TenantTrust.from_parameters",
+     'secret = params.path("deployment_secret_file") if params.get("deployment_secret_file", str, None) else None'):
+        _ABSENT_PARAMETER,
+    (_TRUST, "TenantTrust.from_parameters",
+     'keys_file = params.path("tenant_keys_file") if params.get("tenant_keys_file", str, None) else None'):
+        _ABSENT_PARAMETER,
+    (_TRUST, "TenantTrust.from_parameters", 'probe_secret=params.get("probe_secret", str, None) or None)'):
+        _ABSENT_PARAMETER,
+    (_TRUST, "TenantTrust.verify_key", 'given = _hash_key(key or "XXXX")'):
+        "hashed only when there is no key, which `not key` refuses anyway; the hash only keeps the time the same",
+    (_TRUST, "TenantTrust.verify_key",
+     'matches = hmac.compare_digest(given, expected if expected is not None else b"XX\\0XX" * 32)'):
+        "the placeholder is compared only for an unknown tenant, refused by `expected is None` anyway",
+    (_TRUST, "TenantTrust.verify_key",
+     'matches = hmac.compare_digest(given, expected if expected is not None else b"\\0" * 33)'):
+        "the placeholder is compared only for an unknown tenant, refused by `expected is None` anyway",
+    (_TRUST, "TenantTrust._signing_key", 'return _probe_signing_key(self.probe_secret or b"XXXX")'):
+        "with neither secret no tenant has a key hash (from_files takes a keys file only with a deployment secret), "
+        "so no token is signed or accepted under this key",
+    (_TRUST, "TenantTrust._token_tenant", 'given = b"XXXX"'):
+        "a MAC that is not hex fails the comparison with the 16-byte MAC as b'' or as b'XXXX'",
+    (_TRUST, "TenantTrust._token_tenant",
+     'current = key_version(key_hash) if key_hash is not None else "XX-XX" * (2 * _VERSION_BYTES)'):
+        "the filler is compared only for an unknown tenant, refused by `key_hash is not None` anyway",
+    (_TRUST, "TenantTrust._token_tenant",
+     'current = key_version(key_hash) if key_hash is not None else "-" * (3 * _VERSION_BYTES)'):
+        "the filler is compared only for an unknown tenant, refused by `key_hash is not None` anyway",
+    (_WARMUP, "_digest",
+     'h.update(name.encode("UTF-8") + b"\\0" + len(data[name]).to_bytes(8, "little") + data[name])'): _UTF8_CASE,
+    (_WARMUP, "_digest",
+     'h.update(name.encode("utf-8") + b"XX\\0XX" + len(data[name]).to_bytes(8, "little") + data[name])'):
+        _ONLY_SELF_COMPARED,
+    (_WARMUP, "_digest", 'h.update(name.encode("utf-8") + b"\\0" + len(data[name]).to_bytes(8, ) + data[name])'):
+        _ONLY_SELF_COMPARED,
+    (_WARMUP, "_digest",
+     'h.update(name.encode("utf-8") + b"\\0" + len(data[name]).to_bytes(9, "little") + data[name])'):
+        _ONLY_SELF_COMPARED,
+    (_WARMUP, "_digest", "h = hashlib.blake2b(digest_size=17)"): _ONLY_SELF_COMPARED,
+    (_WARMUP, "sample_plan_ids", 'plans.update(item.decode("UTF-8", "replace") for item in'): _UTF8_CASE,
+    (_WARMUP, "sample_plan_ids", 'deserialize_tensor(data, "TYPE_STRING", [-2]) if item)'):
+        "numpy reads any negative dimension as the one to infer: [-1] and [-2] give the same 1-D array",
+    (_WARMUP, "OwnWarmupSamples.from_model_config",
+     'runs = int(entry.get("batch_size") or 0) * max(int(entry.get("count") or 1), 1)'):
+        "max(count, 1) makes an absent count 1 whether it first reads as 0 or 1",
 }
 
 

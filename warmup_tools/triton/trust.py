@@ -32,7 +32,7 @@ import hashlib
 import hmac
 import json
 import logging
-import os
+import re
 import secrets
 import threading
 import time
@@ -70,6 +70,9 @@ LATER_STEPS: tuple[str, ...] = ("embedding_cache", "lora_adapter")
 #: The largest tenant keys file read (about 10,000 tenants); a larger one is refused.
 MAX_KEYS_FILE_BYTES = 1 << 20
 _MAX_TOKEN_BYTES = 256
+_MAX_KEY_BYTES = 256
+#: A key hash as the keys file holds it.
+_KEY_HASH = re.compile(r"sha256:([0-9a-fA-F]{64})")
 
 
 class TenantAuthError(InvalidInputError):
@@ -173,15 +176,18 @@ class TenantTrust:
         if keys_file is None:
             raise ConfigError(f"model '{model}': trust mode (deployment_secret_file) needs tenant_keys_file, the "
                               "hashed tenant keys")
-        return cls(secret, TenantKeys(keys_file), model=model, token_ttl_s=token_ttl_s, probe_secret=probe)
+        # NOTE: no probe_secret in trust mode: the probe tenant is a tenant of the keys file there.
+        return cls(secret, TenantKeys(keys_file), model=model, token_ttl_s=token_ttl_s)
 
     # ----------------------------------------------------------------------------------- first step
     def verify_key(self, tenant: str, key: str | None) -> None:
-        """Raise :class:`TenantAuthError` unless ``key`` is ``tenant``'s (constant time)."""
+        """Raise :class:`TenantAuthError` unless ``key`` is ``tenant``'s (constant time). No key (None or
+        empty) proves no tenant, even one whose stored hash is that of the empty key."""
         expected = self._key_hashes().get(tenant)
         given = _hash_key(key or "")
-        # NOTE: compare even for an unknown tenant, so the time taken does not tell which tenants exist.
-        if not hmac.compare_digest(given, expected if expected is not None else b"\0" * 32) or expected is None:
+        # NOTE: compare even for an unknown tenant or no key, so the time taken does not tell which tenants exist.
+        matches = hmac.compare_digest(given, expected if expected is not None else b"\0" * 32)
+        if not matches or expected is None or not key:
             raise TenantAuthError(_NOT_AUTHENTICATED.format(tenant=tenant) if self.trusted else _RESERVED)
 
     def token(self, tenant: str, *, now: float | None = None, verified: bool = True) -> str:
@@ -199,7 +205,7 @@ class TenantTrust:
         (in open mode only the probe tenant needs proof)."""
         tenant = parse_identity(inputs, "tenant_id", "default")
         if (self.trusted or tenant == PROBE_TENANT) and not own_sample:
-            self.verify_key(tenant, parse_optional_string(inputs, "tenant_key", "", 256) or None)
+            self.verify_key(tenant, parse_optional_string(inputs, "tenant_key", max_bytes=_MAX_KEY_BYTES))
         return tenant
 
     # ----------------------------------------------------------------------------------- later steps
@@ -245,7 +251,7 @@ class TenantTrust:
     def _token_tenant(self, inputs: Mapping[str, np.ndarray | None], now: float | None) -> str | None:
         """The tenant of a valid ``tenant_token``; None for a forged, expired, stale or wrong-audience one;
         :class:`TenantAuthError` when there is none."""
-        token = parse_optional_string(inputs, "tenant_token", "", _MAX_TOKEN_BYTES)
+        token = parse_optional_string(inputs, "tenant_token", max_bytes=_MAX_TOKEN_BYTES)
         parts = token.split(":")
         if len(parts) != 5 or not parts[0]:
             if self.trusted:
@@ -294,10 +300,10 @@ def read_key_hashes(path: Path) -> dict[str, bytes]:
         out = {}
         for tenant, value in tenants.items():
             check_identity("tenant", tenant)
-            algorithm, _, digest = str(value).partition(":")
-            if algorithm != "sha256" or len(digest) != 64:
+            match = _KEY_HASH.fullmatch(str(value))
+            if match is None:
                 raise ValueError(f"tenant {tenant!r}: expected 'sha256:<64 hex digits>'")
-            out[tenant] = bytes.fromhex(digest)
+            out[tenant] = bytes.fromhex(match.group(1))
         return out
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError,
             InvalidInputError) as exc:
@@ -318,7 +324,6 @@ def add_tenant_key(keys_file: Path, secret_file: Path, tenant: str) -> str:
     key = secrets.token_urlsafe(32)
     tenants[tenant] = "sha256:" + _hash_key(key).hex()
     write_atomic(keys_file, json.dumps({"tenants": dict(sorted(tenants.items()))}, indent=2) + "\n", mode=0o600)
-    os.chmod(keys_file, 0o600)
     return key
 
 

@@ -149,7 +149,7 @@ def sample_plan_ids(model_config: Mapping[str, Any], model_dir: Path) -> set[str
         if spec.get("data_type") == "TYPE_STRING" and name:
             data = (Path(model_dir) / WARMUP_DIR / name).read_bytes()
             plans.update(item.decode("utf-8", "replace") for item in
-                         deserialize_tensor(data, "TYPE_STRING", [-1]).reshape(-1) if item)
+                         deserialize_tensor(data, "TYPE_STRING", [-1]) if item)
     return plans
 
 

@@ -11,7 +11,8 @@ import torch
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.kv.prefix_cache import PrefixCache
-from warmup_tools.kv.snapshot import list_snapshots, prefix_tokens, write_snapshot
+from warmup_tools.kv.snapshot import prefix_tokens, write_snapshot
+from warmup_tools.kv.snapshot_verify import list_snapshots
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.settings import SnapshotConfig

@@ -63,6 +63,13 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "an absent or blank value is then None instead of '', and the next line treats both as absent",
     ("warmup_tools/triton/inputs.py", "parse_identity", "value = parse_optional_string(inputs, name, )"):
         "'' is parse_optional_string's default",
+    ("warmup_tools/lora_adapter/snapshot_restore.py", "SnapshotRestorer._verify",
+     "for drawn in verification_sample(blocks, 2.0, self._rng):"):
+        "a share of 1 or more draws every block, in the generator's order, either way",
+    ("warmup_tools/kv/snapshot_verify.py", "_read_manifest", "raw = handle.read(MAX_MANIFEST_BYTES + 2)"):
+        "the file is at most MAX_MANIFEST_BYTES (checked just before): one or two bytes more read the same",
+    ("warmup_tools/kv/snapshot_verify.py", "_read_payload", "data = handle.read(max_bytes + 2)"):
+        "the file is at most max_bytes (checked just before): one or two bytes more read the same",
 }
 
 

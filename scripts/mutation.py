@@ -63,6 +63,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "an absent or blank value is then None instead of '', and the next line treats both as absent",
     ("warmup_tools/triton/inputs.py", "parse_identity", "value = parse_optional_string(inputs, name, )"):
         "'' is parse_optional_string's default",
+    ("warmup_tools/kv/snapshot_verify.py", "salt_fingerprint",
+     'return hashlib.sha256(b"warmup-kv-snapshot-salt:" + salt.encode("UTF-8")).hexdigest()[:16]'): _UTF8_CASE,
     ("warmup_tools/lora_adapter/snapshot_restore.py", "SnapshotRestorer._verify",
      "for drawn in verification_sample(blocks, 2.0, self._rng):"):
         "a share of 1 or more draws every block, in the generator's order, either way",

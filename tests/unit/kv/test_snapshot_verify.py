@@ -156,6 +156,10 @@ def test_kv_close_at_its_bounds():
     zeros = torch.zeros(2, 3)
     assert kv_close(zeros, zeros, "fp") and not kv_close(torch.full((2, 3), 1e-6), zeros, "fp")
     assert kv_close(torch.full((2, 3), 4.4, dtype=torch.bfloat16), torch.full((2, 3), 4.0, dtype=torch.bfloat16), "fp")
+    # bfloat16's tolerance (0.125) times the largest value (4.0) is 0.5, exactly: the bound is inclusive.
+    four = torch.full((2, 3), 4.0, dtype=torch.bfloat16)
+    assert kv_close(torch.full((2, 3), 4.5), four, "fp")
+    assert not kv_close(torch.full((2, 3), 4.5 + 2 ** -20), four, "fp")
 
 
 # ------------------------------------------------------------------------------------------ sample
@@ -175,17 +179,20 @@ def test_rederive_keeps_exactly_the_blocks_in_scope_and_counts_each_drop_once(tm
     other = [3, 3, 3, 3, 4, 4, 4, 4]  # a chain of an adapter this reader does not serve
     cache.store(block_hashes(other, BS, dataclasses.replace(SCOPE, adapter="gone")), kv_for(other), tenant="acme",
                 owner="gone", tokens=other)
+    third = [2, 2, 2, 2, 6, 6, 6, 6]
+    cache.store(block_hashes(third, BS, SCOPE), kv_for(third), tenant="acme", owner="support", tokens=third)
     blocks = cache.snapshot_blocks(BIG)
     gone = [b for b in blocks if b.owner == "gone"]
     ours = [b for b in blocks if b.owner != "gone"]
-    forged = dataclasses.replace(ours[0], tokens=ours[0].tokens + 1)  # a root whose hash does not re-derive
-    dropped = {ours[0].block_hash}
+    roots = [b for b in ours if b.parent == NONE_HASH]
+    forged = [dataclasses.replace(root, tokens=root.tokens + 1) for root in roots[:2]]  # hashes that do not re-derive
+    dropped = {root.block_hash for root in roots[:2]}
     for block in ours:
         if block.parent in dropped:
             dropped.add(block.block_hash)
     rest = [b for b in ours if b.block_hash not in dropped]
-    kept, no_scope, mismatched = rederive_hashes(gone + [forged] + rest, scope_for)
-    assert (no_scope, mismatched) == (1, 1)  # one root each; their children are dropped without a count
+    kept, no_scope, mismatched = rederive_hashes(gone + forged + rest, scope_for)
+    assert (no_scope, mismatched) == (1, 2)  # one count per root; their children are dropped without a count
     assert [b.block_hash for b in kept] == [b.block_hash for b in rest] and rest
 
 

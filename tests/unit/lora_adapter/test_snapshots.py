@@ -346,12 +346,13 @@ def test_verified_blocks_add_up_over_snapshots_and_each_skip_is_counted(writer, 
 
 
 def test_this_writer_s_own_snapshot_is_restored_first(writer, fresh, tmp_path):
-    """The own snapshot's plan blocks come back pinned, though another, newer one holds the same blocks."""
+    """The own snapshot's plan blocks come back pinned, though another, newer one (whose name sorts first)
+    holds the same blocks unpinned."""
     own = keeper(writer, tmp_path)
     own.write()
     unplanned = [dataclasses.replace(b, plan_id=None, source=BlockSource.LIVE)
                  for b in writer.prefix_cache.snapshot_blocks(1 << 30)]
-    other = write_snapshot(tmp_path, "lora_9_test", own.identity, dict(writer.adapter_fingerprints), unplanned,
+    other = write_snapshot(tmp_path, "a_replica_test", own.identity, dict(writer.adapter_fingerprints), unplanned,
                            created=2.0)
     newer = (tmp_path / "lora_0_test.manifest.json").stat().st_mtime_ns + 10 ** 9
     os.utime(other.manifest, ns=(newer, newer))
@@ -471,3 +472,11 @@ def test_restored_payloads_are_moved_to_the_engine_s_device(writer, fresh, tmp_p
     tensors = [b.payload for b in placed if not isinstance(b.payload, tuple)]
     assert len(tuples) == len(tensors) == len(blocks)
     assert all(t.is_meta for t in tensors) and all(p.is_meta for parts in tuples for p in parts)
+
+
+def test_a_snapshot_is_read_up_to_snapshot_bytes_plus_room_for_its_header(writer, fresh, tmp_path):
+    info = keeper(writer, tmp_path).write()
+    assert info.payload_bytes > 1
+    small = SnapshotKeeper(fresh, SnapshotConfig(folder=tmp_path, max_bytes=1, interval_s=0), instance="lora_0",
+                           host="test")
+    assert small.restore().blocks == info.blocks

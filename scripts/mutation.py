@@ -128,6 +128,15 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_WARMUP, "OwnWarmupSamples.from_model_config",
      'runs = int(entry.get("batch_size") or 0) * max(int(entry.get("count") or 1), 1)'):
         "max(count, 1) makes an absent count 1 whether it first reads as 0 or 1",
+    ("warmup_tools/kv/snapshot_verify.py", "salt_fingerprint",
+     'return hashlib.sha256(b"warmup-kv-snapshot-salt:" + salt.encode("UTF-8")).hexdigest()[:16]'): _UTF8_CASE,
+    ("warmup_tools/lora_adapter/snapshot_restore.py", "SnapshotRestorer._verify",
+     "for drawn in verification_sample(blocks, 2.0, self._rng):"):
+        "a share of 1 or more draws every block, in the generator's order, either way",
+    ("warmup_tools/kv/snapshot_verify.py", "_read_manifest", "raw = handle.read(MAX_MANIFEST_BYTES + 2)"):
+        "the file is at most MAX_MANIFEST_BYTES (checked just before): one or two bytes more read the same",
+    ("warmup_tools/kv/snapshot_verify.py", "_read_payload", "data = handle.read(max_bytes + 2)"):
+        "the file is at most max_bytes (checked just before): one or two bytes more read the same",
 }
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from warmup_tools.kv.snapshot import MANIFEST_SUFFIX, list_snapshots
+from warmup_tools.kv.snapshot_verify import MANIFEST_SUFFIX, list_snapshots
 from warmup_tools.ops.client import GenerateParams, StreamingClient, metric_sum, scrape_metrics
 from warmup_tools.ops.server import TritonServer
 

@@ -285,7 +285,7 @@ class HeatMetrics:
         return len(self._metrics)
 
 
-#: Every reason a KV snapshot (or part of one) is skipped (:mod:`warmup_tools.kv.snapshot`): the labels
+#: Every reason a KV snapshot (or part of one) is skipped (:mod:`warmup_tools.kv.snapshot_verify`): the labels
 #: of ``warmup_kv_snapshot_skipped_total`` are these, so /metrics stays bounded whatever a file holds.
 SNAPSHOT_SKIP_REASONS = ("format", "version", "checksum", "truncated", "too_large", "unreadable", "payload",
                          "unknown_key", "mac", "not_finite", "base_model", "tokenizer", "dtype", "storage",

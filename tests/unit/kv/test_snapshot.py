@@ -14,7 +14,8 @@ import torch
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.hashing import NONE_HASH, CacheScope, block_hashes
 from warmup_tools.kv.prefix_cache import PrefixCache
-from warmup_tools.kv.snapshot import (
+from warmup_tools.kv.snapshot import write_snapshot
+from warmup_tools.kv.snapshot_verify import (
     MANIFEST_SUFFIX,
     SnapshotIdentity,
     SnapshotRejected,
@@ -25,7 +26,6 @@ from warmup_tools.kv.snapshot import (
     rederive_hashes,
     salt_fingerprint,
     verification_sample,
-    write_snapshot,
 )
 
 BS = 4

@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import random
+import socket
+import time
+import types
 
 import pytest
 import torch
 
+from warmup_tools.common.digests import tokenizer_fingerprint
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.kv.prefix_cache import PrefixCache
-from warmup_tools.kv.snapshot import list_snapshots, prefix_tokens, write_snapshot
+from warmup_tools.kv.snapshot import prefix_tokens, snapshot_name, write_snapshot
+from warmup_tools.kv.snapshot_verify import SnapshotIdentity, list_snapshots, read_snapshot, salt_fingerprint
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.settings import SnapshotConfig
+from warmup_tools.lora_adapter.snapshot_restore import RestoreReport, SnapshotRestorer, engine_identity
 from warmup_tools.lora_adapter.snapshots import SnapshotKeeper
 from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 
@@ -270,3 +278,205 @@ def test_trust_mode_snapshots_are_signed_and_a_manifest_without_the_deployment_s
     fresh.prefix_cache.clear()
     report = keeper(fresh, tmp_path, mac_key=key).restore()
     assert report.skipped == {"mac": 1} and report.blocks == 0
+
+
+# ------------------------------------------------- the restore's rules in detail (pinned for mutation testing)
+def test_a_restorer_needs_a_prefix_cache_and_a_folder_and_is_named_after_its_instance_and_host(writer, tmp_path):
+    message = "^a snapshot keeper needs a KV prefix cache and a snapshot folder$"
+    with pytest.raises(ValueError, match=message):
+        SnapshotKeeper(writer, SnapshotConfig(folder=None), instance="lora_0")
+    with pytest.raises(ValueError, match=message):
+        SnapshotRestorer(types.SimpleNamespace(prefix_cache=None), SnapshotConfig(folder=tmp_path), instance="lora_0")
+    assert keeper(writer, tmp_path).name == "lora_0_test"
+    assert SnapshotRestorer(writer, SnapshotConfig(folder=tmp_path), instance="lora_0").name == \
+        snapshot_name("lora_0", socket.gethostname())
+
+
+def test_the_identity_is_the_engine_s_own(writer, monkeypatch):
+    cache, model = writer.prefix_cache, writer.model_config
+    layers, heads = model.num_hidden_layers, model.num_key_value_heads
+    dim = getattr(model, "head_dim", None) or model.hidden_size // model.num_attention_heads
+    assert engine_identity(writer) == SnapshotIdentity(
+        writer.base_fingerprint, tokenizer_fingerprint(writer.tokenizer), "float32", cache.storage, cache.block_size,
+        (layers, heads, dim), "")
+    monkeypatch.setattr(writer, "config", dataclasses.replace(writer.config, cache_salt="s"))
+    assert engine_identity(writer).salt_fingerprint == salt_fingerprint("s")
+
+
+class ByDepth(random.Random):
+    """A generator whose sample puts the blocks with the fewest ancestors first (``deepest``: the most)."""
+
+    def __init__(self, deepest=False):
+        super().__init__(0)
+        self.deepest = deepest
+
+    def sample(self, population, k, **kwargs):
+        by_hash = {b.block_hash: b for b in population}
+        depth = {b.block_hash: len(prefix_tokens(b, by_hash)) for b in population}
+        return sorted(population, key=lambda b: depth[b.block_hash], reverse=self.deepest)[:k]
+
+
+def test_the_verified_count_follows_the_share_rounded_up_with_at_least_one_block(writer, fresh, tmp_path,
+                                                                                  monkeypatch):
+    keeper(writer, tmp_path).write()
+    total = len(writer.prefix_cache)
+    seen = checked_prefixes(fresh, monkeypatch)
+    for share, verified in ((1e-6, 1), (1.2 / total, 2), (1.0, total)):
+        fresh.prefix_cache.clear()
+        report = keeper(fresh, tmp_path, share=share, rng=ByDepth()).restore()
+        assert report.skipped == {} and report.verified == verified and report.blocks == total
+    fresh.prefix_cache.clear()
+    del seen[:]
+    report = keeper(fresh, tmp_path, share=1.0, rng=ByDepth(deepest=True)).restore()
+    assert report.verified == total  # a drawn block already checked with a deeper one is passed over
+    assert len(seen) < total  # each prefill checked a whole chain
+
+
+def test_verified_blocks_add_up_over_snapshots_and_each_skip_is_counted(writer, fresh, tmp_path):
+    keeper(writer, tmp_path).write()
+    SnapshotKeeper(writer, SnapshotConfig(folder=tmp_path, interval_s=0), instance="lora_1", host="test").write()
+    report = keeper(fresh, tmp_path, share=1.0).restore()
+    assert report.snapshots_used == 2 and report.verified == 2 * len(writer.prefix_cache)
+    assert report.blocks == report.not_placed == len(writer.prefix_cache)
+    for info in (tmp_path / "lora_0_test.manifest.json", tmp_path / "lora_1_test.manifest.json"):
+        info.write_text(info.read_text().replace('"tenant":"default"', '"tenant":"defaulT"', 1))
+    fresh.prefix_cache.clear()
+    report = keeper(fresh, tmp_path).restore()
+    assert report.skipped == {"checksum": 2} and report.snapshots_used == 0
+
+
+def test_this_writer_s_own_snapshot_is_restored_first(writer, fresh, tmp_path):
+    """The own snapshot's plan blocks come back pinned, though another, newer one (whose name sorts first)
+    holds the same blocks unpinned."""
+    own = keeper(writer, tmp_path)
+    own.write()
+    unplanned = [dataclasses.replace(b, plan_id=None, source=BlockSource.LIVE)
+                 for b in writer.prefix_cache.snapshot_blocks(1 << 30)]
+    other = write_snapshot(tmp_path, "a_replica_test", own.identity, dict(writer.adapter_fingerprints), unplanned,
+                           created=2.0)
+    newer = (tmp_path / "lora_0_test.manifest.json").stat().st_mtime_ns + 10 ** 9
+    os.utime(other.manifest, ns=(newer, newer))
+    report = keeper(fresh, tmp_path).restore()
+    assert report.snapshots_used == 2 and report.not_placed == len(writer.prefix_cache)
+    assert fresh.prefix_cache.stats.pinned_bytes == writer.prefix_cache.stats.pinned_bytes > 0
+
+
+def test_a_rejected_or_failing_snapshot_first_does_not_stop_the_others(writer, fresh, tmp_path, caplog):
+    own = keeper(writer, tmp_path).write()
+    SnapshotKeeper(writer, SnapshotConfig(folder=tmp_path, interval_s=0), instance="lora_1", host="test").write()
+    own.manifest.write_text("{")
+    with caplog.at_level(logging.WARNING, logger="warmup_tools.lora_adapter.snapshot_restore"):
+        report = SnapshotRestorer(fresh, SnapshotConfig(folder=tmp_path, verify_share=0.05), instance="lora_0",
+                                  host="test").restore()  # no log given: the module's logger
+    assert report.skipped == {"format": 1} and report.snapshots_used == 1
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == \
+        ["KV snapshot lora_0_test.manifest.json skipped (format): manifest is not JSON (JSONDecodeError)"]
+    keeper(writer, tmp_path).write()
+    calls = []
+
+    def run_once_failing(fn):
+        calls.append(fn)
+        if len(calls) == 1:
+            raise RuntimeError("engine busy")
+        return fn()
+
+    fresh.prefix_cache.clear()
+    logs: list[str] = []
+    report = keeper(fresh, tmp_path, logs=logs, run_on_engine=run_once_failing).restore()
+    assert report.skipped == {"error": 1} and report.snapshots_used == 1 and len(calls) >= 2
+    assert logs == ["KV snapshot lora_0_test.manifest.json skipped (error): RuntimeError: engine busy"]
+
+
+def test_a_hash_that_does_not_re_derive_and_a_recompute_that_differs_are_refused_with_their_messages(
+        writer, fresh, tmp_path):
+    own = keeper(writer, tmp_path)
+    blocks = writer.prefix_cache.snapshot_blocks(1 << 30)
+    leaf = next(i for i, b in enumerate(blocks) if b.block_hash not in {c.parent for c in blocks})
+    rewritten = list(blocks)
+    rewritten[leaf] = dataclasses.replace(blocks[leaf], tokens=blocks[leaf].tokens[::-1].copy())
+    write_snapshot(tmp_path, own.name, own.identity, dict(writer.adapter_fingerprints), rewritten, created=1.0)
+    logs: list[str] = []
+    report = keeper(fresh, tmp_path, logs=logs).restore()
+    assert report.skipped == {"hash": 1} and report.blocks == 0
+    assert logs == ["KV snapshot lora_0_test.manifest.json skipped (hash): 1 block hash(es) do not re-derive from "
+                    "their token ids"]
+    forged = list(blocks)
+    forged[leaf] = dataclasses.replace(blocks[leaf], payload=blocks[leaf].payload + 1.0)
+    write_snapshot(tmp_path, own.name, own.identity, dict(writer.adapter_fingerprints), forged, created=1.0)
+    logs.clear()
+    report = keeper(fresh, tmp_path, logs=logs, share=1.0).restore()
+    assert report.skipped == {"verify": 1}
+    assert logs == [f"KV snapshot lora_0_test.manifest.json skipped (verify): block "
+                    f"{blocks[leaf].block_hash.hex()[:12]} recomputed with adapter {blocks[leaf].owner} differs from "
+                    "the stored KV"]
+
+
+def test_dropped_adapter_blocks_are_logged_once_with_their_count(writer, fresh, tmp_path):
+    own = keeper(writer, tmp_path)
+    blocks = writer.prefix_cache.snapshot_blocks(1 << 30)
+    retired = [dataclasses.replace(b, owner="retired") if b.owner == "sql" else b for b in blocks]
+    adapters = {**writer.adapter_fingerprints, "retired": "old"}
+    write_snapshot(tmp_path, own.name, own.identity, adapters, retired, created=1.0)
+    logs: list[str] = []
+    report = keeper(fresh, tmp_path, logs=logs).restore()
+    roots = sum(1 for b in blocks if b.owner == "sql" and b.parent not in {c.block_hash for c in blocks})
+    assert report.skipped == {"adapter": 1} and report.blocks == sum(1 for b in blocks if b.owner != "sql")
+    assert logs == [f"KV snapshot lora_0_test.manifest.json skipped (adapter): {roots} block(s) of adapters this "
+                    "instance does not serve with the same weights dropped; the rest is used"]
+
+
+def test_restored_blocks_keep_the_plan_only_when_it_is_this_instance_s_and_go_to_the_engine_s_device(
+        writer, fresh, tmp_path, monkeypatch, caplog):
+    keeper(writer, tmp_path).write()
+    blocks = writer.prefix_cache.snapshot_blocks(1 << 30)
+    placed = []
+    restore = fresh.prefix_cache.restore
+    monkeypatch.setattr(fresh.prefix_cache, "restore", lambda block: placed.append(block) or restore(block))
+    with caplog.at_level(logging.INFO, logger="warmup_tools.lora_adapter.snapshot_restore"):
+        start = time.perf_counter()
+        report = keeper(fresh, tmp_path).restore()
+        elapsed = time.perf_counter() - start
+    assert 0 <= report.seconds <= elapsed
+    assert report.bytes == sum(b.nbytes for b in blocks) == fresh.prefix_cache.stats.bytes_used
+    plan = {b.block_hash for b in blocks if b.plan_id == PLAN}
+    assert plan and [b.block_hash in plan for b in placed] == sorted((b.block_hash in plan for b in placed),
+                                                                     reverse=True)  # the plan's blocks first
+    for block in placed:
+        mine = block.block_hash in plan
+        assert (block.source, block.plan_id) == ((BlockSource.WARMUP, PLAN) if mine else (BlockSource.LIVE, None))
+        assert block.payload.device == fresh.device
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "restored" in r.getMessage()] == \
+        [f"KV snapshots: {len(blocks)} block(s), {report.bytes} bytes restored from 1 snapshot(s) in "
+         f"{report.seconds:.2f} s ({report.verified} verified)"]
+
+    placed.clear()
+    fresh.prefix_cache.clear()
+    fresh.prefix_cache.activate_plan("p-live")
+    report = keeper(fresh, tmp_path, plan=None).restore()  # no plan of its own: the active one stays
+    assert fresh.prefix_cache.active_plan == "p-live" and report.blocks == len(blocks)
+    assert all((b.source, b.plan_id) == (BlockSource.LIVE, None) for b in placed)
+
+
+def test_restored_payloads_are_moved_to_the_engine_s_device(writer, fresh, tmp_path, monkeypatch):
+    info = keeper(writer, tmp_path).write()
+    identity = keeper(fresh, tmp_path).identity
+    blocks = read_snapshot(info.manifest, identity, max_payload_bytes=1 << 30).blocks
+    int8 = [dataclasses.replace(b, payload=(b.payload.to(torch.int8), b.payload[:, :, :, :1].half())) for b in blocks]
+    placed = []
+    monkeypatch.setattr(fresh, "device", torch.device("meta"))
+    monkeypatch.setattr(fresh.prefix_cache, "restore", lambda block: placed.append(block) or True)
+    report = RestoreReport()
+    keeper(fresh, tmp_path)._place(blocks + int8, report)
+    assert report.blocks == 2 * len(blocks) and report.bytes == 2 * sum(b.nbytes for b in blocks)
+    tuples = [b.payload for b in placed if isinstance(b.payload, tuple)]
+    tensors = [b.payload for b in placed if not isinstance(b.payload, tuple)]
+    assert len(tuples) == len(tensors) == len(blocks)
+    assert all(t.is_meta for t in tensors) and all(p.is_meta for parts in tuples for p in parts)
+
+
+def test_a_snapshot_is_read_up_to_snapshot_bytes_plus_room_for_its_header(writer, fresh, tmp_path):
+    info = keeper(writer, tmp_path).write()
+    assert info.payload_bytes > 1
+    small = SnapshotKeeper(fresh, SnapshotConfig(folder=tmp_path, max_bytes=1, interval_s=0), instance="lora_0",
+                           host="test")
+    assert small.restore().blocks == info.blocks

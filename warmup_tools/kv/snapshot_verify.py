@@ -1,0 +1,388 @@
+"""Reading and checking a KV snapshot (the format is described in :mod:`warmup_tools.kv.snapshot`).
+
+Everything read back is untrusted: sizes are bounded before reading, the payload is never unpickled,
+a key the format does not name is refused (at every level), every value of every block's payload must
+be finite, and :func:`read_snapshot` raises :class:`SnapshotRejected` with a short ``reason`` (the label
+of the ``warmup_kv_snapshot_skipped_total`` metric) for a snapshot that does not match the reader or is
+damaged. Block hashes are re-derived from the token ids (:func:`rederive_hashes`), and the caller
+recomputes a sample of blocks (:func:`verification_sample`, :func:`kv_close`) before trusting any; the
+sample is drawn from a generator the reader seeds itself (the system's randomness by default), never
+from anything in the files, so a writer cannot steer it away from the blocks it forged.
+
+The format's constants, the identity a snapshot must match and the digests and MAC the writer computes
+(:func:`block_digest`, :func:`manifest_mac`) are here too: the writer uses the very code the reader
+checks with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+import numpy as np
+import torch
+
+from warmup_tools.kv.blocks import BlockSource, CachedBlock
+from warmup_tools.kv.hashing import NONE_HASH, BlockHash, CacheScope, hash_block_tokens
+
+FORMAT = "warmup-kv-snapshot"
+#: 2: per-block digests bound to the block hash, unknown keys refused, the trust-mode ``mac``.
+FORMAT_VERSION = 2
+MANIFEST_SUFFIX = ".manifest.json"
+PAYLOAD_SUFFIX = ".safetensors"
+#: A manifest larger than this is not read (about 600 bytes per block: 100,000 blocks).
+MAX_MANIFEST_BYTES = 64 << 20
+#: Snapshots a reader looks at, newest first (a folder shared by many replicas over time keeps growing).
+MAX_SNAPSHOTS = 16
+#: Payload parts per block, by ``kv_storage`` (fp: the tensor; int8: values and scales).
+CODEC_PARTS = {"fp": 1, "int8": 2}
+
+T = TypeVar("T")
+#: The keys each level of a manifest may hold; any other key refuses the snapshot (reason ``unknown_key``).
+MANIFEST_KEYS = frozenset({"format", "version", "name", "created", "identity", "adapters", "payload", "blocks",
+                           "checksum", "mac"})
+PAYLOAD_KEYS = frozenset({"file", "sha256", "bytes"})
+BLOCK_KEYS = frozenset({"hash", "parent", "tokens", "tenant", "owner", "source", "plan_id", "hits", "nbytes",
+                        "sha256"})
+
+
+class SnapshotRejected(Exception):
+    """A snapshot that must not be served; ``reason`` is a short metric label, ``detail`` says why."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotIdentity:
+    """What decides whether a snapshot's KV is this reader's KV (adapters are checked per block)."""
+
+    base_fingerprint: str
+    tokenizer_fingerprint: str
+    dtype: str
+    storage: str
+    block_size: int
+    #: ``(layers, kv_heads, head_dim)``.
+    kv_shape: tuple[int, int, int]
+    #: :func:`salt_fingerprint` of the cache salt ("" without one).
+    salt_fingerprint: str = ""
+
+    def mismatch(self, other: SnapshotIdentity) -> tuple[str, str] | None:
+        """``(reason, detail)`` of the first field where ``other`` (a snapshot's) differs, else None."""
+        checks = (("base_model", "base_fingerprint"), ("base_model", "kv_shape"),
+                  ("tokenizer", "tokenizer_fingerprint"), ("dtype", "dtype"), ("storage", "storage"),
+                  ("block_size", "block_size"), ("salt", "salt_fingerprint"))
+        for reason, field in checks:
+            mine, theirs = getattr(self, field), getattr(other, field)
+            if mine != theirs:
+                shown = "differs" if reason == "salt" else f"{theirs!r}, this instance {mine!r}"
+                return reason, f"{field} {shown}"
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["kv_shape"] = list(self.kv_shape)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SnapshotIdentity:
+        shape = tuple(int(v) for v in data["kv_shape"])
+        if len(shape) != 3:
+            raise ValueError("kv_shape must hold 3 numbers")
+        return cls(str(data["base_fingerprint"]), str(data["tokenizer_fingerprint"]), str(data["dtype"]),
+                   str(data["storage"]), int(data["block_size"]), shape,  # type: ignore[arg-type]
+                   str(data.get("salt_fingerprint", "")))
+
+
+IDENTITY_KEYS = frozenset(field.name for field in dataclasses.fields(SnapshotIdentity))
+
+
+def salt_fingerprint(salt: str) -> str:
+    """A fingerprint that tells two cache salts apart without revealing either ("" for no salt)."""
+    if not salt:
+        return ""
+    return hashlib.sha256(b"warmup-kv-snapshot-salt:" + salt.encode("utf-8")).hexdigest()[:16]
+
+
+@dataclasses.dataclass(slots=True)
+class Snapshot:
+    """A snapshot read back and checked: blocks parents first, payloads in the storage codec's form."""
+
+    name: str
+    identity: SnapshotIdentity
+    adapters: dict[str, str]
+    created: float
+    #: The manifest's SHA-256 (a label; never the verification sample's seed, which a writer could choose).
+    checksum: str
+    blocks: list[CachedBlock]
+
+
+# -------------------------------------------------------------------------------------------- read
+def list_snapshots(folder: Path, limit: int = MAX_SNAPSHOTS) -> list[Path]:
+    """Manifests in ``folder``, newest first, at most ``limit``."""
+    try:
+        found = [(p.stat().st_mtime_ns, p) for p in Path(folder).glob(f"*{MANIFEST_SUFFIX}") if p.is_file()]
+    except OSError:
+        return []
+    return [p for _, p in sorted(found, key=lambda item: (-item[0], item[1].name))][:limit]
+
+
+def read_snapshot(manifest_path: Path, identity: SnapshotIdentity, *, max_payload_bytes: int,
+                  mac_key: bytes = b"") -> Snapshot:
+    """Read and check one snapshot against this reader's ``identity``; raises :class:`SnapshotRejected`.
+
+    Checked: the manifest's size, JSON, format, version, keys (none the format does not name, at any
+    level), checksum and, with ``mac_key`` (trust mode), its MAC; the identity; the payload file's size
+    (at most ``max_payload_bytes``), SHA-256 and safetensors header; each block's record, payload shape,
+    dtype and digest (bound to its hash), and that every value of its payload is finite; that every
+    parent precedes its children.
+    """
+    body = _read_manifest(Path(manifest_path), mac_key)
+    try:
+        theirs = SnapshotIdentity.from_json(body["identity"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SnapshotRejected("format", f"identity is not readable ({exc})") from None
+    mismatch = identity.mismatch(theirs)
+    if mismatch is not None:
+        raise SnapshotRejected(*mismatch)
+    try:
+        payload = body["payload"]
+        payload_path = Path(manifest_path).parent / str(payload["file"])
+        expected_digest, expected_size = str(payload["sha256"]), int(payload["bytes"])
+        records = list(body["blocks"])
+        adapters = {str(k): str(v) for k, v in dict(body.get("adapters") or {}).items()}
+        name, created = str(body["name"]), float(body["created"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SnapshotRejected("format", f"manifest field missing or malformed ({exc})") from None
+    if payload_path.name != str(payload["file"]) or not payload_path.name.endswith(PAYLOAD_SUFFIX):
+        raise SnapshotRejected("format", "payload file name is not a plain file name")
+    tensors = _read_payload(payload_path, expected_digest, expected_size, max_payload_bytes)
+    blocks = _blocks(records, tensors, identity)
+    return Snapshot(name, theirs, adapters, created, str(body["checksum"]), blocks)
+
+
+def rederive_hashes(blocks: Sequence[CachedBlock],
+                    scope_for: Callable[[str, str], CacheScope | None]) -> tuple[list[CachedBlock], int, int]:
+    """The blocks whose hash is ``H(parent, tokens, scope)`` in this reader's scope, their descendants
+    dropped with them; also how many were dropped because ``scope_for(owner, tenant)`` is None (an adapter
+    this reader does not serve, or serves with other weights) and how many because the hash differs."""
+    kept: list[CachedBlock] = []
+    ok: set[BlockHash] = {NONE_HASH}
+    no_scope = mismatched = 0
+    for block in blocks:
+        if block.parent not in ok:
+            continue  # an ancestor was dropped
+        scope = scope_for(block.owner, block.tenant)
+        if scope is None:
+            no_scope += 1
+            continue
+        if hash_block_tokens(block.parent, block.tokens.tolist(), scope.extra_keys()) != block.block_hash:
+            mismatched += 1
+            continue
+        ok.add(block.block_hash)
+        kept.append(block)
+    return kept, no_scope, mismatched
+
+
+def verification_sample(blocks: Sequence[T], share: float, rng: random.Random | None = None) -> list[T]:
+    """``ceil(share * len(blocks))`` blocks (at least one), drawn with ``rng`` (default: the system's
+    randomness, :class:`random.SystemRandom`).
+
+    NOTE: the draw must not be predictable from the snapshot: seeded by anything in the files (the
+    manifest's digest, say), a writer could vary an unchecked detail until the sample misses the blocks
+    it forged. A reader's own randomness is fine here: the sample is not a hash, and two replicas drawing
+    different samples check more of a shared snapshot between them.
+    """
+    if not blocks:
+        return []
+    count = min(len(blocks), max(1, math.ceil(share * len(blocks))))
+    return (rng or random.SystemRandom()).sample(list(blocks), count)
+
+
+def block_digest(block_hash: bytes, tensors: Sequence[torch.Tensor]) -> str:
+    """The SHA-256 of one block's payload parts (dtype, shape and bytes of each) bound to its hash."""
+    digest = hashlib.sha256(b"warmup-kv-snapshot-block:" + bytes(block_hash))
+    for tensor in tensors:
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(str(tensor.dtype).encode("ascii") + str(tuple(tensor.shape)).encode("ascii"))
+        digest.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+    return digest.hexdigest()
+
+
+def manifest_mac(body: Mapping[str, Any], key: bytes) -> str:
+    """HMAC-SHA256 under ``key`` of a manifest's content (every key but ``checksum`` and ``mac``)."""
+    signed = {k: v for k, v in body.items() if k not in ("checksum", "mac")}
+    return hmac.new(key, _canonical(signed), hashlib.sha256).hexdigest()
+
+
+def manifest_checksum(body: Mapping[str, Any]) -> str:
+    """The SHA-256 of a manifest's content (every key but ``checksum``), unkeyed: it catches damage, not a forger."""
+    return hashlib.sha256(_canonical(body)).hexdigest()
+
+
+def verify_tolerance(storage: str, dtype: torch.dtype) -> float:
+    """How far a recomputed block may differ from a stored one, relative to the block's largest value.
+
+    fp: the dtype's rounding (a batched forward and a single one differ in summation order), at least
+    1e-3; int8: one quantisation step of the largest channel (per-channel rounding is at most half of one).
+    """
+    rounding = max(1e-3, 16 * torch.finfo(dtype).eps)
+    return rounding + (1.0 / 127.0 if storage == "int8" else 0.0)
+
+
+def kv_close(stored: torch.Tensor, recomputed: torch.Tensor, storage: str) -> bool:
+    """Whether a decoded stored block matches its recomputation within :func:`verify_tolerance`."""
+    if stored.shape != recomputed.shape:
+        return False
+    ref = recomputed.float()
+    scale = max(float(ref.abs().max()), 1e-6)
+    return float((stored.float() - ref).abs().max()) <= verify_tolerance(storage, recomputed.dtype) * scale
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _canonical(body: Mapping[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def _unknown_keys(body: Mapping[str, Any]) -> str | None:
+    """Where ``body`` holds a key the format does not name (the first place found), else None.
+
+    NOTE: a key nobody reads must still be refused: an ignored field is room a writer can vary freely
+    (it once steered the verification sample), and a reader that ignores it cannot be told apart from
+    one that misreads it. The key itself is not shown: it is the file's content, not a label.
+    """
+    top = set(body) - MANIFEST_KEYS
+    if top:
+        return f"{len(top)} unknown key(s) at the top level"
+    for where, section, allowed in (("identity", body.get("identity"), IDENTITY_KEYS),
+                                    ("payload", body.get("payload"), PAYLOAD_KEYS)):
+        if isinstance(section, dict) and set(section) - allowed:
+            return f"{len(set(section) - allowed)} unknown key(s) in {where}"
+    records = body.get("blocks")
+    for index, record in enumerate(records if isinstance(records, list) else ()):
+        if isinstance(record, dict) and set(record) - BLOCK_KEYS:
+            return f"{len(set(record) - BLOCK_KEYS)} unknown key(s) in block {index}"
+    return None
+
+
+def _read_manifest(path: Path, mac_key: bytes) -> dict[str, Any]:
+    try:
+        size = path.stat().st_size
+        if size > MAX_MANIFEST_BYTES:
+            raise SnapshotRejected("format", f"manifest of {size} bytes is over the {MAX_MANIFEST_BYTES} limit")
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_MANIFEST_BYTES + 1)
+        data = json.loads(raw.decode("utf-8"))
+    except OSError as exc:
+        raise SnapshotRejected("unreadable", f"manifest: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise SnapshotRejected("format", f"manifest is not JSON ({type(exc).__name__})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise SnapshotRejected("format", "not a KV snapshot manifest")
+    if data.get("version") != FORMAT_VERSION:
+        raise SnapshotRejected("version", f"format version {data.get('version')!r}, this reader {FORMAT_VERSION}")
+    unknown = _unknown_keys(data)
+    if unknown is not None:
+        raise SnapshotRejected("unknown_key", f"{unknown}; this reader knows format version {FORMAT_VERSION} only")
+    given = data.get("mac")
+    if mac_key:
+        if not isinstance(given, str) or not hmac.compare_digest(given.encode("utf-8", "replace"),
+                                                                 manifest_mac(data, mac_key).encode("ascii")):
+            raise SnapshotRejected("mac", "the manifest has no valid MAC under this deployment's key "
+                                          "(written without the deployment secret, or changed since)")
+    elif given is not None:
+        raise SnapshotRejected("mac", "the manifest carries a MAC: it was written in trust mode, and this "
+                                      "instance runs open mode (no deployment secret)")
+    checksum = data.pop("checksum", None)
+    if checksum != manifest_checksum(data):
+        raise SnapshotRejected("checksum", "the manifest's checksum does not match its content")
+    data["checksum"] = checksum
+    return data
+
+
+def _read_payload(path: Path, digest: str, size: int, max_bytes: int) -> dict[str, torch.Tensor]:
+    import safetensors.torch
+
+    try:
+        actual = path.stat().st_size
+    except OSError as exc:
+        raise SnapshotRejected("unreadable", f"payload {path.name}: {exc.strerror or exc}") from None
+    if actual > max_bytes or size > max_bytes:
+        raise SnapshotRejected("too_large", f"payload of {actual} bytes is over the {max_bytes}-byte bound")
+    if actual != size:
+        raise SnapshotRejected("truncated", f"payload has {actual} bytes, the manifest says {size}")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError as exc:
+        raise SnapshotRejected("unreadable", f"payload {path.name}: {exc.strerror or exc}") from None
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise SnapshotRejected("checksum", f"payload {path.name} does not match its SHA-256")
+    try:
+        # NOTE: safetensors parses a JSON header and copies raw bytes; nothing is unpickled or executed.
+        return safetensors.torch.load(data)
+    except Exception as exc:  # noqa: BLE001 - any parse failure of an untrusted file is a rejection
+        raise SnapshotRejected("payload", f"payload is not a readable safetensors file ({exc})") from None
+
+
+def _blocks(records: list[Any], tensors: Mapping[str, torch.Tensor], identity: SnapshotIdentity) -> list[CachedBlock]:
+    parts = CODEC_PARTS.get(identity.storage)
+    if parts is None:
+        raise SnapshotRejected("storage", f"unknown kv_storage {identity.storage!r}")
+    layers, heads, dim = identity.kv_shape
+    shape = (layers, 2, heads, identity.block_size, dim)
+    expected = {"fp": [(shape, _torch_dtype(identity.dtype))],
+                "int8": [(shape, torch.int8), ((layers, 2, heads, 1, dim), torch.float16)]}[identity.storage]
+    if len(tensors) != parts * len(records):
+        raise SnapshotRejected("payload", f"{len(tensors)} tensors for {len(records)} blocks")
+    seen: set[BlockHash] = {NONE_HASH}
+    blocks = []
+    for index, record in enumerate(records):
+        try:
+            block_hash, parent = BlockHash(bytes.fromhex(record["hash"])), BlockHash(bytes.fromhex(record["parent"]))
+            tokens = np.asarray([int(t) for t in record["tokens"]], dtype=np.int64)
+            source = BlockSource(record["source"])
+            plan_id = None if record.get("plan_id") is None else str(record["plan_id"])
+            tenant, owner, hits = str(record["tenant"]), str(record["owner"]), max(0, int(record.get("hits", 0)))
+            payload = [tensors[f"b{index}.{part}"] for part in range(parts)]
+            checksum = str(record["sha256"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SnapshotRejected("format", f"block {index}: record malformed ({exc})") from None
+        if len(tokens) != identity.block_size or len(block_hash) != 32 or tokens.min(initial=0) < 0 \
+                or tokens.max(initial=0) > np.iinfo(np.int32).max:
+            raise SnapshotRejected("format", f"block {index}: token ids or hash malformed")
+        for tensor, (want_shape, want_dtype) in zip(payload, expected):
+            if tuple(tensor.shape) != want_shape or tensor.dtype != want_dtype:
+                raise SnapshotRejected("payload", f"block {index}: tensor {tuple(tensor.shape)} {tensor.dtype}, "
+                                                  f"expected {want_shape} {want_dtype}")
+        if block_digest(block_hash, payload) != checksum:
+            raise SnapshotRejected("checksum", f"block {index} does not match its SHA-256 (bound to its hash)")
+        # NOTE: every value, not a sample: one NaN or inf in a block spreads through attention to every
+        # later token of every request that reuses it, and the recompute sample may miss the block.
+        if not all(bool(torch.isfinite(t).all()) for t in payload if t.is_floating_point()):
+            raise SnapshotRejected("not_finite", f"block {index} holds NaN or infinite values")
+        if parent not in seen or block_hash in seen:
+            raise SnapshotRejected("format", f"block {index}: parent not written before it, or written twice")
+        seen.add(block_hash)
+        tokens32 = tokens.astype(np.int32)
+        nbytes = sum(t.numel() * t.element_size() for t in payload) + tokens32.nbytes
+        blocks.append(CachedBlock(block_hash, parent, payload[0] if parts == 1 else tuple(payload), nbytes, source,
+                                  0.0, 0.0, plan_id=plan_id, owner=owner, tenant=tenant, hits=hits,
+                                  tokens=tokens32))
+    return blocks
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    try:
+        return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+    except KeyError:
+        raise SnapshotRejected("dtype", f"dtype {name!r} is not one a snapshot holds") from None
+

@@ -46,9 +46,9 @@ def parse_text(inputs: Inputs, name: str = "text_input", max_bytes: int = MAX_TE
 def parse_optional_text(inputs: Inputs, name: str = "text_input", max_bytes: int = MAX_TEXT_BYTES) -> str | None:
     """The prompt text when the request carries it (undecodable text is kept, with replacements); text
     longer than ``max_bytes`` is refused before it is decoded (:func:`check_text_size`)."""
-    check_text_size(inputs, name, max_bytes)
+    check_text_size(inputs, name, max_bytes)  # NOTE: also refuses anything but exactly one string
     array = inputs.get(name)
-    if array is None or array.size != 1:
+    if array is None:
         return None
     value = array.reshape(-1)[0]
     return value.decode("utf-8", errors="replace") if isinstance(value, (bytes, np.bytes_)) else str(value)

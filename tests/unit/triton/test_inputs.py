@@ -106,13 +106,18 @@ def test_an_absent_optional_string_is_its_default():
     (np.array([b"hello"], dtype="S5"), "hello"),
     (np.array(["hello"], dtype=object), "hello"),
     (np.array([b"caf\xe9"], dtype=object), "caf\ufffd"),  # kept for the log, with a replacement
-    (np.array([b"a", b"b"], dtype=object), None),
-    (np.array([], dtype=object), None),
 ])
 def test_optional_text_is_the_prompt_when_there_is_exactly_one(array, expected):
     inputs = {} if array is None else {"text_input": array}
     assert parse_optional_text(inputs) == expected
     assert parse_optional_text({"other": np.array([b"x"], dtype=object)} | inputs, "other") == "x"
+
+
+@pytest.mark.parametrize("array", [np.array([b"a", b"b"], dtype=object), np.array([], dtype=object)])
+def test_optional_text_that_is_not_exactly_one_string_is_refused(array):
+    with pytest.raises(InvalidInputError) as refused:
+        parse_optional_text({"text_input": array})
+    assert str(refused.value) == f"input 'text_input' must hold exactly one string, got {array.size} elements"
 
 
 def test_counts_are_non_negative_integers_in_range():

@@ -27,6 +27,7 @@ from warmup_tools.caches.redis_tier import (
 from warmup_tools.caches.settings import SharedTierSettings
 from warmup_tools.caches.tiered import TieredCache
 from warmup_tools.common.errors import ConfigError
+from warmup_tools.sim.bench.stampede import largest_burst
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -405,16 +406,6 @@ def warm_up(tier: SharedTier, n: int, tenant: str = "t1") -> list[TierKey]:
     return keys
 
 
-def largest_burst(expiry_ms: list[int], window_ms: float) -> int:
-    """The most keys that expire within any ``window_ms`` (expiry times from Redis's PEXPIRETIME)."""
-    times = sorted(expiry_ms)
-    best, lo = 0, 0
-    for hi, t in enumerate(times):
-        while t - times[lo] > window_ms:
-            lo += 1
-        best = max(best, hi - lo + 1)
-    return best
-
 
 @pytest.mark.parametrize("jitter", [0.0, 0.1])
 def test_ttl_jitter_spreads_the_expiry_of_a_warm_up(redis_server, tiers, jitter):
@@ -430,7 +421,7 @@ def test_ttl_jitter_spreads_the_expiry_of_a_warm_up(redis_server, tiers, jitter)
     ttl = [t - written_at_ms for t in expiry]
     slack_ms = 60_000  # the writes themselves take a little time after written_at_ms
     assert all(ttl_s * 1000 * (1 - jitter) - 1000 <= t <= ttl_s * 1000 * (1 + jitter) + slack_ms for t in ttl)
-    burst = largest_burst(expiry, window_ms=0.01 * ttl_s * 1000)
+    burst = largest_burst(expiry, 0.01 * ttl_s * 1000)  # expiry times from PEXPIRETIME, in ms
     if jitter == 0.0:
         assert burst == n  # today's behaviour: the whole warm-up expires in the same second
     else:

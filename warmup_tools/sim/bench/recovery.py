@@ -133,14 +133,16 @@ class InFlightRequest:
                 self.streaming.set()
 
 
-def ready_status(sidecar_url: str) -> int:
-    """``GET /ready``'s status code."""
+def ready_status(sidecar_url: str, timeout_s: float = 10) -> int:
+    """``GET /ready``'s status code; 0 while nothing answers."""
     try:
-        with urllib.request.urlopen(sidecar_url + "/ready", timeout=10) as response:
+        with urllib.request.urlopen(sidecar_url + "/ready", timeout=timeout_s) as response:
             return response.status
     except urllib.error.HTTPError as exc:
         exc.close()
         return exc.code
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return 0
 
 
 def wait_for_ready(sidecar_url: str, want: int, deadline_s: float) -> float:

@@ -11,14 +11,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Iterator, TextIO
 
 from warmup_tools.common.errors import ServerError
 from warmup_tools.ops.config import REPO_ROOT
 from warmup_tools.ops.server import free_port
+from warmup_tools.sim.bench.recovery import ready_status
 from warmup_tools.sim.bench.soak_checks import ProcSample, SoakSettings, Window, process_role
 
 #: The fourth adapter, built for the run and made live through the control folder.
@@ -162,18 +161,6 @@ def _tail(path: Path, lines: int = 40) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
-
-
-def ready_status(sidecar_url: str) -> int:
-    """``GET /ready``'s status code; 0 while nothing answers."""
-    try:
-        with urllib.request.urlopen(sidecar_url + "/ready", timeout=5) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        return exc.code
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return 0
 
 
 def serve_assets(demo_root: Path, work: Path, seed: int) -> Path:

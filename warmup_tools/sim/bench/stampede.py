@@ -61,7 +61,7 @@ def run(assets_dir: Path, *, keys: int = 200, instances: int = 8, ttl_s: float =
                 lock_wait_ms=defaults.lock_wait_ms if lock_wait_ms is None else lock_wait_ms)
             r = _one(settings, keys=keys, instances=instances, compute_s=compute_ms / 1000.0, zipf_s=zipf_s)
             computed = r["computed"]
-            peak = _peak([t for _, t in computed], window_ms / 1000.0) / (window_ms / 1000.0)
+            peak = largest_burst([t for _, t in computed], window_ms / 1000.0) / (window_ms / 1000.0)
             per_key = collections.Counter(d for d, _ in computed)
             hottest = sum(per_key[d] for d in r["digests"][:10]) / 10
             p50, p99 = percentiles(r["latency"])
@@ -121,12 +121,12 @@ def _one(settings: SharedTierSettings, *, keys: int, instances: int, compute_s: 
     return {"computed": computed, "latency": latency, "errors": errors, "digests": digests}
 
 
-def _peak(times: list[float], window_s: float) -> int:
-    """The most events within any ``window_s``."""
+def largest_burst(times: list[float], window: float) -> int:
+    """The most events within any ``window`` (times and window in the same unit)."""
     times = sorted(times)
     best, lo = 0, 0
     for hi, t in enumerate(times):
-        while t - times[lo] > window_s:
+        while t - times[lo] > window:
             lo += 1
         best = max(best, hi - lo + 1)
     return best

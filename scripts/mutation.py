@@ -55,6 +55,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("warmup_tools/triton/inputs.py", "_single_string", "value = array.reshape(-2)[0]"): _ONE_ELEMENT,
     ("warmup_tools/triton/inputs.py", "parse_optional_text", "value = array.reshape(+1)[0]"): _ONE_ELEMENT,
     ("warmup_tools/triton/inputs.py", "parse_optional_text", "value = array.reshape(-2)[0]"): _ONE_ELEMENT,
+    ("warmup_tools/triton/inputs.py", "check_text_size", "_check_length(array.reshape(+1)[0], name, max_bytes)"):
+        _ONE_ELEMENT,
+    ("warmup_tools/triton/inputs.py", "check_text_size", "_check_length(array.reshape(-2)[0], name, max_bytes)"):
+        _ONE_ELEMENT,
     ("warmup_tools/triton/inputs.py", "parse_scalar", "value = array.reshape(+1)[0]"): _ONE_ELEMENT,
     ("warmup_tools/triton/inputs.py", "parse_scalar", "value = array.reshape(-2)[0]"): _ONE_ELEMENT,
     ("warmup_tools/triton/inputs.py", "parse_optional_text",

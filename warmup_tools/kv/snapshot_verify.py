@@ -354,7 +354,7 @@ def _blocks(records: list[Any], tensors: Mapping[str, torch.Tensor], identity: S
             tenant, owner, hits = str(record["tenant"]), str(record["owner"]), max(0, int(record.get("hits", 0)))
             payload = [tensors[f"b{index}.{part}"] for part in range(parts)]
             checksum = str(record["sha256"])
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
             raise SnapshotRejected("format", f"block {index}: record malformed ({exc})") from None
         if len(tokens) != identity.block_size or len(block_hash) != 32 or tokens.min(initial=0) < 0 \
                 or tokens.max(initial=0) > np.iinfo(np.int32).max:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
+import io
 import json
 import os
 import random
@@ -376,6 +377,32 @@ def test_payload_damage_is_refused_with_its_reason(tmp_path):
     assert refusal(info.manifest) == ("unreadable", f"payload {name}: No such file or directory")
 
 
+class GrowingPayload(io.RawIOBase):
+    """A payload file that keeps growing after it was measured: endless zeros, however much is read."""
+
+    def __init__(self):
+        self.read_sizes = []
+
+    def readable(self):
+        return True
+
+    def read(self, size=-1):
+        self.read_sizes.append(size)
+        assert size is not None and size >= 0, "an unbounded read of a payload"
+        return bytes(size)
+
+
+def test_a_payload_that_grows_after_it_is_measured_is_read_only_up_to_the_bound(tmp_path, monkeypatch):
+    info = write(tmp_path)
+    grown = GrowingPayload()
+    real_open = open
+    monkeypatch.setattr(snapshot_verify, "open", lambda path, mode="r": grown if path == info.payload
+                        else real_open(path, mode), raising=False)
+    assert refusal(info.manifest, max_bytes=BIG) == ("checksum", f"payload {info.payload.name} does not match its "
+                                                                 "SHA-256")
+    assert grown.read_sizes == [BIG + 1]
+
+
 @pytest.mark.parametrize("file", ["../x.safetensors", "sub/x.safetensors", "x.json"])
 def test_a_payload_outside_the_folder_or_of_another_kind_is_refused(tmp_path, file):
     info = write(tmp_path)
@@ -441,7 +468,7 @@ def test_int8_block_scales_of_another_shape_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("edit", ["no_hash", "short_hash", "few_tokens", "negative_token", "huge_token",
-                                  "bad_source", "no_sha256"])
+                                  "beyond_int64_token", "bad_source", "no_sha256"])
 def test_a_malformed_block_record_is_a_format_refusal(tmp_path, edit):
     def change(body):
         record = body["blocks"][1]
@@ -455,6 +482,8 @@ def test_a_malformed_block_record_is_a_format_refusal(tmp_path, edit):
             record["tokens"][0] = -1
         elif edit == "huge_token":
             record["tokens"][0] = 2 ** 31
+        elif edit == "beyond_int64_token":  # not even a 64-bit integer: the record is malformed
+            record["tokens"][0] = 2 ** 63
         elif edit == "bad_source":
             record["source"] = "elsewhere"
         else:

@@ -11,6 +11,7 @@ from warmup_tools.triton.inputs import (
     MAX_IDENTITY_BYTES,
     MAX_PROMPT_TOKENS,
     MAX_TEXT_BYTES,
+    check_text_size,
     parse_count,
     parse_identity,
     parse_optional_string,
@@ -118,6 +119,19 @@ def test_optional_text_that_is_not_exactly_one_string_is_refused(array):
     with pytest.raises(InvalidInputError) as refused:
         parse_optional_text({"text_input": array})
     assert str(refused.value) == f"input 'text_input' must hold exactly one string, got {array.size} elements"
+
+
+def test_optional_text_is_bounded_by_its_own_bound_before_it_is_decoded():
+    assert parse_optional_text({"prompt": s("x" * 10)}, "prompt", max_bytes=10) == "x" * 10
+    with pytest.raises(InvalidInputError, match=r"^input 'prompt' is longer than 10 bytes: send a shorter text$"):
+        parse_optional_text({"prompt": s(b"\xff" * 11)}, "prompt", max_bytes=10)
+
+
+def test_the_text_size_check_reads_text_input_by_default():
+    check_text_size({"text_input": s("x" * MAX_TEXT_BYTES)})
+    check_text_size({"other": s("x" * (MAX_TEXT_BYTES + 1))})  # only text_input is checked by default
+    with pytest.raises(InvalidInputError, match=rf"^input 'text_input' is longer than {MAX_TEXT_BYTES} bytes"):
+        check_text_size({"text_input": s("x" * (MAX_TEXT_BYTES + 1))})
 
 
 def test_counts_are_non_negative_integers_in_range():

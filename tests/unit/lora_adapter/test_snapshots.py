@@ -19,6 +19,7 @@ from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.kv.prefix_cache import PrefixCache
 from warmup_tools.kv.snapshot import prefix_tokens, snapshot_name, write_snapshot
 from warmup_tools.kv.snapshot_verify import SnapshotIdentity, list_snapshots, read_snapshot, salt_fingerprint
+from warmup_tools.lora_adapter import snapshot_restore
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.settings import SnapshotConfig
@@ -480,3 +481,42 @@ def test_a_snapshot_is_read_up_to_snapshot_bytes_plus_room_for_its_header(writer
     small = SnapshotKeeper(fresh, SnapshotConfig(folder=tmp_path, max_bytes=1, interval_s=0), instance="lora_0",
                            host="test")
     assert small.restore().blocks == info.blocks
+
+
+def test_a_base_model_block_that_differs_is_refused_naming_the_base_model(fresh, tmp_path):
+    run(fresh, SYSTEM_PROMPTS["support"], None)  # the base model's own blocks (owner "")
+    own = keeper(fresh, tmp_path)
+    blocks = fresh.prefix_cache.snapshot_blocks(1 << 30)
+    assert blocks and all(b.owner == "" for b in blocks)
+    leaf = next(i for i, b in enumerate(blocks) if b.block_hash not in {c.parent for c in blocks})
+    forged = list(blocks)
+    forged[leaf] = dataclasses.replace(blocks[leaf], payload=blocks[leaf].payload + 1.0)
+    write_snapshot(tmp_path, own.name, own.identity, dict(fresh.adapter_fingerprints), forged, created=1.0)
+    fresh.prefix_cache.clear()
+    logs: list[str] = []
+    report = keeper(fresh, tmp_path, logs=logs, share=1.0).restore()
+    assert report.skipped == {"verify": 1} and len(fresh.prefix_cache) == 0
+    assert logs == [f"KV snapshot lora_0_test.manifest.json skipped (verify): block "
+                    f"{blocks[leaf].block_hash.hex()[:12]} recomputed with adapter base differs from the stored KV"]
+
+
+def test_the_stored_kv_is_compared_in_the_engine_s_dtype_on_the_recomputed_kv_s_device(writer, fresh, tmp_path,
+                                                                                        monkeypatch):
+    """Stand-ins for a GPU engine in half precision: the recomputed KV on the meta device, the engine's dtype
+    bfloat16; beside the real CPU engine's recompute checked by the tests above."""
+    keeper(writer, tmp_path).write()
+    restorer = keeper(fresh, tmp_path, share=1.0)  # the identity (float32, as written) is read here
+    compute_kv = fresh.compute_kv
+    monkeypatch.setattr(fresh, "compute_kv", lambda adapter, ids: [(k.to("meta"), v.to("meta"))
+                                                                   for k, v in compute_kv(adapter, ids)])
+    monkeypatch.setattr(fresh, "dtype", torch.bfloat16)
+    compared = []
+
+    def kv_close(stored, recomputed, storage):
+        compared.append((stored.device, stored.dtype, recomputed.device))
+        return True
+
+    monkeypatch.setattr(snapshot_restore, "kv_close", kv_close)
+    report = restorer.restore()
+    assert report.verified == len(writer.prefix_cache.snapshot_blocks(1 << 30)) and compared
+    assert set(compared) == {(torch.device("meta"), torch.bfloat16, torch.device("meta"))}

@@ -30,8 +30,8 @@ class CachedBlock:
     payload: object
     nbytes: int
     source: BlockSource
-    created: float
-    last_access: float
+    created: float = 0.0
+    last_access: float = 0.0
     #: The warm-up plan that pinned this block; None when not pinned.
     plan_id: str | None = None
     #: Who the block is accounted to (the adapter name; "" for the base model).

@@ -211,9 +211,9 @@ def block_digest(block_hash: bytes, tensors: Sequence[torch.Tensor]) -> str:
     """The SHA-256 of one block's payload parts (dtype, shape and bytes of each) bound to its hash."""
     digest = hashlib.sha256(b"warmup-kv-snapshot-block:" + bytes(block_hash))
     for tensor in tensors:
-        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
         digest.update(str(tensor.dtype).encode("ascii") + str(tuple(tensor.shape)).encode("ascii"))
-        digest.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+        digest.update(flat.view(torch.uint8).numpy())
     return digest.hexdigest()
 
 
@@ -356,8 +356,8 @@ def _blocks(records: list[Any], tensors: Mapping[str, torch.Tensor], identity: S
             checksum = str(record["sha256"])
         except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
             raise SnapshotRejected("format", f"block {index}: record malformed ({exc})") from None
-        if len(tokens) != identity.block_size or len(block_hash) != 32 or tokens.min(initial=0) < 0 \
-                or tokens.max(initial=0) > np.iinfo(np.int32).max:
+        if len(tokens) != identity.block_size or len(block_hash) != 32 or tokens.min() < 0 \
+                or tokens.max() > np.iinfo(np.int32).max:
             raise SnapshotRejected("format", f"block {index}: token ids or hash malformed")
         for tensor, (want_shape, want_dtype) in zip(payload, expected):
             if tuple(tensor.shape) != want_shape or tensor.dtype != want_dtype:
@@ -374,9 +374,9 @@ def _blocks(records: list[Any], tensors: Mapping[str, torch.Tensor], identity: S
         seen.add(block_hash)
         tokens32 = tokens.astype(np.int32)
         nbytes = sum(t.numel() * t.element_size() for t in payload) + tokens32.nbytes
+        # NOTE: no timestamps: PrefixCache.restore stamps a block when it places it.
         blocks.append(CachedBlock(block_hash, parent, payload[0] if parts == 1 else tuple(payload), nbytes, source,
-                                  0.0, 0.0, plan_id=plan_id, owner=owner, tenant=tenant, hits=hits,
-                                  tokens=tokens32))
+                                  plan_id=plan_id, owner=owner, tenant=tenant, hits=hits, tokens=tokens32))
     return blocks
 
 

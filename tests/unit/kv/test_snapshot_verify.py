@@ -403,6 +403,30 @@ def test_a_payload_that_grows_after_it_is_measured_is_read_only_up_to_the_bound(
     assert grown.read_sizes == [BIG + 1]
 
 
+def test_a_manifest_that_grows_after_it_is_measured_is_read_only_up_to_the_bound(tmp_path, monkeypatch):
+    info = write(tmp_path)
+    grown = GrowingPayload()
+    real_open = open
+    monkeypatch.setattr(snapshot_verify, "MAX_MANIFEST_BYTES", 4096)
+    monkeypatch.setattr(snapshot_verify, "open", lambda path, mode="r": grown if path == info.manifest
+                        else real_open(path, mode), raising=False)
+    assert refusal(info.manifest) == ("format", "manifest is not JSON (JSONDecodeError)")
+    assert grown.read_sizes == [4096 + 1]
+
+
+def test_a_payload_that_cannot_be_opened_after_it_was_measured_is_unreadable(tmp_path, monkeypatch):
+    info = write(tmp_path)
+    real_open = open
+
+    def refusing_open(path, mode="r"):
+        if path == info.payload:
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, mode)
+
+    monkeypatch.setattr(snapshot_verify, "open", refusing_open, raising=False)
+    assert refusal(info.manifest) == ("unreadable", f"payload {info.payload.name}: Permission denied")
+
+
 @pytest.mark.parametrize("file", ["../x.safetensors", "sub/x.safetensors", "x.json"])
 def test_a_payload_outside_the_folder_or_of_another_kind_is_refused(tmp_path, file):
     info = write(tmp_path)

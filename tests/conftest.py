@@ -13,7 +13,7 @@ ASSETS_DIR = Path(os.environ.get("WARMUP_ASSETS_DIR", REPO_ROOT / ".assets"))
 
 @pytest.fixture(scope="session")
 def demo_assets():
-    from warmup_tools.sim.assets import ensure_demo_assets
+    from warmup_tools.demo.assets import ensure_demo_assets
 
     return ensure_demo_assets(ASSETS_DIR)
 

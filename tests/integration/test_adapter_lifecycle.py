@@ -10,9 +10,8 @@ import pytest
 
 from warmup_tools.adapters.registry import ControlRegistry
 from warmup_tools.adapters.state import AdapterState, LifecycleError
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS, demo_prompt
 from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient, metric_sum, scrape_metrics
-from warmup_tools.ops.demo import demo_prompt
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

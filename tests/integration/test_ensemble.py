@@ -7,9 +7,8 @@ import pytest
 import requests
 
 from tests.waiting import wait_for
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS, demo_prompt
 from warmup_tools.ops.client import GenerateParams, http_generate, http_generate_stream, metric_sum, scrape_metrics
-from warmup_tools.ops.demo import demo_prompt
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

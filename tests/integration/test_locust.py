@@ -35,7 +35,7 @@ def test_locust_users_report_ttft_and_itl_without_failures(triton, tmp_path):
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])
 def test_locust_replays_a_request_log_once_and_quits(triton, tmp_path, transport):
-    from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
+    from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 
     log = tmp_path / "requests.jsonl"
     records = [{"ts": float(i), "tenant": f"locust-{transport}-{i % 2}", "adapter": adapter,

@@ -8,8 +8,8 @@ import random
 import numpy as np
 import pytest
 
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 from warmup_tools.triton.trust import add_tenant_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

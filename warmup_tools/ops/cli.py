@@ -407,7 +407,7 @@ def _cmd_sidecar(args: argparse.Namespace) -> int:
 
 
 def _cmd_assets(args: argparse.Namespace) -> int:
-    from warmup_tools.sim.assets import build_demo_assets, ensure_demo_assets
+    from warmup_tools.demo.assets import build_demo_assets, ensure_demo_assets
 
     assets = build_demo_assets(args.out, args.seed) if args.force else ensure_demo_assets(args.out, args.seed)
     print(f"demo assets ready in {assets.root} (adapters: {', '.join(assets.adapters)})")
@@ -529,8 +529,8 @@ def _cmd_apply_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from warmup_tools.demo.assets import ensure_demo_assets
     from warmup_tools.ops.demo import run_demo
-    from warmup_tools.sim.assets import ensure_demo_assets
 
     config = _serve_config(args)
     ensure_demo_assets(config.assets_dir)
@@ -571,7 +571,7 @@ def _cmd_adapters(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
-    from warmup_tools.sim.assets import ensure_demo_assets
+    from warmup_tools.demo.assets import ensure_demo_assets
 
     module = importlib.import_module(f"warmup_tools.sim.bench.{args.bench}")
     module.run(ensure_demo_assets(args.assets_dir).root, **bench_options(args))

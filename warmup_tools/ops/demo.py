@@ -9,16 +9,12 @@ import time
 import urllib.request
 from typing import Any, TextIO
 
+from warmup_tools.demo.prompts import USER_QUESTIONS, demo_prompt
 from warmup_tools.ops.client import GenerateParams, StreamingClient
 from warmup_tools.ops.config import ServeConfig
 from warmup_tools.ops.server import RepositoryKey, ServerPorts, TritonServer
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 
 LOGGER = logging.getLogger(__name__)
-
-
-def demo_prompt(adapter: str, question: str) -> str:
-    return f"{SYSTEM_PROMPTS[adapter]}User: {question}\nAssistant:"
 
 
 def run_demo(config: ServeConfig, adapters: tuple[str, ...] = ("support", "legal"), max_tokens: int = 24,

@@ -9,8 +9,8 @@ from typing import Mapping
 
 import numpy as np
 
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.planning.stanzas import COMPOSING_MODELS, WarmupInput, WarmupSample, string_input, write_model_warmup
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 
 
 def default_samples(tokenizer: object, prompts: Mapping[str, str] = SYSTEM_PROMPTS) -> dict[str, list[WarmupSample]]:

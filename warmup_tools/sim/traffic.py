@@ -42,7 +42,7 @@ from warmup_tools.common.digests import prompt_digest, stable_seed
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.jsonl import read_json_lines, write_json_lines
 from warmup_tools.common.records import RequestRecord
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 
 DAY_SECONDS = 86_400
 #: The generator's word lists and content tables (real-looking filler, no model of its own).

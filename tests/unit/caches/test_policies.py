@@ -65,7 +65,7 @@ def test_decayed_lfu_evicts_cold_entries_and_forgets_old_heat():
 
 
 def test_tokenizer_service_gives_full_tokenisation_ids_through_templates(demo_assets):
-    from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
+    from warmup_tools.demo.prompts import SYSTEM_PROMPTS
     from warmup_tools.tokenizer_cache.service import TokenizerService
 
     service = TokenizerService(demo_assets.lm_dir)

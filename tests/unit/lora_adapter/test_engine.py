@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from warmup_tools.common.errors import InvalidInputError, UnknownAdapterError
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 
 
 @pytest.fixture(scope="module")

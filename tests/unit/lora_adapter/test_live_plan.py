@@ -10,6 +10,7 @@ import pytest
 from tests.unit.adapters.test_plan_control import make_plan
 from tests.waiting import wait_for
 from warmup_tools.adapters.plan_control import PlanStatusBoard, write_plan_file
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
@@ -17,7 +18,6 @@ from warmup_tools.lora_adapter.live_plan import diff_hot_sets
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.service import LoraService
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 
 DEADLINE_S = 120.0
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from tests.unit.lora_adapter.test_scheduler import ADAPTERS, RecordingSink, drain, make_request
 from warmup_tools.common.errors import InvalidInputError, RequestCancelledError, RequestError
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.kv.prefix_cache import PrefixCache
 from warmup_tools.lora_adapter import scheduler as scheduler_module
@@ -25,7 +26,6 @@ from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.settings import SchedulerConfig
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 
 #: How long a thread test waits for an outcome it expects; only a failing test ever waits this long.
 OUTCOME_TIMEOUT_S = 120

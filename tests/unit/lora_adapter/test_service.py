@@ -8,11 +8,11 @@ import pytest
 
 from warmup_tools.adapters.registry import ControlRegistry
 from warmup_tools.adapters.state import AdapterState
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.service import LoraService
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 
 
 @pytest.fixture(scope="module")

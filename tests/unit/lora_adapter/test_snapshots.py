@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from warmup_tools.common.digests import tokenizer_fingerprint
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.kv.prefix_cache import PrefixCache
@@ -25,7 +26,6 @@ from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.settings import SnapshotConfig
 from warmup_tools.lora_adapter.snapshot_restore import RestoreReport, SnapshotRestorer, engine_identity
 from warmup_tools.lora_adapter.snapshots import SnapshotKeeper
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 
 PLAN = "plan-1"
 

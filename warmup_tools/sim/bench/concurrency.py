@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, Sequence, TextIO
 
+from warmup_tools.demo.prompts import demo_prompt
 from warmup_tools.ops.client import GenerateError, GenerateParams, GenerateResult, StreamingClient, grpc_inputs
 from warmup_tools.ops.config import REPO_ROOT
-from warmup_tools.ops.demo import demo_prompt
 from warmup_tools.ops.server import TritonServer
 from warmup_tools.sim.bench.latency import (
     SCOPES,

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Sequence, TextIO
 
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.lora_adapter.engine import EngineConfig, GenerationStep, LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
@@ -37,7 +38,6 @@ from warmup_tools.sim.bench.latency import (
     run_streams,
     stream_prompt,
 )
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 
 
 def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int = 6, min_requests: int = 24,

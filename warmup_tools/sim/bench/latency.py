@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Callable, ContextManager, Sequence
 
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 
 #: (adapter_id, system prompt scope) per request, in turn; None is the base model.
 SCOPES: tuple[tuple[str | None, str], ...] = (("support", "support"), ("legal", "legal"), ("sql", "sql"),

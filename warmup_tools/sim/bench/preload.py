@@ -28,12 +28,12 @@ from typing import TextIO
 
 from warmup_tools.adapters.registry import ControlRegistry
 from warmup_tools.adapters.state import AdapterState
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.service import LoraService
 from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 
 CONFIGS = (("fifo", 0, 1.0), ("live_first", 0, 1.0), ("live_first", 128, 1.0), ("live_first", 128, 0.5),
            ("continuous", 0, 1.0))

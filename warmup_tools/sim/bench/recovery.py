@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import TextIO
 
 from warmup_tools.common.errors import ServerError
+from warmup_tools.demo.prompts import USER_QUESTIONS, demo_prompt
 from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient
 from warmup_tools.ops.config import REPO_ROOT
-from warmup_tools.ops.demo import demo_prompt
 from warmup_tools.ops.server import RepositoryKey, TritonServer
 from warmup_tools.sidecar.app import Sidecar
 from warmup_tools.sidecar.config import SidecarConfig
-from warmup_tools.sim.demo_prompts import USER_QUESTIONS
 
 CLIENT_TIMEOUT_S = 60.0
 #: Prefix of :class:`GenerateError`'s message when the client's own deadline passed (a hang).

@@ -34,12 +34,12 @@ from typing import TextIO
 import numpy as np
 
 from warmup_tools.common.errors import ServerError
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.ops.client import GenerateParams, StreamingClient, metric_sum, scrape_metrics
 from warmup_tools.ops.config import REPO_ROOT
 from warmup_tools.ops.server import TritonServer
 from warmup_tools.planning.stanzas import WarmupInput, WarmupSample, string_input, write_model_warmup
 from warmup_tools.sim.bench.text import make_text
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 
 ADAPTERS = ("support", "legal", "sql", None)
 PLAN_ID = "bench-snapshot"

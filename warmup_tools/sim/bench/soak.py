@@ -39,6 +39,7 @@ from typing import Any, Sequence, TextIO
 import numpy as np
 
 from warmup_tools.common.errors import WarmupToolsError
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 from warmup_tools.ops.config import REPO_ROOT
 from warmup_tools.sim.bench.soak_checks import (
     CANCELLED,
@@ -67,7 +68,6 @@ from warmup_tools.sim.bench.soak_stack import (
     Stack,
     serve_assets,
 )
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 
 #: The fourth adapter's warm prompt.
 EXTRA_SYSTEM_PROMPT = (

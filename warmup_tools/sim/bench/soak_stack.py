@@ -166,7 +166,7 @@ def _tail(path: Path, lines: int = 40) -> str:
 def serve_assets(demo_root: Path, work: Path, seed: int) -> Path:
     """An assets folder for the run: the demo LM and embedder, copies of the demo adapters, and the extra
     adapter built beside them (adapter folders must be real folders under the adapter root)."""
-    from warmup_tools.sim.assets import build_extra_adapter
+    from warmup_tools.demo.assets import build_extra_adapter
 
     root = work / "assets"
     (root / "adapters").mkdir(parents=True)

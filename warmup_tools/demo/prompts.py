@@ -1,7 +1,7 @@
 """The demo's system prompts (one per demo adapter) and user questions.
 
-They are what the default ``model_warmup`` stanzas pre-fill and what ``make demo`` sends, so the first
-live request for each adapter starts from a shared prefix.
+They are what the demo ``model_warmup`` stanzas pre-fill (``warmup_tools stanzas`` without ``--plan``) and
+what ``make demo`` sends, so the first live request for each adapter starts from a shared prefix.
 """
 
 from __future__ import annotations
@@ -43,3 +43,8 @@ USER_QUESTIONS: dict[str, list[str]] = {
     "sql": ["Total revenue per region for last month.",
             "Top five products by quantity sold this year."],
 }
+
+
+def demo_prompt(adapter: str, question: str) -> str:
+    """A demo request's prompt: the adapter's system prompt, then the question as a chat turn."""
+    return f"{SYSTEM_PROMPTS[adapter]}User: {question}\nAssistant:"

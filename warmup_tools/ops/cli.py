@@ -415,9 +415,10 @@ def _cmd_assets(args: argparse.Namespace) -> int:
 
 
 def _cmd_stanzas(args: argparse.Namespace) -> int:
-    from warmup_tools.planning.defaults import write_default_stanzas
+    from warmup_tools.demo.prompts import SYSTEM_PROMPTS
     from warmup_tools.planning.plan import Plan
     from warmup_tools.planning.plan_stanzas import check_repository, write_plan_stanzas
+    from warmup_tools.planning.prompt_stanzas import write_prompt_stanzas
 
     if not args.check:
         if args.plan:
@@ -425,7 +426,7 @@ def _cmd_stanzas(args: argparse.Namespace) -> int:
             counts = write_plan_stanzas(plan, args.model_repository)
             print(f"wrote stanzas of plan {plan.plan_id} into {args.model_repository}: {counts}")
         else:
-            files = write_default_stanzas(args.model_repository, args.tokenizer)
+            files = write_prompt_stanzas(args.model_repository, args.tokenizer, SYSTEM_PROMPTS)
             print(f"wrote the demo model_warmup stanzas ({len(files)} data files) into {args.model_repository}")
     problems = check_repository(args.model_repository)
     for problem in problems:

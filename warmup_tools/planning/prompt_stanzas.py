@@ -1,4 +1,9 @@
-"""Default warm-up samples: each demo adapter's system prompt, for the three composing models."""
+"""Warm-up samples from system prompts, one per adapter, for the three composing models.
+
+The caller names the prompts: ``warmup_tools stanzas`` without ``--plan`` passes the demo adapters'
+(:data:`warmup_tools.demo.prompts.SYSTEM_PROMPTS`); a plan's stanzas come from
+:mod:`warmup_tools.planning.plan_stanzas` instead.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,11 @@ from typing import Mapping
 
 import numpy as np
 
-from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.planning.stanzas import COMPOSING_MODELS, WarmupInput, WarmupSample, string_input, write_model_warmup
 
 
-def default_samples(tokenizer: object, prompts: Mapping[str, str] = SYSTEM_PROMPTS) -> dict[str, list[WarmupSample]]:
-    """Samples per model: tokenise, embed, and pre-fill each adapter's system prompt.
+def prompt_samples(tokenizer: object, prompts: Mapping[str, str]) -> dict[str, list[WarmupSample]]:
+    """Samples per model: tokenise, embed, and pre-fill each adapter's system prompt (``{adapter: prompt}``).
 
     The KV blocks the lora_adapter samples compute are pinned under a plan id derived from the
     prompts, so they survive live traffic until a different plan replaces them.
@@ -36,12 +40,12 @@ def default_samples(tokenizer: object, prompts: Mapping[str, str] = SYSTEM_PROMP
     return samples
 
 
-def write_default_stanzas(model_repository: Path, tokenizer_path: Path) -> list[Path]:
-    """Write the default samples into the repository's composing models; returns the data files."""
+def write_prompt_stanzas(model_repository: Path, tokenizer_path: Path, prompts: Mapping[str, str]) -> list[Path]:
+    """Write the samples of ``prompts`` into the repository's composing models; returns the data files."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     written: list[Path] = []
-    for model, model_samples in default_samples(tokenizer).items():
+    for model, model_samples in prompt_samples(tokenizer, prompts).items():
         written += write_model_warmup(model_repository / model, model_samples)
     return written

@@ -14,10 +14,10 @@ from tests.conftest import REPO_ROOT
 from tests.integration.test_sidecar import get_json, wait_for
 from warmup_tools.adapters.plan_control import write_plan_file
 from warmup_tools.common.digests import tokenizer_fingerprint
+from warmup_tools.common.plan import Plan
 from warmup_tools.ops.client import GenerateParams, StreamingClient
 from warmup_tools.ops.server import RepositoryKey, TritonServer
 from warmup_tools.planning.live import apply_plan, wait_applied
-from warmup_tools.planning.plan import Plan
 from warmup_tools.planning.target import PlanTarget
 from warmup_tools.sidecar.app import Sidecar
 from warmup_tools.sidecar.config import SidecarConfig

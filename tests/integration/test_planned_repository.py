@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[2] / "model_repository"
 
 
 def test_plan_from_day1_warms_day2_first_requests(demo_assets, served_assets, tmp_path):
+    from warmup_tools.common.plan import Budgets
     from warmup_tools.embedding_cache.embedder import OnnxEmbedder
-    from warmup_tools.planning.plan import Budgets
     from warmup_tools.planning.select import build_plan
     from warmup_tools.planning.target import PlanTarget
     from warmup_tools.sim.traffic import TrafficConfig, generate

@@ -9,7 +9,7 @@ Beside the adapter files of :mod:`warmup_tools.adapters.registry` the control fo
                                        share the folder, so the file and the report carry the host)
 
 The operator channel is trusted but still checked: ``plan.json`` is read only up to ``max_bytes``, must be
-a plan of :data:`~warmup_tools.planning.plan.PLAN_FORMAT` whose content hashes to its ``plan_id``, with
+a plan of :data:`~warmup_tools.common.plan.PLAN_FORMAT` whose content hashes to its ``plan_id``, with
 at most ``max_items`` ``kv_prefix`` items of valid tenant and adapter names and integer token ids. A file
 that fails is refused with one log line (once per version of the file) and the instance keeps its plan.
 
@@ -36,7 +36,7 @@ from warmup_tools.adapters.state import LifecycleError, validate_name
 from warmup_tools.common.control_json import loads_bounded, read_capped
 from warmup_tools.common.errors import FileFormatError
 from warmup_tools.common.files import stat_key, write_atomic
-from warmup_tools.planning.plan import PLAN_FORMAT, Plan, PlanError
+from warmup_tools.common.plan import PLAN_FORMAT, Plan, PlanError
 
 LOGGER = logging.getLogger(__name__)
 

@@ -415,8 +415,8 @@ def _cmd_assets(args: argparse.Namespace) -> int:
 
 
 def _cmd_stanzas(args: argparse.Namespace) -> int:
+    from warmup_tools.common.plan import Plan
     from warmup_tools.demo.prompts import SYSTEM_PROMPTS
-    from warmup_tools.planning.plan import Plan
     from warmup_tools.planning.plan_stanzas import check_repository, write_plan_stanzas
     from warmup_tools.planning.prompt_stanzas import write_prompt_stanzas
 
@@ -473,9 +473,9 @@ def _duration(text: str) -> float:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from warmup_tools.common.jsonl import ReadStats
+    from warmup_tools.common.plan import Plan
     from warmup_tools.common.records import log_files, read_request_log
     from warmup_tools.embedding_cache.embedder import OnnxEmbedder
-    from warmup_tools.planning.plan import Plan
     from warmup_tools.planning.select import build_plan, format_summary
     from warmup_tools.planning.target import PlanTarget
 
@@ -507,8 +507,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_apply_plan(args: argparse.Namespace) -> int:
+    from warmup_tools.common.plan import Plan
     from warmup_tools.planning.live import apply_plan, wait_applied
-    from warmup_tools.planning.plan import Plan
     from warmup_tools.planning.plan_stanzas import write_plan_stanzas
     from warmup_tools.planning.target import PlanTarget
 

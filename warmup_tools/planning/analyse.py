@@ -59,7 +59,7 @@ Pipeline (:func:`warmup_tools.planning.select.build_plan`); this module does ste
    carried by fewer than ``min_block_requests`` logged requests are not candidates. The chosen blocks
    become one item per leaf (a nested prefix counted only for its extra blocks), and each item names
    the cluster whose requests carry it most.
-7. **Emit** a versioned, content-hashed :class:`~warmup_tools.planning.plan.Plan` (JSON, sorted keys).
+7. **Emit** a versioned, content-hashed :class:`~warmup_tools.common.plan.Plan` (JSON, sorted keys).
 """
 
 from __future__ import annotations

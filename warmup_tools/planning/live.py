@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from warmup_tools.adapters.plan_control import PLAN_FILE, PlanStatus, PlanStatusBoard, write_plan_file
-from warmup_tools.planning.plan import Plan, PlanError
+from warmup_tools.common.plan import Plan, PlanError
 from warmup_tools.planning.target import PlanTarget
 
 LOGGER = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from warmup_tools.common.digests import tokenizer_fingerprint
+from warmup_tools.common.plan import Plan
 from warmup_tools.embedding_cache.semantic import CENTROIDS_FILE, write_centroids
-from warmup_tools.planning.plan import Plan
 from warmup_tools.planning.stanzas import (
     BEGIN_MARKER,
     COMPOSING_MODELS,
@@ -72,7 +72,7 @@ def write_plan_stanzas(plan: Plan, model_repository: Path, *, target: PlanTarget
 
     ``target`` and ``tokenizer`` default to what the repository's ``lora_adapter`` serves with; a plan
     made for another block size, tokenizer or budget, or with an item the server could not warm, raises
-    :class:`~warmup_tools.planning.plan.PlanError` before anything is written.
+    :class:`~warmup_tools.common.plan.PlanError` before anything is written.
     """
     model_repository = Path(model_repository)
     target = target or PlanTarget.from_repository(model_repository)

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from warmup_tools.common.digests import tokenizer_fingerprint
 from warmup_tools.common.errors import ConfigError
+from warmup_tools.common.plan import Budgets, Plan
 from warmup_tools.common.records import RequestRecord
 from warmup_tools.kv.config import DEFAULT_BLOCK_SIZE
 from warmup_tools.planning.analyse import (
@@ -25,7 +26,6 @@ from warmup_tools.planning.analyse import (
     TrafficAnalysis,
     analyse_traffic,
 )
-from warmup_tools.planning.plan import Budgets, Plan
 
 LOGGER = logging.getLogger(__name__)
 

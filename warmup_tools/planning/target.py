@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from warmup_tools.common.errors import AssetError
+from warmup_tools.common.plan import Budgets, Plan, PlanError
 from warmup_tools.lora_adapter.settings import (
     LoraAdapterSettings,
     discover_adapters,
     model_context_length,
     repository_parameters,
 )
-from warmup_tools.planning.plan import Budgets, Plan, PlanError
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from warmup_tools.adapters.plan_control import (
     write_plan_file,
 )
 from warmup_tools.common.files import write_atomic
-from warmup_tools.planning.plan import Plan, PlanError
+from warmup_tools.common.plan import Plan, PlanError
 
 BS = 16
 

@@ -33,9 +33,9 @@ def test_duration_flags_parse_and_refuse_nonsense():
 def test_plan_over_a_window_of_rotated_logs_against_the_previous_plan(tmp_path, demo_assets, monkeypatch, capsys):
     """``plan --since`` reads only the window, from a folder of rotated logs; ``--previous`` reports changes."""
     from warmup_tools.common.jsonl import write_json_lines
+    from warmup_tools.common.plan import Plan
     from warmup_tools.common.records import RequestRecord
     from warmup_tools.ops.cli import main
-    from warmup_tools.planning.plan import Plan
 
     monkeypatch.setenv("WARMUP_ASSETS_DIR", str(demo_assets.root))
     now = 1_700_000_000.0

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from warmup_tools.common.digests import tokenizer_fingerprint
-from warmup_tools.planning.plan import Plan, PlanError
+from warmup_tools.common.plan import Plan, PlanError
 from warmup_tools.planning.plan_stanzas import check_repository, samples_from_plan, write_plan_stanzas
 from warmup_tools.planning.stanzas import BEGIN_MARKER
 from warmup_tools.planning.target import PlanTarget

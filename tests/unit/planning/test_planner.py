@@ -14,10 +14,10 @@ import pytest
 
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.jsonl import ReadStats
+from warmup_tools.common.plan import Budgets, Plan, PlanError
 from warmup_tools.common.records import read_request_log
 from warmup_tools.lora_adapter.settings import model_kv_shape
 from warmup_tools.planning.analyse import NOISE, PlanOptions, analyse_traffic, shared_prefix
-from warmup_tools.planning.plan import Budgets, Plan, PlanError
 from warmup_tools.planning.select import build_plan, format_summary
 
 NOW = 1_700_000_000.0

@@ -1,4 +1,9 @@
-"""The warm-up plan file: versioned, content-hashed, validated on load (the one plan loader)."""
+"""The warm-up plan file: versioned, content-hashed, validated on load (the one plan loader).
+
+The file crosses processes like the request record: :mod:`warmup_tools.planning` writes it, and the
+control folder carries it to every ``lora_adapter`` instance, which checks it
+(:mod:`warmup_tools.adapters.plan_control`); so it lives here, below both.
+"""
 
 from __future__ import annotations
 
@@ -102,7 +107,7 @@ class Plan:
     def load(cls, path: Path) -> Plan:
         """Read and validate a plan file; :class:`PlanError` says what is wrong and what to do."""
         path = Path(path)
-        rebuild = "rebuild it from the request logs with warmup_tools.planning.planner.build_plan"
+        rebuild = "rebuild it from the request logs with `warmup_tools plan`"
         if not path.exists():
             raise PlanError(f"plan file {path} does not exist; {rebuild}")
         try:

@@ -49,8 +49,8 @@ def redis_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def triton(served_assets, redis_server, tmp_path_factory):
     """The project's model repository served by a real tritonserver on free ports."""
-    from warmup_tools.ops.client import scrape_metrics
-    from warmup_tools.ops.server import TritonServer
+    from warmup_tools.server.client import scrape_metrics
+    from warmup_tools.server.process import TritonServer
 
     control_dir = tmp_path_factory.mktemp("control")
     request_log_dir = tmp_path_factory.mktemp("request_log")

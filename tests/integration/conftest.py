@@ -1,6 +1,6 @@
 import pytest
 
-from warmup_tools.ops.client import StreamingClient
+from warmup_tools.server.client import StreamingClient
 
 
 @pytest.fixture()

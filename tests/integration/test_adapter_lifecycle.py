@@ -11,7 +11,7 @@ import pytest
 from warmup_tools.adapters.registry import ControlRegistry
 from warmup_tools.adapters.state import AdapterState, LifecycleError
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, demo_prompt
-from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient, metric_sum, scrape_metrics
+from warmup_tools.server.client import GenerateError, GenerateParams, StreamingClient, metric_sum, scrape_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -81,7 +81,7 @@ def test_adapter_whose_folder_is_missing_fails_with_a_clear_status(triton):
 
 def test_every_instance_of_a_multi_instance_model_ends_in_the_same_state(served_assets, tmp_path):
     """Instances are separate processes: each reconciles the control folder and reports its own state."""
-    from warmup_tools.ops.server import TritonServer
+    from warmup_tools.server.process import TritonServer
 
     repo = tmp_path / "repo"
     shutil.copytree(Path(__file__).resolve().parents[2] / "model_repository", repo)

@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 from transformers import AutoTokenizer
 
 from tests.waiting import wait_for
-from warmup_tools.ops.client import GenerateParams, metric_sum, scrape_metrics
+from warmup_tools.server.client import GenerateParams, metric_sum, scrape_metrics
 
 MAX_TOKENS = 512  # lora_adapter's max_tokens_limit: a stream that ran to the end would produce all of them
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.integration.test_errors import _stream_direct, _text
-from warmup_tools.ops.client import GenerateError, GenerateParams, http_generate
+from warmup_tools.server.client import GenerateError, GenerateParams, http_generate
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 

@@ -8,7 +8,7 @@ import requests
 
 from tests.waiting import wait_for
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, demo_prompt
-from warmup_tools.ops.client import GenerateParams, http_generate, http_generate_stream, metric_sum, scrape_metrics
+from warmup_tools.server.client import GenerateParams, http_generate, http_generate_stream, metric_sum, scrape_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -88,7 +88,7 @@ def test_first_request_for_a_warmed_prompt_hits_the_caches(triton, grpc_client):
 
 def test_first_live_request_after_warmup_reuses_the_warmed_system_prompt(triton):
     """The model_warmup samples pre-filled each adapter's system prompt into the KV prefix cache."""
-    from warmup_tools.ops.client import StreamingClient
+    from warmup_tools.server.client import StreamingClient
 
     with StreamingClient(triton.grpc_url) as client:
         result = client.generate(demo_prompt("sql", "Orders per day last week?"),
@@ -135,7 +135,7 @@ def test_concurrent_streams_are_batched_and_each_gets_the_text_it_gets_alone(tri
     greedy output does not depend on what else runs."""
     import threading
 
-    from warmup_tools.ops.client import StreamingClient
+    from warmup_tools.server.client import StreamingClient
 
     cases = [(adapter, demo_prompt(scope, f"Concurrency check {i}: what next?"))
              for i, (adapter, scope) in enumerate([("support", "support"), ("legal", "legal"), ("sql", "sql"),

@@ -7,7 +7,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 
-from warmup_tools.ops.client import GenerateError, GenerateParams, http_generate
+from warmup_tools.server.client import GenerateError, GenerateParams, http_generate
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

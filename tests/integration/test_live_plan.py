@@ -15,10 +15,10 @@ from tests.integration.test_sidecar import get_json, wait_for
 from warmup_tools.adapters.plan_control import write_plan_file
 from warmup_tools.common.digests import tokenizer_fingerprint
 from warmup_tools.common.plan import Plan
-from warmup_tools.ops.client import GenerateParams, StreamingClient
-from warmup_tools.ops.server import RepositoryKey, TritonServer
 from warmup_tools.planning.live import apply_plan, wait_applied
 from warmup_tools.planning.target import PlanTarget
+from warmup_tools.server.client import GenerateParams, StreamingClient
+from warmup_tools.server.process import RepositoryKey, TritonServer
 from warmup_tools.sidecar.app import Sidecar
 from warmup_tools.sidecar.config import SidecarConfig
 from warmup_tools.sidecar.plan_id import discover_plan_id

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from warmup_tools.ops.client import GenerateParams, StreamingClient
-from warmup_tools.ops.server import TritonServer
 from warmup_tools.planning.plan_stanzas import check_repository, write_plan_stanzas
+from warmup_tools.server.client import GenerateParams, StreamingClient
+from warmup_tools.server.process import TritonServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.waiting import wait_for
 from warmup_tools.common.errors import ServerError
-from warmup_tools.ops.server import TritonServer
+from warmup_tools.server.process import TritonServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -77,7 +77,7 @@ def test_server_dies_with_the_process_that_started_it(tmp_path):
     script = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from warmup_tools.ops.server import TritonServer
+        from warmup_tools.server.process import TritonServer
         server = TritonServer(Path({str(repo)!r}), work_dir=Path({str(tmp_path / 'work')!r}))
         server.start()
         server.wait_ready(timeout=120)

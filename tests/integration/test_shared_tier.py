@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from warmup_tools.ops.client import GenerateParams, metric_sum, scrape_metrics
+from warmup_tools.server.client import GenerateParams, metric_sum, scrape_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -14,8 +14,8 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from warmup_tools.demo.prompts import USER_QUESTIONS, demo_prompt
-from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient
-from warmup_tools.ops.server import RepositoryKey, TritonServer
+from warmup_tools.server.client import GenerateError, GenerateParams, StreamingClient
+from warmup_tools.server.process import RepositoryKey, TritonServer
 from warmup_tools.sidecar.app import Sidecar
 from warmup_tools.sidecar.config import SidecarConfig
 from warmup_tools.sim.bench.recovery import CLIENT_TIMEOUT_MESSAGE, InFlightRequest, OutageClient, ready_status

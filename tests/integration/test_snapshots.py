@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from warmup_tools.kv.snapshot_verify import MANIFEST_SUFFIX, list_snapshots
-from warmup_tools.ops.client import GenerateParams, StreamingClient, metric_sum, scrape_metrics
-from warmup_tools.ops.server import TritonServer
+from warmup_tools.server.client import GenerateParams, StreamingClient, metric_sum, scrape_metrics
+from warmup_tools.server.process import TritonServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
-from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient
+from warmup_tools.server.client import GenerateError, GenerateParams, StreamingClient
 from warmup_tools.triton.trust import add_tenant_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -21,7 +21,7 @@ WORDS = ("invoice refund outage dashboard login password billing region revenue 
 @pytest.fixture(scope="module")
 def trusted(served_assets, tmp_path_factory):
     from tests.conftest import REPO_ROOT
-    from warmup_tools.ops.server import TritonServer
+    from warmup_tools.server.process import TritonServer
 
     folder = tmp_path_factory.mktemp("trust")
     keys, secret = folder / "tenant_keys.json", folder / "deployment.secret"
@@ -37,7 +37,7 @@ def trusted(served_assets, tmp_path_factory):
         server.keys_file, server.secret_file = keys, secret
         with StreamingClient(server.grpc_url) as client:
             yield server, client, tenant_keys
-        from warmup_tools.ops.client import scrape_metrics
+        from warmup_tools.server.client import scrape_metrics
 
         assert sum(v for (name, _), v in scrape_metrics(server.metrics_url).items()
                    if name == "warmup_kv_cross_tenant_hits_total") == 0

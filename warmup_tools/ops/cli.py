@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warmup_tools.common.errors import WarmupToolsError
-from warmup_tools.ops.config import REPO_ROOT, ServeConfig, load_config
+from warmup_tools.server.config import REPO_ROOT, ServeConfig, load_config
 
 if TYPE_CHECKING:
     from warmup_tools.sidecar.config import SidecarConfig
@@ -354,7 +354,7 @@ def _stop_on_signals() -> threading.Event:
 
 
 def _server(config: ServeConfig, **options: Any) -> Any:
-    from warmup_tools.ops.server import ServerPorts, TritonServer
+    from warmup_tools.server.process import ServerPorts, TritonServer
 
     return TritonServer(config.model_repository,
                         ports=ServerPorts(config.http_port, config.grpc_port, config.metrics_port),
@@ -388,7 +388,7 @@ def sidecar_config(args: argparse.Namespace) -> "SidecarConfig":
 
 
 def _cmd_sidecar(args: argparse.Namespace) -> int:
-    from warmup_tools.ops.server import RepositoryKey
+    from warmup_tools.server.process import RepositoryKey
     from warmup_tools.sidecar.app import Sidecar
 
     config = _serve_config(args)

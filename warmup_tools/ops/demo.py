@@ -10,9 +10,9 @@ import urllib.request
 from typing import Any, TextIO
 
 from warmup_tools.demo.prompts import USER_QUESTIONS, demo_prompt
-from warmup_tools.ops.client import GenerateParams, StreamingClient
-from warmup_tools.ops.config import ServeConfig
-from warmup_tools.ops.server import RepositoryKey, ServerPorts, TritonServer
+from warmup_tools.server.client import GenerateParams, StreamingClient
+from warmup_tools.server.config import ServeConfig
+from warmup_tools.server.process import RepositoryKey, ServerPorts, TritonServer
 
 LOGGER = logging.getLogger(__name__)
 

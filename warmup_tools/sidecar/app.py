@@ -9,7 +9,7 @@ from types import TracebackType
 from typing import Any, Callable, Mapping
 
 from warmup_tools.common.errors import ConfigError
-from warmup_tools.ops.server import RepositoryKey, TritonServer
+from warmup_tools.server.process import RepositoryKey, TritonServer
 from warmup_tools.sidecar.config import SidecarConfig
 from warmup_tools.sidecar.coverage import CoverageReader
 from warmup_tools.sidecar.endpoints import SidecarHttpServer

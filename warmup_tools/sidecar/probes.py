@@ -19,7 +19,7 @@ from typing import Any, Callable, Union
 import numpy as np
 
 from warmup_tools.common.records import PROBE_TENANT
-from warmup_tools.ops.client import cancel_stream
+from warmup_tools.server.client import cancel_stream
 from warmup_tools.sidecar.health import ProbeResult
 
 #: A probe of one model: returns a :class:`ProbeResult`, never raises for a failed request.

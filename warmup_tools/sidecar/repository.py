@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from warmup_tools.common.errors import ServerError
-from warmup_tools.ops.server import RepositoryKey
+from warmup_tools.server.process import RepositoryKey
 
 
 class RepositoryClient:

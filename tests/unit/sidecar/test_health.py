@@ -196,7 +196,7 @@ def test_in_trust_mode_probes_carry_the_probe_tenant_s_key_and_a_fresh_signed_to
 
 def test_in_open_mode_probes_prove_the_probe_tenant_with_the_per_start_secret(tmp_path):
     from warmup_tools.common.records import PROBE_TENANT
-    from warmup_tools.ops.server import RepositoryKey, TritonDistribution, TritonServer
+    from warmup_tools.server.process import RepositoryKey, TritonDistribution, TritonServer
     from warmup_tools.sidecar.app import _probe_credentials
     from warmup_tools.triton.trust import TenantTrust
 

@@ -22,9 +22,9 @@ from typing import Callable, Iterator, Sequence, TextIO
 
 import numpy as np
 
-from warmup_tools.ops.client import GenerateParams, StreamingClient
-from warmup_tools.ops.config import REPO_ROOT
-from warmup_tools.ops.server import TritonServer, free_port
+from warmup_tools.server.client import GenerateParams, StreamingClient
+from warmup_tools.server.config import REPO_ROOT
+from warmup_tools.server.process import TritonServer, free_port
 from warmup_tools.sim.bench.text import make_text
 
 

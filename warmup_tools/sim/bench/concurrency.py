@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence, TextIO
 
 from warmup_tools.demo.prompts import demo_prompt
-from warmup_tools.ops.client import GenerateError, GenerateParams, GenerateResult, StreamingClient, grpc_inputs
-from warmup_tools.ops.config import REPO_ROOT
-from warmup_tools.ops.server import TritonServer
+from warmup_tools.server.client import GenerateError, GenerateParams, GenerateResult, StreamingClient, grpc_inputs
+from warmup_tools.server.config import REPO_ROOT
+from warmup_tools.server.process import TritonServer
 from warmup_tools.sim.bench.latency import (
     SCOPES,
     LevelResult,
@@ -86,7 +86,7 @@ def measure_disconnects(server: TritonServer, assets_dir: Path, count: int) -> s
     import tritonclient.grpc as grpcclient
     from transformers import AutoTokenizer
 
-    from warmup_tools.ops.client import metric_sum, scrape_metrics
+    from warmup_tools.server.client import metric_sum, scrape_metrics
 
     probe = demo_prompt("support", "where is my order?")
     tokenizer = AutoTokenizer.from_pretrained(assets_dir / "lm")

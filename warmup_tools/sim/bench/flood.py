@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from warmup_tools.ops.client import GenerateParams, StreamingClient, scrape_metrics
-from warmup_tools.ops.config import REPO_ROOT
-from warmup_tools.ops.server import TritonServer
+from warmup_tools.server.client import GenerateParams, StreamingClient, scrape_metrics
+from warmup_tools.server.config import REPO_ROOT
+from warmup_tools.server.process import TritonServer
 
 MODELS = ("tokenizer_cache", "embedding_cache", "lora_adapter")
 _WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "

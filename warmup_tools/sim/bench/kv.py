@@ -28,9 +28,9 @@ from typing import Sequence, TextIO
 import torch
 
 from warmup_tools.kv.config import KVCacheConfig
-from warmup_tools.ops.client import GenerateParams, StreamingClient
-from warmup_tools.ops.config import REPO_ROOT
-from warmup_tools.ops.server import TritonServer
+from warmup_tools.server.client import GenerateParams, StreamingClient
+from warmup_tools.server.config import REPO_ROOT
+from warmup_tools.server.process import TritonServer
 from warmup_tools.sim.bench.text import make_text
 
 LOGGER = logging.getLogger(__name__)

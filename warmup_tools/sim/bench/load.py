@@ -20,8 +20,8 @@ from typing import TextIO
 
 from warmup_tools.common.errors import WarmupToolsError
 from warmup_tools.common.jsonl import write_json_lines
-from warmup_tools.ops.config import REPO_ROOT
-from warmup_tools.ops.server import TritonServer
+from warmup_tools.server.config import REPO_ROOT
+from warmup_tools.server.process import TritonServer
 from warmup_tools.sim.bench.replay import prepare
 from warmup_tools.sim.load.stats import read_stats_json
 

@@ -23,9 +23,9 @@ from typing import TextIO
 
 from warmup_tools.common.errors import ServerError
 from warmup_tools.demo.prompts import USER_QUESTIONS, demo_prompt
-from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient
-from warmup_tools.ops.config import REPO_ROOT
-from warmup_tools.ops.server import RepositoryKey, TritonServer
+from warmup_tools.server.client import GenerateError, GenerateParams, StreamingClient
+from warmup_tools.server.config import REPO_ROOT
+from warmup_tools.server.process import RepositoryKey, TritonServer
 from warmup_tools.sidecar.app import Sidecar
 from warmup_tools.sidecar.config import SidecarConfig
 

@@ -28,12 +28,12 @@ from typing import Any, Sequence, TextIO
 
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.records import RequestRecord, read_request_log
-from warmup_tools.ops.client import GenerateParams, StreamingClient
-from warmup_tools.ops.config import REPO_ROOT
-from warmup_tools.ops.server import TritonServer
 from warmup_tools.planning.analyse import BlockTrie
 from warmup_tools.planning.plan_stanzas import COMPOSING_MODELS, write_plan_stanzas
 from warmup_tools.planning.stanzas import write_model_warmup
+from warmup_tools.server.client import GenerateParams, StreamingClient
+from warmup_tools.server.config import REPO_ROOT
+from warmup_tools.server.process import TritonServer
 
 TRAFFIC = ("generated", "real")
 #: The replayed windows, in hours from the start of day 2.

@@ -43,10 +43,10 @@ from warmup_tools.adapters.plan_control import write_plan_file
 from warmup_tools.common.jsonl import write_json_lines
 from warmup_tools.common.plan import Plan
 from warmup_tools.common.records import RequestRecord
-from warmup_tools.ops.client import GenerateParams, StreamingClient
-from warmup_tools.ops.server import TritonServer
 from warmup_tools.planning.analyse import BlockTrie
 from warmup_tools.planning.live import ReplanResult, RollingPlanner, wait_applied
+from warmup_tools.server.client import GenerateParams, StreamingClient
+from warmup_tools.server.process import TritonServer
 from warmup_tools.sim.bench.replay import Served, figures, floor, prepare, replay
 
 

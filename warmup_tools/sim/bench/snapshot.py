@@ -35,10 +35,10 @@ import numpy as np
 
 from warmup_tools.common.errors import ServerError
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
-from warmup_tools.ops.client import GenerateParams, StreamingClient, metric_sum, scrape_metrics
-from warmup_tools.ops.config import REPO_ROOT
-from warmup_tools.ops.server import TritonServer
 from warmup_tools.planning.stanzas import WarmupInput, WarmupSample, string_input, write_model_warmup
+from warmup_tools.server.client import GenerateParams, StreamingClient, metric_sum, scrape_metrics
+from warmup_tools.server.config import REPO_ROOT
+from warmup_tools.server.process import TritonServer
 from warmup_tools.sim.bench.text import make_text
 
 ADAPTERS = ("support", "legal", "sql", None)

@@ -40,7 +40,7 @@ import numpy as np
 
 from warmup_tools.common.errors import WarmupToolsError
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
-from warmup_tools.ops.config import REPO_ROOT
+from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.sim.bench.soak_checks import (
     CANCELLED,
     ERROR,
@@ -156,7 +156,7 @@ class Traffic:
         return time.monotonic() - self.t0
 
     def _worker(self, index: int) -> None:
-        from warmup_tools.ops.client import StreamingClient
+        from warmup_tools.server.client import StreamingClient
 
         rng = random.Random(self.settings.seed * 1000 + index)
         client: Any = None
@@ -198,7 +198,7 @@ class Traffic:
                 bad_kind: str = "") -> RequestRecord:
         """One gRPC stream: to ``ensemble`` on ``client`` (text), or to ``lora_adapter`` on a fresh client
         (token ids, ``client`` None); cancelled after ``cancel_after`` pieces when set."""
-        from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient, grpc_inputs
+        from warmup_tools.server.client import GenerateError, GenerateParams, StreamingClient, grpc_inputs
 
         gen = GenerateParams(**{k: v for k, v in params.items() if v is not None})
         own = client is None or cancel_after > 0 or bad_kind != ""
@@ -257,7 +257,7 @@ class Traffic:
             return self._stream("bad", None, payload, params, bad_kind=kind.name)
         import requests
 
-        from warmup_tools.ops.client import GenerateError, GenerateParams, http_generate
+        from warmup_tools.server.client import GenerateError, GenerateParams, http_generate
 
         start = self._now()
         base = dict(kind="bad", bad_kind=kind.name, adapter=str(params.get("adapter_id") or ""),
@@ -290,7 +290,7 @@ def direct_inputs(ids: list[int], params: Any) -> list[Any]:
     """``lora_adapter``'s inputs: the ensemble's sampling and identity tensors, token ids for the text."""
     import tritonclient.grpc as grpcclient
 
-    from warmup_tools.ops.client import grpc_inputs
+    from warmup_tools.server.client import grpc_inputs
 
     tensors = [t for t in grpc_inputs(b"-", params, True) if t.name() != "text_input"]
     array = np.asarray(ids, dtype=np.int32)
@@ -420,7 +420,7 @@ def _progress(traffic: Traffic, killer: Killer, t0: float, duration: float, out:
 
 def _slots_after(stack: Stack, timeout_s: float = 120.0) -> dict[str, float]:
     """lora_adapter's running and waiting sequences once the traffic stopped (0 when nothing leaked)."""
-    from warmup_tools.ops.client import metric_sum, scrape_metrics
+    from warmup_tools.server.client import metric_sum, scrape_metrics
 
     deadline = time.monotonic() + timeout_s
     while True:

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Iterator, TextIO
 
 from warmup_tools.common.errors import ServerError
-from warmup_tools.ops.config import REPO_ROOT
-from warmup_tools.ops.server import free_port
+from warmup_tools.server.config import REPO_ROOT
+from warmup_tools.server.process import free_port
 from warmup_tools.sim.bench.recovery import ready_status
 from warmup_tools.sim.bench.soak_checks import ProcSample, SoakSettings, Window, process_role
 
@@ -56,7 +56,7 @@ class Stack:
         return self._process.pid if self._process else None
 
     def start(self) -> None:
-        from warmup_tools.ops.server import _die_with_parent
+        from warmup_tools.server.process import _die_with_parent
 
         for folder in (self.control_dir, self.request_log_dir):
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)

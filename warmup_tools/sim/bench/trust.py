@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import TextIO
 
 from warmup_tools.common.errors import ConfigError
-from warmup_tools.ops.client import GenerateParams, GenerateResult, StreamingClient
-from warmup_tools.ops.config import REPO_ROOT
-from warmup_tools.ops.server import TritonServer
+from warmup_tools.server.client import GenerateParams, GenerateResult, StreamingClient
+from warmup_tools.server.config import REPO_ROOT
+from warmup_tools.server.process import TritonServer
 from warmup_tools.triton.trust import add_tenant_key
 
 _WORDS = ("invoice refund outage dashboard login password billing region revenue order customer product clause "

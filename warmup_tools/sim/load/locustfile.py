@@ -35,7 +35,7 @@ from locust import User, between, events, task  # noqa: E402
 from locust.exception import StopUser  # noqa: E402
 
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS  # noqa: E402
-from warmup_tools.ops.client import GenerateParams, HttpStreamingClient, StreamingClient  # noqa: E402
+from warmup_tools.server.client import GenerateParams, HttpStreamingClient, StreamingClient  # noqa: E402
 
 
 @events.init_command_line_parser.add_listener

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from warmup_tools.ops.server import RepositoryKey, ServerPorts, TritonDistribution, TritonServer
+from warmup_tools.server.process import RepositoryKey, ServerPorts, TritonDistribution, TritonServer
 
 
 def command(tmp_path: Path, **options: object) -> list[str]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from warmup_tools.ops.client import GenerateError, GenerateParams, StreamingClient
-from warmup_tools.ops.server import free_port
+from warmup_tools.server.client import GenerateError, GenerateParams, StreamingClient
+from warmup_tools.server.process import free_port
 
 
 def test_requests_on_a_stream_to_no_server_each_end_with_a_generate_error():

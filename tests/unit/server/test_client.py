@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from unittest import mock
 
-from warmup_tools.ops.client import GenerateParams, StreamingClient
+from warmup_tools.server.client import GenerateParams, StreamingClient
 
 
 def test_streaming_client_closes_its_channel_once():

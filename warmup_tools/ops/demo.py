@@ -7,6 +7,7 @@ import logging
 import sys
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any, TextIO
 
 from warmup_tools.demo.prompts import USER_QUESTIONS, demo_prompt
@@ -15,6 +16,17 @@ from warmup_tools.server.config import ServeConfig
 from warmup_tools.server.process import RepositoryKey, ServerPorts, TritonServer
 
 LOGGER = logging.getLogger(__name__)
+
+#: The README section that says how to serve a real model and real adapters instead of the demo assets.
+REAL_MODEL_SECTION = "Point the repository at a real model and adapters"
+
+
+def lm_note(config: ServeConfig) -> str:
+    """What the demo's LM is, and where to read how to serve a real one (printed before the requests)."""
+    return (f"note: the demo LM ({Path(config.assets_dir) / 'lm'}) has random weights, so its text is noise by "
+            "design; what the demo shows is TTFT and cached_tokens.\n"
+            f'      to serve a real model and adapters: README.md, "{REAL_MODEL_SECTION}" '
+            "(WARMUP_ASSETS_DIR or the config.pbtxt parameters)\n")
 
 
 def run_demo(config: ServeConfig, adapters: tuple[str, ...] = ("support", "legal"), max_tokens: int = 24,
@@ -34,6 +46,7 @@ def run_demo(config: ServeConfig, adapters: tuple[str, ...] = ("support", "legal
         server.wait_ready(timeout=config.ready_timeout_s)
         out.write(f"ready: gRPC {server.grpc_url}, HTTP {server.http_url}; sidecar {sidecar.url}\n")
         _show_sidecar(sidecar, out)
+        out.write("\n" + lm_note(config))
         with StreamingClient(server.grpc_url) as client:
             for adapter in adapters:
                 for question in USER_QUESTIONS[adapter]:

@@ -1,27 +1,147 @@
-"""The package's layout is part of its contract: low layers import nothing above them."""
+"""The package's layout is part of its contract: each sub-package imports only the layers below it.
+
+The layers, lowest first (``ALLOWED`` lists them in this order, with what each package may import):
+
+- ``common``: errors, digests, atomic files, JSON lines, the request record, the plan file; imports nothing.
+- ``demo``, ``kv``, ``caches``, ``adapters``, ``server``: the demo assets and prompts, the KV block model,
+  the cache policies and shared tier, the adapter control folder, a tritonserver seen from outside.
+- ``triton``: the Python backend's side of Triton (parameters, inputs, responses, metrics, trust, warm-up).
+- ``tokenizer_cache``, ``embedding_cache``, ``lora_adapter``: the composing models, each behind its model.py.
+- ``planning``: from request logs to a plan, checked against the repository and applied live.
+- ``sidecar``: readiness, recovery and the rolling re-plan beside one tritonserver.
+- ``sim``: traffic generators, benchmarks and load tests (nothing in the serving path imports them).
+- ``ops``: the command line and ``make demo``; its bench and traffic commands are the only way into ``sim``.
+- the top-level modules (``warmup_tools/__main__.py``): ``python -m warmup_tools``.
+
+Module-level and function-level imports count alike (they are read with :mod:`ast`), and so do
+``importlib.import_module`` calls whose module name starts with a literal.
+"""
 
 import ast
+import graphlib
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "warmup_tools"
+TOP = "warmup_tools"
+
+#: What each sub-package may import besides itself, lowest layer first. Derived from the code; an
+#: import outside it is either a mistake or a change of the layering that belongs here, argued.
+ALLOWED: dict[str, set[str]] = {
+    "common": set(),
+    "demo": {"common"},
+    "kv": {"common"},
+    "caches": {"common"},
+    "adapters": {"common"},
+    "server": {"common"},
+    "triton": {"common", "caches"},
+    "tokenizer_cache": {"common", "caches", "triton"},
+    "embedding_cache": {"common", "caches"},
+    "lora_adapter": {"common", "kv", "adapters", "triton"},
+    "planning": {"common", "kv", "adapters", "triton", "embedding_cache", "lora_adapter"},
+    "sidecar": {"common", "adapters", "server", "triton", "planning"},
+    "sim": {"common", "demo", "kv", "caches", "adapters", "server", "triton", "tokenizer_cache", "embedding_cache",
+            "lora_adapter", "planning", "sidecar"},
+    "ops": {"common", "demo", "adapters", "server", "triton", "embedding_cache", "planning", "sidecar", "sim"},
+    TOP: {"ops"},
+}
 
 
-def imported_modules(path: Path) -> set[str]:
+def module_name(path: Path, root: Path = PACKAGE.parent) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, root: Path = PACKAGE.parent) -> set[str]:
+    """Every module ``path`` imports, absolute (relative imports resolved), wherever the import is."""
+    this = module_name(path, root)
+    package = this if path.name == "__init__.py" else this.rpartition(".")[0]
     names = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            names.add(base)
+            if base == TOP:  # `from warmup_tools import sim`: the names are the sub-packages
+                names.update(f"{base}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Call) and node.args and _is_import_module(node.func):
+            first = node.args[0]
+            if isinstance(first, ast.JoinedStr) and first.values:
+                first = first.values[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                names.add(first.value.rstrip("."))
     return names
 
 
-def test_common_and_kv_import_nothing_from_the_rest_of_the_package():
-    for layer in ("common", "kv"):
-        for path in (PACKAGE / layer).rglob("*.py"):
-            ours = {m for m in imported_modules(path) if m.startswith("warmup_tools")}
-            allowed = {m for m in ours if m.startswith(("warmup_tools.common", f"warmup_tools.{layer}"))}
-            assert ours == allowed, f"{path.relative_to(PACKAGE)} imports {sorted(ours - allowed)}"
+def _is_import_module(func: ast.expr) -> bool:
+    return (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id == "import_module")
+
+
+def sub_packages() -> set[str]:
+    return {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+
+
+def package_of(module: str) -> str | None:
+    """The sub-package (or ``TOP``) a module of ours belongs to; None for a module that is not ours."""
+    parts = module.split(".")
+    if parts[0] != TOP or module == TOP:  # the package itself: its (empty) __init__ runs before any of it
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in sub_packages() else TOP
+
+
+def package_imports() -> dict[str, dict[str, set[str]]]:
+    """``{package: {imported package: {"file: module", ...}}}`` over every module of the package."""
+    found: dict[str, dict[str, set[str]]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = package_of(module_name(path))
+        for module in imported_modules(path):
+            target = package_of(module)
+            if target is not None and target != source:
+                found.setdefault(source, {}).setdefault(target, set()).add(
+                    f"{path.relative_to(PACKAGE.parent)}: {module}")
+    return found
+
+
+def test_every_sub_package_has_a_row():
+    assert set(ALLOWED) == sub_packages() | {TOP}
+
+
+def test_no_package_imports_outside_its_row():
+    wrong = [f"{source} may not import {target} ({', '.join(sorted(where))})"
+             for source, targets in package_imports().items()
+             for target, where in sorted(targets.items()) if target not in ALLOWED[source]]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_table_has_no_cycle_and_lists_each_layer_after_what_it_imports():
+    order = list(graphlib.TopologicalSorter(ALLOWED).static_order())  # raises CycleError on a cycle
+    assert set(order) == set(ALLOWED)
+    seen: set[str] = set()
+    for package, allowed in ALLOWED.items():
+        assert allowed <= seen, f"{package} may import {sorted(allowed - seen)}, listed after it"
+        seen.add(package)
+
+
+def test_the_import_reader_sees_function_level_relative_and_dynamic_imports(tmp_path):
+    module = tmp_path / "warmup_tools" / "ops" / "probe.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("import importlib\n\ndef f(name):\n    from ..kv import blocks\n"
+                      "    from warmup_tools import sim\n"
+                      "    return importlib.import_module(f'warmup_tools.demo.{name}')\n")
+    found = imported_modules(module, root=tmp_path)
+    assert {"warmup_tools.kv", "warmup_tools.sim", "warmup_tools.demo"} <= found
+    assert {package_of(m) for m in found} == {None, "kv", "sim", "demo"}
+
+
+def test_within_ops_only_the_cli_reaches_sim():
+    """``make demo`` and the deploy helpers are no way into the benchmarks; the bench and traffic commands are."""
+    for path in (PACKAGE / "ops").rglob("*.py"):
+        if path.name != "cli.py":
+            assert not any(package_of(m) == "sim" for m in imported_modules(path)), path
 
 
 def test_only_the_triton_package_may_import_the_python_backend():
@@ -33,5 +153,5 @@ def test_only_the_triton_package_may_import_the_python_backend():
 def test_the_top_level_reads_like_the_ensemble():
     modules = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
     assert len(modules) <= 5, modules
-    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    packages = sub_packages()
     assert {"tokenizer_cache", "embedding_cache", "lora_adapter", "kv", "caches", "planning"} <= packages

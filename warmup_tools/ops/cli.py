@@ -492,7 +492,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
               f"{datetime.datetime.fromtimestamp(end, datetime.timezone.utc).isoformat(timespec='seconds')}",
               file=sys.stderr)
         records = kept
-    plan = build_plan(records, target.load_tokenizer(), OnnxEmbedder(target.embedder_dir),
+    plan = build_plan(records, target.load_tokenizer(), OnnxEmbedder(target.embedder),
                       budgets, now=args.now, block_size=target.block_size,
                       kv_bytes_per_token=target.kv_bytes_per_token, progress=not args.no_progress, previous=previous)
     plan.save(args.out)

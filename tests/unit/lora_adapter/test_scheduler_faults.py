@@ -21,10 +21,10 @@ from warmup_tools.common.errors import InvalidInputError, RequestCancelledError,
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.kv.prefix_cache import PrefixCache
 from warmup_tools.lora_adapter import scheduler as scheduler_module
-from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
+from warmup_tools.lora_adapter.engine import LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
-from warmup_tools.lora_adapter.settings import SchedulerConfig
+from warmup_tools.lora_adapter.settings import EngineConfig, SchedulerConfig
 from warmup_tools.sim.demo_prompts import SYSTEM_PROMPTS
 
 #: How long a thread test waits for an outcome it expects; only a failing test ever waits this long.

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 from warmup_tools.kv.config import KVCacheConfig
-from warmup_tools.lora_adapter.engine import EngineConfig, GenerationStep, LoraEngine
+from warmup_tools.lora_adapter.engine import GenerationStep, LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
-from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING
+from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING, EngineConfig
 from warmup_tools.sim.bench.latency import (
     SCOPES,
     LevelResult,

@@ -177,9 +177,12 @@ _CASTS: dict[Any, Callable[[str], Any]] = {int: int, float: float, str: str, boo
 class ParameterRow:
     parameter: str
     type: str
+    #: The default as the docs show it ("required", "empty", "16", "268435456 (256 MiB)").
     default: str
     bound: str
     doc: str
+    #: The default as config.pbtxt would spell it ("" for none), to tell a value that restates it.
+    spelled_default: str
 
 
 def parameter_rows(cls: type) -> Iterator[ParameterRow]:
@@ -196,19 +199,30 @@ def parameter_rows(cls: type) -> Iterator[ParameterRow]:
         base, _ = _unwrap(kind)
         type_name = spec.kind or {tuple: "names, comma-separated", Path: "path"}.get(base, base.__name__)
         yield ParameterRow(_parameter_name(field, spec), type_name, _shown_default(field, base), spec.bound(),
-                           " ".join(spec.doc.split()))
+                           " ".join(spec.doc.split()), _spelled_default(field))
 
 
 def _shown_default(field: dataclasses.Field, base: Any) -> str:
     if field.default is dataclasses.MISSING:
         return "required"
     value = field.default
-    if value is None or value == ():
+    if value is None or value == () or value == "":
         return "empty"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
         return f"{value} ({value >> 20} MiB)"
+    return _number(value) if isinstance(value, (int, float)) else str(value)
+
+
+def _spelled_default(field: dataclasses.Field) -> str:
+    value = field.default
+    if value is dataclasses.MISSING or value is None or value == ():
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(value)
     return _number(value) if isinstance(value, (int, float)) else str(value)
 
 

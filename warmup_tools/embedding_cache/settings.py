@@ -50,7 +50,7 @@ class SemanticConfig:
     deferred_queue: int = setting(64, "Sampled misses waiting for the background embedder; more are dropped "
                                       "(counted).", ge=1, le=65536)
     max_entries: int = setting(4096, "Embeddings the semantic index keeps (oldest dropped first).", ge=1)
-    max_clusters: int = setting(256, "Semantic clusters per tenant at most.", ge=1)
+    max_clusters: int = setting(256, "Semantic clusters kept at most, over all tenants.", ge=1)
 
     def __post_init__(self) -> None:
         check_settings(self)

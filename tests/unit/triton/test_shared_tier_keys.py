@@ -5,8 +5,8 @@ import stat
 import pytest
 
 from warmup_tools.caches.redis_tier import TierKey
-from warmup_tools.common.errors import ConfigError
 from warmup_tools.caches.settings import SharedTierSettings
+from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.settings import read_settings
 from warmup_tools.triton.io import OPEN_MODE_SEED_FILE, shared_tier
 from warmup_tools.triton.params import ModelParameters

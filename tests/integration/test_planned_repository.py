@@ -31,7 +31,7 @@ def test_plan_from_day1_warms_day2_first_requests(demo_assets, served_assets, tm
     repo = tmp_path / "repo"
     shutil.copytree(REPO, repo)
     target = PlanTarget.from_repository(repo, {**os.environ, "WARMUP_ASSETS_DIR": str(demo_assets.root)})
-    plan = build_plan(day1, target.load_tokenizer(), OnnxEmbedder(target.embedder_dir),
+    plan = build_plan(day1, target.load_tokenizer(), OnnxEmbedder(target.embedder),
                       Budgets(kv_bytes_total=64 << 20, kv_bytes_per_adapter=32 << 20), now=day2,
                       block_size=target.block_size, kv_bytes_per_token=target.kv_bytes_per_token, progress=False)
     planned_scopes = {(i["tenant"], i["adapter"]) for i in plan.items}

@@ -1,89 +1,62 @@
 """Every setting of the Redis shared tier, read once into one typed object.
 
-``tokenizer_cache`` and ``embedding_cache`` read their ``redis_*`` parameters of ``config.pbtxt`` through
-:meth:`SharedTierSettings.from_parameters`; benchmarks and tests build the object directly. The defaults
-live here and nowhere else.
+``tokenizer_cache`` and ``embedding_cache`` read their ``redis_*`` parameters of ``config.pbtxt`` into
+:class:`SharedTierSettings` (nested in their settings objects); benchmarks and tests build the object
+directly. The defaults live here and nowhere else.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from pathlib import Path
 
 from warmup_tools.common.errors import ConfigError
-
-
-class Parameters(Protocol):
-    """What :meth:`SharedTierSettings.from_parameters` needs: :class:`warmup_tools.triton.params.ModelParameters`."""
-
-    def get(self, name: str, cast: Any = str, default: Any = ...) -> Any: ...
+from warmup_tools.common.settings import check_settings, setting
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SharedTierSettings:
-    """The shared tier's knobs (``redis_*`` parameters of the cache models)."""
+    """The shared tier's knobs (``redis_*`` parameters of ``tokenizer_cache`` and ``embedding_cache``)."""
 
-    #: ``redis_url``: where Redis is (password and TLS in the URL); empty: no shared tier.
-    url: str = ""
-    #: Prefix of every key; holds no ``:``.
-    namespace: str = "wt"
-    #: ``redis_timeout_ms``: bound on one Redis call (connect, send, receive); no client-side retries.
-    timeout_ms: float = 20.0
-    #: ``redis_retry_after_s``: after a failure, calls skip Redis this long, then one probe goes through.
-    retry_after_s: float = 2.0
-    #: ``redis_ttl_s``: lifetime of a value; 0: values never expire.
-    ttl_s: float = 86400.0
-    #: ``redis_ttl_jitter``: each key's TTL is ``ttl_s`` times a factor in ``[1 - j, 1 + j]`` taken from its
-    #: name (stable per key), so the values one warm-up wrote at once do not expire at once.
-    ttl_jitter: float = 0.1
-    #: ``redis_lock_wait_ms``: on a miss, one instance computes the value under a short Redis lock while the
-    #: others wait for it at most this long, then compute it themselves; 0: no lock, every miss computes.
-    lock_wait_ms: float = 100.0
-    #: ``redis_lock_ms``: the lock's own lifetime, so a holder that died frees it after this long.
-    lock_ms: float = 1000.0
-    #: ``redis_lock_poll_ms``: how often a waiting instance looks for the value.
-    lock_poll_ms: float = 2.0
-    #: ``redis_max_connections``: connections one instance opens to Redis at most.
-    max_connections: int = 4
-    #: ``redis_pool_timeout_ms``: how long a call waits for a free connection before it reads as a miss.
-    pool_timeout_ms: float = 20.0
+    url: str = setting("", "Where Redis is (password and TLS in the URL: redis://, rediss://); empty: no shared "
+                           "tier, or the URL from redis_url_file.", parameter="redis_url")
+    url_file: Path | None = setting(None, "A file holding the Redis URL (a mounted secret: the password stays out "
+                                          "of the environment and the config); read when redis_url is empty.",
+                                    parameter="redis_url_file")
+    #: Open mode: the control folder, where the deployment's random Redis MAC key and key salt are kept.
+    control_dir: Path | None = setting(None, "Open mode with a shared tier: the control folder, where the "
+                                             "deployment's random Redis key salt is kept (required then).")
+    namespace: str = setting("wt", "Prefix of every Redis key; holds no ':'.", parameter="")
+    timeout_ms: float = setting(20.0, "Bound on one Redis call (connect, send, receive); no client-side retries.",
+                                parameter="redis_timeout_ms", gt=0)
+    retry_after_s: float = setting(2.0, "After a Redis failure, calls skip Redis this long, then one probe goes "
+                                        "through.", parameter="redis_retry_after_s", ge=0)
+    ttl_s: float = setting(86400.0, "Lifetime of a value in Redis; 0: values never expire.",
+                           parameter="redis_ttl_s", ge=0)
+    ttl_jitter: float = setting(0.1, "Each key's TTL is redis_ttl_s times a factor in [1 - j, 1 + j] taken from "
+                                     "its name (stable per key), so the values one warm-up wrote at once do not "
+                                     "expire at once.", parameter="redis_ttl_jitter", ge=0, lt=1)
+    lock_wait_ms: float = setting(100.0, "On a miss, one instance computes the value under a short Redis lock "
+                                         "while the others wait for it at most this long, then compute it "
+                                         "themselves; 0: no lock, every miss computes.",
+                                  parameter="redis_lock_wait_ms", ge=0)
+    lock_ms: float = setting(1000.0, "The lock's own lifetime, so a holder that died frees it after this long; at "
+                                     "least redis_lock_wait_ms.", parameter="redis_lock_ms", gt=0)
+    lock_poll_ms: float = setting(2.0, "How often a waiting instance looks for the value.",
+                                  parameter="redis_lock_poll_ms", gt=0)
+    max_connections: int = setting(4, "Connections one instance opens to Redis at most.",
+                                   parameter="redis_max_connections", ge=1, le=1024)
+    pool_timeout_ms: float = setting(20.0, "How long a call waits for a free connection before it reads as a "
+                                           "miss.", parameter="redis_pool_timeout_ms", gt=0)
 
     def __post_init__(self) -> None:
+        check_settings(self)
         if not self.namespace or ":" in self.namespace:
             raise ConfigError("shared tier namespace must be non-empty and hold no ':'")
-        positive = {"redis_timeout_ms": self.timeout_ms, "redis_lock_ms": self.lock_ms,
-                    "redis_lock_poll_ms": self.lock_poll_ms, "redis_pool_timeout_ms": self.pool_timeout_ms}
-        for name, value in positive.items():
-            if not value > 0:
-                raise ConfigError(f"{name} must be > 0, got {value}")
-        if not (self.retry_after_s >= 0 and self.ttl_s >= 0 and self.lock_wait_ms >= 0):
-            raise ConfigError(f"redis_retry_after_s, redis_ttl_s and redis_lock_wait_ms must be >= 0, got "
-                              f"{self.retry_after_s}, {self.ttl_s}, {self.lock_wait_ms}")
-        if not 0.0 <= self.ttl_jitter < 1.0:
-            raise ConfigError(f"redis_ttl_jitter must be in [0, 1), got {self.ttl_jitter}")
-        if self.max_connections < 1:
-            raise ConfigError(f"redis_max_connections must be >= 1, got {self.max_connections}")
         if self.lock_wait_ms and self.lock_ms < self.lock_wait_ms:
             # NOTE: a lock shorter than the wait would let a second instance compute while the first still is.
             raise ConfigError(f"redis_lock_ms ({self.lock_ms}) must be at least redis_lock_wait_ms "
                               f"({self.lock_wait_ms})")
-
-    @classmethod
-    def from_parameters(cls, params: Parameters) -> SharedTierSettings:
-        """The settings a model's ``redis_*`` parameters give (each one optional)."""
-        d = cls()
-        return cls(
-            url=params.get("redis_url", str, d.url),
-            timeout_ms=params.get("redis_timeout_ms", float, d.timeout_ms),
-            retry_after_s=params.get("redis_retry_after_s", float, d.retry_after_s),
-            ttl_s=params.get("redis_ttl_s", float, d.ttl_s),
-            ttl_jitter=params.get("redis_ttl_jitter", float, d.ttl_jitter),
-            lock_wait_ms=params.get("redis_lock_wait_ms", float, d.lock_wait_ms),
-            lock_ms=params.get("redis_lock_ms", float, d.lock_ms),
-            lock_poll_ms=params.get("redis_lock_poll_ms", float, d.lock_poll_ms),
-            max_connections=params.get("redis_max_connections", int, d.max_connections),
-            pool_timeout_ms=params.get("redis_pool_timeout_ms", float, d.pool_timeout_ms),
-        )
 
     @property
     def single_flight(self) -> bool:

@@ -10,7 +10,6 @@ import ctypes
 import dataclasses
 import json
 import logging
-from pathlib import Path
 
 import numpy as np
 
@@ -19,6 +18,7 @@ from warmup_tools.caches.redis_tier import SharedTier, checked_decoder, encode_a
 from warmup_tools.caches.tiered import CacheSource, TieredCache
 from warmup_tools.common.digests import fingerprint_file, text_digest
 from warmup_tools.common.errors import AssetError
+from warmup_tools.embedding_cache.settings import EmbedderConfig
 
 LOGGER = logging.getLogger(__name__)
 
@@ -63,11 +63,12 @@ class EmbeddingResult:
 class OnnxEmbedder:
     """Sentence embeddings (mean-pooled, L2-normalised inside the graph) with an exact cache."""
 
-    def __init__(self, model_dir: Path, *, cache_bytes: int = 64 << 20, providers: str = "auto",
-                 num_threads: int = 0, shared: SharedTier | None = None) -> None:
+    def __init__(self, config: EmbedderConfig, *, shared: SharedTier | None = None) -> None:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
+        self.config = config
+        model_dir, num_threads = config.model_dir, config.num_threads
         model_path = model_dir / "model.onnx"
         if not model_path.exists():
             raise AssetError(
@@ -85,11 +86,11 @@ class OnnxEmbedder:
         if num_threads > 0:
             options.intra_op_num_threads = num_threads
             options.inter_op_num_threads = 1
-        self.providers = choose_providers(providers)
+        self.providers = choose_providers(config.providers)
         self.session = ort.InferenceSession(str(model_path), options, providers=self.providers)
         self._input_names = {i.name for i in self.session.get_inputs()}
         self.fingerprint = fingerprint_file(model_path)[:16]
-        self.local: DecayedLFUCache[tuple, np.ndarray] = DecayedLFUCache(cache_bytes)
+        self.local: DecayedLFUCache[tuple, np.ndarray] = DecayedLFUCache(config.cache_bytes)
         self.cache: TieredCache[np.ndarray] = TieredCache(
             self.local, shared, kind="emb", fingerprint=self.fingerprint, encode=encode_array,
             decode=checked_decoder("float32", length=self.dim, finite=True))

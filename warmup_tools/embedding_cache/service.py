@@ -19,6 +19,7 @@ from warmup_tools.common.records import PROBE_TENANT
 from warmup_tools.embedding_cache.embedder import OnnxEmbedder
 from warmup_tools.embedding_cache.heat import HeatEntry, HeatLogWriter, HeatSampler
 from warmup_tools.embedding_cache.semantic import DEFAULT_TENANT, NO_CLUSTER, SemanticIndex, reported_cluster_id
+from warmup_tools.embedding_cache.settings import SemanticConfig
 
 LOGGER = logging.getLogger(__name__)
 
@@ -49,35 +50,34 @@ class EmbeddingService:
     Warm-up samples are always embedded on the spot.
     """
 
-    def __init__(self, embedder: OnnxEmbedder, *, sample_rate: float = 0.1, seed: int = 0,
-                 threshold: float = 0.82, max_entries: int = 4096, max_clusters: int = 256,
-                 centroids_path: Path | None = None, heat_log: Path | None = None,
-                 flush_interval_s: float = 10.0, clock=time.time, deferred: bool = False,
-                 deferred_queue: int = 64, cluster_key: bytes = b"") -> None:
+    def __init__(self, embedder: OnnxEmbedder, config: SemanticConfig, *,
+                 centroids_path: Path | None = None, heat_log: Path | None = None, clock=time.time,
+                 cluster_key: bytes = b"") -> None:
         """``cluster_key`` keys the cluster ids callers see (:func:`reported_cluster_id`): the deployment's
         in trust mode, so every instance reports a planned cluster alike."""
         self.embedder = embedder
+        self.config = config
         self.cluster_key = cluster_key
         # NOTE: the caches, the semantic index and the heat sampler each hold their own lock, so the worker
         # and the request path share them without one here.
         self.dropped = 0
         self._work: queue.Queue[tuple[str, str, str, int] | None] | None = None
         self._worker: threading.Thread | None = None
-        if deferred:
-            self._work = queue.Queue(maxsize=deferred_queue)
+        if config.deferred:
+            self._work = queue.Queue(maxsize=config.deferred_queue)
             self._worker = threading.Thread(target=self._run, name="embedding-deferred", daemon=True)
-        self.sample_rate = sample_rate
-        self.rng = random.Random(seed)
-        self.index = SemanticIndex(embedder.dim, threshold=threshold, max_entries=max_entries,
-                                   max_clusters=max_clusters)
+        self.sample_rate = config.sample_rate
+        self.rng = random.Random(config.seed)
+        self.index = SemanticIndex(embedder.dim, threshold=config.threshold, max_entries=config.max_entries,
+                                   max_clusters=config.max_clusters)
         if centroids_path is not None and centroids_path.exists():
             self.load_centroids(centroids_path)
         self.heat = HeatSampler(clock=clock)
         self.heat_log = HeatLogWriter(heat_log) if heat_log is not None else None
         self._zeros = np.zeros(embedder.dim, dtype=np.float32)
         self._clock = clock
-        self._flush_interval_s = flush_interval_s
-        self._next_flush = clock() + flush_interval_s
+        self._flush_interval_s = config.flush_interval_s
+        self._next_flush = clock() + config.flush_interval_s
         if self._worker is not None:
             self._worker.start()
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from warmup_tools.common.settings import check_settings, setting
+from warmup_tools.kv.blocks import EVICTION_POLICIES
+
 #: Bytes of KV per instance (256 MiB).
 DEFAULT_BUDGET_BYTES = 256 << 20
 #: Tokens per block: a prefix is cached and matched in whole blocks.
@@ -26,16 +29,29 @@ DEFAULT_TTL_S = 3600.0
 _SCALE_BYTES = 2
 
 
+#: ``kv_storage`` values (each has a codec in :mod:`warmup_tools.kv.codecs`).
+KV_STORAGES = ("fp", "int8")
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class KVCacheConfig:
-    """One instance's KV prefix cache; ``budget_bytes`` 0 disables it."""
+    """One instance's KV prefix cache (the ``kv_*`` parameters of ``lora_adapter``)."""
 
-    budget_bytes: int = DEFAULT_BUDGET_BYTES
-    block_size: int = DEFAULT_BLOCK_SIZE
-    storage: str = DEFAULT_STORAGE
-    eviction: str = DEFAULT_EVICTION
-    ttl_s: float = DEFAULT_TTL_S
-    live_reserve: float = DEFAULT_LIVE_RESERVE
+    budget_bytes: int = setting(DEFAULT_BUDGET_BYTES, "Bytes of KV blocks (payload and token ids) one instance "
+                                "keeps; 0 turns the prefix cache off.", parameter="kv_cache_bytes", ge=0)
+    block_size: int = setting(DEFAULT_BLOCK_SIZE, "Tokens per KV block: prefixes are cached and matched in whole "
+                              "blocks.", parameter="kv_block_size", ge=1, le=4096)
+    storage: str = setting(DEFAULT_STORAGE, "How blocks are stored: fp keeps the model's dtype, int8 one byte per "
+                           "value plus a scale per channel.", parameter="kv_storage", choices=KV_STORAGES)
+    eviction: str = setting(DEFAULT_EVICTION, "Which unpinned block goes first when the budget is full.",
+                            parameter="kv_eviction", choices=tuple(EVICTION_POLICIES))
+    ttl_s: float = setting(DEFAULT_TTL_S, "Seconds after its last use when a live block counts as expired "
+                           "(lfu_ttl evicts expired blocks first).", parameter="kv_ttl_s", gt=0)
+    live_reserve: float = setting(DEFAULT_LIVE_RESERVE, "Share of kv_cache_bytes kept for live traffic: warm-up "
+                                  "blocks may fill the rest.", parameter="kv_live_reserve", ge=0, lt=1)
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
     @property
     def warmup_budget_bytes(self) -> int:

@@ -22,33 +22,16 @@ import torch
 from warmup_tools.common.digests import fingerprint_folder
 from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT, AssetError, InvalidInputError, UnknownAdapterError
 from warmup_tools.kv.blocks import BlockSource, PrefixMatch
-from warmup_tools.kv.config import KVCacheConfig
+from warmup_tools.kv.config import KVShape
 from warmup_tools.kv.hashing import BlockHash, CacheScope, block_hashes
 from warmup_tools.kv.prefix_cache import PrefixCache
 from warmup_tools.lora_adapter.detokenize import IncrementalDetokenizer
+from warmup_tools.lora_adapter.devices import select_device, select_dtype
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.sampling import make_generator, next_token
-from warmup_tools.lora_adapter.settings import DEFAULT_CONTEXT_LENGTH, discover_adapters
+from warmup_tools.lora_adapter.settings import DEFAULT_CONTEXT_LENGTH, EngineConfig, discover_adapters
 
 LOGGER = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class EngineConfig:
-    base_model: Path
-    adapter_root: Path | None = None
-    #: Adapters to load at start; None loads every folder under ``adapter_root``.
-    adapters: tuple[str, ...] | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    num_threads: int = 0
-    #: KV prefix cache of this instance; ``budget_bytes`` 0 disables it.
-    kv: KVCacheConfig = KVCacheConfig()
-    #: Trust mode: a per-deployment salt in every block hash (empty: none).
-    cache_salt: str = ""
-    #: Operator-declared public prefixes (texts; a platform system prompt every tenant uses): their full
-    #: blocks are shared by all tenants, everything after them stays per tenant.
-    public_prefixes: tuple[str, ...] = ()
 
 
 #: peft's name for "no adapter" in a mixed-adapter batch (``adapter_names=[...]``).
@@ -118,7 +101,9 @@ class LoraEngine:
         self.vocab_size = int(model.config.vocab_size)
         self.eos_token_ids = _eos_ids(model.config, self.tokenizer)
         self.base_fingerprint = fingerprint_folder(config.base_model)
-        self.kv_bytes_per_token = _kv_bytes_per_token(model.config, self.dtype)
+        #: KV bytes one token of a running sequence takes (full precision, as the forward computes it).
+        self.kv_bytes_per_token = int(KVShape.from_model_config(model.config.to_dict()).bytes_per_token(
+            "fp", torch.empty((), dtype=self.dtype).element_size(), config.kv.block_size))
         self.prefix_cache: PrefixCache | None = None
         if config.kv.budget_bytes > 0:
             try:
@@ -481,32 +466,6 @@ class LoraEngine:
         self.adapters[name] = path
         self.adapter_fingerprints[name] = fingerprint_folder(path)
         self._install_row_hooks()
-
-
-def select_device(spec: str) -> torch.device:
-    """``auto`` picks the first CUDA device when there is one, else the CPU."""
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(spec)
-
-
-def select_dtype(spec: str, device: torch.device) -> torch.dtype:
-    """``auto`` is bfloat16 on a GPU and float32 on the CPU (where bf16 matmuls are slow)."""
-    if spec == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    try:
-        return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[spec]
-    except KeyError:
-        raise AssetError(f"dtype {spec!r} is not supported; use auto, float32, float16 or bfloat16") from None
-
-
-def _kv_bytes_per_token(model_config: object, dtype: torch.dtype) -> int:
-    """KV bytes one token takes in this model: ``2 * layers * kv_heads * head_dim * dtype size``."""
-    layers = int(model_config.num_hidden_layers)
-    heads = int(model_config.num_attention_heads)
-    kv_heads = int(getattr(model_config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(model_config, "head_dim", None) or model_config.hidden_size // heads)
-    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
 def _eos_ids(model_config: object, tokenizer: object) -> frozenset[int]:

@@ -7,7 +7,8 @@ import math
 
 import numpy as np
 
-from warmup_tools.common.errors import InvalidInputError
+from warmup_tools.common.errors import ConfigError, InvalidInputError
+from warmup_tools.common.settings import check_settings, setting
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.triton.inputs import (
     MAX_IDENTITY_BYTES,
@@ -70,11 +71,19 @@ class GenerateRequest:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RequestLimits:
-    """Bounds a deployment puts on requests (from the model's config.pbtxt parameters)."""
+    """Bounds a deployment puts on requests (``lora_adapter`` parameters; the vocabulary from the model)."""
 
-    max_tokens_limit: int = 512
-    default_max_tokens: int = 16
-    vocab_size: int | None = None
+    max_tokens_limit: int = setting(512, "The most new tokens one request may ask for (max_tokens).", ge=1)
+    default_max_tokens: int = setting(16, "New tokens of a request that sets no max_tokens; at most "
+                                          "max_tokens_limit.", ge=1)
+    #: Token ids a prompt may hold are below this (the model's vocabulary); None: not checked.
+    vocab_size: int | None = setting(None, "The model's vocabulary size.", parameter="")
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise ConfigError(f"default_max_tokens ({self.default_max_tokens}) must be at most max_tokens_limit "
+                              f"({self.max_tokens_limit})")
 
 
 def parse_generate_request(inputs: Inputs, limits: RequestLimits, *, tenant: str | None = None) -> GenerateRequest:

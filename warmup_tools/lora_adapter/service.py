@@ -12,7 +12,6 @@ import contextlib
 import logging
 import threading
 import time
-from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 from warmup_tools.adapters.reconcile import Reconciler
@@ -23,7 +22,7 @@ from warmup_tools.lora_adapter.engine import GenerationStep, LoraEngine
 from warmup_tools.lora_adapter.live_plan import PlanKeeper
 from warmup_tools.lora_adapter.requests import GenerateRequest
 from warmup_tools.lora_adapter.scheduler import Scheduler, SequenceSink
-from warmup_tools.lora_adapter.settings import WARM_PRIORITIES
+from warmup_tools.lora_adapter.settings import WARM_PRIORITIES, SchedulerConfig, ServiceConfig
 
 LOGGER = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -43,7 +42,7 @@ class EngineGate:
     Not reentrant: the engine never calls back into the service.
     """
 
-    def __init__(self, priority: str = "live_first", warm_share: float = 0.5) -> None:
+    def __init__(self, priority: str, warm_share: float) -> None:
         if priority not in WARM_PRIORITIES:
             raise ConfigError(f"warm_priority must be one of {', '.join(WARM_PRIORITIES)}, not {priority!r}")
         if not 0.0 < warm_share <= 1.0:
@@ -117,14 +116,13 @@ class LoraService:
     run one at a time and the :class:`EngineGate` orders them against warm-up.
     """
 
-    def __init__(self, engine: LoraEngine, *, instance: str, control_dir: Path | None = None,
-                 serve_cold: bool = False, poll_s: float = 0.5, warm_priority: str = "live_first",
-                 warm_share: float = 0.5, warm_chunk_tokens: int = 128,
+    def __init__(self, engine: LoraEngine, config: ServiceConfig, *, instance: str, batching: SchedulerConfig,
                  scheduler: Scheduler | None = None) -> None:
         self.engine = engine
+        self.config = config
         self.scheduler = scheduler
         self.instance = instance
-        self.serve_cold = serve_cold
+        self.serve_cold = config.serve_cold
         self.lifecycle = AdapterLifecycle()
         for name in engine.adapters:  # statically configured adapters are live from the start
             self.lifecycle.register(name)
@@ -135,11 +133,9 @@ class LoraService:
         # NOTE: one gate around every use of the engine (a request, an adapter load, one warm prompt),
         # not around a whole reconcile: live requests go before a long warm-up's next prompt, and a
         # warming adapter can be served cold when the operator allows it.
-        self.gate = EngineGate(warm_priority, warm_share)
-        if warm_chunk_tokens < 0:
-            raise ConfigError(
-                f"warm_chunk_tokens must be 0 (whole prompts) or a token count, not {warm_chunk_tokens}")
-        self.warm_chunk_tokens = warm_chunk_tokens
+        self.gate = EngineGate(config.warm_priority, batching.warm_share)
+        self.warm_chunk_tokens = batching.warm_chunk_tokens
+        control_dir, poll_s = config.control_dir, config.control_poll_s
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         if control_dir is not None:

@@ -12,21 +12,14 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 from warmup_tools.common.errors import AssetError, ConfigError
-from warmup_tools.kv.config import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_BUDGET_BYTES,
-    DEFAULT_EVICTION,
-    DEFAULT_LIVE_RESERVE,
-    DEFAULT_STORAGE,
-    DEFAULT_TTL_S,
-    KVCacheConfig,
-    KVShape,
-)
+from warmup_tools.common.settings import check_settings, read_settings, setting
+from warmup_tools.kv.config import KVCacheConfig, KVShape
 from warmup_tools.lora_adapter.requests import RequestLimits
-from warmup_tools.triton.params import ModelParameters, parse_bool
+from warmup_tools.triton.params import ModelParameters, repository_parameters
+from warmup_tools.triton.trust import TrustSettings
 
 MODEL_NAME = "lora_adapter"
 
@@ -37,36 +30,71 @@ WARM_PRIORITIES = ("live_first", "fifo")
 #: ``serial`` (each request to its last token inside ``execute``, one at a time; kept to measure against).
 SCHEDULERS = ("continuous", "serial")
 
+#: ``dtype`` values: ``auto`` is bfloat16 on a GPU and float32 on the CPU.
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
 #: Bytes per value of each torch dtype name the ``dtype`` parameter resolves to.
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    """Knobs of one instance's scheduler (``config.pbtxt`` parameters of ``lora_adapter``)."""
+def read_public_prefixes(path: Path) -> tuple[str, ...]:
+    """A JSON list of texts every tenant may share the KV of (a platform system prompt)."""
+    try:
+        texts = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"public_prefixes_file: {path} is not readable JSON ({exc})") from None
+    if not isinstance(texts, list) or not all(isinstance(t, str) and t for t in texts):
+        raise ConfigError(f"public_prefixes_file: {path} must hold a JSON list of texts")
+    return tuple(texts)
 
-    #: Sequences running at once (in one batch).
-    max_num_seqs: int = 8
-    #: Requests that may wait for a running slot; one more is refused with UNAVAILABLE.
-    max_queue: int = 64
-    #: New tokens per step (decode tokens plus prefill chunks).
-    max_num_batched_tokens: int = 256
-    #: Warm-up tokens per step while live traffic flows (``warm_chunk_tokens``): warm chunks never share a
-    #: step with a live prefill, and a live request waits for at most one such chunk.
-    warm_chunk_tokens: int = 16
-    #: While live traffic flows, the largest share of the time warm chunks may take (``warm_share``).
-    warm_share: float = 0.25
-    #: Seconds without a live request after which warm-up takes whole steps (an idle instance warms fast).
-    live_quiet_s: float = 0.5
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """What the engine loads and how (:class:`warmup_tools.lora_adapter.engine.LoraEngine`)."""
+
+    base_model: Path = setting(doc="Hugging Face model folder of the base causal LM (config.json, safetensors "
+                                   "weights, tokenizer).")
+    adapter_root: Path | None = setting(None, "Folder of LoRA adapter folders (peft format, safetensors only); "
+                                              "empty: no adapters.")
+    adapters: tuple[str, ...] | None = setting(None, "Adapters to load at start; empty loads every folder under "
+                                                     "adapter_root that holds an adapter_config.json.")
+    device: str = setting("auto", "Torch device: auto picks the first CUDA device when there is one, else the "
+                                  "CPU; or cpu, cuda, cuda:N.")
+    dtype: str = setting("auto", "Weights and KV dtype: auto is bfloat16 on a GPU and float32 on the CPU.",
+                         choices=DTYPES)
+    num_threads: int = setting(0, "Torch CPU threads of the instance (torch.set_num_threads); 0 leaves torch's "
+                                  "default.", ge=0, le=1024)
+    kv: KVCacheConfig = dataclasses.field(default_factory=KVCacheConfig)
+    #: Trust mode: a per-deployment salt in every block hash (from the deployment secret; "" in open mode).
+    cache_salt: str = setting("", "Per-deployment salt in every block hash.", parameter="")
+    public_prefixes: tuple[str, ...] = setting(
+        (), "Operator-declared public prefixes (a platform system prompt every tenant uses): their full blocks "
+            "are shared by all tenants on purpose, everything after them stays per tenant.",
+        parameter="public_prefixes_file", load=read_public_prefixes, kind="path to a JSON list of texts")
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1 or self.max_queue < 0:
-            raise ConfigError(f"max_num_seqs must be >= 1 and max_queue >= 0, not {self.max_num_seqs}, "
-                              f"{self.max_queue}")
-        if self.warm_chunk_tokens < 1 or self.live_quiet_s < 0 or not 0.0 < self.warm_share <= 1.0:
-            raise ConfigError(f"warm_chunk_tokens must be >= 1, live_quiet_s >= 0 and 0 < warm_share <= 1 with "
-                              f"the continuous scheduler, not {self.warm_chunk_tokens}, {self.live_quiet_s}, "
-                              f"{self.warm_share}")
+        check_settings(self)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Knobs of one instance's scheduler (:class:`warmup_tools.lora_adapter.scheduler.Scheduler`)."""
+
+    max_num_seqs: int = setting(8, "Sequences running at once (in one batch).", ge=1, le=1024)
+    max_queue: int = setting(64, "Requests that may wait for a running slot; one more is refused with "
+                                 "UNAVAILABLE.", ge=0)
+    max_num_batched_tokens: int = setting(256, "New tokens per step (decode tokens plus prefill chunks); at least "
+                                               "max_num_seqs.", ge=1)
+    warm_chunk_tokens: int = setting(16, "Warm-up tokens per step while live traffic flows: warm chunks never "
+                                         "share a step with a live prefill, and a live request waits for at most "
+                                         "one such chunk.", ge=1)
+    warm_share: float = setting(0.25, "While live traffic flows, the largest share of the engine's time adapter "
+                                      "warm-up may take.", gt=0, le=1)
+    live_quiet_s: float = setting(0.5, "Seconds without a live request after which warm-up takes whole steps (an "
+                                       "idle instance warms fast).", ge=0)
+
+    def __post_init__(self) -> None:
+        check_settings(self)
         if self.max_num_batched_tokens < self.max_num_seqs:
             # NOTE: every running sequence's decode token must fit in one step, or decodes would starve.
             raise ConfigError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
@@ -75,124 +103,70 @@ class SchedulerConfig:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SnapshotConfig:
-    """KV snapshots of an instance (``snapshot_*`` parameters; :mod:`warmup_tools.lora_adapter.snapshots`)."""
+    """KV snapshots of an instance (:mod:`warmup_tools.lora_adapter.snapshots`)."""
 
-    #: Folder shared by instances and replicas; None: no snapshots (neither written nor restored).
-    folder: Path | None = None
-    #: Bytes of KV blocks (payload and token ids) one snapshot may hold; also bounds what is read back.
-    max_bytes: int = 128 << 20
-    #: Seconds between periodic writes (0: only at shutdown).
-    interval_s: float = 300.0
-    #: Share of each snapshot's blocks recomputed before it is trusted (at least one block).
-    verify_share: float = 0.05
+    folder: Path | None = setting(None, "Folder of KV snapshots, shared by instances and replicas; empty: no "
+                                        "snapshots (neither written nor restored).", parameter="snapshot_dir")
+    max_bytes: int = setting(128 << 20, "Bytes of KV blocks (payload and token ids) one snapshot may hold; also "
+                                        "bounds what is read back.", parameter="snapshot_bytes", ge=1)
+    interval_s: float = setting(300.0, "Seconds between periodic snapshot writes; 0: only at shutdown.",
+                                parameter="snapshot_interval_s", ge=0)
+    verify_share: float = setting(0.05, "Share of each snapshot's blocks recomputed before it is trusted (at "
+                                        "least one block).", parameter="snapshot_verify_share", gt=0, le=1)
 
     def __post_init__(self) -> None:
-        if self.max_bytes < 1 or self.interval_s < 0 or not 0.0 < self.verify_share <= 1.0:
-            raise ConfigError(f"lora_adapter parameters: snapshot_bytes >= 1, snapshot_interval_s >= 0 and "
-                              f"0 < snapshot_verify_share <= 1 are required (got {self.max_bytes}, "
-                              f"{self.interval_s}, {self.verify_share})")
+        check_settings(self)
 
 
-#: Snapshot defaults (one source: the parameters below fall back to these).
-DEFAULT_SNAPSHOTS = SnapshotConfig()
-#: Request bounds when config.pbtxt sets none.
-DEFAULT_LIMITS = RequestLimits()
-#: The scheduler defaults (one source: the parameters below fall back to these).
+#: The scheduler's and the snapshots' defaults, as objects (the fields above are their one source).
 DEFAULT_BATCHING = SchedulerConfig()
+DEFAULT_SNAPSHOTS = SnapshotConfig()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    """What one instance serves and how it follows the control folder
+    (:class:`~warmup_tools.lora_adapter.service.LoraService`)."""
+
+    control_dir: Path | None = setting(None, "Control folder shared with the sidecar and the CLI (desired "
+                                             "adapters, live plans, coverage reports); empty: none.")
+    serve_cold: bool = setting(False, "Serve an adapter that is registered but still warming (its first "
+                                      "requests are cold) instead of refusing it.")
+    warm_priority: str = setting("live_first", "Who uses the engine next while an adapter warms: live requests "
+                                               "first, or first come first served.", choices=WARM_PRIORITIES)
+    control_poll_s: float = setting(0.5, "Seconds between looks at the control folder (one stat each) by an idle "
+                                         "instance.", ge=0.01, le=60)
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LoraAdapterSettings:
-    base_model: Path
-    adapter_root: Path | None
-    #: Adapters to load at start; None loads every folder under ``adapter_root``.
-    adapters: tuple[str, ...] | None
-    device: str
-    dtype: str
-    num_threads: int
-    kv: KVCacheConfig
-    control_dir: Path | None
-    serve_cold: bool
-    warm_priority: str
-    #: The largest share of the engine's time adapter warm-up may hold.
-    warm_share: float
-    warm_chunk_tokens: int
-    max_tokens_limit: int
-    default_max_tokens: int
-    request_log_dir: Path | None
-    request_log_redact: bool
-    #: Trust mode (see :mod:`warmup_tools.triton.trust`): the tenant only from a signed token.
-    deployment_secret_file: Path | None
-    #: Trust mode: the hashed tenant keys a token's key version is checked against (as the file is now).
-    tenant_keys_file: Path | None
-    #: Open mode: the sidecar's per-start probe secret (``WARMUP_PROBE_SECRET``), proof of the probe tenant.
-    probe_secret: str | None
-    #: False withholds ``cached_tokens`` from clients (the prompt-cache side channel; SECURITY.md).
-    expose_cached_tokens: bool
-    #: Operator-declared public prefixes, shared by every tenant on purpose (``public_prefixes_file``).
-    public_prefixes: tuple[str, ...]
-    #: One of :data:`SCHEDULERS`.
-    scheduler: str
-    batching: SchedulerConfig
-    #: KV snapshots (``snapshot_dir`` empty: off).
-    snapshots: SnapshotConfig = DEFAULT_SNAPSHOTS
+    """Every ``lora_adapter`` parameter (:meth:`from_parameters`)."""
+
+    engine: EngineConfig
+    limits: RequestLimits = dataclasses.field(default_factory=RequestLimits)
+    service: ServiceConfig = dataclasses.field(default_factory=ServiceConfig)
+    request_log_dir: Path | None = setting(None, "Folder of the request logs the planner reads "
+                                                 "(requests-<instance>.jsonl, 0600); empty: no log.")
+    request_log_redact: bool = setting(False, "Log a keyed digest of each prompt instead of its text.")
+    trust: TrustSettings = dataclasses.field(default_factory=TrustSettings)
+    expose_cached_tokens: bool = setting(True, "Return cached_tokens to clients; false withholds it (the "
+                                               "prompt-cache side channel, SECURITY.md).")
+    scheduler: str = setting("continuous", "continuous: iteration-level batching; serial: one request at a time "
+                                           "(kept to measure against).", choices=SCHEDULERS)
+    batching: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
+    snapshots: SnapshotConfig = dataclasses.field(default_factory=SnapshotConfig)
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
     @classmethod
     def from_parameters(cls, params: ModelParameters) -> LoraAdapterSettings:
         """Read and check every parameter; unknown ones are refused (a typo fails the load)."""
-        adapters = params.get("adapters", str, "")
-        names = tuple(a.strip() for a in adapters.split(",") if a.strip()) or None
-        warm_chunk = params.get("warm_chunk_tokens", int, DEFAULT_BATCHING.warm_chunk_tokens)
-        warm_share = params.get("warm_share", float, DEFAULT_BATCHING.warm_share)
-        settings = cls(
-            base_model=params.path("base_model"),
-            adapter_root=params.path("adapter_root") if params.get("adapter_root", str, "") else None,
-            adapters=names,
-            device=params.get("device", str, "auto"),
-            dtype=params.get("dtype", str, "auto"),
-            num_threads=params.get("num_threads", int, 0),
-            kv=KVCacheConfig(
-                budget_bytes=params.get("kv_cache_bytes", int, DEFAULT_BUDGET_BYTES),
-                block_size=params.get("kv_block_size", int, DEFAULT_BLOCK_SIZE),
-                storage=params.get("kv_storage", str, DEFAULT_STORAGE),
-                eviction=params.get("kv_eviction", str, DEFAULT_EVICTION),
-                ttl_s=params.get("kv_ttl_s", float, DEFAULT_TTL_S),
-                live_reserve=params.get("kv_live_reserve", float, DEFAULT_LIVE_RESERVE),
-            ),
-            control_dir=params.path("control_dir") if params.get("control_dir", str, "") else None,
-            serve_cold=params.get("serve_cold", parse_bool, False),
-            warm_priority=params.get("warm_priority", str, "live_first"),
-            warm_share=warm_share,
-            warm_chunk_tokens=warm_chunk,
-            max_tokens_limit=params.get("max_tokens_limit", int, DEFAULT_LIMITS.max_tokens_limit),
-            default_max_tokens=params.get("default_max_tokens", int, DEFAULT_LIMITS.default_max_tokens),
-            request_log_dir=params.path("request_log_dir") if params.get("request_log_dir", str, "") else None,
-            request_log_redact=params.get("request_log_redact", parse_bool, False),
-            deployment_secret_file=(params.path("deployment_secret_file")
-                                    if params.get("deployment_secret_file", str, "") else None),
-            tenant_keys_file=params.path("tenant_keys_file") if params.get("tenant_keys_file", str, "") else None,
-            probe_secret=params.get("probe_secret", str, "") or None,
-            expose_cached_tokens=params.get("expose_cached_tokens", parse_bool, True),
-            public_prefixes=(read_public_prefixes(params.path("public_prefixes_file"))
-                             if params.get("public_prefixes_file", str, "") else ()),
-            scheduler=params.get("scheduler", str, "continuous"),
-            batching=SchedulerConfig(
-                max_num_seqs=params.get("max_num_seqs", int, DEFAULT_BATCHING.max_num_seqs),
-                max_queue=params.get("max_queue", int, DEFAULT_BATCHING.max_queue),
-                max_num_batched_tokens=params.get("max_num_batched_tokens", int,
-                                                  DEFAULT_BATCHING.max_num_batched_tokens),
-                warm_chunk_tokens=warm_chunk,
-                warm_share=warm_share,
-            ),
-            snapshots=SnapshotConfig(
-                folder=params.path("snapshot_dir") if params.get("snapshot_dir", str, "") else None,
-                max_bytes=params.get("snapshot_bytes", int, DEFAULT_SNAPSHOTS.max_bytes),
-                interval_s=params.get("snapshot_interval_s", float, DEFAULT_SNAPSHOTS.interval_s),
-                verify_share=params.get("snapshot_verify_share", float, DEFAULT_SNAPSHOTS.verify_share),
-            ),
-        )
+        settings = read_settings(cls, params)
         params.check_unknown()
-        settings.check()
         return settings
 
     @classmethod
@@ -201,41 +175,22 @@ class LoraAdapterSettings:
         run ``lora_adapter`` with."""
         return cls.from_parameters(repository_parameters(model_repository, MODEL_NAME, environ))
 
-    def check(self) -> None:
-        """Refuse values no instance could serve with, naming the parameter."""
-        if self.scheduler not in SCHEDULERS:
-            raise ConfigError(f"lora_adapter parameter scheduler must be one of {', '.join(SCHEDULERS)}, "
-                              f"not {self.scheduler!r}")
-        if self.warm_priority not in WARM_PRIORITIES:
-            raise ConfigError(f"lora_adapter parameter warm_priority must be one of {', '.join(WARM_PRIORITIES)}, "
-                              f"not {self.warm_priority!r}")
-        if not 0.0 < self.warm_share <= 1.0:
-            raise ConfigError(f"lora_adapter parameter warm_share must be a share of time in (0, 1], "
-                              f"not {self.warm_share}")
-        if self.warm_chunk_tokens < 0:
-            raise ConfigError(f"lora_adapter parameter warm_chunk_tokens must be 0 (whole prompts) or a token "
-                              f"count, not {self.warm_chunk_tokens}")
-        if self.kv.block_size < 1 or self.kv.budget_bytes < 0 or not 0.0 <= self.kv.live_reserve < 1.0:
-            raise ConfigError("lora_adapter parameters: kv_block_size >= 1, kv_cache_bytes >= 0 and "
-                              f"0 <= kv_live_reserve < 1 are required (got {self.kv.block_size}, "
-                              f"{self.kv.budget_bytes}, {self.kv.live_reserve})")
-
     def kv_bytes_per_token(self, device_dtype: str | None = None) -> float:
         """KV bytes one cached token takes: from the base model's config.json, dtype and ``kv_storage``.
 
         ``device_dtype`` is the torch dtype name ``dtype=auto`` resolves to on the serving device;
         by default ``auto`` resolves as it would on this machine.
         """
-        dtype = device_dtype or self.dtype
+        dtype = device_dtype or self.engine.dtype
         if dtype == "auto":
-            from warmup_tools.lora_adapter.engine import select_device, select_dtype  # torch
+            from warmup_tools.lora_adapter.devices import select_device, select_dtype  # torch
 
-            dtype = str(select_dtype("auto", select_device(self.device))).removeprefix("torch.")
+            dtype = str(select_dtype("auto", select_device(self.engine.device))).removeprefix("torch.")
         if dtype not in _DTYPE_BYTES:
             raise ConfigError(f"lora_adapter parameter dtype {dtype!r} is not one of auto, "
                               f"{', '.join(_DTYPE_BYTES)}")
-        return model_kv_shape(self.base_model).bytes_per_token(self.kv.storage, _DTYPE_BYTES[dtype],
-                                                               self.kv.block_size)
+        kv = self.engine.kv
+        return model_kv_shape(self.engine.base_model).bytes_per_token(kv.storage, _DTYPE_BYTES[dtype], kv.block_size)
 
 
 def model_kv_shape(model_dir: Path) -> KVShape:
@@ -251,24 +206,6 @@ def model_kv_shape(model_dir: Path) -> KVShape:
         return KVShape.from_model_config(config)
     except (KeyError, TypeError, ValueError) as exc:
         raise AssetError(f"{config_path} lacks a usable {exc} entry for the KV size") from None
-
-
-def repository_parameters(model_repository: Path, model: str,
-                          environ: Mapping[str, str] | None = None) -> ModelParameters:
-    """A model's ``config.pbtxt`` parameters as Triton hands them to ``initialize`` (paths relative to
-    the model's folder, ``${ENV}`` expanded from this process's environment)."""
-    from google.protobuf import json_format, text_format
-    from tritonclient.grpc import model_config_pb2
-
-    path = Path(model_repository) / model / "config.pbtxt"
-    try:
-        config = text_format.Parse(path.read_text(encoding="utf-8"), model_config_pb2.ModelConfig())
-    except FileNotFoundError:
-        raise ConfigError(f"{path} does not exist; point --model-repository at a repository with {model}") from None
-    except text_format.ParseError as exc:
-        raise ConfigError(f"{path} does not parse: {exc}") from None
-    data: dict[str, Any] = json_format.MessageToDict(config, preserving_proto_field_name=True)
-    return ModelParameters(data, base_dir=path.parent, environ=environ)
 
 
 def discover_adapters(root: Path | None, names: tuple[str, ...] | None) -> dict[str, Path]:
@@ -309,14 +246,3 @@ def model_context_length(model_dir: Path) -> int:
         raise AssetError(f"{config_path} is not readable ({exc}); point base_model at a Hugging Face model "
                          "folder") from None
     return int(config.get("max_position_embeddings", DEFAULT_CONTEXT_LENGTH))
-
-
-def read_public_prefixes(path: Path) -> tuple[str, ...]:
-    """A JSON list of texts every tenant may share the KV of (a platform system prompt)."""
-    try:
-        texts = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"lora_adapter parameter public_prefixes_file: {path} is not readable JSON ({exc})") from None
-    if not isinstance(texts, list) or not all(isinstance(t, str) and t for t in texts):
-        raise ConfigError(f"lora_adapter parameter public_prefixes_file: {path} must hold a JSON list of texts")
-    return tuple(texts)

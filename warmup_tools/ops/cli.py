@@ -297,6 +297,10 @@ def _parser() -> argparse.ArgumentParser:
     _server_flags(demo)
     demo.add_argument("--max-tokens", type=int, default=24)
     demo.set_defaults(func=_cmd_demo)
+
+    params = sub.add_parser("parameters", help="print the parameter reference (docs/parameters.md) generated from "
+                                               "the settings objects")
+    params.set_defaults(func=_cmd_parameters)
     return parser
 
 
@@ -493,7 +497,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
               f"{datetime.datetime.fromtimestamp(end, datetime.timezone.utc).isoformat(timespec='seconds')}",
               file=sys.stderr)
         records = kept
-    plan = build_plan(records, target.load_tokenizer(), OnnxEmbedder(target.embedder_dir),
+    plan = build_plan(records, target.load_tokenizer(), OnnxEmbedder(target.embedder),
                       budgets, now=args.now, block_size=target.block_size,
                       kv_bytes_per_token=target.kv_bytes_per_token, progress=not args.no_progress, previous=previous)
     plan.save(args.out)
@@ -526,6 +530,13 @@ def _cmd_apply_plan(args: argparse.Namespace) -> int:
             coverage = ", ".join(f"{name} {c.resident}/{c.planned}" + (f" ({c.shortfall})" if c.shortfall else "")
                                  for name, c in sorted(status.adapters.items()))
             print(f"{instance}: applied plan {status.plan_id}: {status.detail}; resident blocks: {coverage or '-'}")
+    return 0
+
+
+def _cmd_parameters(args: argparse.Namespace) -> int:
+    from warmup_tools.ops.parameters import parameters_markdown
+
+    sys.stdout.write(parameters_markdown())
     return 0
 
 

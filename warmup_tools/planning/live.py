@@ -136,5 +136,5 @@ class RollingPlanner:
             from warmup_tools.embedding_cache.embedder import OnnxEmbedder
 
             target = PlanTarget.from_repository(self.model_repository, self._environ)
-            self._tools = (target, target.load_tokenizer(), OnnxEmbedder(target.embedder_dir))
+            self._tools = (target, target.load_tokenizer(), OnnxEmbedder(target.embedder))
         return self._tools

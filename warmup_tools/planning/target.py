@@ -16,19 +16,17 @@ from typing import Any, Mapping
 
 from warmup_tools.common.errors import AssetError
 from warmup_tools.common.plan import Budgets, Plan, PlanError
-from warmup_tools.lora_adapter.settings import (
-    LoraAdapterSettings,
-    discover_adapters,
-    model_context_length,
-    repository_parameters,
-)
+from warmup_tools.embedding_cache.settings import EmbedderConfig, EmbeddingCacheSettings
+from warmup_tools.lora_adapter.settings import LoraAdapterSettings, discover_adapters, model_context_length
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PlanTarget:
     settings: LoraAdapterSettings
     tokenizer_dir: Path
-    embedder_dir: Path
+    #: The embedder ``embedding_cache`` runs (its model folder, providers, threads): the planner's clusters are
+    #: the server's.
+    embedder: EmbedderConfig
     #: KV bytes one cached token takes on this repository's server (model config, dtype, kv_storage).
     kv_bytes_per_token: int
 
@@ -36,16 +34,16 @@ class PlanTarget:
     def from_repository(cls, model_repository: Path, environ: Mapping[str, str] | None = None) -> PlanTarget:
         """From the repository's configs, ``${ENV}`` taken from ``environ`` (default: this process's)."""
         settings = LoraAdapterSettings.from_repository(model_repository, environ)
-        embedder_dir = repository_parameters(model_repository, "embedding_cache", environ).path("embedder_path")
-        return cls(settings, settings.base_model, embedder_dir, math.ceil(settings.kv_bytes_per_token()))
+        embedder = EmbeddingCacheSettings.from_repository(model_repository, environ).embedder
+        return cls(settings, settings.engine.base_model, embedder, math.ceil(settings.kv_bytes_per_token()))
 
     @property
     def block_size(self) -> int:
-        return self.settings.kv.block_size
+        return self.settings.engine.kv.block_size
 
     def default_budgets(self, **overrides: Any) -> Budgets:
         """The repository's warm-up share of the KV budget, half of it at most per adapter."""
-        total = overrides.pop("kv_bytes_total", None) or self.settings.kv.warmup_budget_bytes
+        total = overrides.pop("kv_bytes_total", None) or self.settings.engine.kv.warmup_budget_bytes
         per_adapter = overrides.pop("kv_bytes_per_adapter", None) or total // 2
         return Budgets(kv_bytes_total=total, kv_bytes_per_adapter=per_adapter, **overrides)
 
@@ -57,7 +55,7 @@ class PlanTarget:
     def adapters(self) -> set[str]:
         """The adapters this repository's ``lora_adapter`` loads at start ("" is the base model)."""
         try:
-            return {"", *discover_adapters(self.settings.adapter_root, self.settings.adapters)}
+            return {"", *discover_adapters(self.settings.engine.adapter_root, self.settings.engine.adapters)}
         except AssetError as exc:
             raise PlanError(f"the repository's adapters cannot be listed: {exc}") from None
 
@@ -76,12 +74,12 @@ class PlanTarget:
         tokens = sum(len(item["token_ids"]) for item in plan.items)
         planned_per_token = plan.settings.get("kv_bytes_per_token") or self.kv_bytes_per_token
         new_bytes = plan.summary.get("kv_bytes", 0) / planned_per_token * self.kv_bytes_per_token
-        budget = self.settings.kv.warmup_budget_bytes
+        budget = self.settings.engine.kv.warmup_budget_bytes
         if new_bytes > budget:
             raise PlanError(f"{where} needs {int(new_bytes)} KV bytes here ({tokens} planned tokens at "
                             f"{self.kv_bytes_per_token} bytes each), but lora_adapter's warm-up share is {budget} "
                             "bytes (kv_cache_bytes less kv_live_reserve): make a new plan against this repository")
-        context = model_context_length(self.settings.base_model)
+        context = model_context_length(self.settings.engine.base_model)
         adapters = self.adapters()
         vocab = len(tokenizer) if tokenizer is not None else None
         for index, item in enumerate(plan.items):

@@ -8,7 +8,6 @@ tokenizer's fingerprint: tenants never share an entry and two tokenizers never m
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import numpy as np
 
@@ -17,6 +16,7 @@ from warmup_tools.caches.redis_tier import SharedTier, checked_decoder, encode_a
 from warmup_tools.caches.tiered import TieredCache
 from warmup_tools.common.digests import text_digest, tokenizer_fingerprint
 from warmup_tools.common.errors import AssetError
+from warmup_tools.tokenizer_cache.settings import TokenizerConfig
 from warmup_tools.tokenizer_cache.templates import TemplateTokenizer
 from warmup_tools.triton.inputs import MAX_PROMPT_TOKENS
 
@@ -26,10 +26,11 @@ LOGGER = logging.getLogger(__name__)
 class TokenizerService:
     """Tokenises prompts with a Hugging Face tokenizer behind a local (and optional shared) cache."""
 
-    def __init__(self, tokenizer_path: Path, cache_bytes: int = 64 << 20, *,
-                 shared: SharedTier | None = None, max_templates: int = 256) -> None:
+    def __init__(self, config: TokenizerConfig, *, shared: SharedTier | None = None) -> None:
         from transformers import AutoTokenizer
 
+        self.config = config
+        tokenizer_path = config.path
         if not tokenizer_path.exists():
             raise AssetError(
                 f"tokenizer folder {tokenizer_path} does not exist; build the demo assets with "
@@ -39,8 +40,8 @@ class TokenizerService:
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         #: Known templates (system prompts, RAG preambles): a prompt that starts with one tokenises only
         #: its remainder when that provably gives the same ids (see template_tokenizer).
-        self.templates = TemplateTokenizer(self.tokenizer, max_templates=max_templates)
-        self.local: SegmentedLRUCache[tuple, np.ndarray] = SegmentedLRUCache(cache_bytes)
+        self.templates = TemplateTokenizer(self.tokenizer, max_templates=config.max_templates)
+        self.local: SegmentedLRUCache[tuple, np.ndarray] = SegmentedLRUCache(config.cache_bytes)
         self.cache: TieredCache[np.ndarray] = TieredCache(
             self.local, shared, kind="tok", fingerprint=self.fingerprint, encode=encode_array,
             decode=checked_decoder("int32", max_length=MAX_PROMPT_TOKENS))

@@ -6,56 +6,49 @@ backend stub; that keeps this module importable, and testable, anywhere.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from warmup_tools.caches.settings import SharedTierSettings
 from warmup_tools.common.errors import ConfigError, RequestError
 from warmup_tools.triton.params import ModelParameters
+from warmup_tools.triton.trust import TenantTrust
 
 
-def redis_tier_from_params(params: ModelParameters) -> Any:
-    """The Redis shared tier a model's ``redis_*`` parameters describe (the URL from ``redis_url`` or the file
-    ``redis_url_file`` names), or None when there is none."""
-    import dataclasses
-
-    from warmup_tools.caches.settings import SharedTierSettings
-
-    settings = SharedTierSettings.from_parameters(params)
-    url_from_file = _read_url(params)  # NOTE: always read, so check_unknown knows the parameter
-    if not settings.url:
-        settings = dataclasses.replace(settings, url=url_from_file)
-    control_dir = params.get("control_dir", str, "")
-    if not settings.url:
+def shared_tier(settings: SharedTierSettings, trust: TenantTrust, *, model: str) -> Any:
+    """The Redis shared tier ``settings`` describe (the URL from ``redis_url`` or the file ``redis_url_file``
+    names), or None when there is none."""
+    url = settings.url or _read_url(settings.url_file, model)
+    if not url:
         return None
     from warmup_tools.caches.redis_tier import SharedTier
-    from warmup_tools.triton.trust import TenantTrust
 
     # Values carry a MAC and keys are salted, under keys derived from the deployment secret (trust mode) or,
     # in open mode, from a random value made once per deployment in the control folder.
-    trust = TenantTrust.from_parameters(params)
     if not trust.trusted:
-        if not control_dir:
-            raise ConfigError(f"model '{params.model_name}': a shared tier (redis_url) in open mode needs "
-                              "control_dir, where the deployment's random Redis key salt is kept; set it, or use "
-                              "trust mode (deployment_secret_file)")
-        trust = TenantTrust(open_mode_seed(params.path("control_dir")))
-    return SharedTier(settings, mac_key=trust.derived_key(b"redis-mac"), salt=trust.cache_salt())
+        if settings.control_dir is None:
+            raise ConfigError(f"model '{model}': a shared tier (redis_url) in open mode needs control_dir, where "
+                              "the deployment's random Redis key salt is kept; set it, or use trust mode "
+                              "(deployment_secret_file)")
+        trust = TenantTrust(open_mode_seed(settings.control_dir))
+    return SharedTier(dataclasses.replace(settings, url=url), mac_key=trust.derived_key(b"redis-mac"),
+                      salt=trust.cache_salt())
 
 
-def _read_url(params: ModelParameters) -> str:
+def _read_url(path: Path | None, model: str) -> str:
     """The URL in the file ``redis_url_file`` names (a mounted secret: the password stays out of the
     environment and the config); empty when unset."""
-    if not params.get("redis_url_file", str, "") or params.get("redis_url", str, ""):
+    if path is None:
         return ""
-    path = params.path("redis_url_file")
     try:
         with open(path, "rb") as file:
             return file.read(4096).decode("utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"model '{params.model_name}': redis_url_file {path} is not readable ({exc})") from None
+        raise ConfigError(f"model '{model}': redis_url_file {path} is not readable ({exc})") from None
 
 
 #: In the control folder: the random value open mode derives its Redis MAC key and key salt from.

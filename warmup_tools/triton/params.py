@@ -23,15 +23,6 @@ _UNSET = object()
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
-def parse_bool(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in {"1", "true", "yes", "on"}:
-        return True
-    if lowered in {"0", "false", "no", "off"}:
-        return False
-    raise ValueError(f"{value!r} is not a boolean (use true or false)")
-
-
 def expand_path(value: str, base: Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
     """Expand ``$VAR``, ``${VAR}`` and ``${VAR:-default}``; relative results are taken relative to ``base``."""
     path = Path(expand_env(value, environ)).expanduser()
@@ -100,3 +91,21 @@ class ModelParameters:
                 f"model '{self.model_name}': unknown parameter(s) {', '.join(unknown)}; "
                 f"known: {', '.join(sorted(self._declared))}"
             )
+
+
+def repository_parameters(model_repository: Path, model: str,
+                          environ: Mapping[str, str] | None = None) -> ModelParameters:
+    """A model's ``config.pbtxt`` parameters as Triton hands them to ``initialize`` (paths relative to
+    the model's folder, ``${ENV}`` expanded from this process's environment)."""
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    path = Path(model_repository) / model / "config.pbtxt"
+    try:
+        config = text_format.Parse(path.read_text(encoding="utf-8"), model_config_pb2.ModelConfig())
+    except FileNotFoundError:
+        raise ConfigError(f"{path} does not exist; point --model-repository at a repository with {model}") from None
+    except text_format.ParseError as exc:
+        raise ConfigError(f"{path} does not parse: {exc}") from None
+    data: dict[str, Any] = json_format.MessageToDict(config, preserving_proto_field_name=True)
+    return ModelParameters(data, base_dir=path.parent, environ=environ)

@@ -44,6 +44,7 @@ import numpy as np
 from warmup_tools.common.errors import ConfigError, InvalidInputError
 from warmup_tools.common.files import stat_key, write_atomic
 from warmup_tools.common.records import PROBE_TENANT
+from warmup_tools.common.settings import check_settings, read_settings, setting
 from warmup_tools.triton.inputs import check_identity, parse_identity, parse_optional_string
 from warmup_tools.triton.params import ModelParameters
 
@@ -132,6 +133,24 @@ class TenantKeys:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class TrustSettings:
+    """The trust parameters, the same on every composing model (both files empty: open mode)."""
+
+    deployment_secret_file: Path | None = setting(None, "Trust mode: the deployment secret (64 hex digits, 0600) "
+                                                        "tenant tokens, derived keys and the cache salt come from; "
+                                                        "empty: open mode.")
+    tenant_keys_file: Path | None = setting(None, "Trust mode: the hashed tenant keys (tokens are checked against "
+                                                  "the file as it is now); needs deployment_secret_file.")
+    token_ttl_s: float = setting(DEFAULT_TOKEN_TTL_S, "Seconds a tenant token made by the first step stays valid.",
+                                 parameter="tenant_token_ttl_s", ge=1, le=MAX_TOKEN_TTL_S)
+    probe_secret: str = setting("", "The sidecar's per-start probe secret (WARMUP_PROBE_SECRET; at least 16 "
+                                    "characters), the only proof of the probe tenant; empty: no probe tenant.")
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class TenantTrust:
     """What one model checks tenant identity with; ``secret`` None is open mode."""
 
@@ -151,13 +170,13 @@ class TenantTrust:
 
     @classmethod
     def from_parameters(cls, params: ModelParameters) -> TenantTrust:
-        """From ``deployment_secret_file`` and ``tenant_keys_file`` (both empty: open mode),
-        ``tenant_token_ttl_s`` and ``probe_secret``."""
-        secret = params.path("deployment_secret_file") if params.get("deployment_secret_file", str, "") else None
-        keys_file = params.path("tenant_keys_file") if params.get("tenant_keys_file", str, "") else None
-        ttl = params.get("tenant_token_ttl_s", float, DEFAULT_TOKEN_TTL_S)
-        return cls.from_files(secret, keys_file, model=params.model_name, token_ttl_s=ttl,
-                              probe_secret=params.get("probe_secret", str, "") or None)
+        """From a model's trust parameters (:class:`TrustSettings`)."""
+        return cls.from_settings(read_settings(TrustSettings, params), model=params.model_name)
+
+    @classmethod
+    def from_settings(cls, settings: TrustSettings, *, model: str) -> TenantTrust:
+        return cls.from_files(settings.deployment_secret_file, settings.tenant_keys_file, model=model,
+                              token_ttl_s=settings.token_ttl_s, probe_secret=settings.probe_secret or None)
 
     @classmethod
     def from_files(cls, secret_file: Path | None, keys_file: Path | None = None, *, model: str = "?",

@@ -13,12 +13,10 @@ import triton_python_backend_utils as pb_utils
 from warmup_tools.embedding_cache.embedder import OnnxEmbedder
 from warmup_tools.embedding_cache.semantic import CENTROIDS_FILE
 from warmup_tools.embedding_cache.service import EmbeddingService
+from warmup_tools.embedding_cache.settings import EmbeddingCacheSettings
 from warmup_tools.triton.inputs import MAX_PROMPT_TOKENS, parse_count, parse_identity, parse_text
-from warmup_tools.triton.io import (
-    collect_inputs, error_response, log_unexpected, model_parameters, redis_tier_from_params,
-)
+from warmup_tools.triton.io import collect_inputs, error_response, log_unexpected, model_parameters, shared_tier
 from warmup_tools.triton.trust import TenantTrust
-from warmup_tools.triton.params import parse_bool
 from warmup_tools.triton.warmup import OwnWarmupSamples
 from warmup_tools.triton.metrics import CacheMetrics, HeatMetrics
 
@@ -27,28 +25,18 @@ INPUTS = ("text_input", "warmup_plan", "tenant_id", "tenant_token", "adapter_id"
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = model_parameters(args)
-        self.trust = TenantTrust.from_parameters(params)
-        embedder = OnnxEmbedder(
-            params.path("embedder_path"),
-            cache_bytes=params.get("cache_bytes", int, 64 << 20),
-            providers=params.get("providers", str, "auto"),
-            num_threads=params.get("num_threads", int, 1),
-            shared=redis_tier_from_params(params),
-        )
+        settings = EmbeddingCacheSettings.from_parameters(model_parameters(args))
+        self.trust = TenantTrust.from_settings(settings.trust, model="embedding_cache")
+        embedder = OnnxEmbedder(settings.embedder,
+                                shared=shared_tier(settings.shared, self.trust, model="embedding_cache"))
         instance = args["model_instance_name"]
-        heat_dir = params.get("heat_log_dir", str, "")
+        heat_dir = settings.semantic.heat_log_dir
         self.service = EmbeddingService(
-            embedder,
-            sample_rate=params.get("miss_sample_rate", float, 0.1),
-            seed=params.get("sample_seed", int, 0),
-            threshold=params.get("admit_threshold", float, 0.82),
+            embedder, settings.semantic,
             centroids_path=Path(args["model_repository"]) / CENTROIDS_FILE,
-            heat_log=params.path("heat_log_dir") / f"heat-{instance}.jsonl" if heat_dir else None,
-            deferred=params.get("deferred_misses", parse_bool, True),
+            heat_log=heat_dir / f"heat-{instance}.jsonl" if heat_dir is not None else None,
             cluster_key=self.trust.derived_key(b"cluster-id") or secrets.token_bytes(32),
         )
-        params.check_unknown()
         self.metrics = CacheMetrics(pb_utils, "embedding_cache", instance)
         self.heat_metrics = HeatMetrics(pb_utils, instance)
         self.own_samples = OwnWarmupSamples.from_args(args)  # only they, while loading, may carry warmup_plan

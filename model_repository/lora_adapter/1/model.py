@@ -6,6 +6,7 @@ instance's scheduler and returns at once; its responses go out through the reque
 from the scheduler's thread.
 """
 
+import dataclasses
 import time
 
 import triton_python_backend_utils as pb_utils
@@ -15,14 +16,14 @@ from warmup_tools.triton.io import collect_inputs, error_for, log_unexpected, mo
 from warmup_tools.triton.metrics import GenerationMetrics, SchedulerMetrics, SnapshotMetrics
 from warmup_tools.triton.trust import TenantTrust
 from warmup_tools.triton.warmup import OwnWarmupSamples, own_plan_id
-from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
+from warmup_tools.lora_adapter.engine import LoraEngine
 from warmup_tools.lora_adapter.responses import ResponseSink
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.service import LoraService
 from warmup_tools.lora_adapter.settings import LoraAdapterSettings
 from warmup_tools.lora_adapter.snapshots import SnapshotKeeper
 from warmup_tools.lora_adapter.request_log import RequestLogWriter, prompt_for_log
-from warmup_tools.lora_adapter.requests import RequestLimits, parse_generate_request
+from warmup_tools.lora_adapter.requests import parse_generate_request
 
 INPUTS = ("input_ids", "adapter_id", "tenant_id", "tenant_token", "max_tokens", "stream", "temperature",
           "top_p", "top_k", "seed", "cluster_id", "warmup_plan", "text_input")
@@ -32,16 +33,11 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 class TritonPythonModel:
     def initialize(self, args):
         settings = LoraAdapterSettings.from_parameters(model_parameters(args))
-        self.trust = TenantTrust.from_files(settings.deployment_secret_file, settings.tenant_keys_file,
-                                            model="lora_adapter", probe_secret=settings.probe_secret)
-        engine = LoraEngine(EngineConfig(
-            base_model=settings.base_model, adapter_root=settings.adapter_root, adapters=settings.adapters,
-            device=settings.device, dtype=settings.dtype, num_threads=settings.num_threads, kv=settings.kv,
-            cache_salt=self.trust.cache_salt(), public_prefixes=settings.public_prefixes))
+        self.trust = TenantTrust.from_settings(settings.trust, model="lora_adapter")
+        engine = LoraEngine(dataclasses.replace(settings.engine, cache_salt=self.trust.cache_salt()))
         self.instance = args["model_instance_name"]
         self.own_samples = OwnWarmupSamples.from_args(args)  # only they, while loading, may carry warmup_plan
-        self.limits = RequestLimits(max_tokens_limit=settings.max_tokens_limit,
-                                    default_max_tokens=settings.default_max_tokens, vocab_size=engine.vocab_size)
+        self.limits = dataclasses.replace(settings.limits, vocab_size=engine.vocab_size)
         self.redact = settings.request_log_redact
         self.tokenizer = engine.tokenizer
         self.digest_key = self.trust.derived_key(b"log-digest")
@@ -52,10 +48,8 @@ class TritonPythonModel:
             self.scheduler = Scheduler(engine, settings.batching, observer=observer)
             self.scheduler.start()  # before the service: its first reconcile may load adapters through it
         try:
-            self.service = LoraService(
-                engine, instance=self.instance, scheduler=self.scheduler, control_dir=settings.control_dir,
-                serve_cold=settings.serve_cold, warm_priority=settings.warm_priority,
-                warm_share=settings.warm_share, warm_chunk_tokens=settings.warm_chunk_tokens)
+            self.service = LoraService(engine, settings.service, instance=self.instance, batching=settings.batching,
+                                       scheduler=self.scheduler)
         except Exception:
             if self.scheduler is not None:
                 self.scheduler.stop()

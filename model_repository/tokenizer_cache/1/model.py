@@ -9,10 +9,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from warmup_tools.tokenizer_cache.service import TokenizerService
+from warmup_tools.tokenizer_cache.settings import TokenizerCacheSettings
 from warmup_tools.triton.inputs import parse_text
-from warmup_tools.triton.io import (
-    collect_inputs, error_response, log_unexpected, model_parameters, redis_tier_from_params,
-)
+from warmup_tools.triton.io import collect_inputs, error_response, log_unexpected, model_parameters, shared_tier
 from warmup_tools.triton.metrics import CacheMetrics
 from warmup_tools.triton.trust import TenantTrust
 from warmup_tools.triton.warmup import OwnWarmupSamples
@@ -22,14 +21,10 @@ INPUTS = ("text_input", "tenant_id", "tenant_key", "warmup_plan")
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = model_parameters(args)
-        self.service = TokenizerService(
-            params.path("tokenizer_path"),
-            cache_bytes=params.get("cache_bytes", int, 64 << 20),
-            shared=redis_tier_from_params(params),
-        )
-        self.trust = TenantTrust.from_parameters(params)
-        params.check_unknown()
+        settings = TokenizerCacheSettings.from_parameters(model_parameters(args))
+        self.trust = TenantTrust.from_settings(settings.trust, model="tokenizer_cache")
+        self.service = TokenizerService(settings.tokenizer,
+                                        shared=shared_tier(settings.shared, self.trust, model="tokenizer_cache"))
         self.metrics = CacheMetrics(pb_utils, "tokenizer_cache", args["model_instance_name"])
         self.own_samples = OwnWarmupSamples.from_args(args)  # only they, while loading, may carry warmup_plan
 

@@ -1,6 +1,7 @@
 import numpy as np
 
 from warmup_tools.caches.policies import ENTRY_OVERHEAD_BYTES, LRUCache
+from warmup_tools.tokenizer_cache.settings import TokenizerConfig
 
 
 def test_lru_stays_within_budget_under_a_flood_of_unique_keys():
@@ -68,7 +69,7 @@ def test_tokenizer_service_gives_full_tokenisation_ids_through_templates(demo_as
     from warmup_tools.demo.prompts import SYSTEM_PROMPTS
     from warmup_tools.tokenizer_cache.service import TokenizerService
 
-    service = TokenizerService(demo_assets.lm_dir)
+    service = TokenizerService(TokenizerConfig(demo_assets.lm_dir))
     template = SYSTEM_PROMPTS["legal"]
     assert service.register_template(template)
     for question in ("Clause 7?", " indemnity and 30 days", "\\nUser: hello", "é中文🙂"):

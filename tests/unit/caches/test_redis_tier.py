@@ -363,7 +363,7 @@ def test_embeddings_from_the_shared_tier_must_have_the_width_and_be_finite():
 
 
 def test_every_redis_parameter_reaches_the_tier(redis_server, tmp_path):
-    from warmup_tools.triton.io import redis_tier_from_params
+    from tests.unit.triton.test_shared_tier_keys import redis_tier_from_params
     from warmup_tools.triton.params import ModelParameters
 
     values = {"redis_url": redis_server.url, "redis_timeout_ms": "150", "redis_retry_after_s": "3",
@@ -375,8 +375,8 @@ def test_every_redis_parameter_reaches_the_tier(redis_server, tmp_path):
     tier = redis_tier_from_params(params)
     try:
         assert tier.settings == SharedTierSettings(
-            url=redis_server.url, timeout_ms=150, retry_after_s=3, ttl_s=600, ttl_jitter=0.25, lock_wait_ms=40,
-            lock_ms=900, lock_poll_ms=4, max_connections=3, pool_timeout_ms=7)
+            url=redis_server.url, control_dir=tmp_path, timeout_ms=150, retry_after_s=3, ttl_s=600, ttl_jitter=0.25,
+            lock_wait_ms=40, lock_ms=900, lock_poll_ms=4, max_connections=3, pool_timeout_ms=7)
         pool = tier._client.connection_pool
         assert (pool.max_connections, pool.timeout) == (3, 0.007)
         assert pool.connection_kwargs["socket_timeout"] == pool.connection_kwargs["socket_connect_timeout"] == 0.15

@@ -4,6 +4,7 @@ import numpy as np
 
 from warmup_tools.embedding_cache.embedder import OnnxEmbedder
 from warmup_tools.embedding_cache.service import EmbeddingService
+from warmup_tools.embedding_cache.settings import EmbedderConfig, SemanticConfig
 
 
 class Clock:
@@ -15,8 +16,9 @@ class Clock:
 
 def test_misses_are_sampled_hits_counted_and_heat_stays_unbiased(demo_assets, tmp_path):
     clock = Clock()
-    service = EmbeddingService(OnnxEmbedder(demo_assets.embedder_dir), sample_rate=0.25, seed=1,
-                               heat_log=tmp_path / "heat.jsonl", flush_interval_s=5, clock=clock)
+    service = EmbeddingService(OnnxEmbedder(EmbedderConfig(demo_assets.embedder_dir)),
+                               SemanticConfig(sample_rate=0.25, seed=1, flush_interval_s=5, deferred=False),
+                                   heat_log=tmp_path / "heat.jsonl", clock=clock)
     sources = [service.handle(f"refund request number {i}", adapter="support").source for i in range(200)]
     computed = sources.count("computed")
     assert sources.count("skipped") == 200 - computed and 25 <= computed <= 75
@@ -29,12 +31,12 @@ def test_misses_are_sampled_hits_counted_and_heat_stays_unbiased(demo_assets, tm
 
 
 def test_warmup_always_computes_and_planned_centroids_assign_clusters(demo_assets, tmp_path):
-    embedder = OnnxEmbedder(demo_assets.embedder_dir)
+    embedder = OnnxEmbedder(EmbedderConfig(demo_assets.embedder_dir))
     anchors = embedder.embed_batch(["How do I get a refund for my invoice?", "SELECT total revenue by region"])
     path = tmp_path / "centroids.json"
     path.write_text(json.dumps([{"cluster": 7, "centroid": anchors[0].tolist()},
                                 {"cluster": 9, "centroid": anchors[1].tolist()}]))
-    service = EmbeddingService(embedder, sample_rate=0.0, centroids_path=path)
+    service = EmbeddingService(embedder, SemanticConfig(sample_rate=0.0, deferred=False), centroids_path=path)
     out = service.handle("I want a refund for my last invoice", warmup=True)
     assert out.source == "computed" and out.cluster_id == 7 and out.similarity > 0.5
     assert service.handle("query revenue per region in SQL", warmup=True).cluster_id == 9
@@ -45,7 +47,8 @@ def test_warmup_always_computes_and_planned_centroids_assign_clusters(demo_asset
 def test_the_sidecars_probes_add_no_heat(demo_assets):
     from warmup_tools.common.records import PROBE_TENANT
 
-    service = EmbeddingService(OnnxEmbedder(demo_assets.embedder_dir), sample_rate=1.0, seed=1)
+    service = EmbeddingService(OnnxEmbedder(EmbedderConfig(demo_assets.embedder_dir)),
+                               SemanticConfig(sample_rate=1.0, seed=1, deferred=False))
     for _ in range(5):
         service.handle("sidecar readiness probe", tenant=PROBE_TENANT)
     assert sum(e.requests for e in service.heat.snapshot()) == 0
@@ -54,7 +57,8 @@ def test_the_sidecars_probes_add_no_heat(demo_assets):
 
 
 def test_deferred_misses_are_embedded_after_the_response_with_the_same_heat(demo_assets):
-    service = EmbeddingService(OnnxEmbedder(demo_assets.embedder_dir), sample_rate=1.0, seed=1, deferred=True)
+    service = EmbeddingService(OnnxEmbedder(EmbedderConfig(demo_assets.embedder_dir)),
+                               SemanticConfig(sample_rate=1.0, seed=1, deferred=True))
     try:
         first = service.handle("a question nobody asked before", adapter="support")
         assert first.source == "deferred" and first.cluster_id == -1 and not np.any(first.vector)
@@ -69,8 +73,8 @@ def test_deferred_misses_are_embedded_after_the_response_with_the_same_heat(demo
 
 
 def test_a_full_deferred_queue_drops_and_counts_instead_of_blocking(demo_assets):
-    service = EmbeddingService(OnnxEmbedder(demo_assets.embedder_dir), sample_rate=1.0, seed=1, deferred=True,
-                               deferred_queue=1)
+    service = EmbeddingService(OnnxEmbedder(EmbedderConfig(demo_assets.embedder_dir)),
+                               SemanticConfig(sample_rate=1.0, seed=1, deferred=True, deferred_queue=1))
     service.close()  # the worker is gone: nothing drains the queue
     assert service.handle("first miss").source == "deferred"
     assert service.handle("second miss").source == "skipped" and service.dropped == 1
@@ -79,10 +83,10 @@ def test_a_full_deferred_queue_drops_and_counts_instead_of_blocking(demo_assets)
 def test_a_direct_caller_gets_no_signal_of_another_tenant_s_similar_prompt(demo_assets):
     """What embedding_cache outputs (cluster_id, similarity) for tenant B's prompt is the same whether
     tenant A sent a similar one before or not."""
-    embedder = OnnxEmbedder(demo_assets.embedder_dir)
+    embedder = OnnxEmbedder(EmbedderConfig(demo_assets.embedder_dir))
 
     def b_sees(a_prompts):
-        service = EmbeddingService(embedder, sample_rate=1.0, cluster_key=b"k" * 32)
+        service = EmbeddingService(embedder, SemanticConfig(sample_rate=1.0, deferred=False), cluster_key=b"k" * 32)
         a = [service.handle(p, tenant="acme") for p in a_prompts]
         return service.handle("I want a refund for my last invoice, please", tenant="globex"), a
 
@@ -119,7 +123,7 @@ class RecordingTier:
 
 def test_the_embedding_cache_is_keyed_by_tenant_in_both_tiers(demo_assets):
     shared = RecordingTier()
-    embedder = OnnxEmbedder(demo_assets.embedder_dir, shared=shared)
+    embedder = OnnxEmbedder(EmbedderConfig(demo_assets.embedder_dir), shared=shared)
     text = "How do I get a refund for my invoice?"
     embedder.compute(text, "acme")
     assert embedder.lookup(text, "acme").source == "local"
@@ -129,7 +133,7 @@ def test_the_embedding_cache_is_keyed_by_tenant_in_both_tiers(demo_assets):
 
     # Through the service: another tenant's identical prompt is a miss that is not sampled (rate 0), with no
     # vector and no cluster, while the first tenant's is a hit.
-    service = EmbeddingService(embedder, sample_rate=0.0)
+    service = EmbeddingService(embedder, SemanticConfig(sample_rate=0.0, deferred=False))
     assert service.handle(text, tenant="acme").source == "local"
     other = service.handle(text, tenant="beta")
     assert other.source == "skipped" and not np.any(other.vector) and other.cluster_id == -1

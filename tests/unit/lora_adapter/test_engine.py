@@ -11,8 +11,9 @@ from warmup_tools.common.errors import InvalidInputError, UnknownAdapterError
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.config import KVCacheConfig
-from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
+from warmup_tools.lora_adapter.engine import LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+from warmup_tools.lora_adapter.settings import EngineConfig
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,12 @@ from warmup_tools.adapters.plan_control import PlanStatusBoard, write_plan_file
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.config import KVCacheConfig
-from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
+from warmup_tools.lora_adapter.engine import LoraEngine
 from warmup_tools.lora_adapter.live_plan import diff_hot_sets
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.service import LoraService
+from warmup_tools.lora_adapter.settings import EngineConfig, SchedulerConfig, ServiceConfig
 
 DEADLINE_S = 120.0
 
@@ -75,7 +76,8 @@ def test_a_live_plan_change_warms_new_items_moves_pins_and_reports_coverage(engi
     board = PlanStatusBoard(tmp_path)
     scheduler = Scheduler(engine)
     scheduler.start()
-    service = LoraService(engine, instance="inst_0", control_dir=tmp_path, poll_s=0.05, scheduler=scheduler)
+    service = LoraService(engine, ServiceConfig(control_dir=tmp_path, control_poll_s=0.05), instance="inst_0",
+                          scheduler=scheduler, batching=SchedulerConfig())
     cache = engine.prefix_cache
     try:
         write_plan_file(tmp_path, first)
@@ -103,7 +105,7 @@ def test_a_live_plan_change_warms_new_items_moves_pins_and_reports_coverage(engi
 
 def test_samples_with_a_plan_id_make_the_hot_set_until_a_live_plan_is_applied(engine, tmp_path):
     ids = prefix(engine, SYSTEM_PROMPTS["legal"], 3)
-    service = LoraService(engine, instance="inst_0", control_dir=None)
+    service = LoraService(engine, ServiceConfig(control_dir=None), instance="inst_0", batching=SchedulerConfig())
     try:
         sample = GenerateRequest(tuple(ids), None, "default", False, SamplingParams(max_tokens=1),
                                  source=BlockSource.WARMUP, plan_id="stanza-plan")
@@ -130,7 +132,7 @@ def test_a_sample_in_flight_during_a_live_plan_change_leaves_the_new_plan_pinned
     flight while the control folder's plan lands), must not move the cache back to A or unpin B."""
     from warmup_tools.adapters.plan_control import LivePlan
 
-    service = LoraService(engine, instance="inst_0", control_dir=None)
+    service = LoraService(engine, ServiceConfig(control_dir=None), instance="inst_0", batching=SchedulerConfig())
     cache = engine.prefix_cache
     try:
         sample = GenerateRequest(tuple(prefix(engine, SYSTEM_PROMPTS["legal"], 3)), None, "default", False,
@@ -162,7 +164,7 @@ def test_a_plan_the_warm_up_budget_cannot_hold_says_so(engine, tmp_path):
     small = LoraEngine(dataclasses.replace(engine.config, adapters=("support",),
                                            kv=KVCacheConfig(budget_bytes=10 * block, live_reserve=0.5)))
     ids = prefix(small, SYSTEM_PROMPTS["support"], 8)
-    service = LoraService(small, instance="inst_0", control_dir=None)
+    service = LoraService(small, ServiceConfig(control_dir=None), instance="inst_0", batching=SchedulerConfig())
     try:
         from warmup_tools.adapters.plan_control import LivePlan
 
@@ -181,7 +183,7 @@ def test_plan_items_outside_the_vocabulary_or_the_context_are_left_out_and_count
     out_of_vocab = good[:16] + [engine.vocab_size] + good[17:]
     too_long = (good * (engine.context_length // len(good) + 1))[: engine.context_length]
     warmed = []
-    service = LoraService(engine, instance="inst_0", control_dir=None)
+    service = LoraService(engine, ServiceConfig(control_dir=None), instance="inst_0", batching=SchedulerConfig())
     real_warm = service.plan._warm
     service.plan._warm = lambda adapter, tenant, ids: (warmed.append(tuple(ids)), real_warm(adapter, tenant, ids))
     try:

@@ -22,10 +22,10 @@ from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.kv.prefix_cache import PrefixCache
 from warmup_tools.lora_adapter import scheduler as scheduler_module
-from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
+from warmup_tools.lora_adapter.engine import LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
-from warmup_tools.lora_adapter.settings import SchedulerConfig
+from warmup_tools.lora_adapter.settings import EngineConfig, SchedulerConfig
 
 #: How long a thread test waits for an outcome it expects; only a failing test ever waits this long.
 OUTCOME_TIMEOUT_S = 120

@@ -10,9 +10,10 @@ from warmup_tools.adapters.registry import ControlRegistry
 from warmup_tools.adapters.state import AdapterState
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.config import KVCacheConfig
-from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
+from warmup_tools.lora_adapter.engine import LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.service import LoraService
+from warmup_tools.lora_adapter.settings import EngineConfig, SchedulerConfig, ServiceConfig
 
 
 @pytest.fixture(scope="module")
@@ -29,17 +30,18 @@ def greedy(service_or_engine, ids, adapter):
     return [s.token_id for s in steps], steps[-1].cached_tokens
 
 
-@pytest.mark.parametrize("chunk", [64, 0])
+@pytest.mark.parametrize("chunk", [64, 1 << 20])  # 1 << 20: longer than any prompt, so one step each
 def test_an_added_adapter_is_warmed_in_chunks_and_its_prompts_are_then_cached(engine, tmp_path, chunk):
     prompt = SYSTEM_PROMPTS["sql"] + f"User: list the tables (chunk {chunk})\nAssistant:"
     ids = engine.encode(prompt)
     registry = ControlRegistry(tmp_path)
-    service = LoraService(engine, instance="test_0", control_dir=tmp_path, poll_s=0.05, warm_chunk_tokens=chunk)
+    service = LoraService(engine, ServiceConfig(control_dir=tmp_path, control_poll_s=0.05), instance="test_0",
+                          batching=SchedulerConfig(warm_chunk_tokens=chunk))
     try:
         registry.add("sql", [prompt])
         registry.wait_until("sql", AdapterState.LIVE, instances=1, timeout_s=120)
         status = service.lifecycle.snapshot()["sql"]
-        steps = -(-len(ids) // 64) if chunk else 1
+        steps = -(-len(ids) // 64) if chunk == 64 else 1
         assert f"{steps} steps" in status.detail, status.detail
         tokens, cached = greedy(service, ids, "sql")
         # Everything but the last token comes from the cache, whole blocks only.
@@ -65,7 +67,8 @@ def test_with_the_scheduler_an_added_adapter_loads_and_warms_inside_it(engine, t
     registry = ControlRegistry(tmp_path)
     scheduler = Scheduler(engine)
     scheduler.start()
-    service = LoraService(engine, instance="test_0", control_dir=tmp_path, poll_s=0.05, scheduler=scheduler)
+    service = LoraService(engine, ServiceConfig(control_dir=tmp_path, control_poll_s=0.05), instance="test_0",
+                          scheduler=scheduler, batching=SchedulerConfig())
     try:
         registry.add("sql", [prompt])
         registry.wait_until("sql", AdapterState.LIVE, instances=1, timeout_s=120)
@@ -104,7 +107,8 @@ class _Sink:
 def test_an_instance_starts_and_converges_when_the_control_files_are_nested_100000_deep(engine, tmp_path):
     (tmp_path / "desired.json").write_bytes(b'{"adapters": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
     (tmp_path / "plan.json").write_bytes(b"{" * 100_000)
-    service = LoraService(engine, instance="test_0", control_dir=tmp_path, poll_s=0.05)  # no RecursionError
+    service = LoraService(engine, ServiceConfig(control_dir=tmp_path, control_poll_s=0.05),
+                          instance="test_0", batching=SchedulerConfig())  # no RecursionError
     try:
         assert service.reconciler.maybe_reconcile() is False  # the poll keeps working on the bad file
         tokens, _ = greedy(service, engine.encode("User: hello\nAssistant:"), "support")

@@ -21,9 +21,9 @@ from warmup_tools.kv.prefix_cache import PrefixCache
 from warmup_tools.kv.snapshot import prefix_tokens, snapshot_name, write_snapshot
 from warmup_tools.kv.snapshot_verify import SnapshotIdentity, list_snapshots, read_snapshot, salt_fingerprint
 from warmup_tools.lora_adapter import snapshot_restore
-from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
+from warmup_tools.lora_adapter.engine import LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
-from warmup_tools.lora_adapter.settings import SnapshotConfig
+from warmup_tools.lora_adapter.settings import EngineConfig, SnapshotConfig
 from warmup_tools.lora_adapter.snapshot_restore import RestoreReport, SnapshotRestorer, engine_identity
 from warmup_tools.lora_adapter.snapshots import SnapshotKeeper
 

@@ -100,7 +100,7 @@ def test_a_plan_for_another_tokenizer_or_over_the_budget_is_refused(repo, target
     with pytest.raises(PlanError, match=f"tokenizer other-tokenizer, but lora_adapter's base_model tokenizer is "
                                         f"{fingerprint}"):
         write_plan_stanzas(other, repo, target=target, tokenizer=tokenizer)
-    too_big = make_plan(fingerprint, kv_bytes=target.settings.kv.warmup_budget_bytes + 1)
+    too_big = make_plan(fingerprint, kv_bytes=target.settings.engine.kv.warmup_budget_bytes + 1)
     with pytest.raises(PlanError, match="warm-up share is 228170137 bytes"):
         write_plan_stanzas(too_big, repo, target=target, tokenizer=tokenizer)
 
@@ -118,7 +118,7 @@ TEXT = "You are a careful contracts assistant. Answer with the clause number and
 def test_items_the_server_cannot_warm_are_refused_naming_the_item(repo, target, fingerprint, tokenizer):
     good = _item(tokenizer, TEXT)
     assert write_plan_stanzas(make_plan(fingerprint, items=[good]), repo, target=target, tokenizer=tokenizer)
-    context = target.settings.base_model / "config.json"
+    context = target.settings.engine.base_model / "config.json"
     import json
 
     limit = json.loads(context.read_text())["max_position_embeddings"]

@@ -16,6 +16,7 @@ from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.jsonl import ReadStats
 from warmup_tools.common.plan import Budgets, Plan, PlanError
 from warmup_tools.common.records import read_request_log
+from warmup_tools.embedding_cache.settings import EmbedderConfig
 from warmup_tools.lora_adapter.settings import model_kv_shape
 from warmup_tools.planning.analyse import NOISE, PlanOptions, analyse_traffic, shared_prefix
 from warmup_tools.planning.select import build_plan, format_summary
@@ -91,7 +92,7 @@ def tokenizer(demo_assets):
 def embedder(demo_assets):
     from warmup_tools.embedding_cache.embedder import OnnxEmbedder
 
-    return CachingEmbedder(OnnxEmbedder(demo_assets.embedder_dir))
+    return CachingEmbedder(OnnxEmbedder(EmbedderConfig(demo_assets.embedder_dir)))
 
 
 def record(ts, tenant, adapter, prompt, **extra):

@@ -5,11 +5,20 @@ import stat
 import pytest
 
 from warmup_tools.caches.redis_tier import TierKey
+from warmup_tools.caches.settings import SharedTierSettings
 from warmup_tools.common.errors import ConfigError
-from warmup_tools.triton.io import OPEN_MODE_SEED_FILE, redis_tier_from_params
+from warmup_tools.common.settings import read_settings
+from warmup_tools.triton.io import OPEN_MODE_SEED_FILE, shared_tier
 from warmup_tools.triton.params import ModelParameters
+from warmup_tools.triton.trust import TenantTrust
 
 KEY = TierKey("tok", "acme", "fp", b"\x01" * 16)
+
+
+def redis_tier_from_params(params):
+    """The tier a model's parameters describe, read as the models read them."""
+    return shared_tier(read_settings(SharedTierSettings, params), TenantTrust.from_parameters(params),
+                       model=params.model_name)
 
 
 def tier(control_dir, url="redis://127.0.0.1:1/0"):

@@ -255,7 +255,7 @@ def test_from_parameters_reads_the_model_name_ttl_and_probe_secret(deployment):
     assert trusted.tenant_of({"tenant_token": s(mine)}, False, now=NOW) == "acme"
     with pytest.raises(ConfigError) as refused:
         TenantTrust.from_parameters(params(tenant_token_ttl_s=0))
-    assert str(refused.value) == "model 'm': tenant_token_ttl_s must lie in [1, 3600] seconds"
+    assert str(refused.value) == "model 'm': parameter tenant_token_ttl_s must be >= 1 and <= 3600, not 0.0"
 
     opened = TenantTrust.from_parameters(params(probe_secret="p" * 16))
     assert opened.first_step_tenant({"tenant_id": s(PROBE_TENANT), "tenant_key": s("p" * 16)}, False) == PROBE_TENANT

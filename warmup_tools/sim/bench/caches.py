@@ -22,10 +22,12 @@ from typing import Callable, Iterator, Sequence, TextIO
 
 import numpy as np
 
+from warmup_tools.embedding_cache.settings import EmbedderConfig
 from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer, free_port
 from warmup_tools.sim.bench.text import make_text
+from warmup_tools.tokenizer_cache.settings import TokenizerConfig
 
 
 def percentiles(samples_s: Sequence[float]) -> tuple[float, float]:
@@ -63,13 +65,13 @@ def run(assets_dir: Path, *, n: int = 300, out: TextIO = sys.stdout) -> None:
     texts = [make_text(tok, 300, rng) for _ in range(n)]
     rows: list[tuple[str, str, float, float]] = []
 
-    service = TokenizerService(assets_dir / "lm")
+    service = TokenizerService(TokenizerConfig(assets_dir / "lm"))
     it = iter(texts)
     rows.append(("tokenizer", "miss", *percentiles(timed(lambda: service.encode(next(it)), n))))
     it = iter(texts)
     rows.append(("tokenizer", "hit", *percentiles(timed(lambda: service.encode(next(it)), n))))
 
-    embedder = OnnxEmbedder(assets_dir / "embedder", num_threads=1)
+    embedder = OnnxEmbedder(EmbedderConfig(assets_dir / "embedder", num_threads=1))
     m = max(30, n // 5)
     it = iter(texts[:m])
     rows.append(("embedding", "miss", *percentiles(timed(lambda: embedder.embed(next(it)), m))))
@@ -81,10 +83,10 @@ def run(assets_dir: Path, *, n: int = 300, out: TextIO = sys.stdout) -> None:
         out.write(f"| {name} | {kind} | {p50:.3f} | {p99:.3f} |\n")
 
     prompts = zipf_prompts(tok, distinct=2000, requests=5000, s=1.1, rng=rng)
-    zipf = TokenizerService(assets_dir / "lm", cache_bytes=256 << 10)
+    zipf = TokenizerService(TokenizerConfig(assets_dir / "lm", cache_bytes=256 << 10))
     for p in prompts:
         zipf.encode(p)
-    emb = OnnxEmbedder(assets_dir / "embedder", cache_bytes=256 << 10, num_threads=1)
+    emb = OnnxEmbedder(EmbedderConfig(assets_dir / "embedder", cache_bytes=256 << 10, num_threads=1))
     emb_prompts = prompts[:1500]
     for p in emb_prompts:
         emb.embed(p)

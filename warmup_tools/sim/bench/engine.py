@@ -25,10 +25,10 @@ from typing import Sequence, TextIO
 
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.config import KVCacheConfig
-from warmup_tools.lora_adapter.engine import EngineConfig, GenerationStep, LoraEngine
+from warmup_tools.lora_adapter.engine import GenerationStep, LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
-from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING
+from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING, EngineConfig
 from warmup_tools.sim.bench.latency import (
     SCOPES,
     LevelResult,

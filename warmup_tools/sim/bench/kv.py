@@ -119,8 +119,9 @@ class Int8Accuracy:
 def run_int8_accuracy(assets_dir: Path, *, prompts: int = 32, prefix_tokens: int = 256, seed: int = 1) -> Int8Accuracy:
     """INT8 cached KV against full precision on a fixed prompt set: the last-token logits after a
     cached prefix, and the next 16 greedy tokens."""
-    from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
+    from warmup_tools.lora_adapter.engine import LoraEngine
     from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+    from warmup_tools.lora_adapter.settings import EngineConfig
 
     def engine(storage: str) -> LoraEngine:
         return LoraEngine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",
@@ -170,8 +171,9 @@ class FloodResult:
 def run_flood(assets_dir: Path, *, prompts: int = 10_000, prompt_tokens: int = 40,
               budget_bytes: int = 16 << 20, seed: int = 2) -> FloodResult:
     """Unique prompts through one engine with a small KV budget: the cache never exceeds it."""
-    from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
+    from warmup_tools.lora_adapter.engine import LoraEngine
     from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+    from warmup_tools.lora_adapter.settings import EngineConfig
 
     eng = LoraEngine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",
                                   kv=KVCacheConfig(budget_bytes=budget_bytes)))

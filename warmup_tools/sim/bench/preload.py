@@ -29,11 +29,11 @@ from typing import TextIO
 from warmup_tools.adapters.registry import ControlRegistry
 from warmup_tools.adapters.state import AdapterState
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
-from warmup_tools.lora_adapter.engine import EngineConfig, LoraEngine
+from warmup_tools.lora_adapter.engine import LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.service import LoraService
-from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING
+from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING, EngineConfig, SchedulerConfig, ServiceConfig
 
 CONFIGS = (("fifo", 0, 1.0), ("live_first", 0, 1.0), ("live_first", 128, 1.0), ("live_first", 128, 0.5),
            ("continuous", 0, 1.0))
@@ -82,10 +82,12 @@ def measure(assets_dir: Path, priority: str, chunk_tokens: int, share: float, *,
     if priority == "continuous":
         scheduler = Scheduler(engine, DEFAULT_BATCHING)
         scheduler.start()
-        service = LoraService(engine, instance="bench_0", control_dir=control, poll_s=0.02, scheduler=scheduler)
+        service = LoraService(engine, ServiceConfig(control_dir=control, control_poll_s=0.02), instance="bench_0",
+                              batching=DEFAULT_BATCHING, scheduler=scheduler)
     else:
-        service = LoraService(engine, instance="bench_0", control_dir=control, poll_s=0.02,
-                              warm_priority=priority, warm_share=share, warm_chunk_tokens=chunk_tokens)
+        service = LoraService(engine, ServiceConfig(control_dir=control, control_poll_s=0.02, warm_priority=priority),
+                              instance="bench_0",
+                              batching=SchedulerConfig(warm_share=share, warm_chunk_tokens=max(1, chunk_tokens)))
     registry = ControlRegistry(control)
     texts = warm_prompts(prompts, prompt_tokens, engine, seed)
     system = SYSTEM_PROMPTS["support"]

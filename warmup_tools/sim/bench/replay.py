@@ -170,7 +170,7 @@ def prepare(work: Path, assets_dir: Path, *, seed: int, requests_per_day: int, o
     shutil.copytree(REPO_ROOT / "model_repository", planned)
     target = PlanTarget.from_repository(planned, {**os.environ, **_server_env(assets_dir)})
     tokenizer = target.load_tokenizer()
-    embedder = OnnxEmbedder(target.embedder_dir, num_threads=2)
+    embedder = OnnxEmbedder(dataclasses.replace(target.embedder, num_threads=2))
     started = time.perf_counter()
     plan = build_plan(day1, tokenizer, embedder, target.default_budgets(), now=day2_start,
                       block_size=target.block_size, kv_bytes_per_token=target.kv_bytes_per_token, progress=False)

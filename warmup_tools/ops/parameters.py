@@ -1,0 +1,43 @@
+"""The parameter reference (``docs/parameters.md``), generated from the settings objects.
+
+``python -m warmup_tools parameters`` prints it; a unit test keeps the file equal to it and every model's
+``config.pbtxt`` within it, so a parameter exists with its docs or not at all.
+"""
+
+from __future__ import annotations
+
+from warmup_tools.common.settings import ParameterRow, markdown_table, parameter_rows
+from warmup_tools.embedding_cache.settings import EmbeddingCacheSettings
+from warmup_tools.lora_adapter.settings import LoraAdapterSettings
+from warmup_tools.sidecar.config import SidecarConfig
+from warmup_tools.tokenizer_cache.settings import TokenizerCacheSettings
+
+#: Each model's settings object, in pipeline order: ``config.pbtxt`` parameters.
+MODEL_SETTINGS = {"tokenizer_cache": TokenizerCacheSettings, "embedding_cache": EmbeddingCacheSettings,
+                  "lora_adapter": LoraAdapterSettings}
+
+_HEADER = """# Parameters
+
+Generated from the settings objects by `python -m warmup_tools parameters > docs/parameters.md`: change a
+setting's default, bound or doc where it is declared (the class named in each section), not here. A unit test
+fails when this page and the code differ.
+
+Model parameters are `config.pbtxt` entries `parameters { key: "<name>" value: { string_value: "<value>" } }`.
+A value may reference the environment (`${VAR}`, `${VAR:-fallback}`); an empty value, or an absent parameter,
+means the default below. A parameter a model does not know fails its load, naming the parameter.
+"""
+
+
+def model_rows(model: str) -> list[ParameterRow]:
+    return list(parameter_rows(MODEL_SETTINGS[model]))
+
+
+def parameters_markdown() -> str:
+    parts = [_HEADER]
+    for model, cls in MODEL_SETTINGS.items():
+        parts.append(f"\n## `{model}`\n\nRead by `{cls.__module__}.{cls.__name__}`.\n\n")
+        parts.append(markdown_table(model_rows(model)))
+    parts.append("\n## The sidecar\n\nThe keys of the JSON file `--sidecar-config` names (`SidecarConfig` in "
+                 f"`{SidecarConfig.__module__}`); `sidecar` flags override them.\n\n")
+    parts.append(markdown_table(list(parameter_rows(SidecarConfig))).replace("| parameter |", "| key |", 1))
+    return "".join(parts)

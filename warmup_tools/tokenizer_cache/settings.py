@@ -1,0 +1,43 @@
+"""Every ``tokenizer_cache`` parameter of ``config.pbtxt``, read once into one typed object."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from warmup_tools.caches.settings import SharedTierSettings
+from warmup_tools.common.settings import check_settings, read_settings, setting
+from warmup_tools.triton.params import ModelParameters
+from warmup_tools.triton.trust import TrustSettings
+
+MODEL_NAME = "tokenizer_cache"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenizerConfig:
+    """The tokenizer and its local cache (:class:`~warmup_tools.tokenizer_cache.service.TokenizerService`)."""
+
+    path: Path = setting(doc="Hugging Face tokenizer folder: the base model's own (tokenizer.json).",
+                         parameter="tokenizer_path")
+    cache_bytes: int = setting(64 << 20, "Bytes of the local tokenisation cache (keys and token ids).", ge=1)
+    max_templates: int = setting(256, "Known templates (system prompts, RAG preambles) whose remainder is "
+                                      "tokenised alone when that provably gives the same ids.", ge=0, le=65536)
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenizerCacheSettings:
+    """Every ``tokenizer_cache`` parameter (:meth:`from_parameters`)."""
+
+    tokenizer: TokenizerConfig
+    shared: SharedTierSettings = dataclasses.field(default_factory=SharedTierSettings)
+    trust: TrustSettings = dataclasses.field(default_factory=TrustSettings)
+
+    @classmethod
+    def from_parameters(cls, params: ModelParameters) -> TokenizerCacheSettings:
+        """Read and check every parameter; unknown ones are refused (a typo fails the load)."""
+        settings = read_settings(cls, params)
+        params.check_unknown()
+        return settings

@@ -32,9 +32,9 @@ VERDICTS = {1: "killed", 3: "killed", 36: "killed", 24: "killed", -24: "killed",
 _UTF8_CASE = "codec names ignore case"
 _ONE_ELEMENT = "the array has exactly one element (checked just before): -1, 1 and -2 all reshape it to [1]"
 _TRUST, _WARMUP = "warmup_tools/triton/trust.py", "warmup_tools/triton/warmup.py"
+_VERIFY = "warmup_tools/kv/snapshot_verify.py"
 _OWNER_ONLY = "write_atomic's default mode is owner-only (PRIVATE_MODE, 0o600)"
 _ENTROPY = "secrets' default entropy is 32 bytes"
-_ABSENT_PARAMETER = "an absent parameter then reads as None instead of '', and both are false in the test it feeds"
 _ONLY_SELF_COMPARED = ("the digest is kept in memory and only compared with digests of the same function; the "
                        "encoding stays injective (a length-prefixed value after each name)")
 
@@ -88,14 +88,6 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         _OWNER_ONLY,
     (_TRUST, "add_tenant_key", 'write_atomic(secret_file, secrets.token_hex(None) + "\\n", mode=0o600)'): _ENTROPY,
     (_TRUST, "add_tenant_key", "key = secrets.token_urlsafe(None)"): _ENTROPY,
-    (_TRUST, "TenantTrust.from_parameters",
-     'secret = params.path("deployment_secret_file") if params.get("deployment_secret_file", str, None) else None'):
-        _ABSENT_PARAMETER,
-    (_TRUST, "TenantTrust.from_parameters",
-     'keys_file = params.path("tenant_keys_file") if params.get("tenant_keys_file", str, None) else None'):
-        _ABSENT_PARAMETER,
-    (_TRUST, "TenantTrust.from_parameters", 'probe_secret=params.get("probe_secret", str, None) or None)'):
-        _ABSENT_PARAMETER,
     (_TRUST, "TenantTrust.verify_key", 'given = _hash_key(key or "XXXX")'):
         "hashed only when there is no key, which `not key` refuses anyway; the hash only keeps the time the same",
     (_TRUST, "TenantTrust.verify_key",
@@ -137,10 +129,16 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("warmup_tools/lora_adapter/snapshot_restore.py", "SnapshotRestorer._verify",
      "for drawn in verification_sample(blocks, 2.0, self._rng):"):
         "a share of 1 or more draws every block, in the generator's order, either way",
-    ("warmup_tools/kv/snapshot_verify.py", "_read_manifest", "raw = handle.read(MAX_MANIFEST_BYTES + 2)"):
-        "the file is at most MAX_MANIFEST_BYTES (checked just before): one or two bytes more read the same",
-    ("warmup_tools/kv/snapshot_verify.py", "_read_payload", "data = handle.read(max_bytes + 2)"):
-        "the file is at most max_bytes (checked just before): one or two bytes more read the same",
+    (_VERIFY, "_canonical", 'return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("UTF-8")'):
+        _UTF8_CASE,
+    (_VERIFY, "_read_manifest", 'data = json.loads(raw.decode("UTF-8"))'): _UTF8_CASE,
+    (_VERIFY, "_read_manifest",
+     'if not isinstance(given, str) or not hmac.compare_digest(given.encode("UTF-8", "replace"),'): _UTF8_CASE,
+    (_VERIFY, "_read_manifest", 'manifest_mac(data, mac_key).encode("ASCII")):'): _UTF8_CASE,
+    (_VERIFY, "block_digest",
+     'digest.update(str(tensor.dtype).encode("ASCII") + str(tuple(tensor.shape)).encode("ascii"))'): _UTF8_CASE,
+    (_VERIFY, "block_digest",
+     'digest.update(str(tensor.dtype).encode("ascii") + str(tuple(tensor.shape)).encode("ASCII"))'): _UTF8_CASE,
 }
 
 

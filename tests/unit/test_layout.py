@@ -2,7 +2,8 @@
 
 The layers, lowest first (``ALLOWED`` lists them in this order, with what each package may import):
 
-- ``common``: errors, digests, atomic files, JSON lines, the request record, the plan file; imports nothing.
+- ``common``: errors, digests, atomic files, JSON lines, the request record, the plan file, the settings
+  declarations; imports nothing.
 - ``demo``, ``kv``, ``caches``, ``adapters``, ``server``: the demo assets and prompts, the KV block model,
   the cache policies and shared tier, the adapter control folder, a tritonserver seen from outside.
 - ``triton``: the Python backend's side of Triton (parameters, inputs, responses, metrics, trust, warm-up).
@@ -35,13 +36,14 @@ ALLOWED: dict[str, set[str]] = {
     "server": {"common"},
     "triton": {"common", "caches"},
     "tokenizer_cache": {"common", "caches", "triton"},
-    "embedding_cache": {"common", "caches"},
+    "embedding_cache": {"common", "caches", "triton"},
     "lora_adapter": {"common", "kv", "adapters", "triton"},
     "planning": {"common", "kv", "adapters", "triton", "embedding_cache", "lora_adapter"},
     "sidecar": {"common", "adapters", "server", "triton", "planning"},
     "sim": {"common", "demo", "kv", "caches", "adapters", "server", "triton", "tokenizer_cache", "embedding_cache",
             "lora_adapter", "planning", "sidecar"},
-    "ops": {"common", "demo", "adapters", "server", "triton", "embedding_cache", "planning", "sidecar", "sim"},
+    "ops": {"common", "demo", "adapters", "server", "triton", "tokenizer_cache", "embedding_cache", "lora_adapter",
+            "planning", "sidecar", "sim"},
     TOP: {"ops"},
 }
 

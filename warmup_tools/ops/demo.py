@@ -17,7 +17,7 @@ from warmup_tools.server.process import RepositoryKey, ServerPorts, TritonServer
 
 LOGGER = logging.getLogger(__name__)
 
-#: The README section that says how to serve a real model and real adapters instead of the demo assets.
+#: The docs/serving.md section that says how to serve a real model and real adapters instead of the demo assets.
 REAL_MODEL_SECTION = "Point the repository at a real model and adapters"
 
 
@@ -25,7 +25,7 @@ def lm_note(config: ServeConfig) -> str:
     """What the demo's LM is, and where to read how to serve a real one (printed before the requests)."""
     return (f"note: the demo LM ({Path(config.assets_dir) / 'lm'}) has random weights, so its text is noise by "
             "design; what the demo shows is TTFT and cached_tokens.\n"
-            f'      to serve a real model and adapters: README.md, "{REAL_MODEL_SECTION}" '
+            f'      to serve a real model and adapters: docs/serving.md, "{REAL_MODEL_SECTION}" '
             "(WARMUP_ASSETS_DIR or the config.pbtxt parameters)\n")
 
 

@@ -164,6 +164,8 @@ class LoraEngine:
         batch = len(rows)
         new_len = max(len(row.token_ids) for row in rows)
         cache = self._reusable_cache(rows)
+        if batch == 1:
+            return [self._forward_row(rows[0], cache)]
         past_len = cache.get_seq_length() if cache is not None else max(row.position for row in rows)
         if cache is None and past_len:
             cache = DynamicCache(ddp_cache_data=self._padded_past(rows, past_len), config=self.model_config)
@@ -202,6 +204,26 @@ class LoraEngine:
         uniform = all(len(row.token_ids) == new_len for row in rows)
         self._recent_batches = [*self._recent_batches[-1:], (cache, [o.kv for o in outputs], uniform)]
         return outputs
+
+    def _forward_row(self, row: BatchRow, cache: object | None) -> RowOutput:
+        """One sequence alone: its KV as it is (no padding), no explicit mask, its adapter set as the
+        serial path sets it. NOTE: a single stream runs this every step, so it costs what serving the
+        request by itself costs (``python -m warmup_tools bench single``)."""
+        from transformers import DynamicCache
+
+        if cache is None:
+            cache = (DynamicCache(ddp_cache_data=[(k, v) for k, v in row.past], config=self.model_config)
+                     if row.position else DynamicCache(config=self.model_config))
+        ids = torch.tensor([list(row.token_ids)], dtype=torch.long, device=self.device)
+        # An adapter row runs with its adapter set (peft's plain LoRA forward); a base row through the per-row
+        # names (peft's disable_adapter walks every module on entry and exit).
+        use = self._adapter(row.adapter) if row.adapter is not None else self._row_adapters([None])
+        with torch.inference_mode(), use:
+            out = self._lm(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        end = row.position + len(row.token_ids)
+        kv: SequenceKV = [(layer.keys[:, :, :end], layer.values[:, :, :end]) for layer in cache.layers]
+        self._recent_batches = [*self._recent_batches[-1:], (cache, [kv], True)]
+        return RowOutput(out.logits[0, -1], kv)
 
     def forget_batches(self) -> None:
         """Drop the caches kept for reuse (the scheduler calls this when nothing runs)."""
@@ -449,7 +471,9 @@ class LoraEngine:
             return
         if name not in self.adapters:
             raise UnknownAdapterError(f"unknown adapter '{name}': {UNKNOWN_ADAPTER_HINT}")
-        self._peft.set_adapter(name)
+        # NOTE: peft's set_adapter walks every module (about 7 ms on the demo model): only on a change.
+        if self._peft.active_adapter != name:
+            self._peft.set_adapter(name)
         yield
 
     def _load_adapter(self, name: str, path: Path) -> None:

@@ -225,6 +225,11 @@ def _parser() -> argparse.ArgumentParser:
     eng.add_argument("--device", default="auto", help="auto (the first CUDA device, else CPU), cpu, cuda, cuda:1")
     eng.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
 
+    single = which.add_parser("single", parents=[assets],
+                              help="one stream on the continuous scheduler against the serial path, in process")
+    single.add_argument("--requests", type=int, default=24)
+    single.add_argument("--lm-threads", type=int, default=1, help="torch threads (0: torch default)")
+
     pre = which.add_parser("preload", parents=[assets],
                            help="live TTFT while a new adapter warms: fifo vs live-first, chunked")
     pre.add_argument("--prompts", type=int, default=12, help="warm prompts of the new adapter")

@@ -137,3 +137,43 @@ def test_a_public_prefix_is_shared_across_tenants_and_what_follows_is_not(demo_a
     run(private, request(private, platform + tenant_part, tenant="acme"))
     _, other = run(private, request(private, platform + tenant_part, tenant="globex"))
     assert other.cached_tokens == 0
+
+
+@pytest.mark.parametrize("adapter", ["support", None])
+def test_a_row_forwarded_alone_computes_what_it_computes_in_a_batch(plain_engine, adapter):
+    """One sequence takes the single-row path (no padding, no mask, its adapter set); beside another row it
+    takes the padded batch: the logits and the KV agree, prompt and decode steps alike."""
+    from warmup_tools.lora_adapter.engine import BatchRow
+
+    ids = tuple(plain_engine.encode(SYSTEM_PROMPTS["legal"] + "User: is this binding?\nAssistant:"))
+    other = tuple(plain_engine.encode("User: a different, shorter prompt\nAssistant:"))
+    plain_engine.forget_batches()
+    alone = plain_engine.forward_batch([BatchRow(ids, 0, None, adapter)])[0]
+    pair = plain_engine.forward_batch([BatchRow(other, 0, None, "sql"), BatchRow(ids, 0, None, adapter)])
+    batched = pair[1]
+    assert torch.allclose(alone.logits, batched.logits, atol=1e-4)
+    for (k1, v1), (k2, v2) in zip(alone.kv, batched.kv):
+        assert k1.shape == k2.shape == (1, k1.shape[1], len(ids), k1.shape[3])
+        assert torch.allclose(k1, k2, atol=1e-4) and torch.allclose(v1, v2, atol=1e-4)
+    token = int(alone.logits.argmax())
+    step_alone = plain_engine.forward_batch([BatchRow((token,), len(ids), alone.kv, adapter)])[0]
+    step_batched = plain_engine.forward_batch([BatchRow((5,), len(other), pair[0].kv, "sql"),
+                                               BatchRow((token,), len(ids), batched.kv, adapter)])[1]
+    assert torch.allclose(step_alone.logits, step_batched.logits, atol=1e-4)
+    assert step_alone.kv[0][0].shape[2] == len(ids) + 1
+
+
+def test_an_adapter_already_active_is_not_set_again(plain_engine, monkeypatch):
+    """peft's set_adapter walks every module: a single stream must not pay it on every step."""
+    from warmup_tools.lora_adapter.engine import BatchRow
+
+    ids = tuple(plain_engine.encode("User: hello\nAssistant:"))
+    out = plain_engine.forward_batch([BatchRow(ids, 0, None, "legal")])[0]
+    calls = []
+    real = plain_engine._peft.set_adapter
+    monkeypatch.setattr(plain_engine._peft, "set_adapter", lambda name: (calls.append(name), real(name)))
+    for position in range(len(ids), len(ids) + 3):
+        out = plain_engine.forward_batch([BatchRow((7,), position, out.kv, "legal")])[0]
+    assert calls == []
+    plain_engine.forward_batch([BatchRow(ids, 0, None, "sql")])
+    assert calls == ["sql"]

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Mapping
+from typing import ClassVar
 
 from warmup_tools.caches.settings import SharedTierSettings
-from warmup_tools.common.settings import check_settings, read_settings, setting
-from warmup_tools.triton.params import ModelParameters, repository_parameters
+from warmup_tools.common.settings import check_settings, setting
+from warmup_tools.triton.params import ModelSettings
 from warmup_tools.triton.trust import TrustSettings
 
 MODEL_NAME = "embedding_cache"
@@ -57,23 +57,14 @@ class SemanticConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class EmbeddingCacheSettings:
+class EmbeddingCacheSettings(ModelSettings):
     """Every ``embedding_cache`` parameter (:meth:`from_parameters`)."""
+
+    MODEL: ClassVar[str] = MODEL_NAME
 
     embedder: EmbedderConfig
     semantic: SemanticConfig = dataclasses.field(default_factory=SemanticConfig)
     shared: SharedTierSettings = dataclasses.field(default_factory=SharedTierSettings)
     trust: TrustSettings = dataclasses.field(default_factory=TrustSettings)
 
-    @classmethod
-    def from_parameters(cls, params: ModelParameters) -> EmbeddingCacheSettings:
-        """Read and check every parameter; unknown ones are refused (a typo fails the load)."""
-        settings = read_settings(cls, params)
-        params.check_unknown()
-        return settings
 
-    @classmethod
-    def from_repository(cls, model_repository: Path,
-                        environ: Mapping[str, str] | None = None) -> EmbeddingCacheSettings:
-        """The settings a server on ``model_repository`` would run ``embedding_cache`` with."""
-        return cls.from_parameters(repository_parameters(model_repository, MODEL_NAME, environ))

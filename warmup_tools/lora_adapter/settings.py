@@ -12,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Mapping
+from typing import ClassVar
 
 from warmup_tools.common.errors import AssetError, ConfigError
-from warmup_tools.common.settings import check_settings, read_settings, setting
+from warmup_tools.common.settings import check_settings, setting
 from warmup_tools.kv.config import KVCacheConfig, KVShape
 from warmup_tools.lora_adapter.requests import RequestLimits
-from warmup_tools.triton.params import ModelParameters, repository_parameters
+from warmup_tools.triton.params import ModelSettings
 from warmup_tools.triton.trust import TrustSettings
 
 MODEL_NAME = "lora_adapter"
@@ -142,8 +142,10 @@ class ServiceConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class LoraAdapterSettings:
+class LoraAdapterSettings(ModelSettings):
     """Every ``lora_adapter`` parameter (:meth:`from_parameters`)."""
+
+    MODEL: ClassVar[str] = MODEL_NAME
 
     engine: EngineConfig
     limits: RequestLimits = dataclasses.field(default_factory=RequestLimits)
@@ -161,19 +163,6 @@ class LoraAdapterSettings:
 
     def __post_init__(self) -> None:
         check_settings(self)
-
-    @classmethod
-    def from_parameters(cls, params: ModelParameters) -> LoraAdapterSettings:
-        """Read and check every parameter; unknown ones are refused (a typo fails the load)."""
-        settings = read_settings(cls, params)
-        params.check_unknown()
-        return settings
-
-    @classmethod
-    def from_repository(cls, model_repository: Path, environ: Mapping[str, str] | None = None) -> LoraAdapterSettings:
-        """The settings a server on ``model_repository`` (with ``environ``, default this process's) would
-        run ``lora_adapter`` with."""
-        return cls.from_parameters(repository_parameters(model_repository, MODEL_NAME, environ))
 
     def kv_bytes_per_token(self, device_dtype: str | None = None) -> float:
         """KV bytes one cached token takes: from the base model's config.json, dtype and ``kv_storage``.

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
 from warmup_tools.caches.settings import SharedTierSettings
-from warmup_tools.common.settings import check_settings, read_settings, setting
-from warmup_tools.triton.params import ModelParameters
+from warmup_tools.common.settings import check_settings, setting
+from warmup_tools.triton.params import ModelSettings
 from warmup_tools.triton.trust import TrustSettings
 
 MODEL_NAME = "tokenizer_cache"
@@ -28,16 +29,12 @@ class TokenizerConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class TokenizerCacheSettings:
+class TokenizerCacheSettings(ModelSettings):
     """Every ``tokenizer_cache`` parameter (:meth:`from_parameters`)."""
+
+    MODEL: ClassVar[str] = MODEL_NAME
 
     tokenizer: TokenizerConfig
     shared: SharedTierSettings = dataclasses.field(default_factory=SharedTierSettings)
     trust: TrustSettings = dataclasses.field(default_factory=TrustSettings)
 
-    @classmethod
-    def from_parameters(cls, params: ModelParameters) -> TokenizerCacheSettings:
-        """Read and check every parameter; unknown ones are refused (a typo fails the load)."""
-        settings = read_settings(cls, params)
-        params.check_unknown()
-        return settings

@@ -15,11 +15,13 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
 from warmup_tools.common.errors import ConfigError
+from warmup_tools.common.settings import read_settings
 
 _UNSET = object()
+S = TypeVar("S", bound="ModelSettings")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -109,3 +111,27 @@ def repository_parameters(model_repository: Path, model: str,
         raise ConfigError(f"{path} does not parse: {exc}") from None
     data: dict[str, Any] = json_format.MessageToDict(config, preserving_proto_field_name=True)
     return ModelParameters(data, base_dir=path.parent, environ=environ)
+
+
+class ModelSettings:
+    """What each model's settings object adds to its fields: reading them from ``config.pbtxt``.
+
+    A subclass is a frozen dataclass of :func:`~warmup_tools.common.settings.setting` fields (and nested settings
+    objects) with ``MODEL`` naming its model.
+    """
+
+    __slots__ = ()
+    MODEL: ClassVar[str]
+
+    @classmethod
+    def from_parameters(cls: type[S], params: ModelParameters) -> S:
+        """Read and check every parameter; unknown ones are refused (a typo fails the load)."""
+        settings = read_settings(cls, params)
+        params.check_unknown()
+        return settings
+
+    @classmethod
+    def from_repository(cls: type[S], model_repository: Path, environ: Mapping[str, str] | None = None) -> S:
+        """The settings a server on ``model_repository`` (``${ENV}`` from ``environ``, default this process's)
+        would run the model with."""
+        return cls.from_parameters(repository_parameters(model_repository, cls.MODEL, environ))

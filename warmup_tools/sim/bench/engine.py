@@ -71,7 +71,7 @@ def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int 
         scheduler.stop()
 
 
-class _TimedSink:
+class TimedSink:
     """A sequence sink that records when each token arrives."""
 
     def __init__(self) -> None:
@@ -95,7 +95,7 @@ class _TimedSink:
 def _level(engine: LoraEngine, scheduler: Scheduler, streams: int, rounds: int, max_tokens: int) -> LevelResult:
     def request(index: int, i: int) -> Sample:
         adapter, prompt = stream_prompt(index, i)
-        sink = _TimedSink()
+        sink = TimedSink()
         submitted = time.perf_counter()
         scheduler.submit(GenerateRequest(engine.encode(prompt), adapter, "bench", True,
                                          SamplingParams(max_tokens=max_tokens)), sink)

@@ -15,39 +15,18 @@ from __future__ import annotations
 
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Callable, TextIO
 
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
-from warmup_tools.lora_adapter.engine import GenerationStep, LoraEngine
+from warmup_tools.lora_adapter.engine import LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING, EngineConfig
+from warmup_tools.sim.bench.engine import TimedSink
 
 ADAPTERS: tuple[str | None, ...] = ("support", "legal", "sql", None)
-
-
-class _Sink:
-    """Records the time of every token; the scheduler's :class:`SequenceSink`."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.error: BaseException | None = None
-        self.done = threading.Event()
-
-    def send(self, step: GenerationStep) -> None:
-        self.times.append(time.perf_counter())
-        if step.finished:
-            self.done.set()
-
-    def fail(self, error: BaseException) -> None:
-        self.error = error
-        self.done.set()
-
-    def is_cancelled(self) -> bool:
-        return False
 
 
 def run(assets_dir: Path, *, requests: int = 24, max_tokens: int = 32, lm_threads: int = 1,
@@ -107,12 +86,12 @@ def _serial(scheduler: Scheduler, engine: LoraEngine, request: GenerateRequest) 
 
 
 def _continuous(scheduler: Scheduler, request: GenerateRequest) -> list[float]:
-    sink = _Sink()
+    sink = TimedSink()
     scheduler.submit(request, sink)
     sink.done.wait()
     if sink.error is not None:
         raise sink.error
-    return sink.times
+    return sink.arrivals
 
 
 def _figures(rows: list[tuple[float, list[float], float]]) -> dict[str, float]:

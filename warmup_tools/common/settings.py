@@ -20,7 +20,7 @@ import math
 import types
 import typing
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 from warmup_tools.common.errors import ConfigError
 
@@ -230,9 +230,15 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else repr(value)
 
 
-def markdown_table(rows: Sequence[ParameterRow]) -> str:
-    lines = ["| parameter | type | default | bound | what it does |", "|---|---|---|---|---|"]
+def markdown_table(rows: Sequence[ParameterRow], shipped: Mapping[str, str] | None = None) -> str:
+    """The rows as a Markdown table; with ``shipped``, a last column of the values a shipped config gives them."""
+    head = ["parameter", "type", "default", "bound", "what it does"]
+    head += ["shipped config"] if shipped is not None else []
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        cells = (f"`{row.parameter}`", row.type, row.default, row.bound, row.doc)
+        cells = [f"`{row.parameter}`", row.type, row.default, row.bound, row.doc]
+        if shipped is not None:
+            value = shipped.get(row.parameter)
+            cells.append("not set" if value is None else f"`{value}`" if value else "empty")
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"

@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from warmup_tools.common.settings import ParameterRow, markdown_table, parameter_rows
 from warmup_tools.embedding_cache.settings import EmbeddingCacheSettings
 from warmup_tools.lora_adapter.settings import LoraAdapterSettings
@@ -28,15 +31,27 @@ means the default below. A parameter a model does not know fails its load, namin
 """
 
 
+_SHIPPED = re.compile(r'parameters \{ key: "([a-z_0-9]+)" value: \{ string_value: "([^"]*)" \} \}')
+
+
 def model_rows(model: str) -> list[ParameterRow]:
     return list(parameter_rows(MODEL_SETTINGS[model]))
 
 
-def parameters_markdown() -> str:
+def shipped_values(repository: Path, model: str) -> dict[str, str]:
+    """The values the repository's ``config.pbtxt`` gives ``model``'s parameters, as written."""
+    return dict(_SHIPPED.findall((repository / model / "config.pbtxt").read_text(encoding="utf-8")))
+
+
+def parameters_markdown(repository: Path | None = None) -> str:
+    from warmup_tools.server.config import REPO_ROOT
+
+    repository = repository or REPO_ROOT / "model_repository"
     parts = [_HEADER]
     for model, cls in MODEL_SETTINGS.items():
-        parts.append(f"\n## `{model}`\n\nRead by `{cls.__module__}.{cls.__name__}`.\n\n")
-        parts.append(markdown_table(model_rows(model)))
+        parts.append(f"\n## `{model}`\n\nRead by `{cls.__module__}.{cls.__name__}`; the last column is the "
+                     "value the shipped `model_repository` gives it (the environment variable that sets it).\n\n")
+        parts.append(markdown_table(model_rows(model), shipped_values(repository, model)))
     parts.append("\n## The sidecar\n\nThe keys of the JSON file `--sidecar-config` names (`SidecarConfig` in "
                  f"`{SidecarConfig.__module__}`); `sidecar` flags override them.\n\n")
     parts.append(markdown_table(list(parameter_rows(SidecarConfig))).replace("| parameter |", "| key |", 1))

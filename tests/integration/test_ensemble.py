@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import numpy as np
 import pytest
 import requests
@@ -78,8 +80,13 @@ def test_warmup_samples_ran_before_ready(triton):
 
 
 def test_first_request_for_a_warmed_prompt_hits_the_caches(triton, grpc_client):
+    # NOTE: local hits are sent to /metrics together, and any miss sends them first: a unique prompt before
+    # each scrape makes every count exact when it is read, without waiting for the periodic send.
+    miss = GenerateParams(max_tokens=1)
+    grpc_client.generate(f"a prompt no cache holds {uuid.uuid4()}", miss)
     before = scrape_metrics(triton.metrics_url)
     grpc_client.generate(SYSTEM_PROMPTS["legal"], GenerateParams(max_tokens=2, adapter_id="legal"))
+    grpc_client.generate(f"a prompt no cache holds {uuid.uuid4()}", miss)
     after = scrape_metrics(triton.metrics_url)
     for model in ("tokenizer_cache", "embedding_cache"):
         hits = [metric_sum(m, "warmup_cache_lookups_total", model=model, result="hit") for m in (before, after)]
@@ -99,8 +106,6 @@ def test_first_live_request_after_warmup_reuses_the_warmed_system_prompt(triton)
 
 def test_each_request_is_logged_off_the_request_path(triton, grpc_client):
     import json
-    import uuid
-
     text = f"Request log check {uuid.uuid4().hex}"
     result = grpc_client.generate(text, GenerateParams(max_tokens=3, adapter_id="sql", tenant_id="globex"))
     path = triton.request_log_dir / "requests-lora_adapter_0_0.jsonl"
@@ -113,8 +118,6 @@ def test_each_request_is_logged_off_the_request_path(triton, grpc_client):
 
 def test_a_direct_call_cannot_put_text_it_did_not_send_into_the_request_log(triton, grpc_client):
     """text_input beside unrelated input_ids (a direct call to lora_adapter) is logged without its text."""
-    import uuid
-
     from tests.integration.test_errors import _stream_direct
 
     marker = f"Planted prompt {uuid.uuid4().hex}"

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from warmup_tools.caches.settings import SharedTierSettings
 from warmup_tools.common.settings import check_settings, setting
+from warmup_tools.triton.metrics import MetricsSettings
 from warmup_tools.triton.params import ModelSettings
 from warmup_tools.triton.trust import TrustSettings
 
@@ -66,5 +67,6 @@ class EmbeddingCacheSettings(ModelSettings):
     semantic: SemanticConfig = dataclasses.field(default_factory=SemanticConfig)
     shared: SharedTierSettings = dataclasses.field(default_factory=SharedTierSettings)
     trust: TrustSettings = dataclasses.field(default_factory=TrustSettings)
+    metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
 
 

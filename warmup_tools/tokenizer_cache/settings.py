@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from warmup_tools.caches.settings import SharedTierSettings
 from warmup_tools.common.settings import check_settings, setting
+from warmup_tools.triton.metrics import MetricsSettings
 from warmup_tools.triton.params import ModelSettings
 from warmup_tools.triton.trust import TrustSettings
 
@@ -37,4 +38,5 @@ class TokenizerCacheSettings(ModelSettings):
     tokenizer: TokenizerConfig
     shared: SharedTierSettings = dataclasses.field(default_factory=SharedTierSettings)
     trust: TrustSettings = dataclasses.field(default_factory=TrustSettings)
+    metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
 

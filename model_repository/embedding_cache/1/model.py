@@ -18,7 +18,7 @@ from warmup_tools.triton.inputs import MAX_PROMPT_TOKENS, parse_count, parse_ide
 from warmup_tools.triton.io import collect_inputs, error_response, log_unexpected, model_parameters, shared_tier
 from warmup_tools.triton.trust import TenantTrust
 from warmup_tools.triton.warmup import OwnWarmupSamples
-from warmup_tools.triton.metrics import CacheMetrics, HeatMetrics
+from warmup_tools.triton.metrics import CacheMetrics, HeatMetrics, PeriodicFlush
 
 INPUTS = ("text_input", "warmup_plan", "tenant_id", "tenant_token", "adapter_id", "prompt_tokens")
 
@@ -38,6 +38,7 @@ class TritonPythonModel:
             cluster_key=self.trust.derived_key(b"cluster-id") or secrets.token_bytes(32),
         )
         self.metrics = CacheMetrics(pb_utils, "embedding_cache", instance)
+        self.metrics_flush = PeriodicFlush(self.metrics.flush, settings.metrics.flush_s, "embedding-metrics")
         self.heat_metrics = HeatMetrics(pb_utils, instance)
         self.own_samples = OwnWarmupSamples.from_args(args)  # only they, while loading, may carry warmup_plan
         pb_utils.Logger.log_info(f"embedding_cache: ONNX Runtime providers {embedder.providers}")
@@ -74,5 +75,6 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
+        self.metrics_flush.close()
         self.service.close()
         self.service = None

@@ -12,7 +12,7 @@ from warmup_tools.tokenizer_cache.service import TokenizerService
 from warmup_tools.tokenizer_cache.settings import TokenizerCacheSettings
 from warmup_tools.triton.inputs import parse_text
 from warmup_tools.triton.io import collect_inputs, error_response, log_unexpected, model_parameters, shared_tier
-from warmup_tools.triton.metrics import CacheMetrics
+from warmup_tools.triton.metrics import CacheMetrics, PeriodicFlush
 from warmup_tools.triton.trust import TenantTrust
 from warmup_tools.triton.warmup import OwnWarmupSamples
 
@@ -26,6 +26,7 @@ class TritonPythonModel:
         self.service = TokenizerService(settings.tokenizer,
                                         shared=shared_tier(settings.shared, self.trust, model="tokenizer_cache"))
         self.metrics = CacheMetrics(pb_utils, "tokenizer_cache", args["model_instance_name"])
+        self.metrics_flush = PeriodicFlush(self.metrics.flush, settings.metrics.flush_s, "tokenizer-metrics")
         self.own_samples = OwnWarmupSamples.from_args(args)  # only they, while loading, may carry warmup_plan
 
     def execute(self, requests):
@@ -54,4 +55,5 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
+        self.metrics_flush.close()
         self.service = None

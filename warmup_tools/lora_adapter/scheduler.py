@@ -53,8 +53,9 @@ from warmup_tools.common.errors import (
 )
 from warmup_tools.kv.blocks import BlockSource, PrefixMatch
 from warmup_tools.kv.hashing import BlockHash
+from warmup_tools.kv.prefix_cache import PrefixCache
 from warmup_tools.lora_adapter.detokenize import IncrementalDetokenizer
-from warmup_tools.lora_adapter.engine import BatchRow, GenerationStep, LoraEngine, RowOutput
+from warmup_tools.lora_adapter.engine import BatchRow, GenerationStep, RowOutput
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.sampling import make_generator, next_token
 from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING, SchedulerConfig
@@ -62,6 +63,40 @@ from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING, SchedulerConfig
 LOGGER = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class ScheduledEngine(Protocol):
+    """What the scheduler uses of its engine: :class:`LoraEngine` in serving, a model-free stand-in in the
+    scheduler's unit tests (``tests/unit/lora_adapter/fake_engine.py``)."""
+
+    #: The instance's KV prefix cache (None: off); the scheduler matches, loads, stores and reserves through it.
+    prefix_cache: PrefixCache | None
+    device: torch.device
+    dtype: torch.dtype
+    eos_token_ids: frozenset[int]
+    #: What the incremental detokenizer decodes with (``decode(ids, skip_special_tokens=...)``).
+    tokenizer: object
+    #: KV bytes one token of a running sequence takes.
+    kv_bytes_per_token: int
+
+    def check_request(self, request: GenerateRequest) -> None:
+        """Raise the request's error if it cannot be served (empty, out of the vocabulary or context, unknown
+        adapter)."""
+
+    def has_adapter(self, name: str) -> bool: ...
+
+    def load_adapter(self, name: str, folder: str | None = None) -> None: ...
+
+    def unload_adapter(self, name: str) -> None: ...
+
+    def block_hashes(self, request: GenerateRequest) -> tuple[list[BlockHash], int]:
+        """The prompt's chained block hashes in the request's scope, and how many leading blocks are public."""
+
+    def forward_batch(self, rows: list[BatchRow]) -> list[RowOutput]:
+        """One forward for several sequences, each row's logits after its last new token and its KV so far."""
+
+    def forget_batches(self) -> None:
+        """Drop what the engine keeps between forwards (nothing runs)."""
 
 
 class SequenceSink(Protocol):
@@ -155,9 +190,9 @@ class SchedulerStats:
 
 
 class Scheduler:
-    """Continuous batching over one :class:`LoraEngine`; see the module docstring."""
+    """Continuous batching over one engine (a :class:`ScheduledEngine`); see the module docstring."""
 
-    def __init__(self, engine: LoraEngine, config: SchedulerConfig = DEFAULT_BATCHING, *,
+    def __init__(self, engine: ScheduledEngine, config: SchedulerConfig = DEFAULT_BATCHING, *,
                  observer: Callable[[StepReport, "Scheduler"], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  on_wait: Callable[["Scheduler"], None] | None = None) -> None:

@@ -149,6 +149,8 @@ class Sequence:
     #: The uncached block this sequence computes for everyone (single flight), until its prompt is done.
     flight_key: BlockHash | None = None
     steps: int = 0
+    #: When its client's cancellation was last asked for (the scheduler's clock).
+    cancel_checked: float = float("-inf")
 
     @property
     def prompt_len(self) -> int:
@@ -428,7 +430,14 @@ class Scheduler:
             self._last_live = self._clock()
 
     def _drop_cancelled(self) -> None:
+        # NOTE: the Python backend answers is_cancelled() with a round trip to the server: asked of every
+        # sequence on every step it cost a single stream about a millisecond per token (docs/benchmarks.md),
+        # so each sequence is asked at most every cancel_check_s.
+        now, every = self._clock(), self.config.cancel_check_s
         for seq in [*self._running, *self._waiting]:
+            if every and now - seq.cancel_checked < every:
+                continue
+            seq.cancel_checked = now
             try:
                 cancelled = seq.sink is not None and seq.sink.is_cancelled()
             except Exception:  # noqa: BLE001 - NOTE: a sender that cannot answer is a client gone

@@ -92,6 +92,9 @@ class SchedulerConfig:
                                       "warm-up may take.", gt=0, le=1)
     live_quiet_s: float = setting(0.5, "Seconds without a live request after which warm-up takes whole steps (an "
                                        "idle instance warms fast).", ge=0)
+    cancel_check_s: float = setting(0.05, "Seconds between two looks at whether one request's client cancelled it "
+                                          "(each look is a round trip to Triton, too dear for every step); 0: "
+                                          "every step.", ge=0, le=1)
 
     def __post_init__(self) -> None:
         check_settings(self)

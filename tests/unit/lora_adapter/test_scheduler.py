@@ -172,7 +172,7 @@ def test_preemption_under_a_tiny_budget_leaves_outputs_unchanged_and_raises_no_e
 
 def test_cancellation_frees_the_slot_and_the_memory(fresh_cache):
     engine = fresh_cache
-    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=1, max_queue=4))
+    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=1, max_queue=4, cancel_check_s=0))
     keep, cancel = RecordingSink(), RecordingSink()
     scheduler.submit(make_request(engine, "Cancel me please", None, max_tokens=50), cancel)
     scheduler.submit(make_request(engine, "Keep me", "sql", max_tokens=4), keep)
@@ -193,7 +193,7 @@ def test_cancellation_frees_the_slot_and_the_memory(fresh_cache):
 def test_the_observer_sees_the_counts_fall_when_the_last_sequence_is_cancelled(fresh_cache):
     engine = fresh_cache
     seen = []
-    scheduler = Scheduler(engine, observer=lambda report, sched: seen.append(
+    scheduler = Scheduler(engine, SchedulerConfig(cancel_check_s=0), observer=lambda report, sched: seen.append(
         (report.batch_size, sched.stats.running, sched.stats.waiting)))
     sink = RecordingSink()
     scheduler.submit(make_request(engine, "Cancel me please", None, max_tokens=50), sink)

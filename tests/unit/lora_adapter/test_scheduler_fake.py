@@ -97,7 +97,7 @@ def test_preemption_under_a_tiny_budget_leaves_every_output_unchanged():
 
 def test_a_cancelled_request_ends_with_cancelled_and_frees_its_slot_and_memory():
     engine = FakeEngine()
-    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=1))
+    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=1, cancel_check_s=0))
     first, second = RecordingSink(), RecordingSink()
     scheduler.submit(request(prompts(1)[0], max_tokens=50), first)
     scheduler.submit(request(prompts(1, seed=1)[0]), second)
@@ -123,7 +123,7 @@ def test_beyond_the_queue_bound_a_request_is_refused_at_once():
 def test_fuzz_every_request_gets_one_outcome_its_alone_output_and_nothing_is_held(data):
     block_size = data.draw(st.sampled_from([1, 2, 4, 16]))
     engine = FakeEngine(budget_bytes=data.draw(st.sampled_from([0, 400 * 48, 4000 * 48])), block_size=block_size)
-    config = SchedulerConfig(max_num_seqs=data.draw(st.integers(1, 6)), max_queue=64,
+    config = SchedulerConfig(max_num_seqs=data.draw(st.integers(1, 6)), max_queue=64, cancel_check_s=0,
                              max_num_batched_tokens=data.draw(st.integers(6, 64)))
     scheduler = Scheduler(engine, config)
     count = data.draw(st.integers(1, 12))
@@ -151,3 +151,29 @@ def test_fuzz_every_request_gets_one_outcome_its_alone_output_and_nothing_is_hel
         else:
             assert cancel and isinstance(sink.errors[0], RequestCancelledError)
     assert_nothing_held(scheduler, engine)
+
+
+def test_a_client_is_asked_whether_it_cancelled_at_most_every_cancel_check_s():
+    """Each is_cancelled() is a round trip to Triton: asked of one sequence at most every cancel_check_s (on
+    the scheduler's clock, here a hand-moved one), and a cancellation is seen at the first look after it."""
+    now = [0.0]
+    asked = []
+
+    class CountingSink(RecordingSink):
+        def is_cancelled(self):
+            asked.append(now[0])
+            return self.cancelled
+
+    scheduler = Scheduler(FakeEngine(), SchedulerConfig(cancel_check_s=0.05), clock=lambda: now[0])
+    sink = CountingSink()
+    scheduler.submit(request(prompts(1)[0], max_tokens=50), sink)
+    for _ in range(5):
+        scheduler.step()
+    assert asked == [0.0] and len(sink.steps) == 5
+    sink.cancelled = True
+    now[0] = 0.04
+    scheduler.step()
+    assert asked == [0.0] and not sink.errors and len(sink.steps) == 6
+    now[0] = 0.05
+    scheduler.step()
+    assert asked == [0.0, 0.05] and isinstance(sink.errors[0], RequestCancelledError) and len(sink.steps) == 6

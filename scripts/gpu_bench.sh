@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Issue 9's concurrency benchmark on a GPU (not part of the tests): the continuous-batching scheduler
+# The concurrency benchmark on a GPU (not part of the tests): the continuous-batching scheduler
 # alone, in process (`warmup_tools.sim.bench.engine`), on CUDA in bfloat16 and float32, 1/4/8/16 streams.
 # It needs torch, transformers and peft, not tritonserver, so it runs on a machine that has only those
-# (the device machine's image); the assets' lm/ and adapters/ come from `make assets` here.
+# (a GPU machine with a bare Python image); the assets' lm/ and adapters/ come from `make assets` here.
 #
 #   scripts/gpu_bench.sh [ASSETS_DIR] [OUT_DIR]        # defaults: .assets and $OUT (or /tmp/gpu-bench)
 #
-# Through the device tool: command `bash scripts/gpu_bench.sh .assets $OUT`, carry [".assets/lm",
-# ".assets/adapters"] (about 50 MiB), timeout 600 s.
+# On a remote GPU machine, copy the repository with .assets/lm and .assets/adapters (about 50 MiB) and run
+# `bash scripts/gpu_bench.sh .assets OUT_DIR` (it takes a few minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 assets=${1:-.assets}

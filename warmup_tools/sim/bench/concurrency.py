@@ -7,7 +7,7 @@ legal, sql and the base model in turn, each a warm system prompt (pre-filled by
 the model_warmup samples; the base model's after its first request) followed by a distinct question,
 ``max_tokens`` 32. Per level it prints output tokens/s (all streams' output tokens over the level's
 wall time), time to first token and inter-token latency (p50/p95/p99, client side), and errors; then
-8 streams against 1 against the targets of issue 9 (tokens/s >= 3.0x, TTFT p95 <= 3x, ITL p95 <= 2.5x).
+8 streams against 1 against the concurrency targets (tokens/s >= 3.0x, TTFT p95 <= 3x, ITL p95 <= 2.5x).
 
 ``--scheduler serial`` runs the same against one-request-at-a-time serving, for comparison.
 """

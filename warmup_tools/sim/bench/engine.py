@@ -5,7 +5,7 @@ client: one :class:`LoraEngine` and its :class:`Scheduler` (what one ``lora_adap
 the chosen device and dtype. Each stream is a thread that submits its requests back to back (the same
 scopes, warm system prompts and questions as ``bench concurrency``, ``max_tokens`` 32; all streams start
 together), for 1, 4, 8 and 16 streams in one run; per level output tokens/s, TTFT and inter-token
-latency p50/p95/p99, then 8 streams against 1 against the targets of issue 9.
+latency p50/p95/p99, then 8 streams against 1 against the concurrency targets.
 
 It separates the engine's share of the latencies from the pipeline's, and it is what
 ``scripts/gpu_bench.sh`` runs on a GPU machine: it needs torch, transformers and peft, no tritonserver.

@@ -1,5 +1,5 @@
 """What the concurrency benchmarks share: the streams' prompts, closed-loop levels, one level's result,
-percentiles, the table row and the 8-vs-1 ratios against the targets of issue 9. Imports nothing that
+percentiles, the table row and the 8-vs-1 ratios against the concurrency targets. Imports nothing that
 needs a server or a client."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 SCOPES: tuple[tuple[str | None, str], ...] = (("support", "support"), ("legal", "legal"), ("sql", "sql"),
                                               (None, "support"))
 
-#: Targets at 8 streams against 1 (issue 9).
+#: The concurrency targets: 8 streams against 1.
 TARGETS = {"tokens_per_s": 3.0, "ttft_p95": 3.0, "itl_p95": 2.5}
 
 

@@ -87,7 +87,8 @@ def measure(assets_dir: Path, priority: str, chunk_tokens: int, share: float, *,
     else:
         service = LoraService(engine, ServiceConfig(control_dir=control, control_poll_s=0.02, warm_priority=priority),
                               instance="bench_0",
-                              batching=SchedulerConfig(warm_share=share, warm_chunk_tokens=max(1, chunk_tokens)))
+                              # chunk_tokens 0: whole prompts (a chunk longer than any prompt)
+                              batching=SchedulerConfig(warm_share=share, warm_chunk_tokens=chunk_tokens or 1 << 20))
     registry = ControlRegistry(control)
     texts = warm_prompts(prompts, prompt_tokens, engine, seed)
     system = SYSTEM_PROMPTS["support"]

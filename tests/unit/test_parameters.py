@@ -13,12 +13,11 @@ from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.settings import read_settings
 from warmup_tools.embedding_cache.settings import EmbeddingCacheSettings
 from warmup_tools.lora_adapter.settings import LoraAdapterSettings, SchedulerConfig
-from warmup_tools.ops.parameters import MODEL_SETTINGS, model_rows, parameters_markdown
+from warmup_tools.ops.parameters import MODEL_SETTINGS, model_rows, parameters_markdown, shipped_values
 from warmup_tools.tokenizer_cache.settings import TokenizerCacheSettings
 from warmup_tools.triton.params import ModelParameters
 
 ROOT = Path(__file__).resolve().parents[2]
-PARAMETER = re.compile(r'parameters \{ key: "([a-z_0-9]+)" value: \{ string_value: "([^"]*)" \} \}')
 
 
 def test_docs_parameters_md_is_generated_from_the_settings_objects():
@@ -35,9 +34,8 @@ def test_every_parameter_has_a_doc_and_one_definition_per_model():
 
 @pytest.mark.parametrize("model", sorted(MODEL_SETTINGS))
 def test_a_shipped_config_names_only_known_parameters_and_restates_no_default(model):
-    config = (ROOT / "model_repository" / model / "config.pbtxt").read_text(encoding="utf-8")
     rows = {row.parameter: row for row in model_rows(model)}
-    found = PARAMETER.findall(config)
+    found = list(shipped_values(ROOT / "model_repository", model).items())
     assert found and {name for name, _ in found} <= set(rows)
     for name, value in found:
         fallback = re.fullmatch(r"\$\{[A-Z_0-9]+:-(.*)\}", value)

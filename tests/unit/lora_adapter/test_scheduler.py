@@ -19,31 +19,14 @@ ADAPTERS = (None, "support", "legal", "sql")
 
 
 @pytest.fixture(scope="module")
-def engine(demo_assets):
-    return LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
-                                   dtype="float32", kv=KVCacheConfig(budget_bytes=64 << 20)))
-
-
-@pytest.fixture(scope="module")
-def reference(demo_assets):
-    """The same model without a cache, serving one request at a time: what each request must produce."""
-    plain = LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
-                                    dtype="float32", kv=KVCacheConfig(budget_bytes=0)))
+def reference(plain):
+    """Each request's tokens and text served alone without a cache."""
 
     def generate(req):
         steps = list(plain.generate(req))
         return [s.token_id for s in steps], "".join(s.text for s in steps)
 
     return generate
-
-
-@pytest.fixture()
-def fresh_cache(engine):
-    """A fresh prefix cache per test (so tests do not see each other's blocks); a test may replace it."""
-    saved = engine.prefix_cache
-    engine.prefix_cache = PrefixCache(64 << 20, 16)
-    yield engine
-    engine.prefix_cache = saved
 
 
 @dataclasses.dataclass

@@ -19,37 +19,19 @@ from hypothesis import strategies as st
 from tests.unit.lora_adapter.test_scheduler import ADAPTERS, RecordingSink, drain, make_request
 from warmup_tools.common.errors import InvalidInputError, RequestCancelledError, RequestError
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
-from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.kv.prefix_cache import PrefixCache
 from warmup_tools.lora_adapter import scheduler as scheduler_module
-from warmup_tools.lora_adapter.engine import LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
-from warmup_tools.lora_adapter.settings import EngineConfig, SchedulerConfig
+from warmup_tools.lora_adapter.settings import SchedulerConfig
 
 #: How long a thread test waits for an outcome it expects; only a failing test ever waits this long.
 OUTCOME_TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="module")
-def engine(demo_assets):
-    return LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
-                                   dtype="float32", kv=KVCacheConfig(budget_bytes=64 << 20)))
-
-
-@pytest.fixture(scope="module")
-def reference(demo_assets):
-    plain = LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
-                                    dtype="float32", kv=KVCacheConfig(budget_bytes=0)))
+def reference(plain):
     return lambda req: [s.token_id for s in plain.generate(req)]
-
-
-@pytest.fixture()
-def fresh_cache(engine):
-    saved = engine.prefix_cache
-    engine.prefix_cache = PrefixCache(64 << 20, 16)
-    yield engine
-    engine.prefix_cache = saved
 
 
 def assert_nothing_held(scheduler, engine):

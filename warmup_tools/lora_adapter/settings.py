@@ -18,6 +18,7 @@ from warmup_tools.common.errors import AssetError, ConfigError
 from warmup_tools.common.settings import check_settings, setting
 from warmup_tools.kv.config import KVCacheConfig, KVShape
 from warmup_tools.lora_adapter.requests import RequestLimits
+from warmup_tools.triton.metrics import MetricsSettings
 from warmup_tools.triton.params import ModelSettings
 from warmup_tools.triton.trust import TrustSettings
 
@@ -157,6 +158,7 @@ class LoraAdapterSettings(ModelSettings):
                                                  "(requests-<instance>.jsonl, 0600); empty: no log.")
     request_log_redact: bool = setting(False, "Log a keyed digest of each prompt instead of its text.")
     trust: TrustSettings = dataclasses.field(default_factory=TrustSettings)
+    metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
     expose_cached_tokens: bool = setting(True, "Return cached_tokens to clients; false withholds it (the "
                                                "prompt-cache side channel, SECURITY.md).")
     scheduler: str = setting("continuous", "continuous: iteration-level batching; serial: one request at a time "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from typing import Any, Callable, Iterable
 
 from warmup_tools.common.settings import check_settings, setting
@@ -80,10 +81,11 @@ class CacheMetrics:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MetricsSettings:
-    """How often a cache model sends the lookups it counted locally (:class:`CacheMetrics`)."""
+    """How often a model sends the counts it keeps in its stub (:class:`CacheMetrics`, :class:`SchedulerMetrics`)."""
 
-    flush_s: float = setting(1.0, "Seconds between sends of the local cache hits counted since the last one (a "
-                                  "miss or a shared-tier hit sends them at once).", parameter="metrics_flush_s",
+    flush_s: float = setting(1.0, "Seconds between sends of the counts a model keeps locally: cache hits (a miss "
+                                  "or a shared-tier hit sends them at once), scheduler steps and output tokens (an "
+                                  "idle scheduler sends them at once).", parameter="metrics_flush_s",
                              gt=0, le=60)
 
     def __post_init__(self) -> None:
@@ -228,21 +230,21 @@ class GenerationMetrics:
         return metric
 
 
-#: Buckets of the scheduler's per-step histograms: sequences per batch, and seconds per step.
-BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-STEP_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-
-
 class SchedulerMetrics:
-    """The continuous-batching scheduler on /metrics: running and waiting sequences, batch size,
-    preemptions, step time and output tokens per adapter.
+    """The continuous-batching scheduler on /metrics: running and waiting sequences, steps, sequences per
+    step, step time, preemptions and output tokens per adapter.
 
     :meth:`observe` is the scheduler's observer (called on its thread after each step that ran a
-    forward, or that changed the running or waiting count); gauges are only sent when they change,
-    counters as deltas of the scheduler's totals.
+    forward, or that changed the running or waiting count). The gauges are sent when they change (routers
+    and the sidecar read them). NOTE: everything else is counted here and sent together (every ``flush_s``,
+    and each time the scheduler falls idle): each metric call is a round trip to the server, and three of
+    them per step cost a single stream about 5% of its tokens/s (``python -m warmup_tools bench single``'s
+    Triton counterpart, docs/benchmarks.md). For the same reason the steps are counters (steps, the
+    sequences they ran, their seconds: means per step by division), not per-step histograms.
     """
 
-    def __init__(self, pb_utils: Any, model: str, instance: str) -> None:
+    def __init__(self, pb_utils: Any, model: str, instance: str, *, flush_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         family = pb_utils.MetricFamily
         labels = {"model": model, "instance": instance}
         self._model = model
@@ -252,24 +254,34 @@ class SchedulerMetrics:
                    description="Sequences in the running batch of an instance", kind=family.GAUGE),
             family(name="warmup_scheduler_waiting_sequences",
                    description="Sequences waiting for a running slot on an instance", kind=family.GAUGE),
-            family(name="warmup_scheduler_batch_size", description="Sequences per scheduler step",
-                   kind=family.HISTOGRAM),
-            family(name="warmup_scheduler_step_seconds", description="Seconds per scheduler step",
-                   kind=family.HISTOGRAM),
+            family(name="warmup_scheduler_steps_total", description="Scheduler steps that ran a forward",
+                   kind=family.COUNTER),
+            family(name="warmup_scheduler_step_sequences_total",
+                   description="Sequences those steps ran (divided by the steps: the mean batch size)",
+                   kind=family.COUNTER),
+            family(name="warmup_scheduler_step_seconds_total",
+                   description="Seconds those steps took (divided by the steps: the mean step time)",
+                   kind=family.COUNTER),
             family(name="warmup_scheduler_preemptions_total",
                    description="Running sequences preempted (KV dropped, recomputed later)", kind=family.COUNTER),
             family(name="warmup_output_tokens_total", description="Generated tokens by adapter",
                    kind=family.COUNTER),
         )
-        running, waiting, batch, step, preemptions, self._tokens_family = self._families
+        running, waiting, steps, sequences, seconds, preemptions, self._tokens_family = self._families
         self._running = running.Metric(labels=labels)
         self._waiting = waiting.Metric(labels=labels)
-        self._batch = batch.Metric(labels=labels, buckets=list(BATCH_SIZE_BUCKETS))
-        self._step = step.Metric(labels=labels, buckets=list(STEP_BUCKETS))
+        self._steps = steps.Metric(labels=labels)
+        self._sequences = sequences.Metric(labels=labels)
+        self._seconds = seconds.Metric(labels=labels)
         self._preemptions = preemptions.Metric(labels={"model": model})
         self._tokens: dict[str, Any] = {}
         self._last = {"running": -1, "waiting": -1, "preemptions": 0}
         self._sent_tokens: dict[str, int] = {}
+        #: Steps, their sequences and seconds counted since the last send.
+        self._pending = [0, 0, 0.0]
+        self._flush_s = flush_s
+        self._clock = clock
+        self._flushed = clock()
 
     def observe(self, report: Any, scheduler: Any) -> None:
         stats = scheduler.stats
@@ -279,8 +291,21 @@ class SchedulerMetrics:
                 metric.set(value)
                 self._last[key] = value
         if report.batch_size:  # a step that ran no forward (only dropped sequences) is no batch
-            self._batch.observe(report.batch_size)
-            self._step.observe(report.seconds)
+            self._pending[0] += 1
+            self._pending[1] += report.batch_size
+            self._pending[2] += report.seconds
+        idle = not stats.running and not stats.waiting
+        if idle or self._clock() - self._flushed >= self._flush_s:
+            self._flush(stats)
+
+    def _flush(self, stats: Any) -> None:
+        self._flushed = self._clock()
+        steps, sequences, seconds = self._pending
+        if steps:
+            self._steps.increment(steps)
+            self._sequences.increment(sequences)
+            self._seconds.increment(seconds)
+            self._pending = [0, 0, 0.0]
         if stats.preemptions > self._last["preemptions"]:
             self._preemptions.increment(stats.preemptions - self._last["preemptions"])
             self._last["preemptions"] = stats.preemptions

@@ -44,7 +44,8 @@ class TritonPythonModel:
         self.expose_cached_tokens = settings.expose_cached_tokens
         self.scheduler = None
         if settings.scheduler == "continuous":
-            observer = SchedulerMetrics(pb_utils, "lora_adapter", self.instance).observe
+            observer = SchedulerMetrics(pb_utils, "lora_adapter", self.instance,
+                                        flush_s=settings.metrics.flush_s).observe
             self.scheduler = Scheduler(engine, settings.batching, observer=observer)
             self.scheduler.start()  # before the service: its first reconcile may load adapters through it
         try:

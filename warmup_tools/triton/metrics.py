@@ -238,8 +238,8 @@ class SchedulerMetrics:
     forward, or that changed the running or waiting count). The gauges are sent when they change (routers
     and the sidecar read them). NOTE: everything else is counted here and sent together (every ``flush_s``,
     and each time the scheduler falls idle): each metric call is a round trip to the server, and three of
-    them per step cost a single stream about 5% of its tokens/s (``python -m warmup_tools bench single``'s
-    Triton counterpart, docs/benchmarks.md). For the same reason the steps are counters (steps, the
+    them per step cost a single stream about 5% of its tokens/s (``scripts/one_stream_ab.py``,
+    docs/benchmarks.md). For the same reason the steps are counters (steps, the
     sequences they ran, their seconds: means per step by division), not per-step histograms.
     """
 

@@ -21,10 +21,12 @@ class CacheMetrics:
     instance name so instances do not overwrite each other, the counters add up across instances.
 
     NOTE: each metric call of the Python backend is a round trip to the server (0.2-0.3 ms measured inside
-    the stub, a third of a cache hit's whole ``execute``), so local hits, the common case, are counted here
-    and sent as one increment: before any other lookup is recorded (a shared-tier hit or a miss: every count
-    Triton shows is then up to date after it), every ``flush_every`` hits, and by :meth:`flush` (the
-    model's flush thread every ``flush_s``, and ``finalize``).
+    the stub, a third of a cache hit's whole ``execute``), so the lookups that change nothing are counted here
+    and sent as one increment each: local hits, and misses the embedding step skipped on purpose (unsampled;
+    the common case for a prompt that does not repeat). They are sent every ``flush_every`` lookups, by
+    :meth:`flush` (the model's flush thread every ``flush_s``, and ``finalize``), and before any lookup that
+    changes a cache is recorded (a shared-tier hit, a computed miss: every count Triton shows is then up to
+    date after it); a skipped miss sends the hits counted before it (the hit count is then up to date).
     """
 
     def __init__(self, pb_utils: Any, model: str, instance: str, *, flush_every: int = 256) -> None:
@@ -51,27 +53,39 @@ class CacheMetrics:
         self._last = (-1, -1)
         self._flush_every = flush_every
         self._pending_hits = 0
+        self._pending_misses = 0
         self._lock = threading.Lock()
 
     def record(self, source: str, stats: Any) -> None:
-        """One lookup answered from ``source`` (a CacheSource: local, shared, or anything else: a miss)."""
+        """One lookup answered from ``source`` (a CacheSource: local, shared, skipped, or anything else: a
+        miss)."""
         with self._lock:
             if source == "local":
                 self._pending_hits += 1
-                if self._pending_hits >= self._flush_every:
-                    self._send_hits()
+            elif source == "skipped":
+                self._send_hits()
+                self._pending_misses += 1
+            else:
+                self._send_pending()
+                self._results.get(source, self._results["miss"]).increment(1)
+                if (stats.entries, stats.bytes_used) != self._last:
+                    self._entries.set(stats.entries)
+                    self._bytes.set(stats.bytes_used)
+                    self._last = (stats.entries, stats.bytes_used)
                 return
-            self._send_hits()
-            self._results.get(source, self._results["miss"]).increment(1)
-            if (stats.entries, stats.bytes_used) != self._last:
-                self._entries.set(stats.entries)
-                self._bytes.set(stats.bytes_used)
-                self._last = (stats.entries, stats.bytes_used)
+            if self._pending_hits + self._pending_misses >= self._flush_every:
+                self._send_pending()
 
     def flush(self) -> None:
-        """Send the local hits counted since the last send."""
+        """Send the lookups counted since the last send."""
         with self._lock:
-            self._send_hits()
+            self._send_pending()
+
+    def _send_pending(self) -> None:
+        self._send_hits()
+        if self._pending_misses:
+            self._results["miss"].increment(self._pending_misses)
+            self._pending_misses = 0
 
     def _send_hits(self) -> None:
         if self._pending_hits:

@@ -281,6 +281,11 @@ def _parser() -> argparse.ArgumentParser:
     _stub_death_flags(sidecar)
     _front_flags(sidecar, beside=True)
     sidecar.set_defaults(func=_cmd_sidecar)
+    front_bench = which.add_parser("front", parents=[assets],
+                                   help="through the OpenAI front: a stream abandoned at its first token, per "
+                                        "pipeline: how fast it leaves the batch, the next request's TTFT")
+    front_bench.add_argument("--disconnects", type=int, default=7)
+    front_bench.add_argument("--lm-threads", type=int, default=1)
     rec = which.add_parser("recovery", parents=[assets],
                            help="kill the lora_adapter stub beside the sidecar: seconds to /ready 503 and back to "
                                 "200, how requests failed meanwhile, failures after recovery")

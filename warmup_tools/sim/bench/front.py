@@ -1,0 +1,128 @@
+"""``python -m warmup_tools bench front``: what a client that goes away costs through the OpenAI front.
+
+One run starts the real server and two fronts beside it, one per ``pipeline`` (``ensemble``: one gRPC stream
+to the ensemble; ``composing``: the three models in turn, a stream to ``lora_adapter`` last). For each, it
+abandons ``disconnects`` streamed chat completions (``max_tokens`` 200, adapter support) at their first token
+by closing the HTTP connection, and measures: how long the running-sequences gauge takes to drop to 0 after
+the close (read every 10 ms, for at most 2 s; the figure includes one scrape), the TTFT of the next request,
+sent at once (beside the abandoned stream if it still runs), against the same request with no abandoned
+stream, and how many tokens the abandoned stream generated after the close. Before each abandon the instance
+is idle (the gauge at 0). Figures: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS
+from warmup_tools.front.server import FrontServer
+from warmup_tools.front.settings import PIPELINES, FrontSettings
+from warmup_tools.server.client import metric_sum, scrape_metrics
+from warmup_tools.server.config import REPO_ROOT
+from warmup_tools.server.process import TritonServer
+from warmup_tools.sim.bench.latency import pct
+
+ABANDONED_MAX_TOKENS = 200
+#: Longest wait for an abandoned stream to leave the batch (an ensemble stream runs to its max_tokens).
+DRAIN_S = 120.0
+#: How long the gauge is watched after the close before the next request is sent anyway.
+DROP_WAIT_S = 2.0
+
+
+def run(assets_dir: Path, *, disconnects: int = 7, lm_threads: int = 1, out: TextIO = sys.stdout) -> dict:
+    import httpx
+
+    env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_LM_THREADS": str(lm_threads)}
+    figures: dict[str, dict[str, float]] = {}
+    with TritonServer(REPO_ROOT / "model_repository", env=env) as server:
+        server.wait_ready(timeout=600)
+
+        def gauges() -> tuple[float, float]:
+            samples = scrape_metrics(server.metrics_url)
+            return (metric_sum(samples, "warmup_scheduler_running_sequences"),
+                    metric_sum(samples, "warmup_output_tokens_total"))
+
+        def wait_idle() -> None:
+            end = time.monotonic() + DRAIN_S
+            while gauges()[0] > 0 and time.monotonic() < end:
+                time.sleep(0.05)
+
+        for pipeline in PIPELINES:
+            settings = FrontSettings(port=0, triton_grpc_url=server.grpc_url, triton_metrics_url=server.metrics_url,
+                                     pipeline=pipeline)
+            with FrontServer(settings, environ={"WARMUP_ASSETS_DIR": str(assets_dir)}) as front, \
+                    httpx.Client(base_url=front.url, timeout=300) as client:
+                _next_ttft(client)  # one-off costs
+                wait_idle()
+                baseline = [_next_ttft(client) for _ in range(disconnects)]
+                drops, after, ttfts, still = [], [], [], 0
+                for i in range(disconnects):
+                    wait_idle()
+                    closed_at, tokens_at_close = _abandon(front.url, i, gauges)
+                    while gauges()[0] > 0 and time.monotonic() - closed_at < DROP_WAIT_S:
+                        time.sleep(0.01)
+                    if gauges()[0] > 0:
+                        still += 1
+                    else:
+                        drops.append((time.monotonic() - closed_at) * 1000)
+                    ttfts.append(_next_ttft(client))  # at once: beside the abandoned stream if it still runs
+                    wait_idle()
+                    after.append(gauges()[1] - tokens_at_close - 1)  # less the next request's one token
+                figures[pipeline] = {"still_running": still, "drop_ms_p50": pct(drops, 0.5) if drops else None,
+                                     "drop_ms_max": max(drops, default=None),
+                                     "tokens_after_p50": pct(after, 0.5), "ttft_ms_p50": pct(ttfts, 0.5),
+                                     "baseline_ttft_ms_p50": pct(baseline, 0.5)}
+                f = figures[pipeline]
+                dropped = (f"running gauge at 0 after {f['drop_ms_p50']:.0f} ms (p50; max {f['drop_ms_max']:.0f} ms)"
+                           if drops else "")
+                out.write(f"pipeline {pipeline}: {disconnects} streams abandoned at their first token: {dropped}"
+                          f"{'; ' if drops and still else ''}"
+                          f"{f'{still} still running {DROP_WAIT_S:g} s after the close' if still else ''}; "
+                          f"{f['tokens_after_p50']:.0f} tokens generated after the close (p50); next request's TTFT "
+                          f"{f['ttft_ms_p50']:.1f} ms against {f['baseline_ttft_ms_p50']:.1f} ms undisturbed "
+                          f"({(f['ttft_ms_p50'] / f['baseline_ttft_ms_p50'] - 1) * 100:+.1f}%)\n")
+                out.flush()
+    return figures
+
+
+def _chat(adapter: str, question: str, max_tokens: int) -> dict:
+    return {"model": adapter, "stream": True, "max_tokens": max_tokens,
+            "messages": [{"role": "system", "content": SYSTEM_PROMPTS[adapter]},
+                         {"role": "user", "content": question}]}
+
+
+def _first_token(lines) -> None:
+    for line in lines:
+        if line.startswith("data: {"):
+            delta = json.loads(line[6:])["choices"][0]["delta"]
+            if delta.get("content"):
+                return
+
+
+def _next_ttft(client) -> float:
+    """TTFT in ms of one streamed chat completion (support's warm system prompt, one token)."""
+    started = time.perf_counter()
+    with client.stream("POST", "/v1/chat/completions", json=_chat("support", "where is my order?", 1)) as response:
+        lines = response.iter_lines()
+        _first_token(lines)
+        ttft = (time.perf_counter() - started) * 1000
+        for _ in lines:
+            pass
+    return ttft
+
+
+def _abandon(url: str, i: int, gauges) -> tuple[float, float]:
+    """Open a long stream, read its first token, close the connection; the close time and the token count then."""
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=300) as client:
+        # NOTE: the same adapter as the next request, so its TTFT pays no adapter switch either way.
+        body = _chat("support", f"Explain every step of ticket {i} in detail.", ABANDONED_MAX_TOKENS)
+        with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            _first_token(response.iter_lines())
+            tokens = gauges()[1]
+    return time.monotonic(), tokens

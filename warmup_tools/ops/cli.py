@@ -282,9 +282,12 @@ def _parser() -> argparse.ArgumentParser:
     _front_flags(sidecar, beside=True)
     sidecar.set_defaults(func=_cmd_sidecar)
     front_bench = which.add_parser("front", parents=[assets],
-                                   help="through the OpenAI front: a stream abandoned at its first token, per "
-                                        "pipeline: how fast it leaves the batch, the next request's TTFT")
+                                   help="through the OpenAI front, per pipeline: its added TTFT and tokens/s against "
+                                        "generate_stream at 1 and 8 streams; a stream abandoned at its first token")
     front_bench.add_argument("--disconnects", type=int, default=7)
+    front_bench.add_argument("--requests", type=int, default=40,
+                             help="requests each way per level for the front's added TTFT and tokens/s (0: skip)")
+    front_bench.add_argument("--max-tokens", type=int, default=32)
     front_bench.add_argument("--lm-threads", type=int, default=1)
     rec = which.add_parser("recovery", parents=[assets],
                            help="kill the lora_adapter stub beside the sidecar: seconds to /ready 503 and back to "

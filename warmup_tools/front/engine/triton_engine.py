@@ -218,11 +218,13 @@ class TritonEngine:
             async for result, error in responses:
                 if error is not None:
                     raise _engine_error(error)
-                text = result.as_numpy("text_output")
-                fields = {name: int(result.as_numpy(name).reshape(-1)[0]) for name in _COUNTERS}
+                text = result.as_numpy("text_output").reshape(-1)[0].decode("utf-8", errors="replace")
                 reason = result.as_numpy("finish_reason").reshape(-1)[0].decode("utf-8")
-                yield GenerateChunk(text.reshape(-1)[0].decode("utf-8", errors="replace"), finish_reason=reason,
-                                    **fields)
+                # NOTE: the counters are read from the last response only (each read parses the tensor): the
+                # usage is the last response's, and this loop runs once per token.
+                fields = ({name: int(result.as_numpy(name).reshape(-1)[0]) for name in _COUNTERS}
+                          if reason else {})
+                yield GenerateChunk(text, finish_reason=reason, **fields)
                 if reason:
                     finished = True
                     break

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -91,10 +92,13 @@ async def _events(generation: Generation, request_id: str, created: int, model: 
                                        choices=[ChatChunkChoice(delta=delta, finish_reason=finish_reason)]
                                        ).model_dump_json(exclude_none=False))
 
+    # NOTE: a content chunk differs from the first only in its delta: built once, filled per token (this
+    # runs once per token, and a pydantic model per token costs more than the rest of the front's path).
+    head, _, tail = chunk(Delta(content="\0")).decode().partition('"\\u0000"')
     yield chunk(Delta(role="assistant", content=""))
     try:
         async for piece in generation.pieces():
-            yield chunk(Delta(content=piece))
+            yield (head + json.dumps(piece, ensure_ascii=False) + tail).encode()
     except OpenAIError as exc:
         yield sse(exc.body())
         yield DONE

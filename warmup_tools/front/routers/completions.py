@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -90,9 +91,11 @@ async def _events(generation: Generation, request_id: str, created: int, model: 
                                       choices=[CompletionChoice(text=text, finish_reason=finish_reason)]
                                       ).model_dump_json())
 
+    # NOTE: built once, filled per token (see the chat router).
+    head, _, tail = chunk("\0").decode().partition('"\\u0000"')
     try:
         async for piece in generation.pieces():
-            yield chunk(piece)
+            yield (head + json.dumps(piece, ensure_ascii=False) + tail).encode()
     except OpenAIError as exc:
         yield sse(exc.body())
         yield DONE

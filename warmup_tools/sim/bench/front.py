@@ -1,7 +1,11 @@
-"""``python -m warmup_tools bench front``: what a client that goes away costs through the OpenAI front.
+"""``python -m warmup_tools bench front``: what the OpenAI front adds, and what a client that goes away costs.
 
-One run starts the real server and two fronts beside it, one per ``pipeline`` (``ensemble``: one gRPC stream
-to the ensemble; ``composing``: the three models in turn, a stream to ``lora_adapter`` last). For each, it
+One run starts the real server and two fronts beside it, one per ``pipeline`` (``composing``: the three models
+in turn, a stream to ``lora_adapter`` last; ``ensemble``: one gRPC stream to the ensemble). For each, it first
+sends the same streamed request (a warm demo prompt, adapter support, ``max_tokens`` 32) through the front's
+``/v1/completions`` and through Triton's ``/v2/models/ensemble/generate_stream``, ``requests`` each way, in
+blocks of 1 or 8 concurrent requests that alternate between the two (the machine is shared: alternating
+keeps a load change from landing on one side), and prints each side's TTFT p50 and output tokens/s. Then it
 abandons ``disconnects`` streamed chat completions (``max_tokens`` 200, adapter support) at their first token
 by closing the HTTP connection, and measures: how long the running-sequences gauge takes to drop to 0 after
 the close (read every 10 ms, for at most 2 s; the figure includes one scrape), the TTFT of the next request,
@@ -33,7 +37,8 @@ DRAIN_S = 120.0
 DROP_WAIT_S = 2.0
 
 
-def run(assets_dir: Path, *, disconnects: int = 7, lm_threads: int = 1, out: TextIO = sys.stdout) -> dict:
+def run(assets_dir: Path, *, disconnects: int = 7, requests: int = 40, max_tokens: int = 32, lm_threads: int = 1,
+        out: TextIO = sys.stdout) -> dict:
     import httpx
 
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_LM_THREADS": str(lm_threads)}
@@ -57,6 +62,18 @@ def run(assets_dir: Path, *, disconnects: int = 7, lm_threads: int = 1, out: Tex
             with FrontServer(settings, environ={"WARMUP_ASSETS_DIR": str(assets_dir)}) as front, \
                     httpx.Client(base_url=front.url, timeout=300) as client:
                 _next_ttft(client)  # one-off costs
+                if requests:
+                    for streams in (1, 8):
+                        figures[f"{pipeline}-c{streams}"] = cost = _added_cost(front.url, server.http_url, streams,
+                                                                               requests, max_tokens)
+                        added = cost["front_ttft"] - cost["generate_ttft"]
+                        ratio = (cost["front_tps"] / cost["generate_tps"] - 1) * 100
+                        out.write(f"pipeline {pipeline}, {streams} stream(s), {requests} requests each way, "
+                                  f"interleaved: TTFT p50 front {cost['front_ttft']:.1f} ms, generate_stream "
+                                  f"{cost['generate_ttft']:.1f} ms (added {added:+.1f} ms); tokens/s front "
+                                  f"{cost['front_tps']:.1f}, generate_stream {cost['generate_tps']:.1f} "
+                                  f"({ratio:+.1f}%)\n")
+                        out.flush()
                 wait_idle()
                 baseline = [_next_ttft(client) for _ in range(disconnects)]
                 drops, after, ttfts, still = [], [], [], 0
@@ -126,3 +143,66 @@ def _abandon(url: str, i: int, gauges) -> tuple[float, float]:
             _first_token(response.iter_lines())
             tokens = gauges()[1]
     return time.monotonic(), tokens
+
+
+def _added_cost(front_url: str, triton_http: str, streams: int, requests: int, max_tokens: int) -> dict[str, float]:
+    """The same streamed request (a warm demo prompt, adapter support, ``max_tokens``) through the front's
+    /v1/completions and through Triton's /v2/models/ensemble/generate_stream, in blocks of ``streams``
+    concurrent requests that alternate between the two; TTFT p50 and output tokens/s (the server's counts over
+    each block's wall time) of each."""
+    import concurrent.futures
+
+    import httpx
+
+    from warmup_tools.demo.prompts import USER_QUESTIONS, demo_prompt
+
+    prompts = [demo_prompt("support", q) for q in USER_QUESTIONS["support"]]
+
+    def front_one(client: httpx.Client, prompt: str) -> tuple[float, int]:
+        body = {"model": "support", "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+                "stream_options": {"include_usage": True}}
+        started, ttft, tokens = time.perf_counter(), None, 0
+        with client.stream("POST", f"{front_url}/v1/completions", json=body) as response:
+            for line in response.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                data = json.loads(line[6:])
+                if ttft is None and data["choices"] and data["choices"][0]["text"]:
+                    ttft = time.perf_counter() - started
+                if data.get("usage"):
+                    tokens = data["usage"]["completion_tokens"]
+        return (ttft or 0.0) * 1000, tokens
+
+    def generate_one(client: httpx.Client, prompt: str) -> tuple[float, int]:
+        body = {"text_input": prompt, "max_tokens": max_tokens, "stream": True, "adapter_id": "support"}
+        started, ttft, tokens = time.perf_counter(), None, 0
+        with client.stream("POST", f"http://{triton_http}/v2/models/ensemble/generate_stream", json=body) as response:
+            for line in response.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                data = json.loads(line[6:])
+                if ttft is None and data.get("text_output"):
+                    ttft = time.perf_counter() - started
+                tokens = max(tokens, int(data.get("output_tokens", 0)))
+        return (ttft or 0.0) * 1000, tokens
+
+    ttfts: dict[str, list[float]] = {"front": [], "generate": []}
+    tokens = {"front": 0, "generate": 0}
+    seconds = {"front": 0.0, "generate": 0.0}
+    clients = [httpx.Client(timeout=300) for _ in range(streams)]
+    try:
+        with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+            for block in range(max(1, requests // streams)):
+                for way, one in (("front", front_one), ("generate", generate_one))[:: 1 if block % 2 else -1]:
+                    started = time.perf_counter()
+                    results = list(pool.map(one, clients, [prompts[(block + i) % len(prompts)]
+                                                           for i in range(streams)]))
+                    seconds[way] += time.perf_counter() - started
+                    ttfts[way] += [r[0] for r in results]
+                    tokens[way] += sum(r[1] for r in results)
+    finally:
+        for client in clients:
+            client.close()
+    return {"front_ttft": pct(ttfts["front"], 0.5), "generate_ttft": pct(ttfts["generate"], 0.5),
+            "front_tps": tokens["front"] / seconds["front"], "generate_tps": tokens["generate"] / seconds["generate"]}
+

@@ -107,9 +107,9 @@ def test_a_bad_lora_adapter_parameter_fails_the_load_naming_the_parameter(tmp_pa
 
     repo = tmp_path / "repo"
     shutil.copytree(REPO_ROOT / "model_repository" / "lora_adapter", repo / "lora_adapter")
-    env = {"WARMUP_ASSETS_DIR": str(demo_assets.root), "WARMUP_CONTROL_DIR": "", "WARMUP_WARM_PRIORITY": "newest"}
+    env = {"WARMUP_ASSETS_DIR": str(demo_assets.root), "WARMUP_CONTROL_DIR": "", "WARMUP_WARM_SHARE": "2"}
     server = TritonServer(repo, env=env, work_dir=tmp_path / "work")
     with server:
-        with pytest.raises(ServerError, match="warm_priority must be one of live_first, fifo"):
+        with pytest.raises(ServerError, match="warm_share must be > 0 and <= 1"):
             server.wait_ready(timeout=300)
     assert not server.is_alive()

@@ -67,7 +67,6 @@ def test_an_empty_or_absent_parameter_is_its_default_and_a_set_one_is_cast_by_it
     ({"warm_share": 0}, "model 'lora_adapter': parameter warm_share must be > 0 and <= 1, not 0.0"),
     ({"warm_share": "nan"}, "model 'lora_adapter': parameter warm_share must be > 0 and <= 1, not nan"),
     ({"kv_storage": "fp8"}, "model 'lora_adapter': parameter kv_storage must be one of fp, int8, not 'fp8'"),
-    ({"scheduler": "x"}, "model 'lora_adapter': parameter scheduler must be one of continuous, serial, not 'x'"),
     ({"max_num_seqs": 9, "max_num_batched_tokens": 8},
      "model 'lora_adapter': parameter max_num_batched_tokens (8) must be at least max_num_seqs (9)"),
     ({"max_num_seqs": "many"}, "model 'lora_adapter': parameter 'max_num_seqs'='many': invalid literal for int() "
@@ -86,6 +85,8 @@ def test_a_required_parameter_and_an_unknown_one_are_refused(tmp_path):
         TokenizerCacheSettings.from_parameters(params("tokenizer_cache"))
     with pytest.raises(ConfigError, match=r"unknown parameter\(s\) admit_treshold"):
         EmbeddingCacheSettings.from_parameters(params("embedding_cache", embedder_path=tmp_path, admit_treshold=1))
+    with pytest.raises(ConfigError, match=r"unknown parameter\(s\) scheduler"):  # one serving path: no choice left
+        LoraAdapterSettings.from_parameters(params("lora_adapter", base_model=tmp_path, scheduler="serial"))
 
 
 def test_the_three_shipped_configs_read_through_their_settings_objects():

@@ -2,10 +2,11 @@
 
 The base model and adapters load through the ordinary Hugging Face paths (``AutoModelForCausalLM``,
 ``PeftModel``), so a real model folder and real adapter folders work by changing config parameters.
-One engine serves one model instance. :meth:`LoraEngine.generate` runs one request at a time with its
-adapter switched in (the ``serial`` scheduler); :meth:`LoraEngine.forward_batch` runs one forward for
-many sequences with different adapters, which the continuous-batching scheduler
-(:mod:`warmup_tools.lora_adapter.scheduler`) calls once per step.
+One engine serves one model instance: :meth:`LoraEngine.forward_batch` runs one forward for many
+sequences with different adapters, which the continuous-batching scheduler
+(:mod:`warmup_tools.lora_adapter.scheduler`) calls once per step. :meth:`LoraEngine.generate` decodes one
+request alone, without the scheduler: nothing serves through it; it is the reference the scheduler's
+output is tested against (as vLLM's tests compare against Hugging Face's ``generate``).
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ import torch
 
 from warmup_tools.common.digests import fingerprint_folder
 from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT, AssetError, InvalidInputError, UnknownAdapterError
-from warmup_tools.kv.blocks import BlockSource, PrefixMatch
+from warmup_tools.kv.blocks import PrefixMatch
 from warmup_tools.kv.config import KVShape
 from warmup_tools.kv.hashing import BlockHash, CacheScope, block_hashes
 from warmup_tools.kv.prefix_cache import PrefixCache
 from warmup_tools.lora_adapter.detokenize import IncrementalDetokenizer
 from warmup_tools.lora_adapter.devices import select_device, select_dtype
-from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+from warmup_tools.lora_adapter.requests import GenerateRequest
 from warmup_tools.lora_adapter.sampling import make_generator, next_token
 from warmup_tools.lora_adapter.settings import DEFAULT_CONTEXT_LENGTH, EngineConfig, discover_adapters
 
@@ -126,7 +127,8 @@ class LoraEngine:
 
     # ----------------------------------------------------------------------------------- public API
     def generate(self, request: GenerateRequest) -> Iterator[GenerationStep]:
-        """Yield one :class:`GenerationStep` per generated token; the last has ``finished=True``."""
+        """Yield one :class:`GenerationStep` per generated token; the last has ``finished=True``. The
+        reference decoder (see the module docstring): one request alone, through the prefix cache."""
         start = time.perf_counter()
         self.check_request(request)
         with self._prefilled(request) as (logits, cache, cached_tokens):
@@ -206,9 +208,9 @@ class LoraEngine:
         return outputs
 
     def _forward_row(self, row: BatchRow, cache: object | None) -> RowOutput:
-        """One sequence alone: its KV as it is (no padding), no explicit mask, its adapter set as the
-        serial path sets it. NOTE: a single stream runs this every step, so it costs what serving the
-        request by itself costs (``python -m warmup_tools bench single``)."""
+        """One sequence alone: its KV as it is (no padding), no explicit mask, its adapter set as
+        :meth:`generate` sets it. NOTE: a single stream runs this every step, so it costs what decoding the
+        request by itself costs (docs/benchmarks.md, one stream)."""
         from transformers import DynamicCache
 
         if cache is None:
@@ -377,15 +379,6 @@ class LoraEngine:
         self._peft.delete_adapter(name)
         del self.adapters[name]
         self.adapter_fingerprints.pop(name, None)
-
-    def warm_ids(self, adapter: str | None, ids: Sequence[int], tenant: str = "default") -> None:
-        """Pre-fill the KV blocks of one tokenised prompt (pinned under the active plan, if any)."""
-        if self.prefix_cache is None:
-            return
-        request = GenerateRequest(tuple(ids), adapter, tenant, False, SamplingParams(max_tokens=1),
-                                  source=BlockSource.WARMUP, plan_id=self.prefix_cache.active_plan)
-        for _ in self.generate(request):
-            pass
 
     def compute_kv(self, adapter: str | None, token_ids: Sequence[int]) -> SequenceKV:
         """The KV of ``token_ids`` computed from scratch with ``adapter`` (no cache read or written):

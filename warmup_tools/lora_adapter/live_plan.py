@@ -5,13 +5,14 @@ them (its base and adapter fingerprints are in every hash). It comes from
 
 - the instance's own ``model_warmup`` samples that carry a plan id (:meth:`PlanKeeper.note_warmup`, called
   for each such sample as it is served), or
-- the control folder's ``plan.json`` (:mod:`warmup_tools.adapters.plan_control`), which a thread polls:
+- the control folder's ``plan.json`` (:mod:`warmup_tools.adapters.plan_control`), which the service's control
+  thread polls (:meth:`PlanKeeper.poll_once`):
   a new plan is diffed against the hot set (blocks added, kept, dropped), kept blocks are re-pinned
   under the new plan id, dropped ones unpinned (they become ordinary evictable blocks), and the items
-  whose blocks are not all resident are warmed as background work (the scheduler's warm class, or the
-  serial engine behind the gate). The control folder's plan, once applied, wins over the samples.
+  whose blocks are not all resident are warmed as background work (the scheduler's warm class). The
+  control folder's plan, once applied, wins over the samples.
 
-The same thread writes ``plan_status/<instance>.json`` when the coverage changes (and every
+The same poll writes ``plan_status/<instance>.json`` when the coverage changes (and every
 ``heartbeat_s``): per adapter the planned and resident blocks, and why blocks are missing when the
 warm-up budget cannot hold the plan.
 """
@@ -80,7 +81,7 @@ class PlanKeeper:
     def __init__(self, engine: Any, lifecycle: AdapterLifecycle, *, instance: str,
                  warm: Callable[[str | None, str, tuple[int, ...]], None],
                  run: Callable[[Callable[[], Any]], Any] = lambda fn: fn(),
-                 control_dir: Path | None = None, poll_s: float = 0.5, heartbeat_s: float = 5.0,
+                 control_dir: Path | None = None, heartbeat_s: float = 5.0,
                  clock: Callable[[], float] = time.time) -> None:
         self.engine = engine
         self.lifecycle = lifecycle
@@ -108,10 +109,6 @@ class PlanKeeper:
         self._report_lock = threading.Lock()
         self._pending: LivePlan | None = None
         self._applier: threading.Thread | None = None
-        self._thread: threading.Thread | None = None
-        if control_dir is not None:
-            self._thread = threading.Thread(target=self._loop, args=(poll_s,), name="plan-control", daemon=True)
-            self._thread.start()
 
     # ----------------------------------------------------------------------------------- public API
     def note_warmup(self, request: GenerateRequest) -> GenerateRequest:
@@ -235,8 +232,6 @@ class PlanKeeper:
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
         # NOTE: a plan being warmed stops before its next item; its thread is not joined (it may wait for a
         # scheduler that is stopping, which fails its futures).
 
@@ -296,10 +291,3 @@ class PlanKeeper:
                     "bytes: kv_cache_bytes less kv_live_reserve; lower the plan's budgets or raise kv_cache_bytes)"
                     + failed)
         return f"{missing} of {planned} planned blocks are not resident (evicted, or not warmed yet){failed}"
-
-    def _loop(self, poll_s: float) -> None:
-        while not self._stop.wait(poll_s):
-            try:
-                self.poll_once()
-            except Exception:
-                LOGGER.exception("instance %s: plan control failed", self.instance)

@@ -18,17 +18,11 @@ from warmup_tools.common.errors import AssetError, ConfigError
 from warmup_tools.common.settings import check_settings, setting
 from warmup_tools.kv.config import KVCacheConfig, KVShape
 from warmup_tools.lora_adapter.requests import RequestLimits
+from warmup_tools.triton.metrics import MetricsSettings
 from warmup_tools.triton.params import ModelSettings
 from warmup_tools.triton.trust import TrustSettings
 
 MODEL_NAME = "lora_adapter"
-
-#: Who may use the engine next while an adapter warms: live requests first, or first come first served.
-WARM_PRIORITIES = ("live_first", "fifo")
-
-#: How ``execute`` serves: ``continuous`` (iteration-level batching on the scheduler's thread) or
-#: ``serial`` (each request to its last token inside ``execute``, one at a time; kept to measure against).
-SCHEDULERS = ("continuous", "serial")
 
 #: ``dtype`` values: ``auto`` is bfloat16 on a GPU and float32 on the CPU.
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -135,8 +129,6 @@ class ServiceConfig:
                                              "adapters, live plans, coverage reports); empty: none.")
     serve_cold: bool = setting(False, "Serve an adapter that is registered but still warming (its first "
                                       "requests are cold) instead of refusing it.")
-    warm_priority: str = setting("live_first", "Who uses the engine next while an adapter warms: live requests "
-                                               "first, or first come first served.", choices=WARM_PRIORITIES)
     control_poll_s: float = setting(0.5, "Seconds between looks at the control folder (one stat each) by an idle "
                                          "instance.", ge=0.01, le=60)
 
@@ -157,10 +149,9 @@ class LoraAdapterSettings(ModelSettings):
                                                  "(requests-<instance>.jsonl, 0600); empty: no log.")
     request_log_redact: bool = setting(False, "Log a keyed digest of each prompt instead of its text.")
     trust: TrustSettings = dataclasses.field(default_factory=TrustSettings)
+    metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
     expose_cached_tokens: bool = setting(True, "Return cached_tokens to clients; false withholds it (the "
                                                "prompt-cache side channel, SECURITY.md).")
-    scheduler: str = setting("continuous", "continuous: iteration-level batching; serial: one request at a time "
-                                           "(kept to measure against).", choices=SCHEDULERS)
     batching: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
     snapshots: SnapshotConfig = dataclasses.field(default_factory=SnapshotConfig)
 

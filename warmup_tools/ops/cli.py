@@ -228,7 +228,6 @@ def _parser() -> argparse.ArgumentParser:
 
     conc = which.add_parser("concurrency", parents=[assets, streams],
                             help="tokens/s, TTFT and inter-token latency at 1, 4, 8 and 16 concurrent streams")
-    conc.add_argument("--scheduler", choices=("continuous", "serial"), default="continuous")
     conc.add_argument("--rates", type=lambda v: tuple(float(x) for x in v.split(",")), default=(),
                       help="open-loop levels after the streams: Poisson arrivals at each rate (requests/s)")
     conc.add_argument("--disconnects", type=int, default=7,
@@ -239,13 +238,8 @@ def _parser() -> argparse.ArgumentParser:
     eng.add_argument("--device", default="auto", help="auto (the first CUDA device, else CPU), cpu, cuda, cuda:1")
     eng.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
 
-    single = which.add_parser("single", parents=[assets],
-                              help="one stream on the continuous scheduler against the serial path, in process")
-    single.add_argument("--requests", type=int, default=24)
-    single.add_argument("--lm-threads", type=int, default=1, help="torch threads (0: torch default)")
-
     pre = which.add_parser("preload", parents=[assets],
-                           help="live TTFT while a new adapter warms: fifo vs live-first, chunked")
+                           help="live TTFT while a new adapter warms: three settings of the warm class")
     pre.add_argument("--prompts", type=int, default=12, help="warm prompts of the new adapter")
     pre.add_argument("--prompt-tokens", type=int, default=768)
     pre.add_argument("--lm-threads", type=int, default=1)

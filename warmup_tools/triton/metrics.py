@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from typing import Any, Callable, Iterable
 
 from warmup_tools.common.settings import check_settings, setting
@@ -20,10 +21,12 @@ class CacheMetrics:
     instance name so instances do not overwrite each other, the counters add up across instances.
 
     NOTE: each metric call of the Python backend is a round trip to the server (0.2-0.3 ms measured inside
-    the stub, a third of a cache hit's whole ``execute``), so local hits, the common case, are counted here
-    and sent as one increment: before any other lookup is recorded (a shared-tier hit or a miss: every count
-    Triton shows is then up to date after it), every ``flush_every`` hits, and by :meth:`flush` (the
-    model's flush thread every ``flush_s``, and ``finalize``).
+    the stub, a third of a cache hit's whole ``execute``), so the lookups that change nothing are counted here
+    and sent as one increment each: local hits, and misses the embedding step skipped on purpose (unsampled;
+    the common case for a prompt that does not repeat). They are sent every ``flush_every`` lookups, by
+    :meth:`flush` (the model's flush thread every ``flush_s``, and ``finalize``), and before any lookup that
+    changes a cache is recorded (a shared-tier hit, a computed miss: every count Triton shows is then up to
+    date after it); a skipped miss sends the hits counted before it (the hit count is then up to date).
     """
 
     def __init__(self, pb_utils: Any, model: str, instance: str, *, flush_every: int = 256) -> None:
@@ -50,27 +53,39 @@ class CacheMetrics:
         self._last = (-1, -1)
         self._flush_every = flush_every
         self._pending_hits = 0
+        self._pending_misses = 0
         self._lock = threading.Lock()
 
     def record(self, source: str, stats: Any) -> None:
-        """One lookup answered from ``source`` (a CacheSource: local, shared, or anything else: a miss)."""
+        """One lookup answered from ``source`` (a CacheSource: local, shared, skipped, or anything else: a
+        miss)."""
         with self._lock:
             if source == "local":
                 self._pending_hits += 1
-                if self._pending_hits >= self._flush_every:
-                    self._send_hits()
+            elif source == "skipped":
+                self._send_hits()
+                self._pending_misses += 1
+            else:
+                self._send_pending()
+                self._results.get(source, self._results["miss"]).increment(1)
+                if (stats.entries, stats.bytes_used) != self._last:
+                    self._entries.set(stats.entries)
+                    self._bytes.set(stats.bytes_used)
+                    self._last = (stats.entries, stats.bytes_used)
                 return
-            self._send_hits()
-            self._results.get(source, self._results["miss"]).increment(1)
-            if (stats.entries, stats.bytes_used) != self._last:
-                self._entries.set(stats.entries)
-                self._bytes.set(stats.bytes_used)
-                self._last = (stats.entries, stats.bytes_used)
+            if self._pending_hits + self._pending_misses >= self._flush_every:
+                self._send_pending()
 
     def flush(self) -> None:
-        """Send the local hits counted since the last send."""
+        """Send the lookups counted since the last send."""
         with self._lock:
-            self._send_hits()
+            self._send_pending()
+
+    def _send_pending(self) -> None:
+        self._send_hits()
+        if self._pending_misses:
+            self._results["miss"].increment(self._pending_misses)
+            self._pending_misses = 0
 
     def _send_hits(self) -> None:
         if self._pending_hits:
@@ -80,10 +95,11 @@ class CacheMetrics:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MetricsSettings:
-    """How often a cache model sends the lookups it counted locally (:class:`CacheMetrics`)."""
+    """How often a model sends the counts it keeps in its stub (:class:`CacheMetrics`, :class:`SchedulerMetrics`)."""
 
-    flush_s: float = setting(1.0, "Seconds between sends of the local cache hits counted since the last one (a "
-                                  "miss or a shared-tier hit sends them at once).", parameter="metrics_flush_s",
+    flush_s: float = setting(1.0, "Seconds between sends of the counts a model keeps locally: cache hits (a miss "
+                                  "or a shared-tier hit sends them at once), scheduler steps and output tokens (an "
+                                  "idle scheduler sends them at once).", parameter="metrics_flush_s",
                              gt=0, le=60)
 
     def __post_init__(self) -> None:
@@ -228,21 +244,21 @@ class GenerationMetrics:
         return metric
 
 
-#: Buckets of the scheduler's per-step histograms: sequences per batch, and seconds per step.
-BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-STEP_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-
-
 class SchedulerMetrics:
-    """The continuous-batching scheduler on /metrics: running and waiting sequences, batch size,
-    preemptions, step time and output tokens per adapter.
+    """The continuous-batching scheduler on /metrics: running and waiting sequences, steps, sequences per
+    step, step time, preemptions and output tokens per adapter.
 
     :meth:`observe` is the scheduler's observer (called on its thread after each step that ran a
-    forward, or that changed the running or waiting count); gauges are only sent when they change,
-    counters as deltas of the scheduler's totals.
+    forward, or that changed the running or waiting count). The gauges are sent when they change (routers
+    and the sidecar read them). NOTE: everything else is counted here and sent together (every ``flush_s``,
+    and each time the scheduler falls idle): each metric call is a round trip to the server, and three of
+    them per step cost a single stream about 5% of its tokens/s (``scripts/one_stream_ab.py``,
+    docs/benchmarks.md). For the same reason the steps are counters (steps, the
+    sequences they ran, their seconds: means per step by division), not per-step histograms.
     """
 
-    def __init__(self, pb_utils: Any, model: str, instance: str) -> None:
+    def __init__(self, pb_utils: Any, model: str, instance: str, *, flush_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         family = pb_utils.MetricFamily
         labels = {"model": model, "instance": instance}
         self._model = model
@@ -252,24 +268,34 @@ class SchedulerMetrics:
                    description="Sequences in the running batch of an instance", kind=family.GAUGE),
             family(name="warmup_scheduler_waiting_sequences",
                    description="Sequences waiting for a running slot on an instance", kind=family.GAUGE),
-            family(name="warmup_scheduler_batch_size", description="Sequences per scheduler step",
-                   kind=family.HISTOGRAM),
-            family(name="warmup_scheduler_step_seconds", description="Seconds per scheduler step",
-                   kind=family.HISTOGRAM),
+            family(name="warmup_scheduler_steps_total", description="Scheduler steps that ran a forward",
+                   kind=family.COUNTER),
+            family(name="warmup_scheduler_step_sequences_total",
+                   description="Sequences those steps ran (divided by the steps: the mean batch size)",
+                   kind=family.COUNTER),
+            family(name="warmup_scheduler_step_seconds_total",
+                   description="Seconds those steps took (divided by the steps: the mean step time)",
+                   kind=family.COUNTER),
             family(name="warmup_scheduler_preemptions_total",
                    description="Running sequences preempted (KV dropped, recomputed later)", kind=family.COUNTER),
             family(name="warmup_output_tokens_total", description="Generated tokens by adapter",
                    kind=family.COUNTER),
         )
-        running, waiting, batch, step, preemptions, self._tokens_family = self._families
+        running, waiting, steps, sequences, seconds, preemptions, self._tokens_family = self._families
         self._running = running.Metric(labels=labels)
         self._waiting = waiting.Metric(labels=labels)
-        self._batch = batch.Metric(labels=labels, buckets=list(BATCH_SIZE_BUCKETS))
-        self._step = step.Metric(labels=labels, buckets=list(STEP_BUCKETS))
+        self._steps = steps.Metric(labels=labels)
+        self._sequences = sequences.Metric(labels=labels)
+        self._seconds = seconds.Metric(labels=labels)
         self._preemptions = preemptions.Metric(labels={"model": model})
         self._tokens: dict[str, Any] = {}
         self._last = {"running": -1, "waiting": -1, "preemptions": 0}
         self._sent_tokens: dict[str, int] = {}
+        #: Steps, their sequences and seconds counted since the last send.
+        self._pending = [0, 0, 0.0]
+        self._flush_s = flush_s
+        self._clock = clock
+        self._flushed = clock()
 
     def observe(self, report: Any, scheduler: Any) -> None:
         stats = scheduler.stats
@@ -279,8 +305,21 @@ class SchedulerMetrics:
                 metric.set(value)
                 self._last[key] = value
         if report.batch_size:  # a step that ran no forward (only dropped sequences) is no batch
-            self._batch.observe(report.batch_size)
-            self._step.observe(report.seconds)
+            self._pending[0] += 1
+            self._pending[1] += report.batch_size
+            self._pending[2] += report.seconds
+        idle = not stats.running and not stats.waiting
+        if idle or self._clock() - self._flushed >= self._flush_s:
+            self._flush(stats)
+
+    def _flush(self, stats: Any) -> None:
+        self._flushed = self._clock()
+        steps, sequences, seconds = self._pending
+        if steps:
+            self._steps.increment(steps)
+            self._sequences.increment(sequences)
+            self._seconds.increment(seconds)
+            self._pending = [0, 0, 0.0]
         if stats.preemptions > self._last["preemptions"]:
             self._preemptions.increment(stats.preemptions - self._last["preemptions"])
             self._last["preemptions"] = stats.preemptions

@@ -42,17 +42,13 @@ class TritonPythonModel:
         self.tokenizer = engine.tokenizer
         self.digest_key = self.trust.derived_key(b"log-digest")
         self.expose_cached_tokens = settings.expose_cached_tokens
-        self.scheduler = None
-        if settings.scheduler == "continuous":
-            observer = SchedulerMetrics(pb_utils, "lora_adapter", self.instance).observe
-            self.scheduler = Scheduler(engine, settings.batching, observer=observer)
-            self.scheduler.start()  # before the service: its first reconcile may load adapters through it
+        observer = SchedulerMetrics(pb_utils, "lora_adapter", self.instance, flush_s=settings.metrics.flush_s).observe
+        scheduler = Scheduler(engine, settings.batching, observer=observer)
+        scheduler.start()  # before the service: its first reconcile may load adapters through it
         try:
-            self.service = LoraService(engine, settings.service, instance=self.instance, batching=settings.batching,
-                                       scheduler=self.scheduler)
+            self.service = LoraService(engine, settings.service, instance=self.instance, scheduler=scheduler)
         except Exception:
-            if self.scheduler is not None:
-                self.scheduler.stop()
+            scheduler.stop()
             raise
         self.request_log = (RequestLogWriter(settings.request_log_dir, self.instance)
                             if settings.request_log_dir is not None else None)
@@ -88,7 +84,7 @@ class TritonPythonModel:
                                     prompt_text=prompt, redact=self.redact, digest_key=self.digest_key,
                                     expose_cached_tokens=self.expose_cached_tokens,
                                     roles=chat_roles(request) if prompt is not None else None)
-                self.service.serve(req, sink)  # continuous: queued, returns at once; serial: runs to the end
+                self.service.serve(req, sink)  # queued on the scheduler: returns at once
             except Exception as exc:  # noqa: BLE001 (one bad request never fails the batch)
                 log_unexpected(pb_utils, "lora_adapter", exc)
                 sender.send(pb_utils.InferenceResponse(error=error_for(pb_utils, exc)), flags=FINAL)

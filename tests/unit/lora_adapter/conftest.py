@@ -34,3 +34,52 @@ def fresh_cache(engine):
     engine.prefix_cache = PrefixCache(64 << 20, 16)
     yield engine
     engine.prefix_cache = saved
+
+
+def start_service(engine, config, *, instance="test_0", batching=None):
+    """A LoraService over a started scheduler of its own (``service.close()`` stops it)."""
+    from warmup_tools.lora_adapter.scheduler import Scheduler
+    from warmup_tools.lora_adapter.service import LoraService
+    from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING
+
+    scheduler = Scheduler(engine, batching or DEFAULT_BATCHING)
+    scheduler.start()
+    try:
+        return LoraService(engine, config, instance=instance, scheduler=scheduler)
+    except BaseException:
+        scheduler.stop()
+        raise
+
+
+class CollectingSink:
+    """A sequence sink that keeps every step and error and says when the request ended."""
+
+    def __init__(self):
+        import threading
+
+        self.steps, self.errors, self.done = [], [], threading.Event()
+
+    def send(self, step):
+        self.steps.append(step)
+        if step.finished:
+            self.done.set()
+
+    def fail(self, error):
+        self.errors.append(error)
+        self.done.set()
+
+    def is_cancelled(self):
+        return False
+
+    def wait(self, timeout_s=300):
+        assert self.done.wait(timeout_s), "the request did not end"
+        if self.errors:
+            raise self.errors[0]
+        return self.steps
+
+
+def serve_and_wait(service, request):
+    """Serve one request through the service (its scheduler) and return its steps."""
+    sink = CollectingSink()
+    service.serve(request, sink)
+    return sink.wait()

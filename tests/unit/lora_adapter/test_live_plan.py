@@ -8,6 +8,7 @@ import socket
 import pytest
 
 from tests.unit.adapters.test_plan_control import make_plan
+from tests.unit.lora_adapter.conftest import CollectingSink, serve_and_wait, start_service
 from tests.waiting import wait_for
 from warmup_tools.adapters.plan_control import PlanStatusBoard, write_plan_file
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
@@ -18,7 +19,7 @@ from warmup_tools.lora_adapter.live_plan import diff_hot_sets
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.service import LoraService
-from warmup_tools.lora_adapter.settings import EngineConfig, SchedulerConfig, ServiceConfig
+from warmup_tools.lora_adapter.settings import EngineConfig, ServiceConfig
 
 DEADLINE_S = 120.0
 
@@ -49,12 +50,8 @@ def wait_status(board, plan_id, instance="inst_0"):
 
 
 def serve_once(service, ids, adapter="support", tenant="acme"):
-    from tests.unit.lora_adapter.test_service import _Sink
-
-    sink = _Sink()
-    service.serve(GenerateRequest(tuple(ids), adapter, tenant, False, SamplingParams(max_tokens=2)), sink)
-    assert sink.done.wait(DEADLINE_S) and not sink.errors, sink.errors
-    return sink.steps[0].cached_tokens
+    return serve_and_wait(service, GenerateRequest(tuple(ids), adapter, tenant, False,
+                                                   SamplingParams(max_tokens=2)))[0].cached_tokens
 
 
 def test_diff_counts_added_kept_and_dropped_blocks_per_adapter():
@@ -77,7 +74,7 @@ def test_a_live_plan_change_warms_new_items_moves_pins_and_reports_coverage(engi
     scheduler = Scheduler(engine)
     scheduler.start()
     service = LoraService(engine, ServiceConfig(control_dir=tmp_path, control_poll_s=0.05), instance="inst_0",
-                          scheduler=scheduler, batching=SchedulerConfig())
+                          scheduler=scheduler)
     cache = engine.prefix_cache
     try:
         write_plan_file(tmp_path, first)
@@ -105,13 +102,11 @@ def test_a_live_plan_change_warms_new_items_moves_pins_and_reports_coverage(engi
 
 def test_samples_with_a_plan_id_make_the_hot_set_until_a_live_plan_is_applied(engine, tmp_path):
     ids = prefix(engine, SYSTEM_PROMPTS["legal"], 3)
-    service = LoraService(engine, ServiceConfig(control_dir=None), instance="inst_0", batching=SchedulerConfig())
+    service = start_service(engine, ServiceConfig(control_dir=None), instance="inst_0")
     try:
         sample = GenerateRequest(tuple(ids), None, "default", False, SamplingParams(max_tokens=1),
                                  source=BlockSource.WARMUP, plan_id="stanza-plan")
-        from tests.unit.lora_adapter.test_service import _Sink
-
-        service.serve(sample, _Sink())
+        serve_and_wait(service, sample)
         status = service.plan.status()
         assert (status.plan_id, status.source) == ("stanza-plan", "samples")
         assert status.adapters["base"].planned == 3 and status.adapters["base"].coverage == 1.0
@@ -132,7 +127,7 @@ def test_a_sample_in_flight_during_a_live_plan_change_leaves_the_new_plan_pinned
     flight while the control folder's plan lands), must not move the cache back to A or unpin B."""
     from warmup_tools.adapters.plan_control import LivePlan
 
-    service = LoraService(engine, ServiceConfig(control_dir=None), instance="inst_0", batching=SchedulerConfig())
+    service = start_service(engine, ServiceConfig(control_dir=None), instance="inst_0")
     cache = engine.prefix_cache
     try:
         sample = GenerateRequest(tuple(prefix(engine, SYSTEM_PROMPTS["legal"], 3)), None, "default", False,
@@ -143,7 +138,9 @@ def test_a_sample_in_flight_during_a_live_plan_change_leaves_the_new_plan_pinned
         service.plan.apply(live)
         hot = service.plan.hot["support"]
         assert cache.resident(hot, live.plan_id) == len(hot) == 2
-        list(engine.generate(in_flight))  # the sample's prefill and store, after the plan change
+        sink = CollectingSink()  # the sample's prefill and store, after the plan change (noted already)
+        service.scheduler.submit(in_flight, sink)
+        sink.wait()
 
         assert cache.active_plan == live.plan_id
         assert cache.resident(hot, live.plan_id) == len(hot)  # the live plan's pins are intact
@@ -164,7 +161,7 @@ def test_a_plan_the_warm_up_budget_cannot_hold_says_so(engine, tmp_path):
     small = LoraEngine(dataclasses.replace(engine.config, adapters=("support",),
                                            kv=KVCacheConfig(budget_bytes=10 * block, live_reserve=0.5)))
     ids = prefix(small, SYSTEM_PROMPTS["support"], 8)
-    service = LoraService(small, ServiceConfig(control_dir=None), instance="inst_0", batching=SchedulerConfig())
+    service = start_service(small, ServiceConfig(control_dir=None), instance="inst_0")
     try:
         from warmup_tools.adapters.plan_control import LivePlan
 
@@ -183,7 +180,7 @@ def test_plan_items_outside_the_vocabulary_or_the_context_are_left_out_and_count
     out_of_vocab = good[:16] + [engine.vocab_size] + good[17:]
     too_long = (good * (engine.context_length // len(good) + 1))[: engine.context_length]
     warmed = []
-    service = LoraService(engine, ServiceConfig(control_dir=None), instance="inst_0", batching=SchedulerConfig())
+    service = start_service(engine, ServiceConfig(control_dir=None), instance="inst_0")
     real_warm = service.plan._warm
     service.plan._warm = lambda adapter, tenant, ids: (warmed.append(tuple(ids)), real_warm(adapter, tenant, ids))
     try:

@@ -6,6 +6,8 @@ import dataclasses
 import types
 import weakref
 
+import pytest
+
 from warmup_tools.common.errors import ServerBusyError
 from warmup_tools.lora_adapter.engine import GenerationStep
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
@@ -114,23 +116,41 @@ def test_non_streaming_sends_the_whole_text_once_and_errors_carry_their_code():
     assert sink.is_cancelled()
 
 
-def test_scheduler_metrics_send_gauges_and_counter_deltas():
-    metrics = SchedulerMetrics(fake_pb_utils(), "lora_adapter", "lora_adapter_0_0")
+def test_scheduler_metrics_send_gauges_at_once_and_counts_every_flush_or_when_idle():
+    clock = [0.0]
+    metrics = SchedulerMetrics(fake_pb_utils(), "lora_adapter", "lora_adapter_0_0", flush_s=1.0,
+                               clock=lambda: clock[0])
     stats = SchedulerStats(running=3, waiting=1, preemptions=2, output_tokens={"": 4, "sql": 5})
     scheduler = types.SimpleNamespace(stats=stats)
-    metrics.observe(StepReport(batch_size=3, seconds=0.02), scheduler)
-    stats.output_tokens["sql"] = 7
-    stats.running = 2
-    metrics.observe(StepReport(batch_size=2, seconds=0.01), scheduler)
     created = FakeFamily.created
     labels = (("instance", "lora_adapter_0_0"), ("model", "lora_adapter"))
+    sql_labels = (("adapter", "sql"), ("model", "lora_adapter"))
+
+    metrics.observe(StepReport(batch_size=3, seconds=0.02), scheduler)
+    assert created[("warmup_scheduler_running_sequences", labels)].value == 3
+    assert created[("warmup_scheduler_steps_total", labels)].value == 0  # counted, not sent yet
+    assert ("warmup_output_tokens_total", sql_labels) not in created
+    stats.output_tokens["sql"] = 7
+    stats.running = 2
+    clock[0] = 1.0  # a flush interval later
+    metrics.observe(StepReport(batch_size=2, seconds=0.01), scheduler)
     assert created[("warmup_scheduler_running_sequences", labels)].value == 2
     assert created[("warmup_scheduler_waiting_sequences", labels)].value == 1
-    assert created[("warmup_scheduler_batch_size", labels)].observed == [3, 2]
+    assert created[("warmup_scheduler_steps_total", labels)].value == 2
+    assert created[("warmup_scheduler_step_sequences_total", labels)].value == 5
+    assert created[("warmup_scheduler_step_seconds_total", labels)].value == pytest.approx(0.03)
     assert created[("warmup_scheduler_preemptions_total", (("model", "lora_adapter"),))].value == 2
-    sql = created[("warmup_output_tokens_total", (("adapter", "sql"), ("model", "lora_adapter")))]
     base = created[("warmup_output_tokens_total", (("adapter", "base"), ("model", "lora_adapter")))]
-    assert (sql.value, base.value) == (7, 4)
+    assert (created[("warmup_output_tokens_total", sql_labels)].value, base.value) == (7, 4)
+
+    stats.output_tokens["sql"] = 9
+    metrics.observe(StepReport(batch_size=1, seconds=0.01), scheduler)  # within the interval: held
+    assert created[("warmup_output_tokens_total", sql_labels)].value == 7
+    stats.running = stats.waiting = 0
+    metrics.observe(StepReport(batch_size=1, seconds=0.01), scheduler)  # idle: everything sent at once
+    assert created[("warmup_output_tokens_total", sql_labels)].value == 9
+    assert created[("warmup_scheduler_steps_total", labels)].value == 4
+    assert created[("warmup_scheduler_running_sequences", labels)].value == 0
 
 
 def test_heat_metrics_stay_bounded_whatever_adapters_clients_name():

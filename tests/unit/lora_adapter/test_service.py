@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from tests.unit.lora_adapter.conftest import CollectingSink, serve_and_wait, start_service
 from warmup_tools.adapters.registry import ControlRegistry
 from warmup_tools.adapters.state import AdapterState
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
@@ -25,23 +26,27 @@ def engine(demo_assets):
 
 
 def greedy(service_or_engine, ids, adapter):
+    """Greedy tokens and cached tokens: served through a service (its scheduler), or the reference engine."""
     req = GenerateRequest(tuple(ids), adapter, "default", False, SamplingParams(max_tokens=8))
-    steps = list(service_or_engine.generate(req))
+    steps = (serve_and_wait(service_or_engine, req) if isinstance(service_or_engine, LoraService)
+             else list(service_or_engine.generate(req)))
     return [s.token_id for s in steps], steps[-1].cached_tokens
 
 
-@pytest.mark.parametrize("chunk", [64, 1 << 20])  # 1 << 20: longer than any prompt, so one step each
-def test_an_added_adapter_is_warmed_in_chunks_and_its_prompts_are_then_cached(engine, tmp_path, chunk):
-    prompt = SYSTEM_PROMPTS["sql"] + f"User: list the tables (chunk {chunk})\nAssistant:"
+@pytest.mark.parametrize("budget", [64, 256])  # 256: more than the prompt, so one step
+def test_an_added_adapter_is_warmed_in_steps_and_its_prompts_are_then_cached(engine, tmp_path, budget):
+    prompt = SYSTEM_PROMPTS["sql"] + f"User: list the tables (budget {budget})\nAssistant:"
     ids = engine.encode(prompt)
+    assert 64 < len(ids) <= 256
     registry = ControlRegistry(tmp_path)
-    service = LoraService(engine, ServiceConfig(control_dir=tmp_path, control_poll_s=0.05), instance="test_0",
-                          batching=SchedulerConfig(warm_chunk_tokens=chunk))
+    # With no live traffic, warm-up takes whole steps: the step's token budget at a time.
+    service = start_service(engine, ServiceConfig(control_dir=tmp_path, control_poll_s=0.05),
+                            batching=SchedulerConfig(max_num_batched_tokens=budget))
     try:
         registry.add("sql", [prompt])
         registry.wait_until("sql", AdapterState.LIVE, instances=1, timeout_s=120)
         status = service.lifecycle.snapshot()["sql"]
-        steps = -(-len(ids) // 64) if chunk == 64 else 1
+        steps = -(-len(ids) // budget)
         assert f"{steps} steps" in status.detail, status.detail
         tokens, cached = greedy(service, ids, "sql")
         # Everything but the last token comes from the cache, whole blocks only.
@@ -68,12 +73,12 @@ def test_with_the_scheduler_an_added_adapter_loads_and_warms_inside_it(engine, t
     scheduler = Scheduler(engine)
     scheduler.start()
     service = LoraService(engine, ServiceConfig(control_dir=tmp_path, control_poll_s=0.05), instance="test_0",
-                          scheduler=scheduler, batching=SchedulerConfig())
+                          scheduler=scheduler)
     try:
         registry.add("sql", [prompt])
         registry.wait_until("sql", AdapterState.LIVE, instances=1, timeout_s=120)
         assert "warmed 1 prompts" in service.lifecycle.snapshot()["sql"].detail
-        sink = _Sink()
+        sink = CollectingSink()
         service.serve(GenerateRequest(tuple(ids), "sql", "default", False, SamplingParams(max_tokens=8)), sink)
         assert sink.done.wait(120)
         assert sink.steps[0].cached_tokens == (len(ids) - 1) // 16 * 16 > 0
@@ -85,30 +90,10 @@ def test_with_the_scheduler_an_added_adapter_loads_and_warms_inside_it(engine, t
     assert [s.token_id for s in sink.steps] == reference_tokens(engine.config, ids)
 
 
-class _Sink:
-    def __init__(self):
-        import threading
-
-        self.steps, self.errors, self.done = [], [], threading.Event()
-
-    def send(self, step):
-        self.steps.append(step)
-        if step.finished:
-            self.done.set()
-
-    def fail(self, error):
-        self.errors.append(error)
-        self.done.set()
-
-    def is_cancelled(self):
-        return False
-
-
 def test_an_instance_starts_and_converges_when_the_control_files_are_nested_100000_deep(engine, tmp_path):
     (tmp_path / "desired.json").write_bytes(b'{"adapters": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
     (tmp_path / "plan.json").write_bytes(b"{" * 100_000)
-    service = LoraService(engine, ServiceConfig(control_dir=tmp_path, control_poll_s=0.05),
-                          instance="test_0", batching=SchedulerConfig())  # no RecursionError
+    service = start_service(engine, ServiceConfig(control_dir=tmp_path, control_poll_s=0.05))  # no RecursionError
     try:
         assert service.reconciler.maybe_reconcile() is False  # the poll keeps working on the bad file
         tokens, _ = greedy(service, engine.encode("User: hello\nAssistant:"), "support")

@@ -47,6 +47,22 @@ def test_local_hits_wait_and_any_other_lookup_sends_them_first():
     assert (hits.value, hits.calls) == (6, 2) and metrics._results["shared"].value == 1
 
 
+def test_skipped_misses_wait_send_the_hits_before_them_and_are_sent_by_any_other_lookup():
+    metrics = cache_metrics()
+    hits, misses = metrics._results["local"], metrics._results["miss"]
+    metrics.record("skipped", STATS)
+    metrics.record("skipped", STATS)
+    assert (misses.value, misses.calls) == (0, 0)  # no round trip per skipped miss
+    metrics.record("local", STATS)
+    metrics.record("skipped", STATS)
+    assert (hits.value, hits.calls) == (1, 1) and misses.value == 0  # the hit count is up to date
+    metrics.record("computed", STATS)
+    assert (misses.value, misses.calls) == (4, 2)  # three skipped together, then the computed one
+    metrics.record("skipped", STATS)
+    metrics.flush()
+    assert misses.value == 5 and hits.value == 1
+
+
 def test_hits_are_sent_every_flush_every_and_by_flush():
     metrics = cache_metrics(flush_every=4)
     for _ in range(9):

@@ -8,8 +8,6 @@ the model_warmup samples; the base model's after its first request) followed by 
 ``max_tokens`` 32. Per level it prints output tokens/s (all streams' output tokens over the level's
 wall time), time to first token and inter-token latency (p50/p95/p99, client side), and errors; then
 8 streams against 1 against the concurrency targets (tokens/s >= 3.0x, TTFT p95 <= 3x, ITL p95 <= 2.5x).
-
-``--scheduler serial`` runs the same against one-request-at-a-time serving, for comparison.
 """
 
 from __future__ import annotations
@@ -39,16 +37,16 @@ from warmup_tools.sim.bench.latency import (
 
 
 def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int = 6, min_requests: int = 24,
-        max_tokens: int = 32, scheduler: str = "continuous", max_num_seqs: int = 16, lm_threads: int = 1,
+        max_tokens: int = 32, max_num_seqs: int = 16, lm_threads: int = 1,
         disconnects: int = 7, rates: Sequence[float] = (), out: TextIO = sys.stdout) -> list[LevelResult]:
     """Measure each concurrency level on one server; prints a table and the 8-vs-1 ratios. ``rates``:
     open-loop levels after those, requests arriving as a Poisson process at each rate (requests/s)."""
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_LM_THREADS": str(lm_threads),
-           "WARMUP_SCHEDULER": scheduler, "WARMUP_MAX_NUM_SEQS": str(max_num_seqs)}
+           "WARMUP_MAX_NUM_SEQS": str(max_num_seqs)}
     results: list[LevelResult] = []
     with TritonServer(REPO_ROOT / "model_repository", env=env) as server:
         server.wait_ready(timeout=600)
-        out.write(f"server ready (scheduler {scheduler}, max_num_seqs {max_num_seqs}, lm threads {lm_threads}); "
+        out.write(f"server ready (max_num_seqs {max_num_seqs}, lm threads {lm_threads}); "
                   f"at least {rounds} requests per stream and {min_requests} per level, max_tokens {max_tokens}\n")
         out.flush()
         with StreamingClient(server.grpc_url) as client:  # one-off costs, and the base model's prefix

@@ -3,15 +3,15 @@
 One run, in process, one engine per configuration (what one ``lora_adapter`` instance runs): a live
 client thread sends requests for a live adapter back to back (``max_tokens=1``, short think time),
 like Triton's execute thread, while the operator adds a new adapter with long warm prompts that the
-instance's control thread pre-fills. Live TTFT is measured before and during that warm-up for:
+instance's control thread pre-fills. Warm prompts are the scheduler's lowest class: they only use the token
+budget live sequences leave in a step and never share a step with a live prefill. Live TTFT is measured
+before and during that warm-up for three settings of that class:
 
-- ``fifo``, whole prompts, share 1: a plain engine lock, what a naive preload does;
-- ``live_first``, whole prompts, share 1: live requests go first, but wait for a whole warm prompt;
-- ``live_first``, 128-token chunks, share 1: a live request waits for one chunk at most;
-- ``live_first``, 128-token chunks, share 0.5: the serial scheduler's default (warm-up rests as long as
-  it works);
-- ``continuous``: the continuous-batching scheduler (the shipped default), where warm chunks are the
-  lowest class and only use the token budget live sequences leave in a step.
+- whole steps, share 1 (``warm_chunk_tokens`` = the step budget, ``warm_share`` 1): warm-up takes every
+  step it can, what a naive preload does;
+- 128-token chunks, share 1: a live request waits for one such chunk at most;
+- the shipped defaults (``warm_chunk_tokens`` 16, ``warm_share`` 0.25): small chunks, and warm-up rests
+  three times as long as it works while live traffic flows.
 """
 
 from __future__ import annotations
@@ -35,25 +35,22 @@ from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.service import LoraService
 from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING, EngineConfig, SchedulerConfig, ServiceConfig
 
-CONFIGS = (("fifo", 0, 1.0), ("live_first", 0, 1.0), ("live_first", 128, 1.0), ("live_first", 128, 0.5),
-           ("continuous", 0, 1.0))
+#: (label, warm class settings) of each configuration measured.
+CONFIGS = (
+    ("whole steps, share 1",
+     SchedulerConfig(warm_chunk_tokens=DEFAULT_BATCHING.max_num_batched_tokens, warm_share=1.0)),
+    ("128-token chunks, share 1", SchedulerConfig(warm_chunk_tokens=128, warm_share=1.0)),
+    (f"defaults ({DEFAULT_BATCHING.warm_chunk_tokens}-token chunks, share {DEFAULT_BATCHING.warm_share:g})",
+     DEFAULT_BATCHING),
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PreloadResult:
-    priority: str
-    chunk_tokens: int
-    share: float
+    label: str
     warm_s: float
     idle_ttft_ms: list[float]
     warming_ttft_ms: list[float]
-
-    @property
-    def label(self) -> str:
-        if self.priority == "continuous":
-            return "continuous scheduler, warm class"
-        chunks = f"{self.chunk_tokens}-token chunks" if self.chunk_tokens else "whole prompts"
-        return f"{self.priority}, {chunks}, share {self.share:g}"
 
 
 def pct(values: list[float], q: float) -> float:
@@ -73,22 +70,15 @@ def warm_prompts(count: int, tokens: int, engine: LoraEngine, seed: int) -> list
     return prompts
 
 
-def measure(assets_dir: Path, priority: str, chunk_tokens: int, share: float, *, prompts: int, prompt_tokens: int,
+def measure(assets_dir: Path, label: str, batching: SchedulerConfig, *, prompts: int, prompt_tokens: int,
             idle_s: float, think_s: float, lm_threads: int, seed: int) -> PreloadResult:
     engine = LoraEngine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",
                                      adapters=("support",), num_threads=lm_threads))
     control = Path(tempfile.mkdtemp(prefix="bench-preload-"))
-    scheduler = None
-    if priority == "continuous":
-        scheduler = Scheduler(engine, DEFAULT_BATCHING)
-        scheduler.start()
-        service = LoraService(engine, ServiceConfig(control_dir=control, control_poll_s=0.02), instance="bench_0",
-                              batching=DEFAULT_BATCHING, scheduler=scheduler)
-    else:
-        service = LoraService(engine, ServiceConfig(control_dir=control, control_poll_s=0.02, warm_priority=priority),
-                              instance="bench_0",
-                              # chunk_tokens 0: whole prompts (a chunk longer than any prompt)
-                              batching=SchedulerConfig(warm_share=share, warm_chunk_tokens=chunk_tokens or 1 << 20))
+    scheduler = Scheduler(engine, batching)
+    scheduler.start()
+    service = LoraService(engine, ServiceConfig(control_dir=control, control_poll_s=0.02), instance="bench_0",
+                          scheduler=scheduler)
     registry = ControlRegistry(control)
     texts = warm_prompts(prompts, prompt_tokens, engine, seed)
     system = SYSTEM_PROMPTS["support"]
@@ -101,13 +91,9 @@ def measure(assets_dir: Path, priority: str, chunk_tokens: int, share: float, *,
             ids = engine.encode(system + "User: " + rng.choice(USER_QUESTIONS["support"]) + f" ({rng.random():.6f})")
             request = GenerateRequest(ids, "support", "bench", False, SamplingParams(max_tokens=1))
             start = time.perf_counter()
-            if scheduler is None:
-                for _ in service.generate(request):
-                    break
-            else:
-                sink = _FirstToken()
-                service.serve(request, sink)
-                sink.wait()
+            sink = _FirstToken()
+            service.serve(request, sink)
+            sink.wait()
             samples.append((start, (time.perf_counter() - start) * 1000))
             time.sleep(think_s)
 
@@ -126,7 +112,7 @@ def measure(assets_dir: Path, priority: str, chunk_tokens: int, share: float, *,
     first = samples[0][0] if samples else 0.0
     idle = [ms for start, ms in samples if first + 0.5 <= start < warm_start]  # after the first requests
     warming = [ms for start, ms in samples if warm_start <= start < warm_end]
-    return PreloadResult(priority, chunk_tokens, share, warm_end - warm_start, idle, warming)
+    return PreloadResult(label, warm_end - warm_start, idle, warming)
 
 
 class _FirstToken:
@@ -158,8 +144,8 @@ def run(assets_dir: Path, *, prompts: int = 12, prompt_tokens: int = 768, idle_s
     out.write(f"live client: support requests, max_tokens=1, {think_s * 1000:.0f} ms think time; warm-up: adapter sql, "
               f"{prompts} prompts of ~{prompt_tokens} tokens; LM threads {lm_threads}\n")
     results = []
-    for priority, chunk, share in CONFIGS:
-        result = measure(assets_dir, priority, chunk, share, prompts=prompts, prompt_tokens=prompt_tokens,
+    for label, batching in CONFIGS:
+        result = measure(assets_dir, label, batching, prompts=prompts, prompt_tokens=prompt_tokens,
                          idle_s=idle_s, think_s=think_s, lm_threads=lm_threads, seed=seed)
         out.write(f"  {result.label}: warm-up {result.warm_s:.1f} s, {len(result.warming_ttft_ms)} live requests "
                   f"during it, TTFT p50 {pct(result.warming_ttft_ms, 0.5):.1f} ms, p99 "

@@ -40,6 +40,8 @@ class ChatRenderer:
             raise ChatTemplateError("the LM tokenizer has no chat template: give it one (tokenizer_config.json or "
                                     "chat_template.jinja), or send raw prompts to /v1/completions")
         self._tokenizer = tokenizer
+        # NOTE: the first render compiles the template; done here so that no request pays for it.
+        self._apply([{"role": "user", "content": "warm-up"}], add_generation_prompt=True)
 
     @classmethod
     def from_path(cls, path: Path) -> "ChatRenderer":

@@ -104,12 +104,19 @@ def _chat_through_the_front(config: ServeConfig, server: TritonServer, sidecar_u
     from warmup_tools.front.server import FrontServer
     from warmup_tools.front.settings import FrontSettings
 
+    for name in ("httpx", "httpx2"):  # the SDK's per-request log lines
+        logging.getLogger(name).setLevel(logging.WARNING)
     settings = FrontSettings(port=0, triton_grpc_url=server.grpc_url, triton_metrics_url=server.metrics_url,
                              sidecar_url=sidecar_url, model_repository=config.model_repository)
     with FrontServer(settings, environ={**os.environ, **config.server_env()}) as front, \
             openai.OpenAI(base_url=f"{front.url}/v1", api_key="open-mode", max_retries=0) as client:
         question = USER_QUESTIONS[adapter][1]
-        out.write(f"\nOpenAI front {front.url}/v1, the openai SDK, model {adapter!r}: {question}\n  -> ")
+        models = ", ".join(model.id for model in client.models.list())
+        # NOTE: the SDK imports its streaming and chat modules on first use: a one-token request first, so the
+        # TTFT shown is the server's and the network's, not the SDK's start-up.
+        client.chat.completions.create(model=adapter, max_tokens=1, messages=[{"role": "user", "content": "Hi"}])
+        out.write(f"\nOpenAI front {front.url}/v1 (models: {models}); the openai SDK, model {adapter!r}: "
+                  f"{question}\n  -> ")
         out.flush()
         started = time.perf_counter()
         ttft = None

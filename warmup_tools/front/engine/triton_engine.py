@@ -152,6 +152,10 @@ class TritonEngine:
         self._client = grpcaio.InferenceServerClient(self.grpc_url)
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         self._refresh_lock = asyncio.Lock()
+        try:  # NOTE: connects the channel now, not on the first request (whose TTFT would pay for it)
+            await self._client.is_server_ready(client_timeout=5)
+        except InferenceServerException:
+            pass  # not up yet: the poller and the first request will connect
         self._poller = asyncio.create_task(self._poll(), name="front-poll")
 
     async def close(self) -> None:

@@ -1,6 +1,7 @@
 """``python -m warmup_tools bench front``: what the OpenAI front adds, and what a client that goes away costs.
 
-One run starts the real server and two fronts beside it, one per ``pipeline`` (``composing``: the three models
+One run starts the real server and, in turn, two fronts beside it (``python -m warmup_tools front``, each in its
+own process), one per ``pipeline`` (``composing``: the three models
 in turn, a stream to ``lora_adapter`` last; ``ensemble``: one gRPC stream to the ensemble). For each, it first
 sends the same streamed request (a warm demo prompt, adapter support, ``max_tokens`` 32) through the front's
 ``/v1/completions`` and through Triton's ``/v2/models/ensemble/generate_stream``, ``requests`` each way, in
@@ -16,18 +17,21 @@ is idle (the gauge at 0). Figures: docs/benchmarks.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Iterator, TextIO
 
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
-from warmup_tools.front.server import FrontServer
-from warmup_tools.front.settings import PIPELINES, FrontSettings
+from warmup_tools.front.settings import PIPELINES
 from warmup_tools.server.client import metric_sum, scrape_metrics
 from warmup_tools.server.config import REPO_ROOT
-from warmup_tools.server.process import TritonServer
+from warmup_tools.server.process import TritonServer, free_port
 from warmup_tools.sim.bench.latency import pct
 
 ABANDONED_MAX_TOKENS = 200
@@ -57,9 +61,7 @@ def run(assets_dir: Path, *, disconnects: int = 7, requests: int = 40, max_token
                 time.sleep(0.05)
 
         for pipeline in PIPELINES:
-            settings = FrontSettings(port=0, triton_grpc_url=server.grpc_url, triton_metrics_url=server.metrics_url,
-                                     pipeline=pipeline)
-            with FrontServer(settings, environ={"WARMUP_ASSETS_DIR": str(assets_dir)}) as front, \
+            with _front_process(server, assets_dir, pipeline) as front, \
                     httpx.Client(base_url=front.url, timeout=300) as client:
                 _next_ttft(client)  # one-off costs
                 if requests:
@@ -104,6 +106,46 @@ def run(assets_dir: Path, *, disconnects: int = 7, requests: int = 40, max_token
                           f"({(f['ttft_ms_p50'] / f['baseline_ttft_ms_p50'] - 1) * 100:+.1f}%)\n")
                 out.flush()
     return figures
+
+
+class _Front:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+
+@contextlib.contextmanager
+def _front_process(server: TritonServer, assets_dir: Path, pipeline: str) -> Iterator[_Front]:
+    """``python -m warmup_tools front`` in a process of its own, as a deployment runs it beside tritonserver
+    (in this process its event loop would share the interpreter with the benchmark's clients); stopped with
+    SIGINT, then SIGKILL after 10 s."""
+    import httpx
+
+    port = free_port()
+    command = [sys.executable, "-m", "warmup_tools", "front", "--front-port", str(port), "--pipeline", pipeline,
+               "--triton-grpc-url", server.grpc_url, "--triton-metrics-url", server.metrics_url,
+               "--model-repository", str(server.model_repository)]
+    process = subprocess.Popen(command, env={**os.environ, "WARMUP_ASSETS_DIR": str(assets_dir)},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the front did not start: {' '.join(command)}")
+            time.sleep(0.2)
+        yield _Front(url)
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _chat(adapter: str, question: str, max_tokens: int) -> dict:

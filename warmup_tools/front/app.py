@@ -63,7 +63,8 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         return bad_request("We could not parse the JSON body of your request: send valid JSON "
                            f"({first.get('ctx', {}).get('error', 'invalid JSON')}).").response()
     if not loc and first.get("type") in ("missing", "model_attributes_type", "dict_type"):
-        return bad_request("The body must be a JSON object with the request's fields.").response()
+        return bad_request("The body must be a JSON object with the request's fields, sent with "
+                           "'Content-Type: application/json'.").response()
     param = loc[0] if loc else None
     where = ".".join(loc) or "body"
     return bad_request(f"{where}: {first.get('msg', 'invalid value')}", param=param).response()

@@ -28,7 +28,9 @@ PROBE_TENANT = "warmup-sidecar-probe"
 
 #: The JSON keys of a record, in the order they are written.
 RECORD_KEYS = ("v", "ts", "tenant", "adapter", "prompt_digest", "prompt", "prompt_tokens", "cached_tokens",
-               "ttft_ms", "output_tokens", "cluster", "template", "roles")
+               "ttft_ms", "output_tokens", "cluster", "template")
+#: A key written after those only when the record has it: a chat request's role spans.
+ROLES_KEY = "roles"
 #: A rendered conversation's role spans, as the OpenAI front sends them (the request parameter
 #: ``chat_roles``) and the log keeps them: at most this many spans, roles of at most 16 characters.
 MAX_ROLE_SPANS = 64
@@ -98,7 +100,7 @@ class RequestRecord:
             output_tokens=_optional(data, "output_tokens", int),
             cluster=_optional(data, "cluster", int),
             template=None if data.get("template") is None else str(data["template"]),
-            roles=_roles(data.get("roles")),
+            roles=_roles(data.get(ROLES_KEY)),
         )
 
     def to_json(self, *, with_template: bool = False) -> dict[str, Any]:
@@ -110,11 +112,9 @@ class RequestRecord:
                 continue
             if key == "template" and not with_template:
                 continue
-            if key == "roles":
-                if value is not None:
-                    out[key] = [list(span) for span in value]
-                continue
             out[key] = value
+        if self.roles is not None:
+            out[ROLES_KEY] = [list(span) for span in self.roles]
         return out
 
 

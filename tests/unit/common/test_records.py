@@ -11,7 +11,7 @@ def test_served_record_round_trips_and_redaction_drops_the_text():
                                cached_tokens=0, ttft_ms=1.234, output_tokens=2, cluster=-1, redact=False)
     assert (rec.adapter, rec.ts, rec.ttft_ms) == ("", 1.235, 1.23)
     assert RequestRecord.from_json(rec.to_json()) == rec
-    assert tuple(rec.to_json()) == tuple(k for k in RECORD_KEYS if k not in ("template", "roles"))
+    assert tuple(rec.to_json()) == tuple(k for k in RECORD_KEYS if k != "template")
     hidden = RequestRecord.served(ts=1, tenant="acme", adapter="sql", prompt="hello", prompt_tokens=3,
                                   cached_tokens=0, ttft_ms=1, output_tokens=2, cluster=-1, redact=True)
     assert "prompt" not in hidden.to_json() and hidden.prompt_digest == rec.prompt_digest

@@ -27,7 +27,7 @@ import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
 from prometheus_client.parser import text_string_to_metric_families
-from tritonclient.grpc import InferInput
+from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException
 
 from warmup_tools.front.engine.engine import (
@@ -198,8 +198,9 @@ class TritonEngine:
             token = tokens.as_numpy("tenant_token").reshape(-1)[0].decode("utf-8")
             second = [_text("text_input", request.prompt), _tensor("prompt_tokens", length, "INT32"),
                       _text("tenant_token", token), *_identity_inputs(request)]
-            cluster = (await self._client.infer("embedding_cache", second, client_timeout=self.timeout_s)
-                       ).as_numpy("cluster_id")
+            # NOTE: cluster_id only, as the ensemble asks for it: the embedding itself is 384 floats nobody reads.
+            cluster = (await self._client.infer("embedding_cache", second, outputs=[InferRequestedOutput("cluster_id")],
+                                                client_timeout=self.timeout_s)).as_numpy("cluster_id")
         except InferenceServerException as exc:
             raise _engine_error(exc) from None
         return [_tensor("input_ids", ids, "INT32"), _tensor("cluster_id", cluster, "INT32"),

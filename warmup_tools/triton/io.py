@@ -78,12 +78,13 @@ def model_parameters(args: Mapping[str, Any]) -> ModelParameters:
 
 
 def collect_inputs(pb_utils: Any, request: Any, names: Iterable[str]) -> dict[str, np.ndarray | None]:
-    """``{name: numpy array}`` for each named input of ``request``; None for an absent optional input."""
-    inputs: dict[str, np.ndarray | None] = {}
-    for name in names:
-        tensor = pb_utils.get_input_tensor_by_name(request, name)
-        inputs[name] = None if tensor is None else tensor.as_numpy()
-    return inputs
+    """``{name: numpy array}`` for each named input of ``request``; None for an absent optional input.
+
+    NOTE: ``request.inputs()`` is read once (``pb_utils.get_input_tensor_by_name`` builds that list again
+    for every name it is asked for); ``pb_utils`` stays a parameter so every model calls it the same way.
+    """
+    present = {tensor.name(): tensor for tensor in request.inputs()}
+    return {name: present[name].as_numpy() if name in present else None for name in names}
 
 
 def chat_roles(request: Any) -> tuple[tuple[str, int, int], ...] | None:

@@ -20,6 +20,11 @@ from warmup_tools.triton.trust import TenantTrust
 from warmup_tools.triton.warmup import OwnWarmupSamples
 from warmup_tools.triton.metrics import CacheMetrics, HeatMetrics, PeriodicFlush
 
+def outputs(requested, **arrays):
+    """The output tensors the requester asked for (through ``ensemble``: only ``cluster_id``), no others."""
+    return [pb_utils.Tensor(name, arrays[name]) for name in requested if name in arrays]
+
+
 INPUTS = ("text_input", "warmup_plan", "tenant_id", "tenant_token", "adapter_id", "prompt_tokens")
 
 
@@ -56,12 +61,12 @@ class TritonPythonModel:
                     prompt_tokens=parse_count(inputs, "prompt_tokens", 0, MAX_PROMPT_TOKENS),
                     warmup=own_sample,
                 )
-                responses.append(pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor("embedding", outcome.vector),
+                responses.append(pb_utils.InferenceResponse(output_tensors=outputs(
+                    request.requested_output_names(),
+                    embedding=outcome.vector,
                     # Only the caller's own tenant's clusters, under ids of its own (embedding_cache.semantic).
-                    pb_utils.Tensor("cluster_id", np.array([outcome.reported_cluster_id], dtype=np.int32)),
-                    pb_utils.Tensor("similarity", np.array([outcome.similarity], dtype=np.float32)),
-                ]))
+                    cluster_id=np.array([outcome.reported_cluster_id], dtype=np.int32),
+                    similarity=np.array([outcome.similarity], dtype=np.float32))))
                 self.metrics.record(outcome.source, self.service.embedder.local.stats)
             except Exception as exc:  # noqa: BLE001 (one bad request never fails the batch)
                 log_unexpected(pb_utils, "embedding_cache", exc)

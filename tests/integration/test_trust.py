@@ -34,7 +34,7 @@ def trusted(served_assets, tmp_path_factory):
     server.start()
     try:
         server.wait_ready(timeout=600)
-        server.keys_file, server.secret_file = keys, secret
+        server.keys_file, server.secret_file, server.assets_dir = keys, secret, served_assets
         with StreamingClient(server.grpc_url) as client:
             yield server, client, tenant_keys
         from warmup_tools.server.client import scrape_metrics
@@ -185,3 +185,40 @@ def test_a_warm_up_sample_replayed_after_ready_is_an_ordinary_request(trusted):
         assert error is not None and "this deployment verifies tenants" in str(error), error
     assert client.generate("Hello", GenerateParams(max_tokens=1, tenant_id="acme",
                                                    tenant_key=keys["acme"])).output_tokens == 1
+
+
+def test_the_openai_front_takes_the_tenant_from_the_bearer_key(trusted, tmp_path):
+    import logging
+
+    import httpx
+    import openai
+
+    from tests.conftest import REPO_ROOT
+    from warmup_tools.front.server import FrontServer
+    from warmup_tools.front.settings import FrontSettings
+
+    server, _, tenant_keys = trusted
+    settings = FrontSettings(port=0, triton_grpc_url=server.grpc_url, triton_metrics_url=server.metrics_url,
+                             model_repository=REPO_ROOT / "model_repository")
+    environ = {"WARMUP_ASSETS_DIR": str(server.assets_dir),
+               "WARMUP_TENANT_KEYS_FILE": str(server.keys_file)}  # trust mode read from tokenizer_cache's config
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger().addHandler(handler)
+    try:
+        with FrontServer(settings, environ=environ) as front:
+            messages = [{"role": "system", "content": SYSTEM_PROMPTS["support"]}, {"role": "user", "content": "Hi"}]
+            with openai.OpenAI(base_url=f"{front.url}/v1", api_key=tenant_keys["acme"], max_retries=0) as client:
+                answer = client.chat.completions.create(model="support", messages=messages, max_tokens=2)
+                assert answer.usage.completion_tokens == 2
+            for key in ("wrong-key", tenant_keys["acme"][:-1]):
+                with openai.OpenAI(base_url=f"{front.url}/v1", api_key=key, max_retries=0) as client:
+                    with pytest.raises(openai.AuthenticationError) as refused:
+                        client.chat.completions.create(model="support", messages=messages, max_tokens=2)
+                    assert refused.value.body["code"] == "invalid_api_key"
+            bare = httpx.post(f"{front.url}/v1/chat/completions", json={"model": "base", "messages": messages})
+            assert bare.status_code == 401 and bare.json()["error"]["code"] == "invalid_api_key"
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert not any(tenant_keys["acme"] in handler.format(r) for r in records)

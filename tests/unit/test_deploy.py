@@ -49,7 +49,8 @@ def test_the_pod_probes_the_sidecar_and_its_ports_match_the_command():
     args = _sidecar_args(container["command"])
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"http": args.http_port, "grpc": args.grpc_port, "metrics": args.metrics_port,
-                     "sidecar": args.sidecar_port}
+                     "sidecar": args.sidecar_port, "openai": args.front_port}
+    assert args.front and args.front_host == "0.0.0.0"  # the sidecar starts the OpenAI front beside tritonserver
     assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "sidecar"}
     assert container["startupProbe"]["httpGet"]["path"] == "/ready"
     assert container["livenessProbe"]["httpGet"] == {"path": "/live", "port": "sidecar"}
@@ -120,7 +121,9 @@ def test_compose_publishes_only_the_inference_ports_beyond_the_loopback_and_rest
         assert service["restart"] in ({"on-failure"} if name == "secrets" else {"unless-stopped", "always"}), name
         if name != "secrets":
             assert service["healthcheck"]["test"], name
-    assert public == {"8000:8000", "8001:8001"}
+    assert public == {"8000:8000", "8001:8001", "9000:9000"}
+    args = _sidecar_args(COMPOSE["services"]["triton"]["command"])
+    assert args.front and f"{args.front_port}:{args.front_port}" in public
     assert "ports" not in COMPOSE["services"]["redis"]
 
 
@@ -137,11 +140,11 @@ def test_the_pod_runs_trust_mode_from_a_secret_and_the_service_exposes_inference
         assert env[name]["value"].startswith(mount["mountPath"] + "/"), name
     assert "value" not in env["WARMUP_REDIS_URL"]  # from a Secret, never a literal
     service = next(doc for _, doc in k8s_docs() if doc["kind"] == "Service")
-    assert {p["name"] for p in service["spec"]["ports"]} == {"http", "grpc"}
+    assert {p["name"] for p in service["spec"]["ports"]} == {"http", "grpc", "openai"}
     policy = next(doc for _, doc in k8s_docs() if doc["kind"] == "NetworkPolicy")
     assert policy["spec"]["podSelector"] == deployment["spec"]["selector"]
     by_port = {p["port"]: rule for rule in policy["spec"]["ingress"] for p in rule["ports"]}
-    assert "from" not in by_port[8000] and "from" not in by_port[8001]
+    assert "from" not in by_port[8000] and "from" not in by_port[8001] and "from" not in by_port[9000]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     for name in ("metrics", "sidecar"):
         assert by_port[ports[name]]["from"], name  # only the monitoring may connect
@@ -179,7 +182,8 @@ def test_prometheus_scrapes_triton_and_the_sidecar_where_compose_serves_them():
     config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     targets = {job["job_name"]: job["static_configs"][0]["targets"][0] for job in config["scrape_configs"]}
     args = _sidecar_args(COMPOSE["services"]["triton"]["command"])
-    assert targets == {"triton": f"triton:{args.metrics_port}", "warmup-sidecar": f"triton:{args.sidecar_port}"}
+    assert targets == {"triton": f"triton:{args.metrics_port}", "warmup-sidecar": f"triton:{args.sidecar_port}",
+                       "openai-front": f"triton:{args.front_port}"}
 
 
 def test_the_dashboard_queries_only_metrics_the_code_exports():

@@ -9,6 +9,8 @@ The layers, lowest first (``ALLOWED`` lists them in this order, with what each p
 - ``triton``: the Python backend's side of Triton (parameters, inputs, responses, metrics, trust, warm-up).
 - ``tokenizer_cache``, ``embedding_cache``, ``lora_adapter``: the composing models, each behind its model.py.
 - ``planning``: from request logs to a plan, checked against the repository and applied live.
+- ``front``: the OpenAI-compatible HTTP front, a client of tritonserver (it reads the repository's tokenizer,
+  KV budget and trust mode from the composing models' settings).
 - ``sidecar``: readiness, recovery and the rolling re-plan beside one tritonserver.
 - ``sim``: traffic generators, benchmarks and load tests (nothing in the serving path imports them).
 - ``ops``: the command line and ``make demo``; its bench and traffic commands are the only way into ``sim``.
@@ -39,11 +41,12 @@ ALLOWED: dict[str, set[str]] = {
     "embedding_cache": {"common", "caches", "triton"},
     "lora_adapter": {"common", "kv", "adapters", "triton"},
     "planning": {"common", "kv", "adapters", "triton", "embedding_cache", "lora_adapter"},
+    "front": {"common", "kv", "server", "triton", "tokenizer_cache"},
     "sidecar": {"common", "adapters", "server", "triton", "planning"},
     "sim": {"common", "demo", "kv", "caches", "adapters", "server", "triton", "tokenizer_cache", "embedding_cache",
-            "lora_adapter", "planning", "sidecar"},
+            "lora_adapter", "planning", "front", "sidecar"},
     "ops": {"common", "demo", "adapters", "server", "triton", "tokenizer_cache", "embedding_cache", "lora_adapter",
-            "planning", "sidecar", "sim"},
+            "planning", "front", "sidecar", "sim"},
     TOP: {"ops"},
 }
 

@@ -9,7 +9,9 @@ One typed, versioned record crosses three processes: ``lora_adapter`` writes it
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -27,6 +29,12 @@ PROBE_TENANT = "warmup-sidecar-probe"
 #: The JSON keys of a record, in the order they are written.
 RECORD_KEYS = ("v", "ts", "tenant", "adapter", "prompt_digest", "prompt", "prompt_tokens", "cached_tokens",
                "ttft_ms", "output_tokens", "cluster", "template")
+#: A key written after those only when the record has it: a chat request's role spans.
+ROLES_KEY = "roles"
+#: A rendered conversation's role spans, as the OpenAI front sends them (the request parameter
+#: ``chat_roles``) and the log keeps them: at most this many spans, roles of at most 16 characters.
+MAX_ROLE_SPANS = 64
+_ROLE = re.compile(r"[a-z_]{1,16}")
 
 
 class RecordError(ValueError):
@@ -52,17 +60,20 @@ class RequestRecord:
     cluster: int | None = None
     #: The traffic generator's ground-truth template label (tests only; a real log has none).
     template: str | None = None
+    #: A chat request's role structure: ``((role, start, end), ...)``, the characters of ``prompt`` (the
+    #: rendered conversation) each message became; None for a raw prompt.
+    roles: tuple[tuple[str, int, int], ...] | None = None
 
     @classmethod
     def served(cls, *, ts: float, tenant: str, adapter: str | None, prompt: str | None, prompt_tokens: int,
                cached_tokens: int, ttft_ms: float, output_tokens: int, cluster: int, redact: bool,
-               digest_key: bytes = b"") -> RequestRecord:
+               digest_key: bytes = b"", roles: tuple[tuple[str, int, int], ...] | None = None) -> RequestRecord:
         """The record of a request ``lora_adapter`` served (the prompt dropped when ``redact``; the digest
         keyed with ``digest_key`` in trust mode)."""
         return cls(ts=round(ts, 3), tenant=tenant, adapter=adapter or "",
                    prompt_digest=prompt_digest(prompt, digest_key) if prompt is not None else None,
                    prompt=None if redact else prompt, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
-                   ttft_ms=round(ttft_ms, 2), output_tokens=output_tokens, cluster=cluster)
+                   ttft_ms=round(ttft_ms, 2), output_tokens=output_tokens, cluster=cluster, roles=roles or None)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RequestRecord:
@@ -89,6 +100,7 @@ class RequestRecord:
             output_tokens=_optional(data, "output_tokens", int),
             cluster=_optional(data, "cluster", int),
             template=None if data.get("template") is None else str(data["template"]),
+            roles=_roles(data.get(ROLES_KEY)),
         )
 
     def to_json(self, *, with_template: bool = False) -> dict[str, Any]:
@@ -101,6 +113,8 @@ class RequestRecord:
             if key == "template" and not with_template:
                 continue
             out[key] = value
+        if self.roles is not None:
+            out[ROLES_KEY] = [list(span) for span in self.roles]
         return out
 
 
@@ -137,6 +151,33 @@ def read_request_log(paths: str | Path | Iterable[str | Path],
         except RecordError as exc:
             stats.records -= 1
             stats.skip(path, line, str(exc))
+
+
+def parse_role_spans(text: str, max_bytes: int = 4096) -> tuple[tuple[str, int, int], ...]:
+    """The ``chat_roles`` request parameter (JSON ``[[role, start, end], ...]``), checked; RecordError if not."""
+    if len(text) > max_bytes:
+        raise RecordError(f"'chat_roles' is longer than {max_bytes} characters")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise RecordError("'chat_roles' is not JSON") from None
+    return _roles(data) or ()
+
+
+def _roles(value: Any) -> tuple[tuple[str, int, int], ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > MAX_ROLE_SPANS:
+        raise RecordError(f"'roles' must be a list of at most {MAX_ROLE_SPANS} [role, start, end] spans")
+    spans, end = [], 0
+    for span in value:
+        if (not isinstance(span, list) or len(span) != 3 or not isinstance(span[0], str)
+                or not _ROLE.fullmatch(span[0]) or any(isinstance(v, bool) or not isinstance(v, int)
+                                                       for v in span[1:]) or not end <= span[1] <= span[2]):
+            raise RecordError(f"'roles' holds {str(span)[:40]!r}: spans are [role, start, end], in order")
+        spans.append((span[0], span[1], span[2]))
+        end = span[2]
+    return tuple(spans)
 
 
 def _optional(data: Mapping[str, Any], key: str, cast: type) -> Any:

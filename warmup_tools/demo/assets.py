@@ -53,13 +53,27 @@ DEFAULT_SEED = 0
 #: Where the CLI puts the assets unless told otherwise (ignored by git).
 DEFAULT_ASSETS_DIR = Path(__file__).resolve().parents[2] / ".assets"
 
-FORMAT_VERSION = 2  # 2: sub-seeds from common.digests.stable_seed
+FORMAT_VERSION = 3  # 2: sub-seeds from common.digests.stable_seed; 3: the LM tokenizer has a chat template
 MANIFEST_NAME = "manifest.json"
 
 # Tokenizer.
 VOCAB_SIZE = 4096
 BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, UNK_TOKEN = "<s>", "</s>", "<pad>", "<unk>"
 SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, UNK_TOKEN)  # ids 0, 1, 2, 3
+#: The demo LM's chat template (transformers' ``apply_chat_template``): the system message, then the turns as
+#: ``User: ...`` / ``Assistant: ...`` lines, the prompt ending in ``Assistant:``. A conversation whose system
+#: message is a demo system prompt renders exactly as ``demo.prompts.demo_prompt`` builds raw prompts, so chat
+#: requests and raw prompts share one KV prefix (the one the model_warmup samples pre-fill). Contents are
+#: stripped, so trailing whitespace in a system message never changes the prefix.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' -%}{{ message['content'] | trim }}{{ '\\n\\n' }}"
+    "{%- elif message['role'] == 'user' -%}{{ 'User: ' }}{{ message['content'] | trim }}{{ '\\n' }}"
+    "{%- elif message['role'] == 'assistant' -%}{{ 'Assistant: ' }}{{ message['content'] | trim }}{{ '\\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ 'Assistant:' }}{%- endif -%}"
+)
 
 # Language model (sized so that a 512-token prefill takes ~180 ms on one CPU core).
 LM_HIDDEN_SIZE = 384
@@ -346,6 +360,7 @@ def _build_tokenizer(lm_dir: Path, seed: int) -> Any:
         clean_up_tokenization_spaces=False,
         model_max_length=LM_MAX_POSITIONS,
     )
+    hf_tokenizer.chat_template = CHAT_TEMPLATE
     lm_dir.mkdir(parents=True, exist_ok=True)
     hf_tokenizer.save_pretrained(lm_dir)
     logger.info("tokenizer trained: %d tokens", len(hf_tokenizer))

@@ -38,6 +38,8 @@ class ResponseSink:
     digest_key: bytes = b""
     #: False: clients always see ``cached_tokens`` 0 (metrics and the request log keep the real count).
     expose_cached_tokens: bool = True
+    #: A chat request's role spans in ``prompt_text`` (the OpenAI front's ``chat_roles``), for the request log.
+    roles: tuple[tuple[str, int, int], ...] | None = None
     arrived: float = dataclasses.field(default_factory=time.time)
     _pieces: list[str] = dataclasses.field(default_factory=list)
     _ttft_ms: float = 0.0
@@ -64,7 +66,7 @@ class ResponseSink:
                 ts=self.arrived, tenant=req.tenant, adapter=req.adapter, prompt=self.prompt_text,
                 prompt_tokens=step.prompt_tokens, cached_tokens=step.cached_tokens, ttft_ms=self._ttft_ms,
                 output_tokens=step.output_tokens, cluster=req.cluster_id, redact=self.redact,
-                digest_key=self.digest_key))
+                digest_key=self.digest_key, roles=self.roles if self.prompt_text is not None else None))
 
     def fail(self, error: BaseException) -> None:
         """End the request with ``error``; nothing once its FINAL response went out (a fault after the last

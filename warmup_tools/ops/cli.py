@@ -6,6 +6,7 @@ import argparse
 import datetime
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -16,6 +17,7 @@ from warmup_tools.common.errors import WarmupToolsError
 from warmup_tools.server.config import REPO_ROOT, ServeConfig, load_config
 
 if TYPE_CHECKING:
+    from warmup_tools.front.settings import FrontSettings
     from warmup_tools.sidecar.config import SidecarConfig
 
 LOGGER = logging.getLogger("warmup_tools")
@@ -40,9 +42,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run tritonserver on the model repository until interrupted")
+    serve = sub.add_parser("serve", help="run tritonserver on the model repository, with the OpenAI front beside it, "
+                                         "until interrupted")
     _server_flags(serve)
+    _front_flags(serve, beside=True)
     serve.set_defaults(func=_cmd_serve)
+
+    front = sub.add_parser("front", help="run the OpenAI-compatible HTTP front against a running tritonserver "
+                                         "(/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)")
+    _front_flags(front, beside=False)
+    front.add_argument("--triton-grpc-url", help="tritonserver's gRPC host:port (default 127.0.0.1:8001)")
+    front.add_argument("--triton-metrics-url", help="tritonserver's /metrics URL (default http://127.0.0.1:8002/metrics)")
+    front.add_argument("--sidecar-url", help="the sidecar's base URL: /health and requests follow its /ready")
+    front.add_argument("--model-repository", type=Path,
+                       help="the repository tritonserver serves (tokenizer, chat template, KV budget, trust mode)")
+    front.set_defaults(func=_cmd_front)
 
     assets = sub.add_parser("assets", help="build the demo model assets (LM, tokenizer, adapters, embedder)")
     assets.add_argument("--out", type=Path, default=REPO_ROOT / ".assets")
@@ -259,7 +273,16 @@ def _parser() -> argparse.ArgumentParser:
     sidecar.add_argument("--replan-log-dir", type=Path, help="the request logs to re-plan from (request_log_dir)")
     sidecar.add_argument("--replan-since-h", type=float, help="hours of logs each re-plan reads (default 6)")
     _stub_death_flags(sidecar)
+    _front_flags(sidecar, beside=True)
     sidecar.set_defaults(func=_cmd_sidecar)
+    front_bench = which.add_parser("front", parents=[assets],
+                                   help="through the OpenAI front, per pipeline: its added TTFT and tokens/s against "
+                                        "generate_stream at 1 and 8 streams; a stream abandoned at its first token")
+    front_bench.add_argument("--disconnects", type=int, default=7)
+    front_bench.add_argument("--requests", type=int, default=40,
+                             help="requests each way per level for the front's added TTFT and tokens/s (0: skip)")
+    front_bench.add_argument("--max-tokens", type=int, default=32)
+    front_bench.add_argument("--lm-threads", type=int, default=1)
     rec = which.add_parser("recovery", parents=[assets],
                            help="kill the lora_adapter stub beside the sidecar: seconds to /ready 503 and back to "
                                 "200, how requests failed meanwhile, failures after recovery")
@@ -314,6 +337,54 @@ def _stub_death_flags(parser: argparse.ArgumentParser) -> None:
                         help="on a restart, seconds the other requests get before tritonserver is killed (default 1)")
 
 
+def _front_flags(parser: argparse.ArgumentParser, *, beside: bool) -> None:
+    """The OpenAI front's flags (FrontSettings; ``beside``: as started by serve and sidecar)."""
+    from warmup_tools.front.settings import PIPELINES
+
+    parser.add_argument("--front-config", type=Path, help="JSON file of FrontSettings fields (docs/parameters.md)")
+    parser.add_argument("--front-host", help="address of the OpenAI front (default 127.0.0.1)")
+    parser.add_argument("--front-port", type=int, help="port of the OpenAI front (default 9000; 0: any free port)")
+    parser.add_argument("--served-model-name", help="the base model's name in /v1/models (default base)")
+    parser.add_argument("--pipeline", choices=PIPELINES,
+                        help="composing (default: a client's disconnect cancels its generation) or ensemble")
+    parser.add_argument("--tenant-keys-file", type=Path,
+                        help="trust mode: bearer keys name tenants (default: tokenizer_cache's tenant_keys_file)")
+    if beside:
+        parser.add_argument("--no-front", dest="front", action="store_false", help="do not start the OpenAI front")
+
+
+def front_settings(args: argparse.Namespace, **known: object) -> "FrontSettings":
+    """The front's settings: defaults, ``--front-config``, ``WARMUP_FRONT_<FIELD>`` variables, what the
+    command knows (``known``: the server's addresses), then flags."""
+    import os
+
+    from warmup_tools.front.settings import FrontSettings
+
+    env = {"WARMUP_" + k[len("WARMUP_FRONT_"):]: v for k, v in os.environ.items() if k.startswith("WARMUP_FRONT_")}
+    flags = {"host": args.front_host, "port": args.front_port, "served_model_name": args.served_model_name,
+             "pipeline": args.pipeline, "tenant_keys_file": args.tenant_keys_file, **known}
+    for name in ("triton_grpc_url", "triton_metrics_url", "sidecar_url"):
+        if getattr(args, name, None) is not None:
+            flags[name] = getattr(args, name)
+    if getattr(args, "command", "") == "front" and args.model_repository is not None:
+        flags["model_repository"] = args.model_repository
+    return load_config(FrontSettings, args.front_config, flags, env=env)
+
+
+def _start_front(args: argparse.Namespace, config: ServeConfig, server: Any, sidecar_url: str = "") -> Any:
+    """The OpenAI front beside ``server`` (None with --no-front); the caller stops it."""
+    if not args.front:
+        return None
+    from warmup_tools.front.server import FrontServer
+
+    settings = front_settings(args, triton_grpc_url=server.grpc_url,
+                              triton_metrics_url=server.metrics_url, sidecar_url=sidecar_url,
+                              model_repository=config.model_repository)
+    front = FrontServer(settings, environ={**os.environ, **config.server_env()})
+    front.start()
+    return front
+
+
 def _server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="JSON file of ServeConfig fields")
     parser.add_argument("--model-repository", type=Path)
@@ -343,9 +414,29 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     stop = _stop_on_signals()
     with _server(config) as server:
         server.wait_ready(timeout=config.ready_timeout_s)
-        print(f"serving {config.model_repository}: HTTP {server.http_url}, gRPC {server.grpc_url}, "
-              f"metrics {server.metrics_url} (log {server.log_path}); Ctrl-C stops", flush=True)
-        return _wait_while_alive(server, stop)
+        front = _start_front(args, config, server)
+        try:
+            print(f"serving {config.model_repository}: HTTP {server.http_url}, gRPC {server.grpc_url}, "
+                  f"metrics {server.metrics_url} (log {server.log_path})"
+                  + (f"; OpenAI front {front.url}/v1" if front else "") + "; Ctrl-C stops", flush=True)
+            return _wait_while_alive(server, stop, front)
+        finally:
+            if front is not None:
+                front.stop()
+
+
+def _cmd_front(args: argparse.Namespace) -> int:
+    from warmup_tools.front.server import FrontServer
+
+    stop = _stop_on_signals()
+    with FrontServer(front_settings(args)) as front:
+        print(f"OpenAI front on {front.url}/v1 for tritonserver {front.settings.triton_grpc_url}; Ctrl-C stops",
+              flush=True)
+        while not stop.wait(1.0):
+            if not front.alive():
+                print("the OpenAI front stopped", file=sys.stderr)
+                return 1
+    return 0
 
 
 def _stop_on_signals() -> threading.Event:
@@ -365,10 +456,13 @@ def _server(config: ServeConfig, **options: Any) -> Any:
                         host=config.host, **options)
 
 
-def _wait_while_alive(server: Any, stop: threading.Event) -> int:
+def _wait_while_alive(server: Any, stop: threading.Event, front: Any = None) -> int:
     """Until ``stop``: 0; or 1 with the log tail when tritonserver exits on its own (a restart by the
-    sidecar is waited for, not an exit)."""
+    sidecar is waited for, not an exit), or when the OpenAI front stopped."""
     while not stop.wait(1.0):
+        if front is not None and not front.alive():
+            print("the OpenAI front stopped; stopping tritonserver", file=sys.stderr)
+            return 1
         if server.exited():
             print(f"tritonserver exited with code {server.returncode}; log tail:\n{server.log_tail()}",
                   file=sys.stderr)
@@ -403,10 +497,16 @@ def _cmd_sidecar(args: argparse.Namespace) -> int:
         # The sidecar answers from the start, so a startupProbe sees 503 with the reason while models load.
         with Sidecar(sidecar_settings, server.http_url, server.grpc_url, server.repository_key,
                      config.model_repository, control_dir=config.control_dir, server=server) as sidecar:
-            print(f"tritonserver starting on {config.model_repository}: HTTP {server.http_url}, gRPC "
-                  f"{server.grpc_url} (log {server.log_path}); sidecar {sidecar.url}/ready /live /status; "
-                  "Ctrl-C stops", flush=True)
-            return _wait_while_alive(server, stop)
+            # The front answers from the start too: 503 with the sidecar's reason until /ready says 200.
+            front = _start_front(args, config, server, sidecar_url=sidecar.url)
+            try:
+                print(f"tritonserver starting on {config.model_repository}: HTTP {server.http_url}, gRPC "
+                      f"{server.grpc_url} (log {server.log_path}); sidecar {sidecar.url}/ready /live /status"
+                      + (f"; OpenAI front {front.url}/v1" if front else "") + "; Ctrl-C stops", flush=True)
+                return _wait_while_alive(server, stop, front)
+            finally:
+                if front is not None:
+                    front.stop()
 
 
 def _cmd_assets(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, TextIO
 
-from warmup_tools.demo.prompts import USER_QUESTIONS, demo_prompt
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS, demo_prompt
 from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.config import ServeConfig
 from warmup_tools.server.process import RepositoryKey, ServerPorts, TritonServer
@@ -68,6 +68,7 @@ def run_demo(config: ServeConfig, adapters: tuple[str, ...] = ("support", "legal
                         f"{result.total_s * 1000:.0f} ms ({result.finish_reason})\n"
                     )
         _show_sidecar(sidecar, out)
+        _chat_through_the_front(config, server, sidecar.url, out)
         out.write("\nstopping tritonserver\n")
     out.write("server stopped; nothing left running\n")
 
@@ -91,3 +92,47 @@ def _show_sidecar(sidecar: Any, out: TextIO, timeout_s: float = 60.0) -> None:
         coverage = ", ".join(f"{name} {c['resident']}/{c['planned']}" for name, c in entry["adapters"].items())
         out.write(f"  warm coverage on {instance} ({entry['source']}): {coverage or '-'}\n")
     out.flush()
+
+
+def _chat_through_the_front(config: ServeConfig, server: TritonServer, sidecar_url: str, out: TextIO,
+                            adapter: str = "support") -> None:
+    """One chat completion streamed through the OpenAI front with the ``openai`` SDK, and its usage."""
+    import os
+
+    import openai
+
+    from warmup_tools.front.server import FrontServer
+    from warmup_tools.front.settings import FrontSettings
+
+    for name in ("httpx", "httpx2"):  # the SDK's per-request log lines
+        logging.getLogger(name).setLevel(logging.WARNING)
+    settings = FrontSettings(port=0, triton_grpc_url=server.grpc_url, triton_metrics_url=server.metrics_url,
+                             sidecar_url=sidecar_url, model_repository=config.model_repository)
+    with FrontServer(settings, environ={**os.environ, **config.server_env()}) as front, \
+            openai.OpenAI(base_url=f"{front.url}/v1", api_key="open-mode", max_retries=0) as client:
+        question = USER_QUESTIONS[adapter][1]
+        models = ", ".join(model.id for model in client.models.list())
+        # NOTE: the SDK imports its streaming and chat modules on first use: a one-token request first, so the
+        # TTFT shown is the server's and the network's, not the SDK's start-up.
+        client.chat.completions.create(model=adapter, max_tokens=1, messages=[{"role": "user", "content": "Hi"}])
+        out.write(f"\nOpenAI front {front.url}/v1 (models: {models}); the openai SDK, model {adapter!r}: "
+                  f"{question}\n  -> ")
+        out.flush()
+        started = time.perf_counter()
+        ttft = None
+        usage = None
+        stream = client.chat.completions.create(
+            model=adapter, max_tokens=16, stream=True, stream_options={"include_usage": True},
+            messages=[{"role": "system", "content": SYSTEM_PROMPTS[adapter]}, {"role": "user", "content": question}])
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                ttft = ttft if ttft is not None else time.perf_counter() - started
+                out.write(chunk.choices[0].delta.content.replace("\n", "\n     "))
+                out.flush()
+            if chunk.usage is not None:
+                usage = chunk.usage
+        if usage is not None:
+            out.write(f"\n  TTFT {(ttft or 0) * 1000:.1f} ms; usage: prompt_tokens {usage.prompt_tokens}, "
+                      f"completion_tokens {usage.completion_tokens}, prompt_tokens_details.cached_tokens "
+                      f"{usage.prompt_tokens_details.cached_tokens}\n")
+

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from warmup_tools.common.settings import ParameterRow, markdown_table, parameter_rows
 from warmup_tools.embedding_cache.settings import EmbeddingCacheSettings
+from warmup_tools.front.settings import FrontSettings
 from warmup_tools.lora_adapter.settings import LoraAdapterSettings
 from warmup_tools.sidecar.config import SidecarConfig
 from warmup_tools.tokenizer_cache.settings import TokenizerCacheSettings
@@ -55,4 +56,8 @@ def parameters_markdown(repository: Path | None = None) -> str:
     parts.append("\n## The sidecar\n\nThe keys of the JSON file `--sidecar-config` names (`SidecarConfig` in "
                  f"`{SidecarConfig.__module__}`); `sidecar` flags override them.\n\n")
     parts.append(markdown_table(list(parameter_rows(SidecarConfig))).replace("| parameter |", "| key |", 1))
+    parts.append("\n## The OpenAI front\n\nThe keys of the JSON file `--front-config` names (`FrontSettings` in "
+                 f"`{FrontSettings.__module__}`); `WARMUP_FRONT_<KEY>` environment variables set them too, and the "
+                 "`front`, `serve` and `sidecar` flags override both ([openai.md](openai.md)).\n\n")
+    parts.append(markdown_table(list(parameter_rows(FrontSettings))).replace("| parameter |", "| key |", 1))
     return "".join(parts)

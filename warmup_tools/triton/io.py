@@ -14,7 +14,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from warmup_tools.caches.settings import SharedTierSettings
-from warmup_tools.common.errors import ConfigError, RequestError
+from warmup_tools.common.errors import ConfigError, InvalidInputError, RequestError
+from warmup_tools.common.records import RecordError, parse_role_spans
 from warmup_tools.triton.params import ModelParameters
 from warmup_tools.triton.trust import TenantTrust
 
@@ -84,6 +85,24 @@ def collect_inputs(pb_utils: Any, request: Any, names: Iterable[str]) -> dict[st
     """
     present = {tensor.name(): tensor for tensor in request.inputs()}
     return {name: present[name].as_numpy() if name in present else None for name in names}
+
+
+def chat_roles(request: Any) -> tuple[tuple[str, int, int], ...] | None:
+    """The ``chat_roles`` request parameter (a rendered conversation's role spans, from the OpenAI front);
+    None when absent. A malformed one is the request's error (InvalidInputError)."""
+    try:
+        parameters = json.loads(request.parameters() or "{}")
+    except ValueError:
+        return None
+    value = parameters.get("chat_roles") if isinstance(parameters, dict) else None
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidInputError("request parameter 'chat_roles' must be a JSON string")
+    try:
+        return parse_role_spans(value)
+    except RecordError as exc:
+        raise InvalidInputError(f"request parameter {exc}") from None
 
 
 def error_for(pb_utils: Any, exc: BaseException) -> Any:

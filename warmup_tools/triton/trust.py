@@ -131,6 +131,19 @@ class TenantKeys:
                     self._hashes = {}
             return self._hashes
 
+    def tenant_for_key(self, key: str) -> str | None:
+        """The tenant whose key ``key`` is, or None: what an HTTP front learns from a bearer key alone.
+
+        NOTE: every stored hash is compared, in constant time, whether or not one matched before, so the time
+        taken says nothing about which tenants exist or where a key's tenant sits in the file. An empty key
+        or one over the size limit matches no tenant."""
+        found = None
+        given = _hash_key(key) if key and len(key.encode("utf-8")) <= _MAX_KEY_BYTES else b"\0" * 33
+        for tenant, expected in self.current().items():
+            if hmac.compare_digest(given, expected):
+                found = tenant
+        return found
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TrustSettings:

@@ -12,7 +12,7 @@ import time
 import triton_python_backend_utils as pb_utils
 
 from warmup_tools.triton.inputs import parse_optional_text
-from warmup_tools.triton.io import collect_inputs, error_for, log_unexpected, model_parameters
+from warmup_tools.triton.io import chat_roles, collect_inputs, error_for, log_unexpected, model_parameters
 from warmup_tools.triton.metrics import GenerationMetrics, SchedulerMetrics, SnapshotMetrics
 from warmup_tools.triton.trust import TenantTrust
 from warmup_tools.triton.warmup import OwnWarmupSamples, own_plan_id
@@ -82,7 +82,8 @@ class TritonPythonModel:
                           if self.request_log is not None else None)
                 sink = ResponseSink(pb_utils, sender, req, metrics=self.metrics, request_log=self.request_log,
                                     prompt_text=prompt, redact=self.redact, digest_key=self.digest_key,
-                                    expose_cached_tokens=self.expose_cached_tokens)
+                                    expose_cached_tokens=self.expose_cached_tokens,
+                                    roles=chat_roles(request) if prompt is not None else None)
                 self.service.serve(req, sink)  # queued on the scheduler: returns at once
             except Exception as exc:  # noqa: BLE001 (one bad request never fails the batch)
                 log_unexpected(pb_utils, "lora_adapter", exc)

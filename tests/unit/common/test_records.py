@@ -50,3 +50,23 @@ def test_a_keyed_prompt_digest_differs_per_key_and_from_the_plain_one():
     rec = RequestRecord.served(ts=1.0, tenant="t", adapter=None, prompt="hello", prompt_tokens=1, cached_tokens=0,
                                ttft_ms=1.0, output_tokens=1, cluster=-1, redact=True, digest_key=b"k1" * 16)
     assert rec.prompt is None and rec.prompt_digest == a
+
+
+def test_a_chat_request_s_role_spans_round_trip_and_bad_ones_are_refused():
+    import pytest
+
+    from warmup_tools.common.records import RecordError, RequestRecord, parse_role_spans
+
+    spans = parse_role_spans('[["system", 0, 812], ["user", 812, 860]]')
+    record = RequestRecord.served(ts=1.0, tenant="t", adapter="sql", prompt="x" * 860, prompt_tokens=200,
+                                  cached_tokens=192, ttft_ms=3.0, output_tokens=4, cluster=1, redact=False,
+                                  roles=spans)
+    data = record.to_json()
+    assert data["roles"] == [["system", 0, 812], ["user", 812, 860]]
+    assert RequestRecord.from_json(data) == record
+    assert "roles" not in RequestRecord(ts=1.0).to_json()  # a raw prompt's record is as before
+    for bad in ('{"a": 1}', "[[1, 0, 3]]", '[["user", 5, 3]]', '[["user", 0, 5], ["user", 2, 9]]',
+                '[["Robert\'); DROP", 0, 1]]', '[["user", true, 3]]', "[" * 5000, "not json",
+                "[" + ",".join(['["user", 0, 0]'] * 65) + "]"):
+        with pytest.raises(RecordError):
+            parse_role_spans(bad)

@@ -223,3 +223,19 @@ def test_a_request_gets_exactly_one_final_response_whatever_fails_after_it():
     assert [flags for _, flags in sender.sent] == [0, FINAL]
     assert sender.sent[-1][0]["error"].code == "internal"
     assert "sampling" not in sender.sent[-1][0]["error"].message  # the exception text stays in the server log
+
+
+def test_the_request_log_keeps_a_chat_request_s_role_spans():
+    class FakeLog:
+        records: list = []
+
+        def log(self, record):
+            self.records.append(record)
+            return True
+
+    roles = (("system", 0, 10), ("user", 10, 20))
+    req = GenerateRequest((1, 2, 3), None, "acme", True, SamplingParams(max_tokens=2))
+    sink = ResponseSink(fake_pb_utils(), FakeSender(), req, request_log=FakeLog(), prompt_text="x" * 20, roles=roles)
+    for step in steps(2):
+        sink.send(step)
+    assert FakeLog.records[-1].roles == roles and FakeLog.records[-1].to_json()["roles"][0] == ["system", 0, 10]

@@ -238,3 +238,31 @@ def test_in_open_mode_a_client_cannot_name_the_probe_tenant(files):
     with pytest.raises(TenantAuthError):
         later.tenant_of({**claim, "tenant_token": s(probe_secret_token(probe, now=NOW - 61))}, False, now=NOW)
     assert first.token("acme", now=NOW) == "acme:"  # open mode signs nothing else
+
+
+def test_a_bearer_key_names_its_tenant_and_nothing_else_does(tmp_path):
+    from warmup_tools.triton.trust import TenantKeys, add_tenant_key
+
+    keys_file, secret = tmp_path / "keys.json", tmp_path / "secret"
+    acme = add_tenant_key(keys_file, secret, "acme")
+    globex = add_tenant_key(keys_file, secret, "globex")
+    keys = TenantKeys(keys_file)
+    assert keys.tenant_for_key(acme) == "acme" and keys.tenant_for_key(globex) == "globex"
+    for wrong in ("", acme[:-1], acme + "x", "acme", "k" * 300, globex.upper()):
+        assert keys.tenant_for_key(wrong) is None, wrong
+    rotated = add_tenant_key(keys_file, secret, "acme")
+    assert keys.tenant_for_key(acme) is None and keys.tenant_for_key(rotated) == "acme"
+
+
+def test_a_bearer_key_of_up_to_256_bytes_is_looked_up_and_a_longer_one_never(tmp_path):
+    import hashlib
+    import json
+
+    from warmup_tools.triton.trust import TenantKeys
+
+    keys_file = tmp_path / "keys.json"
+    hashes = {"longest": "k" * 256, "too-long": "k" * 257}
+    keys_file.write_text(json.dumps({"tenants": {t: "sha256:" + hashlib.sha256(k.encode()).hexdigest()
+                                                 for t, k in hashes.items()}}))
+    keys = TenantKeys(keys_file)
+    assert keys.tenant_for_key("k" * 256) == "longest" and keys.tenant_for_key("k" * 257) is None

@@ -65,7 +65,7 @@ class Stack:
                "--control-dir", str(self.control_dir), "--log-file", str(self.server_log),
                "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
                "--metrics-port", str(self.metrics_port), "--sidecar-port", str(self.sidecar_port),
-               "--ready-timeout-s", str(START_TIMEOUT_S)]
+               "--ready-timeout-s", str(START_TIMEOUT_S), "--no-front"]  # the stack the soak measured before the front
         # NOTE: no WARMUP_* setting of the caller's environment reaches the stack (a snapshot folder or a
         # Redis URL there would change what is measured); the request log goes to the run's own folder.
         env = {k: v for k, v in os.environ.items() if not k.startswith("WARMUP_")}

@@ -1,0 +1,61 @@
+"""What the Triton engine makes of tritonserver's answers: error messages to kinds, /metrics to model state
+and load signals."""
+
+import pytest
+
+from warmup_tools.adapters.state import _UNAVAILABLE, AdapterState
+from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT
+from warmup_tools.front.engine.triton_engine import classify, parse_triton_metrics
+
+
+@pytest.mark.parametrize("message, status, kind", [
+    ("server busy: this instance already holds 72 requests (8 running at most, max_queue 64 waiting); retry later",
+     None, "busy"),
+    (f"unknown adapter 'nope': {UNKNOWN_ADAPTER_HINT}", None, "not_found"),
+    ("input 'max_tokens' is out of range: use 1 to 512", None, "invalid"),
+    ("input 'max_tokens' is out of range: use 1 to 512", "StatusCode.INVALID_ARGUMENT", "invalid"),
+    ("lora_adapter is shutting down; retry on another instance", None, "unavailable"),
+    ("tenant 'acme' is not authenticated on this deployment: send its tenant_key", None, "unauthenticated"),
+    ("internal error while serving this request; it was not completed", None, "internal"),
+    ("Request for unknown model: 'lora_adapter' has no available versions", "StatusCode.NOT_FOUND", "not_found"),
+    ("something new", "StatusCode.UNAVAILABLE", "unavailable"),
+    ("something new", "StatusCode.INTERNAL", "internal"),
+])
+def test_a_model_s_error_message_maps_to_its_kind(message, status, kind):
+    assert classify(message, status) == kind
+
+
+@pytest.mark.parametrize("state", [s for s in _UNAVAILABLE if s is not AdapterState.RETIRED] + [AdapterState.RETIRED])
+def test_an_adapter_that_is_not_live_is_not_found_with_its_reason(state):
+    message = _UNAVAILABLE[state].format(name="claims", detail="bad weights")
+    assert classify(message) == "not_found"
+
+
+METRICS = """# HELP warmup_adapter_state 1 for the adapter's current lifecycle state on an instance
+# TYPE warmup_adapter_state gauge
+warmup_adapter_state{adapter="base",instance="lora_adapter_0_0",model="lora_adapter",state="live"} 1
+warmup_adapter_state{adapter="sql",instance="lora_adapter_0_0",model="lora_adapter",state="live"} 1
+warmup_adapter_state{adapter="sql",instance="lora_adapter_0_1",model="lora_adapter",state="live"} 1
+warmup_adapter_state{adapter="claims",instance="lora_adapter_0_0",model="lora_adapter",state="live"} 1
+warmup_adapter_state{adapter="claims",instance="lora_adapter_0_1",model="lora_adapter",state="warming"} 1
+warmup_adapter_state{adapter="claims",instance="lora_adapter_0_1",model="lora_adapter",state="live"} 0
+# TYPE warmup_scheduler_running_sequences gauge
+warmup_scheduler_running_sequences{instance="lora_adapter_0_0",model="lora_adapter"} 3
+warmup_scheduler_running_sequences{instance="lora_adapter_0_1",model="lora_adapter"} 2
+# TYPE warmup_scheduler_waiting_sequences gauge
+warmup_scheduler_waiting_sequences{instance="lora_adapter_0_0",model="lora_adapter"} 4
+# TYPE warmup_kv_cache_bytes gauge
+warmup_kv_cache_bytes{adapter="base",instance="lora_adapter_0_0",model="lora_adapter"} 100
+warmup_kv_cache_bytes{adapter="sql",instance="lora_adapter_0_0",model="lora_adapter"} 300
+warmup_kv_cache_bytes{adapter="sql",instance="lora_adapter_0_1",model="lora_adapter"} 200
+"""
+
+
+def test_metrics_give_the_live_adapters_and_the_load_summed_over_instances():
+    models, load = parse_triton_metrics(METRICS, kv_capacity_bytes=1000)
+    assert models.live() == ["sql"]
+    assert models.adapters["claims"] == "adapter 'claims' is warming on lora_adapter_0_1"
+    assert "base" not in models.adapters
+    assert (load.running, load.waiting) == (5, 4)
+    assert load.kv_usage == pytest.approx(600 / 2000)
+    assert parse_triton_metrics(METRICS, kv_capacity_bytes=None)[1].kv_usage is None

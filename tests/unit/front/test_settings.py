@@ -1,0 +1,32 @@
+import json
+
+import pytest
+
+from warmup_tools.common.errors import ConfigError
+from warmup_tools.front.settings import FrontSettings
+from warmup_tools.ops.cli import _parser, front_settings
+
+
+@pytest.mark.parametrize("field, value", [("port", 70000), ("pipeline", "direct"), ("max_body_bytes", 10),
+                                          ("poll_interval_s", 0), ("served_model_name", ""),
+                                          ("triton_grpc_url", "localhost")])
+def test_a_setting_out_of_its_bound_is_refused_naming_it(field, value):
+    with pytest.raises(ConfigError, match=field):
+        FrontSettings(**{field: value})
+
+
+def test_the_front_command_reads_file_then_environment_then_flags(tmp_path, monkeypatch):
+    config = tmp_path / "front.json"
+    config.write_text(json.dumps({"port": 9100, "served_model_name": "llama", "max_messages": 8}))
+    monkeypatch.setenv("WARMUP_FRONT_PORT", "9200")
+    monkeypatch.setenv("WARMUP_PORT", "1")  # serve's names never reach the front
+    args = _parser().parse_args(["front", "--front-config", str(config), "--triton-grpc-url", "triton:8001",
+                                 "--pipeline", "ensemble", "--served-model-name", "base"])
+    settings = front_settings(args)
+    assert (settings.port, settings.served_model_name, settings.max_messages) == (9200, "base", 8)
+    assert (settings.triton_grpc_url, settings.pipeline) == ("triton:8001", "ensemble")
+
+
+def test_serve_and_sidecar_start_the_front_unless_told_not_to():
+    assert _parser().parse_args(["serve"]).front is True
+    assert _parser().parse_args(["sidecar", "--no-front"]).front is False

@@ -1,0 +1,340 @@
+"""The engine on tritonserver: gRPC streaming with ``tritonclient.grpc.aio``, Triton's /metrics and readiness.
+
+A request takes one of two paths (``pipeline``):
+
+* ``composing`` (the default): ``tokenizer_cache`` and ``embedding_cache`` as unary calls, then a gRPC stream
+  to ``lora_adapter``, the steps the ensemble runs, in the same order with the same inputs. Closing the
+  stream (a client gone, a stop string) cancels the request inside ``lora_adapter``'s scheduler.
+* ``ensemble``: one gRPC stream to ``ensemble``. Triton 2.51 checks an ensemble request for cancellation
+  between steps only, so a cancelled stream's generation runs on to ``max_tokens`` (docs/openai.md).
+
+The model state (adapters and their lifecycle states), the load signals and the readiness come from a
+background task that reads tritonserver's /metrics (and the sidecar's /ready) every ``poll_interval_s``: a
+request never waits for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from typing import Any, AsyncIterator
+
+import aiohttp
+import grpc
+import numpy as np
+import tritonclient.grpc.aio as grpcaio
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.grpc import InferInput, InferRequestedOutput
+from tritonclient.utils import InferenceServerException
+
+from warmup_tools.front.engine.engine import (
+    EngineError,
+    GenerateChunk,
+    GenerateInput,
+    LoadSignals,
+    ModelState,
+    Readiness,
+)
+
+LOGGER = logging.getLogger(__name__)
+
+#: The request parameter that carries a rendered conversation's role spans to lora_adapter's request log.
+ROLES_PARAMETER = "chat_roles"
+_COUNTERS = ("prompt_tokens", "cached_tokens", "output_tokens")
+#: Phrases of the models' error messages, and what each means to a client. NOTE: a gRPC stream carries
+#: an error's message without its code, so a streamed error is classified by these phrases (each written by
+#: this package's models: lora_adapter's scheduler and engine, adapters.state, triton.trust).
+_PHRASES: tuple[tuple[str, str], ...] = (
+    ("server busy", "busy"),
+    ("unknown adapter", "not_found"),
+    ("is registered but not loaded", "not_found"),
+    ("is loading, not live yet", "not_found"),
+    ("is warming, not live yet", "not_found"),
+    ("failed to load", "not_found"),
+    ("is retired", "not_found"),
+    ("was retired while the request ran", "unavailable"),
+    ("is not authenticated", "unauthenticated"),
+    ("tenant token is not valid", "unauthenticated"),
+    ("shutting down", "unavailable"),
+    ("is not healthy", "unavailable"),
+    ("is not ready", "unavailable"),
+    ("internal error while serving", "internal"),
+    ("exceeds the model's context", "invalid"),
+)
+_STATUS_KINDS = {"StatusCode.INVALID_ARGUMENT": "invalid", "StatusCode.NOT_FOUND": "not_found",
+                 "StatusCode.UNAVAILABLE": "unavailable", "StatusCode.DEADLINE_EXCEEDED": "timeout",
+                 "StatusCode.UNAUTHENTICATED": "unauthenticated", "StatusCode.CANCELLED": "unavailable",
+                 "StatusCode.INTERNAL": "internal", "StatusCode.RESOURCE_EXHAUSTED": "busy"}
+
+
+def classify(message: str, status: str | None = None) -> str:
+    """The :class:`EngineError` kind of an error from tritonserver (its message, and its gRPC status when the
+    error came from a unary call)."""
+    lowered = message.lower()
+    for phrase, kind in _PHRASES:
+        if phrase in lowered:
+            return kind
+    if status in _STATUS_KINDS:
+        return _STATUS_KINDS[status]
+    # NOTE: every error a model sends on purpose about a request is INVALID_ARG unless matched above; one
+    # without a known phrase on a stream is the request's (a bad value), never the server's.
+    return "invalid" if status is None else "internal"
+
+
+def _engine_error(exc: InferenceServerException) -> EngineError:
+    message = exc.message() or str(exc)
+    status = exc.status()
+    if status == "StatusCode.UNAVAILABLE" and "failed to connect" in message.lower():
+        return EngineError("unavailable", "tritonserver is not reachable")
+    return EngineError(classify(message, status), message)
+
+
+def _tensor(name: str, array: np.ndarray, datatype: str) -> InferInput:
+    tensor = InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def _text(name: str, value: str) -> InferInput:
+    return _tensor(name, np.array([value.encode("utf-8")], dtype=np.object_), "BYTES")
+
+
+def _sampling_inputs(request: GenerateInput) -> list[InferInput]:
+    tensors = [_tensor("stream", np.array([True]), "BOOL")]
+    if request.max_tokens is not None:
+        tensors.append(_tensor("max_tokens", np.array([request.max_tokens], dtype=np.int32), "INT32"))
+    if request.temperature is not None:
+        tensors.append(_tensor("temperature", np.array([request.temperature], dtype=np.float32), "FP32"))
+    if request.top_p is not None:
+        tensors.append(_tensor("top_p", np.array([request.top_p], dtype=np.float32), "FP32"))
+    if request.seed is not None:
+        tensors.append(_tensor("seed", np.array([request.seed], dtype=np.uint64), "UINT64"))
+    return tensors
+
+
+def _identity_inputs(request: GenerateInput) -> list[InferInput]:
+    tensors = []
+    if request.adapter:
+        tensors.append(_text("adapter_id", request.adapter))
+    if request.tenant:
+        tensors.append(_text("tenant_id", request.tenant))
+    return tensors
+
+
+class TritonEngine:
+    """The :class:`~warmup_tools.front.engine.engine.Engine` on one tritonserver."""
+
+    def __init__(self, grpc_url: str, metrics_url: str, *, sidecar_url: str = "", pipeline: str = "composing",
+                 kv_capacity_bytes: int | None = None, kv_instances: int = 1, timeout_s: float = 600.0,
+                 poll_interval_s: float = 1.0) -> None:
+        self.grpc_url = grpc_url
+        self.metrics_url = metrics_url
+        self.sidecar_url = sidecar_url.rstrip("/")
+        self.pipeline = pipeline
+        self.kv_capacity_bytes = kv_capacity_bytes
+        self.timeout_s = timeout_s
+        self.poll_interval_s = poll_interval_s
+        self._client: grpcaio.InferenceServerClient | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._poller: asyncio.Task | None = None
+        self._models = ModelState({})
+        self._load = LoadSignals()
+        self._readiness = Readiness(False, "not checked yet")
+        self._polled = 0.0
+        self._refresh_lock: asyncio.Lock | None = None
+
+    # --------------------------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        # NOTE: a grpc.aio channel belongs to the event loop it was made on: made here, on uvicorn's.
+        self._client = grpcaio.InferenceServerClient(self.grpc_url)
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        self._refresh_lock = asyncio.Lock()
+        try:  # NOTE: connects the channel now, not on the first request (whose TTFT would pay for it)
+            await self._client.is_server_ready(client_timeout=5)
+        except InferenceServerException:
+            pass  # not up yet: the poller and the first request will connect
+        self._poller = asyncio.create_task(self._poll(), name="front-poll")
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        if self._http is not None:
+            await self._http.close()
+        if self._client is not None:
+            await self._client.close()
+
+    # --------------------------------------------------------------------------------- generation
+    async def generate(self, request: GenerateInput) -> AsyncIterator[GenerateChunk]:
+        assert self._client is not None, "start() first"
+        parameters = ({ROLES_PARAMETER: json.dumps([list(span) for span in request.roles], separators=(",", ":"))}
+                      if request.roles else None)
+        if self.pipeline == "ensemble":
+            model = "ensemble"
+            inputs = [_text("text_input", request.prompt), *_identity_inputs(request), *_sampling_inputs(request)]
+            if request.tenant_key:
+                inputs.append(_text("tenant_key", request.tenant_key))
+        else:
+            model = "lora_adapter"
+            inputs = await self._composing_inputs(request)
+        async for chunk in self._stream(model, inputs, parameters):
+            yield chunk
+
+    async def _composing_inputs(self, request: GenerateInput) -> list[InferInput]:
+        """``tokenizer_cache`` then ``embedding_cache``, as the ensemble runs them; the ``lora_adapter`` inputs."""
+        assert self._client is not None
+        first = [_text("text_input", request.prompt)]
+        if request.tenant:
+            first.append(_text("tenant_id", request.tenant))
+        if request.tenant_key:
+            first.append(_text("tenant_key", request.tenant_key))
+        try:
+            tokens = await self._client.infer("tokenizer_cache", first, client_timeout=self.timeout_s)
+            ids = tokens.as_numpy("input_ids")
+            length = tokens.as_numpy("input_length")
+            token = tokens.as_numpy("tenant_token").reshape(-1)[0].decode("utf-8")
+            second = [_text("text_input", request.prompt), _tensor("prompt_tokens", length, "INT32"),
+                      _text("tenant_token", token), *_identity_inputs(request)]
+            # NOTE: cluster_id only, as the ensemble asks for it: the embedding itself is 384 floats nobody reads.
+            cluster = (await self._client.infer("embedding_cache", second, outputs=[InferRequestedOutput("cluster_id")],
+                                                client_timeout=self.timeout_s)).as_numpy("cluster_id")
+        except InferenceServerException as exc:
+            raise _engine_error(exc) from None
+        return [_tensor("input_ids", ids, "INT32"), _tensor("cluster_id", cluster, "INT32"),
+                _text("text_input", request.prompt), _text("tenant_token", token),
+                *_identity_inputs(request), *_sampling_inputs(request)]
+
+    async def _stream(self, model: str, inputs: list[InferInput],
+                      parameters: dict[str, Any] | None) -> AsyncIterator[GenerateChunk]:
+        assert self._client is not None
+
+        async def requests() -> AsyncIterator[dict[str, Any]]:
+            yield {"model_name": model, "inputs": inputs, "parameters": parameters}
+
+        try:
+            responses = self._client.stream_infer(requests(), stream_timeout=self.timeout_s)
+        except InferenceServerException as exc:
+            raise _engine_error(exc) from None
+        finished = False
+        try:
+            async for result, error in responses:
+                if error is not None:
+                    raise _engine_error(error)
+                text = result.as_numpy("text_output").reshape(-1)[0].decode("utf-8", errors="replace")
+                reason = result.as_numpy("finish_reason").reshape(-1)[0].decode("utf-8")
+                # NOTE: the counters are read from the last response only (each read parses the tensor): the
+                # usage is the last response's, and this loop runs once per token.
+                fields = ({name: int(result.as_numpy(name).reshape(-1)[0]) for name in _COUNTERS}
+                          if reason else {})
+                yield GenerateChunk(text, finish_reason=reason, **fields)
+                if reason:
+                    finished = True
+                    break
+        except InferenceServerException as exc:
+            raise _engine_error(exc) from None
+        except asyncio.CancelledError:
+            raise
+        except grpc.RpcError as exc:  # the stream broke: the server went away, or the deadline passed
+            if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise EngineError("timeout", f"no answer from tritonserver within {self.timeout_s:g} s") from None
+            raise EngineError("unavailable", "the stream to tritonserver failed; retry") from None
+        finally:
+            if not finished:
+                # NOTE: cancelling the gRPC call cancels the request in tritonserver; on the composing path
+                # lora_adapter's scheduler drops the sequence within a step.
+                responses.cancel()
+
+    # --------------------------------------------------------------------------------- state
+    async def models(self, refresh: bool = False) -> ModelState:
+        if refresh:
+            await self._refresh(min_age_s=0.05)
+        return self._models
+
+    async def readiness(self, refresh: bool = False) -> Readiness:
+        if refresh:
+            await self._refresh(min_age_s=0.05)
+        return self._readiness
+
+    async def load(self) -> LoadSignals:
+        return self._load
+
+    async def _poll(self) -> None:
+        while True:
+            await self._refresh(min_age_s=0.0)
+            await asyncio.sleep(self.poll_interval_s)
+
+    async def _refresh(self, min_age_s: float) -> None:
+        assert self._refresh_lock is not None
+        async with self._refresh_lock:
+            if time.monotonic() - self._polled < min_age_s:
+                return
+            self._readiness = await self._check_ready()
+            try:
+                text = await self._get_text(self.metrics_url)
+                self._models, self._load = parse_triton_metrics(text, self.kv_capacity_bytes)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+                LOGGER.debug("tritonserver metrics not read: %s", exc)
+            self._polled = time.monotonic()
+
+    async def _check_ready(self) -> Readiness:
+        try:
+            if self.sidecar_url:
+                assert self._http is not None
+                async with self._http.get(f"{self.sidecar_url}/ready") as response:
+                    if response.status == 200:
+                        return Readiness(True)
+                    body = await response.text()
+                    try:
+                        reason = str(json.loads(body).get("reason", body))
+                    except (ValueError, AttributeError):
+                        reason = body
+                    return Readiness(False, f"the replica is not ready: {reason[:300]}")
+            assert self._client is not None
+            ready = await self._client.is_server_ready(client_timeout=5)
+            return Readiness(bool(ready), "" if ready else "tritonserver is not ready")
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, InferenceServerException) as exc:
+            LOGGER.debug("readiness not read: %s", exc)
+            return Readiness(False, "the replica is not reachable yet")
+
+    async def _get_text(self, url: str) -> str:
+        assert self._http is not None
+        async with self._http.get(url) as response:
+            response.raise_for_status()
+            return await response.text()
+
+
+def parse_triton_metrics(text: str, kv_capacity_bytes: int | None) -> tuple[ModelState, LoadSignals]:
+    """The adapters' states and the load signals in tritonserver's /metrics text.
+
+    An adapter is live when every instance that reports it says ``live``; otherwise the reason names the
+    first instance where it is not. Running and waiting sequences add up over instances; KV use is the bytes
+    held over ``kv_capacity_bytes`` times the instances that report."""
+    states: dict[str, dict[str, str]] = {}
+    running = waiting = 0.0
+    kv_bytes: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, labels, value = sample.name, sample.labels, sample.value
+            if name == "warmup_adapter_state" and value == 1 and labels.get("model", "lora_adapter") == "lora_adapter":
+                states.setdefault(labels["adapter"], {})[labels.get("instance", "")] = labels["state"]
+            elif name == "warmup_scheduler_running_sequences":
+                running += value
+            elif name == "warmup_scheduler_waiting_sequences":
+                waiting += value
+            elif name == "warmup_kv_cache_bytes":
+                instance = labels.get("instance", "")
+                kv_bytes[instance] = kv_bytes.get(instance, 0.0) + value
+    adapters: dict[str, str | None] = {}
+    for adapter, by_instance in states.items():
+        if adapter == "base":
+            continue
+        not_live = sorted((i, s) for i, s in by_instance.items() if s != "live")
+        adapters[adapter] = None if not not_live else f"adapter '{adapter}' is {not_live[0][1]} on {not_live[0][0]}"
+    usage = None
+    if kv_capacity_bytes and kv_bytes:
+        usage = min(1.0, sum(kv_bytes.values()) / (kv_capacity_bytes * len(kv_bytes)))
+        usage = usage if math.isfinite(usage) else None
+    return ModelState(adapters), LoadSignals(running=running, waiting=waiting, kv_usage=usage)

@@ -1,0 +1,212 @@
+"""What chat and completions share: the request to the engine, stop strings on the streamed text, the
+answer's usage, server-sent events, the in-flight count per adapter, and a client that goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+from starlette.requests import Request
+
+from warmup_tools.front.engine.engine import Engine, EngineError, GenerateChunk, GenerateInput
+from warmup_tools.front.errors import OpenAIError
+
+T = TypeVar("T")
+
+#: HTTP status of each engine error kind.
+_STATUS = {"invalid": 400, "unauthenticated": 401, "not_found": 404, "too_large": 413, "busy": 429,
+           "unavailable": 503, "timeout": 504, "internal": 500}
+_CODES = {"not_found": "model_not_found", "busy": "server_busy", "unauthenticated": "invalid_api_key"}
+
+
+def openai_error(exc: EngineError) -> OpenAIError:
+    status = _STATUS.get(exc.kind, 500)
+    if status == 401:  # NOTE: the same 401 as a wrong key, whatever the model said
+        from warmup_tools.front.errors import unauthorized
+
+        return unauthorized()
+    message = exc.message if status != 500 else ("internal error while serving this request; it was not "
+                                                 "completed: retry, and report it if it persists")
+    return OpenAIError(status, message, param="model" if status == 404 else None, code=_CODES.get(exc.kind))
+
+
+class StopMatcher:
+    """Cuts streamed text at the first stop string; holds back a tail that may be the start of one."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self._hold = max((len(s) for s in self.stops), default=1) - 1
+        self._pending = ""
+        self.stopped = False
+
+    def feed(self, text: str) -> str:
+        """The text that may go out now; :attr:`stopped` once a stop string was seen (nothing after it)."""
+        if not self.stops:
+            return text
+        self._pending += text
+        cut = min((i for i in (self._pending.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            out, self._pending, self.stopped = self._pending[:cut], "", True
+            return out
+        keep = self._held_tail()
+        out, self._pending = self._pending[:len(self._pending) - keep], self._pending[len(self._pending) - keep:]
+        return out
+
+    def flush(self) -> str:
+        out, self._pending = self._pending, ""
+        return out
+
+    def _held_tail(self) -> int:
+        """The longest end of the pending text that begins some stop string."""
+        for size in range(min(self._hold, len(self._pending)), 0, -1):
+            tail = self._pending[-size:]
+            if any(s.startswith(tail) for s in self.stops):
+                return size
+        return 0
+
+
+class InFlight:
+    """Requests in flight through this front per model: waiting (no token yet) and running."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, int] = {}
+        self.running: dict[str, int] = {}
+
+    def _add(self, table: dict[str, int], model: str, delta: int) -> None:
+        table[model] = table.get(model, 0) + delta
+        if table[model] <= 0:
+            del table[model]
+
+
+@dataclasses.dataclass(slots=True)
+class Outcome:
+    """What one generation came to: the text already sent, the counters of its last chunk, its reason."""
+
+    text: list[str] = dataclasses.field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+
+
+class Generation:
+    """One request's generation: ``pieces()`` yields the text to send; the outcome fills in as it goes."""
+
+    def __init__(self, engine: Engine, request: GenerateInput, stops: tuple[str, ...], model: str,
+                 in_flight: InFlight) -> None:
+        self._chunks = engine.generate(request)
+        self._stop = StopMatcher(stops)
+        self._model = model
+        self._in_flight = in_flight
+        self.outcome = Outcome()
+        self._first: GenerateChunk | None = None
+        self._state = "new"
+
+    async def start(self) -> None:
+        """Wait for the first chunk, so that a refusal (busy, unknown adapter, a bad value) is an HTTP error
+        before any byte of a streamed answer is sent."""
+        self._in_flight._add(self._in_flight.waiting, self._model, 1)
+        self._state = "waiting"
+        try:
+            self._first = await self._chunks.__anext__()
+        except StopAsyncIteration:
+            self._first = GenerateChunk("", finish_reason="stop")
+        except EngineError as exc:
+            await self.close()
+            raise openai_error(exc) from None
+        except BaseException:
+            await self.close()
+            raise
+        self._move("running")
+
+    async def pieces(self) -> AsyncIterator[str]:
+        try:
+            chunk = self._first
+            while chunk is not None:
+                self._count(chunk)
+                out = self._stop.feed(chunk.text)
+                if self._stop.stopped:
+                    self.outcome.finish_reason = "stop"
+                    if out:
+                        self.outcome.text.append(out)
+                        yield out
+                    return
+                if chunk.finish_reason:
+                    out += self._stop.flush()
+                    self.outcome.finish_reason = chunk.finish_reason
+                if out:
+                    self.outcome.text.append(out)
+                    yield out
+                if chunk.finish_reason:
+                    return
+                try:
+                    chunk = await self._chunks.__anext__()
+                except StopAsyncIteration:
+                    chunk = None
+                except EngineError as exc:
+                    raise openai_error(exc) from None
+            self.outcome.finish_reason = self.outcome.finish_reason or "stop"
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """End the generation (cancelling it on the engine if it still runs); idempotent."""
+        if self._state == "closed":
+            return
+        self._move("closed")
+        await self._chunks.aclose()
+
+    def _count(self, chunk: GenerateChunk) -> None:
+        self.outcome.prompt_tokens = chunk.prompt_tokens or self.outcome.prompt_tokens
+        self.outcome.cached_tokens = chunk.cached_tokens or self.outcome.cached_tokens
+        self.outcome.completion_tokens = chunk.output_tokens or self.outcome.completion_tokens
+
+    def _move(self, state: str) -> None:
+        table = {"waiting": self._in_flight.waiting, "running": self._in_flight.running}
+        if self._state in table:
+            self._in_flight._add(table[self._state], self._model, -1)
+        if state in table:
+            self._in_flight._add(table[state], self._model, 1)
+        self._state = state
+
+
+def sse(data: Any) -> bytes:
+    """One server-sent event: ``data: <json>`` and a blank line."""
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return f"data: {payload}\n\n".encode("utf-8")
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+async def until_disconnect(request: Request, work: Awaitable[T], on_gone: Callable[[], Awaitable[None]]) -> T:
+    """``work``'s result; if the client disconnects first, ``work`` is cancelled, ``on_gone`` runs and
+    :class:`ClientGone` is raised (nobody is left to answer)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        watcher.cancel()
+        raise
+    if task in done:
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await on_gone()
+    raise ClientGone()
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

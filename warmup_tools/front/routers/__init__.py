@@ -1,0 +1,1 @@
+"""One router per endpoint group, as in Triton's openai_frontend: chat, completions, models, observability."""

@@ -1,0 +1,48 @@
+"""``GET /health`` (200 only when the replica is warm and ready: the sidecar's /ready) and ``GET /metrics``
+(the load signals routers read, under vLLM's names, fed from lora_adapter's scheduler gauges)."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from warmup_tools.front.errors import OpenAIError
+from warmup_tools.front.serving import front_state
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    readiness = await front_state(request).engine.readiness(refresh=True)
+    if not readiness.ready:
+        raise OpenAIError(503, f"This replica is not ready to serve: {readiness.reason}", code="not_ready")
+    return Response(status_code=200)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    state = front_state(request)
+    load = await state.engine.load()
+    models = await state.engine.models()
+    name = state.settings.served_model_name
+    registry = CollectorRegistry()
+    labels = ["model_name"]
+    Gauge("vllm:num_requests_running", "Sequences in the running batches of lora_adapter's instances.", labels,
+          registry=registry).labels(name).set(load.running)
+    Gauge("vllm:num_requests_waiting", "Sequences waiting for a running slot on lora_adapter's instances.", labels,
+          registry=registry).labels(name).set(load.waiting)
+    if load.kv_usage is not None:
+        Gauge("vllm:kv_cache_usage_perc", "Share of the KV prefix cache in use (1 = full), over instances.",
+              labels, registry=registry).labels(name).set(load.kv_usage)
+    info = Gauge("vllm:lora_requests_info", "LoRA adapters with requests running and waiting through this front; "
+                 "the value is the time of the scrape.",
+                 ["running_lora_adapters", "waiting_lora_adapters", "max_lora"], registry=registry)
+    adapters = set(models.live())
+    running = ",".join(sorted(m for m in state.in_flight.running if m in adapters))
+    waiting = ",".join(sorted(m for m in state.in_flight.waiting if m in adapters))
+    info.labels(running, waiting, str(len(adapters))).set(time.time())
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,139 @@
+"""The front as a server: uvicorn on its own thread and event loop, started and stopped by its owner
+(``python -m warmup_tools front``, the ``sidecar`` and ``serve`` commands, the tests and benchmarks)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Mapping
+
+import uvicorn
+
+from warmup_tools.common.errors import ConfigError, ServerError
+from warmup_tools.common.settings import read_settings
+from warmup_tools.front.app import build_app
+from warmup_tools.front.chat_template import ChatRenderer, ChatTemplateError
+from warmup_tools.front.engine.triton_engine import TritonEngine
+from warmup_tools.front.settings import FrontSettings
+from warmup_tools.kv.config import KVCacheConfig
+from warmup_tools.server.config import REPO_ROOT
+from warmup_tools.tokenizer_cache.settings import TokenizerConfig
+from warmup_tools.triton.params import repository_parameters
+from warmup_tools.triton.trust import TrustSettings
+
+LOGGER = logging.getLogger(__name__)
+
+
+def with_repository(settings: FrontSettings, environ: Mapping[str, str] | None = None) -> tuple[FrontSettings, int]:
+    """``settings`` completed from the model repository tritonserver serves (``${VAR}`` from ``environ``): the
+    tokenizer (``tokenizer_path``, else tokenizer_cache's), the tenant keys file (else tokenizer_cache's: trust
+    mode on the models is trust mode on the front); and lora_adapter's KV budget per instance."""
+    repository = settings.model_repository or REPO_ROOT / "model_repository"
+    first = repository_parameters(repository, "tokenizer_cache", environ)
+    tokenizer = settings.tokenizer_path or read_settings(TokenizerConfig, first).path
+    keys = settings.tenant_keys_file or read_settings(TrustSettings, first).tenant_keys_file
+    kv = read_settings(KVCacheConfig, repository_parameters(repository, "lora_adapter", environ))
+    return dataclasses.replace(settings, tokenizer_path=Path(tokenizer), tenant_keys_file=keys), kv.budget_bytes
+
+
+def build_engine(settings: FrontSettings, kv_capacity_bytes: int | None) -> TritonEngine:
+    return TritonEngine(settings.triton_grpc_url, settings.triton_metrics_url, sidecar_url=settings.sidecar_url,
+                        pipeline=settings.pipeline, kv_capacity_bytes=kv_capacity_bytes,
+                        timeout_s=settings.request_timeout_s, poll_interval_s=settings.poll_interval_s)
+
+
+def load_renderer(tokenizer: Path) -> ChatRenderer | None:
+    try:
+        return ChatRenderer.from_path(tokenizer)
+    except ChatTemplateError as exc:
+        LOGGER.warning("%s; /v1/chat/completions answers 400", exc)
+        return None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"the LM tokenizer {tokenizer} does not load: {exc}") from None
+
+
+class FrontServer:
+    """uvicorn serving the front on a thread of its own::
+
+        with FrontServer(FrontSettings(port=0, triton_grpc_url=server.grpc_url, ...)) as front:
+            ...  # front.url + "/v1/chat/completions"
+    """
+
+    def __init__(self, settings: FrontSettings, engine: object | None = None,
+                 renderer: ChatRenderer | None = None, environ: Mapping[str, str] | None = None) -> None:
+        """Without ``engine``: the Triton engine, the chat template and the trust mode of the repository
+        (``${VAR}`` in its configs from ``environ``, default this process's environment)."""
+        self.settings = settings
+        if engine is None:
+            settings, kv_bytes = with_repository(settings, environ)
+            assert settings.tokenizer_path is not None
+            engine = build_engine(settings, kv_bytes)
+            renderer = load_renderer(settings.tokenizer_path)
+        self.settings = settings
+        app = build_app(settings, engine, renderer)  # type: ignore[arg-type]
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, http="h11", loop="asyncio",
+                                lifespan="on", log_level="warning", access_log=False,
+                                h11_max_incomplete_event_size=settings.max_header_bytes,
+                                timeout_keep_alive=5, timeout_graceful_shutdown=5)
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def port(self) -> int:
+        servers = getattr(self._server, "servers", None) or []
+        for server in servers:
+            for sock in server.sockets:
+                return int(sock.getsockname()[1])
+        return self.settings.port
+
+    @property
+    def url(self) -> str:
+        host = self.settings.host if self.settings.host not in ("0.0.0.0", "::") else "127.0.0.1"
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        self._thread = threading.Thread(target=self._run, name="openai-front", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if self._error is not None or not self._thread.is_alive():
+                raise ServerError(f"the OpenAI front did not start on {self.settings.host}:{self.settings.port}: "
+                                  f"{self._error or 'uvicorn exited'}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ServerError(f"the OpenAI front did not start within {timeout_s:g} s")
+            time.sleep(0.02)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._server.serve())
+        except BaseException as exc:  # noqa: BLE001 (reported by start(), or logged once running)
+            self._error = exc
+            LOGGER.error("the OpenAI front stopped: %s", exc)
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._thread is None:
+            return
+        self._server.should_exit = True
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self._server.force_exit = True
+            self._thread.join(timeout_s)
+        self._thread = None
+
+    def __enter__(self) -> "FrontServer":
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

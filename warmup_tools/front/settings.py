@@ -1,0 +1,62 @@
+"""Every setting of the OpenAI front, in one validated object (a JSON file, ``WARMUP_FRONT_*`` and flags)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from warmup_tools.common.errors import ConfigError
+from warmup_tools.common.settings import check_settings, setting
+
+#: How the front reaches the LM: the three composing models in turn (a client that goes away cancels the
+#: generation in lora_adapter) or the ``ensemble`` (one gRPC stream; Triton 2.51 does not pass the
+#: cancellation on to the running step): docs/openai.md, "Cancellation".
+PIPELINES: tuple[str, ...] = ("composing", "ensemble")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FrontSettings:
+    """How the front listens, where tritonserver and the sidecar are, and the bounds on what clients send
+    (the keys of ``--front-config``'s JSON file; flags override them)."""
+
+    host: str = setting("127.0.0.1", "Address the OpenAI API is served on.")
+    port: int = setting(9000, "Port of the OpenAI API (/v1/..., /health, /metrics; 0: any free port).",
+                        ge=0, le=65535)
+    triton_grpc_url: str = setting("127.0.0.1:8001", "tritonserver's gRPC address (host:port).")
+    triton_metrics_url: str = setting("http://127.0.0.1:8002/metrics", "tritonserver's /metrics: the scheduler "
+                                      "gauges and the adapter states the front reads.")
+    sidecar_url: str = setting("", "The sidecar (http://host:port): /health and every request wait for its /ready; "
+                                   "empty: tritonserver's own readiness.")
+    model_repository: Path | None = setting(None, "The model repository tritonserver serves: the tokenizer (its "
+                                                  "chat template) and the KV budget are read from its configs; "
+                                                  "empty: the package's model_repository/.")
+    tokenizer_path: Path | None = setting(None, "The LM tokenizer whose chat template renders messages; empty: "
+                                                "tokenizer_cache's tokenizer_path in the model repository.")
+    served_model_name: str = setting("base", "The name of the base model in /v1/models and in a request's "
+                                             "model; every live LoRA adapter is a model under its own name.")
+    pipeline: str = setting("composing", "How requests reach the LM: the composing models in turn (a client's "
+                                         "disconnect reaches the engine) or the ensemble.", choices=PIPELINES)
+    max_body_bytes: int = setting(1 << 20, "Largest request body; a larger one is answered 413 before it is read "
+                                           "whole.", ge=1024, le=64 << 20)
+    max_header_bytes: int = setting(64 << 10, "Largest request line and headers together; more is refused by the "
+                                              "HTTP parser.", ge=4096, le=1 << 20)
+    max_messages: int = setting(256, "Messages one chat request may hold.", ge=1, le=4096)
+    max_prompt_bytes: int = setting(256 << 10, "Largest prompt (a rendered conversation or a completion prompt) "
+                                               "in UTF-8 bytes, as tokenizer_cache takes it; more is 413.",
+                                    ge=1, le=256 << 10)
+    max_stop: int = setting(4, "Stop strings one request may give (OpenAI's limit).", ge=0, le=16)
+    body_timeout_s: float = setting(10.0, "Seconds a client may take to send its body; a half-sent body is "
+                                          "answered 408.", gt=0)
+    request_timeout_s: float = setting(600.0, "Deadline of one generation on tritonserver.", gt=0)
+    poll_interval_s: float = setting(1.0, "Seconds between reads of tritonserver's /metrics and the readiness "
+                                          "(what /v1/models, /metrics and the 503 answer come from).", gt=0, le=60)
+    tenant_keys_file: Path | None = setting(None, "Trust mode: the tenant keys file of tokenizer_cache (hashes "
+                                                  "only); a request's bearer key names its tenant. Empty: open "
+                                                  "mode, the tenant comes from X-Tenant-Id or user.")
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+        if not self.served_model_name or len(self.served_model_name) > 64:
+            raise ConfigError("served_model_name must be 1 to 64 characters")
+        if ":" not in self.triton_grpc_url:
+            raise ConfigError(f"triton_grpc_url must be host:port, not {self.triton_grpc_url!r}")

@@ -151,6 +151,11 @@ class Generation:
         finally:
             await self.close()
 
+    async def drain(self) -> None:
+        """Run the generation to its end, keeping nothing but :attr:`outcome` (a whole, non-streamed answer)."""
+        async for _ in self.pieces():
+            pass
+
     async def close(self) -> None:
         """End the generation (cancelling it on the engine if it still runs); idempotent."""
         if self._state == "closed":
@@ -203,6 +208,20 @@ async def until_disconnect(request: Request, work: Awaitable[T], on_gone: Callab
 
 class ClientGone(Exception):
     """The client disconnected before its answer was ready."""
+
+
+async def watched(request: Request, generation: Generation, work: Awaitable[None]) -> bool:
+    """Run ``work`` (the generation's start, or its whole run) while watching the client: False when the client
+    left first (the generation is then cancelled and closed, and nobody is left to answer)."""
+    try:
+        await until_disconnect(request, work, generation.close)
+    except ClientGone:
+        return False
+    return True
+
+
+#: What a route returns to a client that already left (nginx's "client closed request"; nobody reads it).
+CLIENT_GONE_STATUS = 499
 
 
 async def _disconnected(request: Request) -> None:

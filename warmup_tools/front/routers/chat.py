@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from warmup_tools.front.chat_template import ChatTemplateError
 from warmup_tools.front.engine.engine import GenerateInput
 from warmup_tools.front.errors import OpenAIError, bad_request
-from warmup_tools.front.generation import DONE, ClientGone, Generation, sse, until_disconnect
+from warmup_tools.front.generation import CLIENT_GONE_STATUS, DONE, Generation, sse, watched
 from warmup_tools.front.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -60,29 +60,20 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                              temperature=body.temperature, top_p=body.top_p, seed=body.seed, roles=chat.roles)
     generation = Generation(state.engine, generate, body.stop_strings(), body.model, state.in_flight)
     request_id, created = completion_id("chatcmpl"), now()
-    try:
-        await until_disconnect(request, generation.start(), generation.close)
-    except ClientGone:
-        return JSONResponse({}, status_code=499)
+    if not await watched(request, generation, generation.start()):
+        return JSONResponse({}, status_code=CLIENT_GONE_STATUS)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(_events(generation, request_id, created, body.model, include_usage),
                                  media_type="text/event-stream")
-    try:
-        await until_disconnect(request, _drain(generation), generation.close)
-    except ClientGone:
-        return JSONResponse({}, status_code=499)
+    if not await watched(request, generation, generation.drain()):
+        return JSONResponse({}, status_code=CLIENT_GONE_STATUS)
     out = generation.outcome
     answer = ChatCompletionResponse(
         id=request_id, created=created, model=body.model,
         choices=[ChatChoice(message=AssistantMessage(content="".join(out.text)), finish_reason=out.finish_reason)],
         usage=Usage.of(out.prompt_tokens, out.completion_tokens, out.cached_tokens))
     return JSONResponse(answer.model_dump())
-
-
-async def _drain(generation: Generation) -> None:
-    async for _ in generation.pieces():
-        pass
 
 
 async def _events(generation: Generation, request_id: str, created: int, model: str,

@@ -414,15 +414,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     stop = _stop_on_signals()
     with _server(config) as server:
         server.wait_ready(timeout=config.ready_timeout_s)
-        front = _start_front(args, config, server)
-        try:
-            print(f"serving {config.model_repository}: HTTP {server.http_url}, gRPC {server.grpc_url}, "
-                  f"metrics {server.metrics_url} (log {server.log_path})"
-                  + (f"; OpenAI front {front.url}/v1" if front else "") + "; Ctrl-C stops", flush=True)
-            return _wait_while_alive(server, stop, front)
-        finally:
-            if front is not None:
-                front.stop()
+        return _serve_with_front(args, config, server, stop,
+                                 f"serving {config.model_repository}: HTTP {server.http_url}, gRPC {server.grpc_url}, "
+                                 f"metrics {server.metrics_url} (log {server.log_path})")
+
+
+def _serve_with_front(args: argparse.Namespace, config: ServeConfig, server: Any, stop: Any, banner: str, *,
+                      sidecar_url: str = "") -> int:
+    """Start the OpenAI front beside ``server``, print ``banner`` with its address, serve until stopped, stop it."""
+    front = _start_front(args, config, server, sidecar_url=sidecar_url)
+    try:
+        print(banner + (f"; OpenAI front {front.url}/v1" if front else "") + "; Ctrl-C stops", flush=True)
+        return _wait_while_alive(server, stop, front)
+    finally:
+        if front is not None:
+            front.stop()
 
 
 def _cmd_front(args: argparse.Namespace) -> int:
@@ -498,15 +504,10 @@ def _cmd_sidecar(args: argparse.Namespace) -> int:
         with Sidecar(sidecar_settings, server.http_url, server.grpc_url, server.repository_key,
                      config.model_repository, control_dir=config.control_dir, server=server) as sidecar:
             # The front answers from the start too: 503 with the sidecar's reason until /ready says 200.
-            front = _start_front(args, config, server, sidecar_url=sidecar.url)
-            try:
-                print(f"tritonserver starting on {config.model_repository}: HTTP {server.http_url}, gRPC "
-                      f"{server.grpc_url} (log {server.log_path}); sidecar {sidecar.url}/ready /live /status"
-                      + (f"; OpenAI front {front.url}/v1" if front else "") + "; Ctrl-C stops", flush=True)
-                return _wait_while_alive(server, stop, front)
-            finally:
-                if front is not None:
-                    front.stop()
+            return _serve_with_front(args, config, server, stop,
+                                     f"tritonserver starting on {config.model_repository}: HTTP {server.http_url}, "
+                                     f"gRPC {server.grpc_url} (log {server.log_path}); sidecar {sidecar.url}/ready "
+                                     "/live /status", sidecar_url=sidecar.url)
 
 
 def _cmd_assets(args: argparse.Namespace) -> int:

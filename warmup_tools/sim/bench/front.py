@@ -200,33 +200,31 @@ def _added_cost(front_url: str, triton_http: str, streams: int, requests: int, m
 
     prompts = [demo_prompt("support", q) for q in USER_QUESTIONS["support"]]
 
+    def timed_stream(client: httpx.Client, url: str, body: dict, text_of, tokens_of) -> tuple[float, int]:
+        """One streamed request read as server-sent events: ms to the first event with text, and the output
+        tokens the events report (the largest count seen)."""
+        started, ttft, tokens = time.perf_counter(), None, 0
+        with client.stream("POST", url, json=body) as response:
+            for line in response.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                data = json.loads(line[6:])
+                if ttft is None and text_of(data):
+                    ttft = time.perf_counter() - started
+                tokens = max(tokens, tokens_of(data))
+        return (ttft or 0.0) * 1000, tokens
+
     def front_one(client: httpx.Client, prompt: str) -> tuple[float, int]:
         body = {"model": "support", "prompt": prompt, "max_tokens": max_tokens, "stream": True,
                 "stream_options": {"include_usage": True}}
-        started, ttft, tokens = time.perf_counter(), None, 0
-        with client.stream("POST", f"{front_url}/v1/completions", json=body) as response:
-            for line in response.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                data = json.loads(line[6:])
-                if ttft is None and data["choices"] and data["choices"][0]["text"]:
-                    ttft = time.perf_counter() - started
-                if data.get("usage"):
-                    tokens = data["usage"]["completion_tokens"]
-        return (ttft or 0.0) * 1000, tokens
+        return timed_stream(client, f"{front_url}/v1/completions", body,
+                            lambda data: data["choices"] and data["choices"][0]["text"],
+                            lambda data: (data.get("usage") or {}).get("completion_tokens", 0))
 
     def generate_one(client: httpx.Client, prompt: str) -> tuple[float, int]:
         body = {"text_input": prompt, "max_tokens": max_tokens, "stream": True, "adapter_id": "support"}
-        started, ttft, tokens = time.perf_counter(), None, 0
-        with client.stream("POST", f"http://{triton_http}/v2/models/ensemble/generate_stream", json=body) as response:
-            for line in response.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                data = json.loads(line[6:])
-                if ttft is None and data.get("text_output"):
-                    ttft = time.perf_counter() - started
-                tokens = max(tokens, int(data.get("output_tokens", 0)))
-        return (ttft or 0.0) * 1000, tokens
+        return timed_stream(client, f"http://{triton_http}/v2/models/ensemble/generate_stream", body,
+                            lambda data: data.get("text_output"), lambda data: int(data.get("output_tokens", 0)))
 
     ttfts: dict[str, list[float]] = {"front": [], "generate": []}
     tokens = {"front": 0, "generate": 0}

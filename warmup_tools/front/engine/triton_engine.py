@@ -2,9 +2,10 @@
 
 A request takes one of two paths (``pipeline``):
 
-* ``composing`` (the default): ``tokenizer_cache`` and ``embedding_cache`` as unary calls, then a gRPC stream
-  to ``lora_adapter``, the steps the ensemble runs, in the same order with the same inputs. Closing the
-  stream (a client gone, a stop string) cancels the request inside ``lora_adapter``'s scheduler.
+* ``composing`` (the default): ``tokenizer_cache`` and ``embedding_cache`` as unary inferences (multiplexed
+  over one long-lived stream, :mod:`~warmup_tools.front.engine.unary_stream`), then a gRPC stream to
+  ``lora_adapter``: the steps the ensemble runs, in the same order with the same inputs. Closing that stream
+  (a client gone, a stop string) cancels the request inside ``lora_adapter``'s scheduler.
 * ``ensemble``: one gRPC stream to ``ensemble``. Triton 2.51 checks an ensemble request for cancellation
   between steps only, so a cancelled stream's generation runs on to ``max_tokens`` (docs/openai.md).
 
@@ -27,7 +28,7 @@ import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
 from prometheus_client.parser import text_string_to_metric_families
-from tritonclient.grpc import InferInput, InferRequestedOutput
+from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
 from warmup_tools.front.engine.engine import (
@@ -38,6 +39,7 @@ from warmup_tools.front.engine.engine import (
     ModelState,
     Readiness,
 )
+from warmup_tools.front.engine.unary_stream import Tensor, UnaryError, UnaryStream
 
 LOGGER = logging.getLogger(__name__)
 
@@ -63,6 +65,7 @@ _PHRASES: tuple[tuple[str, str], ...] = (
     ("is not ready", "unavailable"),
     ("internal error while serving", "internal"),
     ("exceeds the model's context", "invalid"),
+    ("request for unknown model", "unavailable"),
 )
 _STATUS_KINDS = {"StatusCode.INVALID_ARGUMENT": "invalid", "StatusCode.NOT_FOUND": "not_found",
                  "StatusCode.UNAVAILABLE": "unavailable", "StatusCode.DEADLINE_EXCEEDED": "timeout",
@@ -99,7 +102,11 @@ def _tensor(name: str, array: np.ndarray, datatype: str) -> InferInput:
 
 
 def _text(name: str, value: str) -> InferInput:
-    return _tensor(name, np.array([value.encode("utf-8")], dtype=np.object_), "BYTES")
+    return _tensor(name, _bytes(value), "BYTES")
+
+
+def _bytes(value: str) -> np.ndarray:
+    return np.array([value.encode("utf-8")], dtype=np.object_)
 
 
 def _sampling_inputs(request: GenerateInput) -> list[InferInput]:
@@ -124,6 +131,10 @@ def _identity_inputs(request: GenerateInput) -> list[InferInput]:
     return tensors
 
 
+#: As tritonclient sets them: a message is bounded by the front's own request limits, not by gRPC's 4 MB default.
+_CHANNEL_OPTIONS = (("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1))
+
+
 class TritonEngine:
     """The :class:`~warmup_tools.front.engine.engine.Engine` on one tritonserver."""
 
@@ -138,6 +149,8 @@ class TritonEngine:
         self.timeout_s = timeout_s
         self.poll_interval_s = poll_interval_s
         self._client: grpcaio.InferenceServerClient | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._unary: UnaryStream | None = None
         self._http: aiohttp.ClientSession | None = None
         self._poller: asyncio.Task | None = None
         self._models = ModelState({})
@@ -150,6 +163,8 @@ class TritonEngine:
     async def start(self) -> None:
         # NOTE: a grpc.aio channel belongs to the event loop it was made on: made here, on uvicorn's.
         self._client = grpcaio.InferenceServerClient(self.grpc_url)
+        self._channel = grpc.aio.insecure_channel(self.grpc_url, options=_CHANNEL_OPTIONS)
+        self._unary = UnaryStream(self._channel)
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         self._refresh_lock = asyncio.Lock()
         try:  # NOTE: connects the channel now, not on the first request (whose TTFT would pay for it)
@@ -162,6 +177,10 @@ class TritonEngine:
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
+        if self._unary is not None:
+            await self._unary.close()
+        if self._channel is not None:
+            await self._channel.close()
         if self._http is not None:
             await self._http.close()
         if self._client is not None:
@@ -185,24 +204,26 @@ class TritonEngine:
 
     async def _composing_inputs(self, request: GenerateInput) -> list[InferInput]:
         """``tokenizer_cache`` then ``embedding_cache``, as the ensemble runs them; the ``lora_adapter`` inputs."""
-        assert self._client is not None
-        first = [_text("text_input", request.prompt)]
+        assert self._unary is not None
+        identity: list[Tensor] = [(name, "BYTES", _bytes(value)) for name, value in
+                                  (("adapter_id", request.adapter), ("tenant_id", request.tenant)) if value]
+        first: list[Tensor] = [("text_input", "BYTES", _bytes(request.prompt))]
         if request.tenant:
-            first.append(_text("tenant_id", request.tenant))
+            first.append(("tenant_id", "BYTES", _bytes(request.tenant)))
         if request.tenant_key:
-            first.append(_text("tenant_key", request.tenant_key))
+            first.append(("tenant_key", "BYTES", _bytes(request.tenant_key)))
         try:
-            tokens = await self._client.infer("tokenizer_cache", first, client_timeout=self.timeout_s)
+            tokens = await self._unary.infer("tokenizer_cache", first, timeout_s=self.timeout_s)
             ids = tokens.as_numpy("input_ids")
-            length = tokens.as_numpy("input_length")
             token = tokens.as_numpy("tenant_token").reshape(-1)[0].decode("utf-8")
-            second = [_text("text_input", request.prompt), _tensor("prompt_tokens", length, "INT32"),
-                      _text("tenant_token", token), *_identity_inputs(request)]
+            second: list[Tensor] = [("text_input", "BYTES", _bytes(request.prompt)),
+                                    ("prompt_tokens", "INT32", tokens.as_numpy("input_length")),
+                                    ("tenant_token", "BYTES", _bytes(token)), *identity]
             # NOTE: cluster_id only, as the ensemble asks for it: the embedding itself is 384 floats nobody reads.
-            cluster = (await self._client.infer("embedding_cache", second, outputs=[InferRequestedOutput("cluster_id")],
-                                                client_timeout=self.timeout_s)).as_numpy("cluster_id")
-        except InferenceServerException as exc:
-            raise _engine_error(exc) from None
+            cluster = (await self._unary.infer("embedding_cache", second, ("cluster_id",),
+                                               timeout_s=self.timeout_s)).as_numpy("cluster_id")
+        except UnaryError as exc:
+            raise EngineError(classify(str(exc)), str(exc)) from None
         return [_tensor("input_ids", ids, "INT32"), _tensor("cluster_id", cluster, "INT32"),
                 _text("text_input", request.prompt), _text("tenant_token", token),
                 *_identity_inputs(request), *_sampling_inputs(request)]
@@ -306,6 +327,11 @@ class TritonEngine:
             return await response.text()
 
 
+#: The metrics :func:`parse_triton_metrics` reads.
+_READ_METRICS = ("warmup_adapter_state{", "warmup_scheduler_running_sequences", "warmup_scheduler_waiting_sequences",
+                 "warmup_kv_cache_bytes{")
+
+
 def parse_triton_metrics(text: str, kv_capacity_bytes: int | None) -> tuple[ModelState, LoadSignals]:
     """The adapters' states and the load signals in tritonserver's /metrics text.
 
@@ -315,7 +341,10 @@ def parse_triton_metrics(text: str, kv_capacity_bytes: int | None) -> tuple[Mode
     states: dict[str, dict[str, str]] = {}
     running = waiting = 0.0
     kv_bytes: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    # NOTE: only the samples read below are parsed: the parser is pure Python, and parsing every family of
+    # tritonserver's /metrics each poll cost the front's event loop several milliseconds a second.
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith(_READ_METRICS))
+    for family in text_string_to_metric_families(wanted):
         for sample in family.samples:
             name, labels, value = sample.name, sample.labels, sample.value
             if name == "warmup_adapter_state" and value == 1 and labels.get("model", "lora_adapter") == "lora_adapter":

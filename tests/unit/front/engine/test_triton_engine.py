@@ -17,7 +17,10 @@ from warmup_tools.front.engine.triton_engine import classify, parse_triton_metri
     ("lora_adapter is shutting down; retry on another instance", None, "unavailable"),
     ("tenant 'acme' is not authenticated on this deployment: send its tenant_key", None, "unauthenticated"),
     ("internal error while serving this request; it was not completed", None, "internal"),
-    ("Request for unknown model: 'lora_adapter' has no available versions", "StatusCode.NOT_FOUND", "not_found"),
+    # NOTE: the front names the repository's own models; one Triton does not know is not loaded (the replica's
+    # fault, not the client's model name, which the front resolves itself), with or without a status.
+    ("Request for unknown model: 'lora_adapter' has no available versions", "StatusCode.NOT_FOUND", "unavailable"),
+    ("[request id: u7] Request for unknown model: 'tokenizer_cache' is not found", None, "unavailable"),
     ("something new", "StatusCode.UNAVAILABLE", "unavailable"),
     ("something new", "StatusCode.INTERNAL", "internal"),
 ])

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.integration.test_sidecar import get_json, wait_for
-from warmup_tools.adapters.plan_control import write_plan_file
+from warmup_tools.adapters.plan_history import write_live_plan
 from warmup_tools.common.digests import tokenizer_fingerprint
 from warmup_tools.common.plan import Plan
 from warmup_tools.planning.live import apply_plan, wait_applied
@@ -96,7 +96,7 @@ def test_a_live_plan_warms_a_new_prefix_without_a_restart_and_ready_follows_cove
         huge = make_plan([{"tenant": "acme", "adapter": "", "token_ids": [100 + i % 3000 for i in range(1600)]},
                           {"tenant": "acme", "adapter": "", "token_ids": [7 + i % 2000 for i in range(1600)]}],
                          fingerprint)
-        write_plan_file(control, huge)
+        write_live_plan(control, huge, by=("test", ""))
         wait_for(lambda: ready_status(sidecar.url) == 503, "/ready to go 503 for a plan the budget cannot hold",
                  server, deadline_s=300)
         reason = get_json(sidecar.url + "/ready", allow_error=True)["reason"]

@@ -49,8 +49,9 @@ def test_the_rolling_re_plan_applies_the_difference_and_writes_the_stanzas(tmp_p
     assert first.plan_id[:8] in (repo / "lora_adapter" / "config.pbtxt").read_text()
     assert check_repository(repo) == []
     entry = PlanHistory(control).current()
-    assert (entry.plan_id, entry.parent, entry.by, entry.inputs["records"]) == (first.plan_id, None, "sidecar re-plan", 20)
-    assert entry.inputs["window"] == [NOW - 13 * 3600, NOW - 7 * 3600] and entry.inputs["settings"]["block_size"]
+    assert (entry.plan_id, entry.parent, entry.by) == (first.plan_id, None, "sidecar re-plan")
+    assert entry.inputs["records"] == 20 and entry.inputs["window"] == [NOW - 13 * 3600, NOW - 7 * 3600]
+    assert entry.inputs["settings"]["min_block_requests"] == 2 and entry.inputs["budgets"]["kv_bytes_total"] > 0
 
     # Eight hours on, only the new application is in the window: it is added, the old one dropped.
     write_json_lines(logs / "requests.jsonl", records(NEW, NOW, 20))

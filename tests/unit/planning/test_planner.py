@@ -334,7 +334,8 @@ def test_blocks_seen_once_only_take_budget_left_over_and_only_as_whole_one_off_p
     assert whole["tokens"] == whole["new_tokens"] == one_off_blocks * 16
     assert plan(records, warm_one_off_prompts=False).items == [shared]
     # Only what is left over: a budget that holds the shared prefix and less than the whole one-off has no room.
-    tight = Budgets(kv_bytes_per_adapter=1 << 30, kv_bytes_total=shared["kv_bytes"] + (one_off_blocks - 1) * BLOCK_BYTES)
+    tight = Budgets(kv_bytes_per_adapter=1 << 30,
+                    kv_bytes_total=shared["kv_bytes"] + (one_off_blocks - 1) * BLOCK_BYTES)
     assert [i["requests"] for i in plan(records, tight).items] == [10]
 
     two = plan(records + [record(NOW, "acme", "", one_off)])

@@ -131,13 +131,7 @@ def _parser() -> argparse.ArgumentParser:
     apply.add_argument("plan", type=Path, help="a plan file written by `plan`")
     apply.add_argument("--control-dir", type=Path, default=REPO_ROOT / ".control",
                        help="the lora_adapter model's control_dir (WARMUP_CONTROL_DIR)")
-    apply.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository",
-                       help="the repository the server runs: the plan is checked against it first")
-    apply.add_argument("--stanzas", action="store_true",
-                       help="also write the plan's model_warmup stanzas, so the next start begins from it")
-    apply.add_argument("--wait", type=float, default=600.0, help="seconds to wait for the instances (0: don't)")
-    apply.add_argument("--instances", type=int, help="how many instances must report (default: all that report)")
-    _history_keep_flag(apply)
+    _live_apply_flags(apply)
     apply.set_defaults(func=_cmd_apply_plan)
 
     adapters = sub.add_parser("adapters", help="add, retire or list LoRA adapters on a running server")
@@ -368,18 +362,19 @@ def _plan_actions_parser() -> argparse.ArgumentParser:
                               help="serve again the plan the served one replaced, or a named one (checked against "
                                    "the repository, applied live like apply-plan, recorded in the history)")
     back.add_argument("id", nargs="?", help="the plan to go back to (default: the parent of the plan served now)")
-    back.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository",
-                      help="the repository the server runs: the plan is checked against it first")
-    back.add_argument("--stanzas", action="store_true",
-                      help="also write the plan's model_warmup stanzas, so the next start begins from it")
-    back.add_argument("--wait", type=float, default=600.0, help="seconds to wait for the instances (0: don't)")
-    back.add_argument("--instances", type=int, help="how many instances must report (default: all that report)")
-    _history_keep_flag(back)
+    _live_apply_flags(back)
     back.set_defaults(func=_cmd_plan_rollback)
     return parser
 
 
-def _history_keep_flag(parser: argparse.ArgumentParser) -> None:
+def _live_apply_flags(parser: argparse.ArgumentParser) -> None:
+    """What apply-plan and plan rollback share: the check, the stanzas, the wait, the history's bound."""
+    parser.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository",
+                        help="the repository the server runs: the plan is checked against it first")
+    parser.add_argument("--stanzas", action="store_true",
+                        help="also write the plan's model_warmup stanzas, so the next start begins from it")
+    parser.add_argument("--wait", type=float, default=600.0, help="seconds to wait for the instances (0: don't)")
+    parser.add_argument("--instances", type=int, help="how many instances must report (default: all that report)")
     parser.add_argument("--history-keep", type=int, dest="plan_history_keep",
                         help="plan applications the control folder's history keeps (default 20, or "
                              "WARMUP_PLAN_HISTORY_KEEP; docs/parameters.md)")

@@ -32,10 +32,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
-from warmup_tools.common.digests import prompt_digest, stable_seed
+from warmup_tools.common.digests import stable_seed
 from warmup_tools.common.errors import ConfigError
-from warmup_tools.common.jsonl import write_json_lines
-from warmup_tools.common.records import RequestRecord
 from warmup_tools.sim.real_traffic import (
     DEMO_TENANTS,
     PROMPTS_PACKAGE,
@@ -44,8 +42,10 @@ from warmup_tools.sim.real_traffic import (
     CorpusMissingError,
     _arrivals,
     _distribution,
+    _record,
     _TurnStream,
     truncate_words,
+    write_day_logs,
 )
 from warmup_tools.sim.traffic import BASE_MODEL, DAY_SECONDS, _check_int, _reshuffle, _rng, _zipf_cum, check_common
 
@@ -126,14 +126,7 @@ def generate_real2(config: Real2Config) -> Iterator[dict]:
 
 def write_real2_logs(config: Real2Config, out_dir: Path, *, gzip: bool = False) -> list[Path]:
     """One JSON Lines file per day (``day1.jsonl``...), replaced atomically; returns this run's logs."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for day, records in _days(config):
-        path = out_dir / f"day{day}.jsonl{'.gz' if gzip else ''}"
-        write_json_lines(path, records, compress=gzip)
-        paths.append(path)
-    return paths
+    return write_day_logs(_days(config), out_dir, gzip=gzip)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -247,8 +240,3 @@ def _days(config: Real2Config) -> Iterator[tuple[int, list[dict]]]:
         if day == 1:
             first = records
         yield day, records
-
-
-def _record(ts: float, tenant: str, adapter: str, prompt: str, template: str | None) -> dict:
-    return RequestRecord(ts=ts, tenant=tenant, adapter=adapter, prompt_digest=prompt_digest(prompt), prompt=prompt,
-                         template=template).to_json(with_template=True)

@@ -231,6 +231,8 @@ def write_live_plan(control_dir: Path, plan: Plan, *, by: tuple[str, str], input
             if not entries or entries[-1].id != parent:  # written before the history existed, or by hand
                 entries.append(_entry(before, parent, None, ("found", ""), {}))
         plan_id = history._store(plan)
+        if parent == plan_id:  # the served plan applied again: what it replaced stays its parent
+            parent = entries[-1].parent if entries and entries[-1].id == plan_id else None
         old = stat_key(served)
         write_atomic(served, plan.to_json() + "\n", min_mtime_ns=None if old is None else old[2] + 1000)
         entry = _entry(plan, plan_id, parent, by, inputs or {})

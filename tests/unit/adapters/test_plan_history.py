@@ -81,6 +81,9 @@ def test_rollback_serves_the_parent_again_as_a_new_entry(tmp_path):
     assert plan.to_json() == a.to_json() and (tmp_path / "plan.json").read_text() == a.to_json() + "\n"
     assert (entry.id, entry.parent, entry.by) == (plan_digest(a), plan_digest(b), "rollback")
     assert [e.id for e in PlanHistory(tmp_path).entries()] == [plan_digest(a), plan_digest(b), plan_digest(a)]
+
+    # The served plan applied again is recorded, and keeps its parent (a rollback still goes somewhere).
+    assert write_live_plan(tmp_path, a, by=BY).parent == plan_digest(b)
     # Rolling back again goes to b (the parent of what is served now); naming the served plan is refused.
     assert rollback(tmp_path)[1].id == plan_digest(b)
     with pytest.raises(PlanHistoryError, match="served now"):

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.integration.test_sidecar import get_json, wait_for
-from warmup_tools.adapters.plan_control import write_plan_file
+from warmup_tools.adapters.plan_history import write_live_plan
 from warmup_tools.common.digests import tokenizer_fingerprint
 from warmup_tools.common.plan import Plan
 from warmup_tools.planning.live import apply_plan, wait_applied
@@ -96,7 +96,7 @@ def test_a_live_plan_warms_a_new_prefix_without_a_restart_and_ready_follows_cove
         huge = make_plan([{"tenant": "acme", "adapter": "", "token_ids": [100 + i % 3000 for i in range(1600)]},
                           {"tenant": "acme", "adapter": "", "token_ids": [7 + i % 2000 for i in range(1600)]}],
                          fingerprint)
-        write_plan_file(control, huge)
+        write_live_plan(control, huge, by=("test", ""))
         wait_for(lambda: ready_status(sidecar.url) == 503, "/ready to go 503 for a plan the budget cannot hold",
                  server, deadline_s=300)
         reason = get_json(sidecar.url + "/ready", allow_error=True)["reason"]
@@ -111,3 +111,45 @@ def test_a_live_plan_warms_a_new_prefix_without_a_restart_and_ready_follows_cove
         apply_plan(claims, control, target=server.target, tokenizer=tokenizer)
         wait_for(lambda: ready_status(sidecar.url) == 200, "/ready to come back with a plan that fits", server,
                  deadline_s=300)
+
+
+def test_plan_b_then_a_rollback_serves_plan_a_again(live_server, demo_assets, monkeypatch, capsys):
+    """apply-plan A, then B, then `plan rollback`: the instance reports A applied, A's prefix is resident and
+    served from the cache again, and the history says who did what."""
+    from warmup_tools.adapters.plan_history import PlanHistory, plan_digest
+    from warmup_tools.ops.cli import main
+
+    server, control = live_server, live_server.control_dir
+    tokenizer = server.target.load_tokenizer()
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    blocks = len(tokenizer.encode(CLAIMS, add_special_tokens=True)) // 16 - 1
+    prefix = tokenizer.encode(CLAIMS + QUESTION, add_special_tokens=True)[: blocks * 16]
+    plan_a = make_plan([{"tenant": "acme", "adapter": "sql", "token_ids": prefix}], fingerprint)
+    plan_b = make_plan([{"tenant": "globex", "adapter": "legal", "token_ids": prefix}], fingerprint)
+    key = f"{socket.gethostname()}/{INSTANCE}"
+    for plan in (plan_a, plan_b):
+        apply_plan(plan, control, target=server.target, tokenizer=tokenizer)
+        assert wait_applied(control, plan.plan_id, timeout_s=300)[key].plan_id == plan.plan_id
+    # B dropped A's blocks (unpinned: evictable, no longer planned); A's scope is no longer in the plan.
+    assert "sql" not in wait_applied(control, plan_b.plan_id, timeout_s=10)[key].adapters
+
+    # The CLI checks the plan against the repository the server runs (its assets and KV budget).
+    monkeypatch.setenv("WARMUP_ASSETS_DIR", str(demo_assets.root))
+    monkeypatch.setenv("WARMUP_KV_CACHE_BYTES", str(KV_BYTES))
+    monkeypatch.setenv("WARMUP_PLAN_USER", "oncall")
+    capsys.readouterr()
+    assert main(["plan", "rollback", "--control-dir", str(control), "--model-repository",
+                 str(REPO_ROOT / "model_repository"), "--wait", "300"]) == 0
+    out = capsys.readouterr().out
+    assert f"rolled back from plan {plan_digest(plan_b)} to {plan_digest(plan_a)}" in out
+    assert f"applied plan {plan_a.plan_id}" in out
+
+    status = wait_applied(control, plan_a.plan_id, timeout_s=10)[key]
+    assert status.adapters["sql"].planned == blocks and status.adapters["sql"].resident == blocks, status
+    with StreamingClient(server.grpc_url, timeout_s=120) as client:
+        warm = client.generate(CLAIMS + QUESTION, GenerateParams(max_tokens=2, adapter_id="sql", tenant_id="acme"))
+    assert warm.cached_tokens >= blocks * 16, warm
+    history = PlanHistory(control).entries()
+    assert [(e.id, e.by) for e in history] == [(plan_digest(plan_a), "rollback"), (plan_digest(plan_b), "apply-plan"),
+                                              (plan_digest(plan_a), "apply-plan")]
+    assert history[0].parent == plan_digest(plan_b) and history[0].user == "oncall"

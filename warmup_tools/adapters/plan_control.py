@@ -2,7 +2,9 @@
 
 Beside the adapter files of :mod:`warmup_tools.adapters.registry` the control folder holds::
 
-    <root>/plan.json                   the plan to serve now: a planner plan file (`plan apply`, the sidecar)
+    <root>/plan.json                   the plan to serve now: a planner plan file, written only by
+                                       :func:`warmup_tools.adapters.plan_history.write_live_plan` (`apply-plan`,
+                                       the sidecar's re-plan, `plan rollback`), which keeps the plans/ history
     <root>/plan_status/<host>.<instance>.json
                                        written by each lora_adapter instance: the plan it applied and, per
                                        adapter, how many blocks of its planned hot set are resident (replicas
@@ -123,14 +125,6 @@ class PlanFileWatcher:
             return None
         self.error = ""
         return plan
-
-
-def write_plan_file(root: Path, plan: Plan) -> Path:
-    """Make ``plan`` the plan every instance serves (atomic; the mtime always moves forward)."""
-    path = Path(root) / PLAN_FILE
-    old = stat_key(path)
-    write_atomic(path, plan.to_json() + "\n", min_mtime_ns=None if old is None else old[2] + 1000)
-    return path
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

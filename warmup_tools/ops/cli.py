@@ -23,8 +23,20 @@ if TYPE_CHECKING:
 LOGGER = logging.getLogger("warmup_tools")
 
 
+#: ``plan <action>``: the plan history of a control folder (``plan LOGS...`` makes a plan).
+PLAN_ACTIONS = ("history", "diff", "rollback")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    words = [i for i, a in enumerate(argv) if not a.startswith("-")]
+    if len(words) >= 2 and argv[words[0]] == "plan" and argv[words[1]] in PLAN_ACTIONS and words[1] == words[0] + 1:
+        # NOTE: `plan` takes log paths as positionals, so its actions are parsed by their own parser (a log
+        # file named like an action is given as ./history).
+        parser = _plan_actions_parser()
+        del argv[words[0]]
+    else:
+        parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -88,7 +100,9 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--redis-uid", type=int, help="owner of redis.conf (the Redis image's user)")
     init.set_defaults(func=_cmd_deploy_secrets)
 
-    plan = sub.add_parser("plan", help="decide what to warm from request logs; writes a versioned plan")
+    plan = sub.add_parser("plan", help="decide what to warm from request logs; writes a versioned plan. Also "
+                                       "`plan history`, `plan diff A B`, `plan rollback [ID]`: the plans a control "
+                                       "folder served (`plan history --help`)")
     plan.add_argument("logs", nargs="+", type=Path,
                       help="request logs (.jsonl, .jsonl.gz, rotated .jsonl.N) or folders holding them")
     plan.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "plan.json")
@@ -117,12 +131,7 @@ def _parser() -> argparse.ArgumentParser:
     apply.add_argument("plan", type=Path, help="a plan file written by `plan`")
     apply.add_argument("--control-dir", type=Path, default=REPO_ROOT / ".control",
                        help="the lora_adapter model's control_dir (WARMUP_CONTROL_DIR)")
-    apply.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository",
-                       help="the repository the server runs: the plan is checked against it first")
-    apply.add_argument("--stanzas", action="store_true",
-                       help="also write the plan's model_warmup stanzas, so the next start begins from it")
-    apply.add_argument("--wait", type=float, default=600.0, help="seconds to wait for the instances (0: don't)")
-    apply.add_argument("--instances", type=int, help="how many instances must report (default: all that report)")
+    _live_apply_flags(apply)
     apply.set_defaults(func=_cmd_apply_plan)
 
     adapters = sub.add_parser("adapters", help="add, retire or list LoRA adapters on a running server")
@@ -183,9 +192,13 @@ def _parser() -> argparse.ArgumentParser:
                                 "floor (the best any plan could do)")
     rep.add_argument("--seed", type=int, default=0)
     rep.add_argument("--requests-per-day", type=int, default=6000)
-    rep.add_argument("--traffic", choices=("generated", "real"), default="generated",
-                     help="the project's generated traffic, or a log built from real public text")
+    rep.add_argument("--traffic", choices=("generated", "real", "real2"), default="generated",
+                     help="the project's generated traffic, a log built from real public text, or a second one "
+                          "built another way (held out: tenant preambles, other questions, day-1 repeats)")
     rep.add_argument("--report", type=Path, metavar="DIR", help="write PNG plots and a markdown summary here")
+    rep.add_argument("--misses-only", action="store_true",
+                     help="no server: plan, then print which replayed requests the plan misses against the floor "
+                          "and why (simulated without eviction)")
 
     roll = which.add_parser("rolling", parents=[assets],
                             help="replay day 2 with the static day-1 plan and with a re-plan every K hours applied "
@@ -324,6 +337,53 @@ def _parser() -> argparse.ArgumentParser:
                                                "the settings objects")
     params.set_defaults(func=_cmd_parameters)
     return parser
+
+
+def _plan_actions_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="warmup_tools plan", description="The plans a control folder served: "
+                                     "every plan applied (apply-plan, the sidecar's re-plan, a rollback) is kept "
+                                     "under <control>/plans/, content-addressed, with its parent and who applied it.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    actions = parser.add_subparsers(dest="action", required=True)
+    control = argparse.ArgumentParser(add_help=False)
+    control.add_argument("--control-dir", type=Path, default=REPO_ROOT / ".control",
+                         help="the lora_adapter model's control_dir (WARMUP_CONTROL_DIR)")
+    history = actions.add_parser("history", parents=[control],
+                                 help="the plans applied, newest first: id, parent, when, by whom, items, bytes")
+    history.add_argument("--limit", type=int, default=50, help="show at most this many entries")
+    history.set_defaults(func=_cmd_plan_history)
+    diff = actions.add_parser("diff", parents=[control],
+                              help="items added, kept and dropped from plan A to plan B, with KV bytes")
+    diff.add_argument("a", help="a history id (or a unique prefix, or a plan_id), or a plan file")
+    diff.add_argument("b", help="the same, for the plan compared with A")
+    diff.add_argument("--items", type=int, default=20, help="list at most this many added and dropped items")
+    diff.set_defaults(func=_cmd_plan_diff)
+    back = actions.add_parser("rollback", parents=[control],
+                              help="serve again the plan the served one replaced, or a named one (checked against "
+                                   "the repository, applied live like apply-plan, recorded in the history)")
+    back.add_argument("id", nargs="?", help="the plan to go back to (default: the parent of the plan served now)")
+    _live_apply_flags(back)
+    back.set_defaults(func=_cmd_plan_rollback)
+    return parser
+
+
+def _live_apply_flags(parser: argparse.ArgumentParser) -> None:
+    """What apply-plan and plan rollback share: the check, the stanzas, the wait, the history's bound."""
+    parser.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository",
+                        help="the repository the server runs: the plan is checked against it first")
+    parser.add_argument("--stanzas", action="store_true",
+                        help="also write the plan's model_warmup stanzas, so the next start begins from it")
+    parser.add_argument("--wait", type=float, default=600.0, help="seconds to wait for the instances (0: don't)")
+    parser.add_argument("--instances", type=int, help="how many instances must report (default: all that report)")
+    parser.add_argument("--history-keep", type=int, dest="plan_history_keep",
+                        help="plan applications the control folder's history keeps (default 20, or "
+                             "WARMUP_PLAN_HISTORY_KEEP; docs/parameters.md)")
+
+
+def _history_settings(args: argparse.Namespace) -> Any:
+    from warmup_tools.adapters.plan_history import PlanHistorySettings
+
+    return load_config(PlanHistorySettings, None, {"plan_history_keep": getattr(args, "plan_history_keep", None)})
 
 
 def _stub_death_flags(parser: argparse.ArgumentParser) -> None:
@@ -612,15 +672,24 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_apply_plan(args: argparse.Namespace) -> int:
     from warmup_tools.common.plan import Plan
-    from warmup_tools.planning.live import apply_plan, wait_applied
-    from warmup_tools.planning.plan_stanzas import write_plan_stanzas
+    from warmup_tools.planning.live import apply_plan
     from warmup_tools.planning.target import PlanTarget
 
     plan = Plan.load(args.plan)
     target = PlanTarget.from_repository(args.model_repository)
     tokenizer = target.load_tokenizer()
-    path = apply_plan(plan, args.control_dir, target=target, tokenizer=tokenizer)
-    print(f"plan {plan.plan_id} ({len(plan.items)} KV items) written to {path}", flush=True)
+    entry = apply_plan(plan, args.control_dir, target=target, tokenizer=tokenizer,
+                       inputs={"plan_file": str(args.plan)}, history=_history_settings(args))
+    return _served(args, plan, entry, target, tokenizer)
+
+
+def _served(args: argparse.Namespace, plan: Any, entry: Any, target: Any, tokenizer: Any) -> int:
+    """After apply-plan or a rollback: the history entry, the stanzas (--stanzas), each instance (--wait)."""
+    from warmup_tools.planning.live import wait_applied
+    from warmup_tools.planning.plan_stanzas import write_plan_stanzas
+
+    print(f"plan {plan.plan_id} ({len(plan.items)} KV items) written to {args.control_dir}; history id {entry.id}, "
+          f"parent {entry.parent or '-'}", flush=True)
     if args.stanzas:
         counts = write_plan_stanzas(plan, args.model_repository, target=target, tokenizer=tokenizer)
         print(f"stanzas of plan {plan.plan_id} written into {args.model_repository}: {counts}")
@@ -631,6 +700,67 @@ def _cmd_apply_plan(args: argparse.Namespace) -> int:
                                  for name, c in sorted(status.adapters.items()))
             print(f"{instance}: applied plan {status.plan_id}: {status.detail}; resident blocks: {coverage or '-'}")
     return 0
+
+
+def _cmd_plan_history(args: argparse.Namespace) -> int:
+    from warmup_tools.adapters.plan_history import PlanHistory
+
+    history = PlanHistory(args.control_dir)
+    entries = history.entries()
+    if not entries:
+        print(f"no plan history in {args.control_dir}")
+        return 0
+    served = history.current()
+    rows = [("", "id", "parent", "when (UTC)", "by", "items", "KV bytes", "plan_id")]
+    for index, entry in enumerate(entries[:max(args.limit, 1)]):
+        when = datetime.datetime.fromtimestamp(entry.at, datetime.timezone.utc).isoformat(timespec="seconds")
+        by = f"{entry.by} ({entry.user})" if entry.user else entry.by
+        rows.append(("*" if served is not None and index == 0 else "", entry.id, entry.parent or "-",
+                     when.replace("+00:00", ""), by, str(entry.items), f"{entry.kv_bytes:,}", entry.plan_id))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = (c.rjust(w) if i in (5, 6) else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        print("  ".join(cells).rstrip())
+    if served is None:
+        print(f"(plan.json in {args.control_dir} is not the newest plan of the history)")
+    return 0
+
+
+def _cmd_plan_diff(args: argparse.Namespace) -> int:
+    from warmup_tools.adapters.plan_history import PlanHistory, diff_plans
+    from warmup_tools.common.plan import Plan
+
+    history = PlanHistory(args.control_dir)
+
+    def load(ref: str) -> Any:
+        return Plan.load(Path(ref)) if os.sep in ref or ref.endswith(".json") else history.load(ref)
+
+    a, b = load(args.a), load(args.b)
+    diff = diff_plans(a, b)
+    mib = 1 << 20
+    print(f"plan {a.plan_id} -> plan {b.plan_id}: {len(diff.added)} items added ({diff.added_bytes / mib:.1f} MiB "
+          f"of new blocks), {len(diff.kept)} kept ({diff.kept_bytes / mib:.1f} MiB of blocks in both), "
+          f"{len(diff.dropped)} dropped ({diff.dropped_bytes / mib:.1f} MiB of blocks no longer warmed)")
+    for sign, items in (("+", diff.added), ("-", diff.dropped)):
+        for item in items[:max(args.items, 0)]:
+            text = " ".join(str(item.get("text", "")).split())[:60]
+            print(f"  {sign} {item['tenant']} / {item['adapter'] or '(base)'}: {len(item['token_ids'])} tokens "
+                  f"{text!r}")
+        if len(items) > args.items:
+            print(f"  {sign} ... and {len(items) - args.items} more")
+    return 0
+
+
+def _cmd_plan_rollback(args: argparse.Namespace) -> int:
+    from warmup_tools.planning.live import rollback
+    from warmup_tools.planning.target import PlanTarget
+
+    target = PlanTarget.from_repository(args.model_repository)
+    tokenizer = target.load_tokenizer()
+    settings = _history_settings(args)
+    plan, entry = rollback(args.control_dir, args.id, target=target, tokenizer=tokenizer, history=settings)
+    print(f"rolled back from plan {entry.inputs.get('rolled_back') or '-'} to {entry.id}")
+    return _served(args, plan, entry, target, tokenizer)
 
 
 def _cmd_parameters(args: argparse.Namespace) -> int:

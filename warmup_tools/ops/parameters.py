@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from warmup_tools.adapters.plan_history import PlanHistorySettings
 from warmup_tools.common.settings import ParameterRow, markdown_table, parameter_rows
 from warmup_tools.embedding_cache.settings import EmbeddingCacheSettings
 from warmup_tools.front.settings import FrontSettings
@@ -56,6 +57,10 @@ def parameters_markdown(repository: Path | None = None) -> str:
     parts.append("\n## The sidecar\n\nThe keys of the JSON file `--sidecar-config` names (`SidecarConfig` in "
                  f"`{SidecarConfig.__module__}`); `sidecar` flags override them.\n\n")
     parts.append(markdown_table(list(parameter_rows(SidecarConfig))).replace("| parameter |", "| key |", 1))
+    parts.append("\n## The plan history\n\nRead by every writer of the control folder's plan (`apply-plan`, "
+                 "`plan rollback`, the sidecar's re-plan) from `WARMUP_PLAN_HISTORY_KEEP` (`PlanHistorySettings` in "
+                 f"`{PlanHistorySettings.__module__}`); `--history-keep` overrides it ([planner.md](planner.md)).\n\n")
+    parts.append(markdown_table(list(parameter_rows(PlanHistorySettings))).replace("| parameter |", "| key |", 1))
     parts.append("\n## The OpenAI front\n\nThe keys of the JSON file `--front-config` names (`FrontSettings` in "
                  f"`{FrontSettings.__module__}`); `WARMUP_FRONT_<KEY>` environment variables set them too, and the "
                  "`front`, `serve` and `sidecar` flags override both ([openai.md](openai.md)).\n\n")

@@ -121,6 +121,10 @@ class PlanOptions:
     #: A KV block is a candidate only when at least this many logged requests carry it: a block seen
     #: once is a one-off prompt's, whose decayed rate overstates its chance to recur.
     min_block_requests: int = 2
+    #: With budget left once those blocks are chosen, warm whole one-off prompts that share no block with any
+    #: other request of their scope (the requests that would otherwise start cold), the most likely to recur
+    #: per block first; see :func:`warmup_tools.planning.select._select`.
+    warm_one_off_prompts: bool = True
     #: Rolling plans: a block the previous plan warmed ranks as if its rate were this much higher, so an
     #: item is replaced only by one that is clearly hotter and plans do not flap between runs.
     hysteresis: float = 0.25

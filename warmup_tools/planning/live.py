@@ -1,9 +1,12 @@
 """Plans for a running server: apply one through the control folder, and re-plan on a schedule.
 
 - :func:`apply_plan` checks a plan against the repository (block size, tokenizer, warm-up budget, items)
-  exactly as ``stanzas --plan`` does, then makes it the control folder's ``plan.json``; every
+  exactly as ``stanzas --plan`` does, then makes it the control folder's ``plan.json`` through the one
+  writer that keeps the plan history (:func:`~warmup_tools.adapters.plan_history.write_live_plan`); every
   ``lora_adapter`` instance picks it up, warms what is new and reports it
   (:mod:`warmup_tools.lora_adapter.live_plan`). :func:`wait_applied` waits for the instances.
+- :func:`rollback` applies a plan of the history again (the one the served plan replaced, or a named one),
+  checked and recorded like any other.
 - :class:`RollingPlanner` is the sidecar's rolling re-plan: the planner's rolling mode over the request
   logs of the last hours with the plan now served as ``--previous``, applied through the control folder,
   and written as the repository's stanzas (atomically), so the next start begins from today's plan.
@@ -17,7 +20,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from warmup_tools.adapters.plan_control import PLAN_FILE, PlanStatus, PlanStatusBoard, write_plan_file
+from warmup_tools.adapters.plan_control import PLAN_FILE, PlanStatus, PlanStatusBoard
+from warmup_tools.adapters.plan_history import (
+    HistoryEntry,
+    PlanHistory,
+    PlanHistoryError,
+    PlanHistorySettings,
+    applied_by,
+    write_live_plan,
+)
 from warmup_tools.common.plan import Plan, PlanError
 from warmup_tools.planning.target import PlanTarget
 
@@ -25,8 +36,10 @@ LOGGER = logging.getLogger(__name__)
 
 
 def apply_plan(plan: Plan, control_dir: Path, model_repository: Path | None = None, *,
-               target: PlanTarget | None = None, tokenizer: Any | None = None) -> Path:
-    """Check ``plan`` against the repository (when one is given), then write it as ``plan.json``."""
+               target: PlanTarget | None = None, tokenizer: Any | None = None, via: str = "apply-plan",
+               inputs: Mapping[str, Any] | None = None, history: PlanHistorySettings | None = None) -> HistoryEntry:
+    """Check ``plan`` against the repository (when one is given), then write it as ``plan.json`` and record it
+    in the plan history (``via``: what applies it; ``inputs``: what it was made from, when known)."""
     if target is None and model_repository is not None:
         target = PlanTarget.from_repository(model_repository)
     if target is not None:
@@ -34,7 +47,30 @@ def apply_plan(plan: Plan, control_dir: Path, model_repository: Path | None = No
 
         tokenizer = tokenizer if tokenizer is not None else target.load_tokenizer()
         target.check(plan, tokenizer_fingerprint(tokenizer), tokenizer)
-    return write_plan_file(control_dir, plan)
+    return write_live_plan(control_dir, plan, by=applied_by(via), inputs=inputs, settings=history)
+
+
+def rollback(control_dir: Path, ref: str | None = None, model_repository: Path | None = None, *,
+             target: PlanTarget | None = None, tokenizer: Any | None = None,
+             history: PlanHistorySettings | None = None) -> tuple[Plan, HistoryEntry]:
+    """Serve again the plan ``ref`` names (default: the one the served plan replaced), checked against the
+    repository like any plan; recorded as a new history entry whose parent is the plan served now."""
+    store = PlanHistory(control_dir, history)
+    current = store.current()
+    if ref is None:
+        if current is None:
+            raise PlanHistoryError(f"{Path(control_dir) / PLAN_FILE} is not the newest plan of the history (none "
+                                   "served, or written by hand): name the plan to roll back to (`plan history`)")
+        if current.parent is None:
+            raise PlanHistoryError(f"plan {current.id} replaced no plan: there is nothing to roll back to")
+        ref = current.parent
+    plan = store.load(ref)
+    wanted = store.resolve(ref)
+    if current is not None and current.id == wanted:
+        raise PlanHistoryError(f"plan {wanted} is the plan served now: nothing to roll back")
+    entry = apply_plan(plan, control_dir, model_repository, target=target, tokenizer=tokenizer, via="rollback",
+                       inputs={"rollback_to": wanted, "rolled_back": current.id if current else None}, history=history)
+    return plan, entry
 
 
 def wait_applied(control_dir: Path, plan_id: str, *, instances: int | None = None, timeout_s: float = 600.0,
@@ -80,7 +116,7 @@ class RollingPlanner:
 
     def __init__(self, model_repository: Path, control_dir: Path, log_dir: Path, *, since_s: float = 6 * 3600,
                  environ: Mapping[str, str] | None = None, write_stanzas: bool = True,
-                 now: Callable[[], float | None] = lambda: None) -> None:
+                 now: Callable[[], float | None] = lambda: None, history: PlanHistorySettings | None = None) -> None:
         self.model_repository = Path(model_repository)
         self.control_dir = Path(control_dir)
         self.log_dir = Path(log_dir)
@@ -88,6 +124,7 @@ class RollingPlanner:
         self.write_stanzas = write_stanzas
         self._environ = environ
         self._now = now
+        self.history = history
         self._tools: tuple[PlanTarget, Any, Any] | None = None
 
     def run_once(self, now: float | None = None) -> ReplanResult:
@@ -117,7 +154,10 @@ class RollingPlanner:
         changes = plan.summary.get("changes") or {}
         applied = previous is None or plan.plan_id != previous.plan_id
         if applied:
-            apply_plan(plan, self.control_dir, target=target, tokenizer=tokenizer)
+            apply_plan(plan, self.control_dir, target=target, tokenizer=tokenizer, via="sidecar re-plan",
+                       history=self.history,
+                       inputs={"log_dir": str(self.log_dir), "window": [end - self.since_s, end],
+                               "records": len(records), "previous": previous.plan_id if previous else None})
             if self.write_stanzas:
                 write_plan_stanzas(plan, self.model_repository, target=target, tokenizer=tokenizer)
         result = ReplanResult(plan.plan_id, previous.plan_id if previous else None, len(records),

@@ -240,6 +240,17 @@ def _select(analysis: TrafficAnalysis, budgets: Budgets, kv_bytes_per_token: int
         used_tokens += bs
         for child in children[scope.key()][node]:
             push(heap, order, scope, child)
+    if options.warm_one_off_prompts:
+        remaining = min((budgets.kv_bytes_total - used_total) // block_bytes, (max_tokens - used_tokens) // bs)
+        per_adapter = {a: (budgets.kv_bytes_per_adapter - used) // block_bytes for a, used in used_adapter.items()}
+        default = budgets.kv_bytes_per_adapter // block_bytes
+        for order, _root, blocks in _one_off_prompts(scopes, children, options.min_block_requests):
+            scope = scopes[order]
+            if len(blocks) > remaining or len(blocks) > per_adapter.get(scope.adapter, default):
+                continue
+            chosen[scope.key()].update(blocks)
+            remaining -= len(blocks)
+            per_adapter[scope.adapter] = per_adapter.get(scope.adapter, default) - len(blocks)
 
     picks: list[_Pick] = []
     leaves: list[tuple[float, tuple[str, str], list[int]]] = []
@@ -267,6 +278,33 @@ def _select(analysis: TrafficAnalysis, budgets: Budgets, kv_bytes_per_token: int
         picks.append(_Pick(scope, chain, len(new), sum(scope.trie.rate[n] for n in new) * bs,
                            (key, chain[-1]) in short, shared_with))
     return picks
+
+
+def _one_off_prompts(scopes: Sequence[ScopeTraffic], children: Mapping[tuple[str, str], list[list[int]]],
+                     min_requests: int) -> list[tuple[int, int, list[int]]]:
+    """``(scope index, first block, every block under it)`` for each first block fewer than ``min_requests``
+    logged requests carry: prompts that share no block with another prompt of their scope, so a repeat
+    of one is a cold request unless the plan warms it. The most likely to recur per block first: the
+    decayed rate through the first block over the blocks it takes (ties: scope, then node).
+
+    NOTE: the main selection leaves such blocks out because one request's decayed rate overstates its
+    chance to recur against blocks many requests share; here they only take budget that would stay
+    unused, and only whole prompts (a repeat reuses every block of it, a first block alone saves 16
+    tokens of a cold request but would only make it look warm).
+    """
+    out = []
+    for order, scope in enumerate(scopes):
+        trie, kids = scope.trie, children[scope.key()]
+        for root in kids[len(trie)]:
+            if trie.count[root] >= min_requests or trie.rate[root] <= 0:
+                continue
+            blocks, stack = [], [root]
+            while stack:
+                blocks.append(stack.pop())
+                stack.extend(kids[blocks[-1]])
+            out.append((-trie.rate[root] / len(blocks), order, root, sorted(blocks)))
+    out.sort()
+    return [(order, root, blocks) for _, order, root, blocks in out]
 
 
 def _item_json(pick: _Pick, analysis: TrafficAnalysis, kv_bytes_per_token: int, tokenizer: Any) -> dict[str, Any]:

@@ -63,10 +63,13 @@ class Sidecar:
         if config.replan_interval_s > 0:
             if control_dir is None or model_repository is None:
                 raise ConfigError("the rolling re-plan needs the control folder and the model repository")
+            from warmup_tools.adapters.plan_history import PlanHistorySettings
             from warmup_tools.planning.live import RollingPlanner
+            from warmup_tools.server.config import load_config
 
             planner = RollingPlanner(model_repository, control_dir, config.replan_log_dir,
-                                     since_s=config.replan_since_h * 3600)
+                                     since_s=config.replan_since_h * 3600,
+                                     history=load_config(PlanHistorySettings))
             self.replanner = Replanner(planner.run_once, config.replan_interval_s)
             self.monitor.sections["replan"] = self.replanner.status
         self._http = SidecarHttpServer(self.monitor, config.host, config.port, workers=config.http_workers,

@@ -241,10 +241,15 @@ def write_real_logs(config: RealTrafficConfig, out_dir: Path, *, gzip: bool = Fa
 
     Files are replaced atomically; other files in ``out_dir`` are left alone. Returns this run's logs.
     """
+    return write_day_logs(_generate_days(config), out_dir, gzip=gzip)
+
+
+def write_day_logs(days: Iterator[tuple[int, list[dict]]], out_dir: Path, *, gzip: bool = False) -> list[Path]:
+    """``day<N>.jsonl`` (or ``.jsonl.gz``) in ``out_dir`` for each ``(N, records)``, each replaced atomically."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for day, records in _generate_days(config):
+    for day, records in days:
         path = out_dir / f"day{day}.jsonl{'.gz' if gzip else ''}"
         write_json_lines(path, records, compress=gzip)
         paths.append(path)

@@ -14,8 +14,8 @@ from warmup_tools.adapters.plan_control import (
     PlanFileWatcher,
     PlanStatus,
     PlanStatusBoard,
-    write_plan_file,
 )
+from warmup_tools.adapters.plan_history import write_live_plan
 from warmup_tools.common.files import write_atomic
 from warmup_tools.common.plan import Plan, PlanError
 
@@ -60,7 +60,7 @@ def test_bad_and_oversized_files_are_refused_once_and_the_instance_keeps_its_pla
     good = make_plan([{"tenant": "acme", "adapter": "sql", "token_ids": list(range(32))}])
     watcher = PlanFileWatcher(tmp_path, max_bytes=4096, who="inst_0")
     assert watcher.poll() is None  # no file yet
-    write_plan_file(tmp_path, good)
+    write_live_plan(tmp_path, good, by=("test", ""))
     assert watcher.poll().plan_id == good.plan_id
     assert watcher.poll() is None  # unchanged: not read again
 
@@ -80,7 +80,7 @@ def test_bad_and_oversized_files_are_refused_once_and_the_instance_keeps_its_pla
     assert "plan.json refused: plan.json: nested 100000 levels deep" in deep.error
     assert len(caplog.records) == 1
     many = make_plan([{"tenant": "acme", "token_ids": [i] * BS} for i in range(5)])
-    write_plan_file(tmp_path, many)
+    write_live_plan(tmp_path, many, by=("test", ""))
     assert PlanFileWatcher(tmp_path, max_items=4).poll() is None
     assert PlanFileWatcher(tmp_path).poll().plan_id == many.plan_id
 

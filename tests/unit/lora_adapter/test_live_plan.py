@@ -10,7 +10,8 @@ import pytest
 from tests.unit.adapters.test_plan_control import make_plan
 from tests.unit.lora_adapter.conftest import CollectingSink, serve_and_wait, start_service
 from tests.waiting import wait_for
-from warmup_tools.adapters.plan_control import PlanStatusBoard, write_plan_file
+from warmup_tools.adapters.plan_control import PlanStatusBoard
+from warmup_tools.adapters.plan_history import write_live_plan
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.config import KVCacheConfig
@@ -77,13 +78,13 @@ def test_a_live_plan_change_warms_new_items_moves_pins_and_reports_coverage(engi
                           scheduler=scheduler)
     cache = engine.prefix_cache
     try:
-        write_plan_file(tmp_path, first)
+        write_live_plan(tmp_path, first, by=("test", ""))
         status = wait_status(board, first.plan_id)
         assert status.source == "control"
         assert {n: (c.planned, c.resident) for n, c in status.adapters.items()} == {"support": (6, 6), "base": (4, 4)}
         assert serve_once(service, kept_ids + [5, 6, 7]) == 6 * 16
 
-        write_plan_file(tmp_path, second)
+        write_live_plan(tmp_path, second, by=("test", ""))
         status = wait_status(board, second.plan_id)
         assert {n: (c.planned, c.resident) for n, c in status.adapters.items()} == {"support": (6, 6), "sql": (5, 5)}
         assert "5 blocks added, 6 kept, 4 dropped" in status.detail

@@ -9,6 +9,7 @@ import pytest
 
 from tests.unit.planning.test_plan_stanzas import REPO
 from warmup_tools.adapters.plan_control import LivePlan
+from warmup_tools.adapters.plan_history import PlanHistory
 from warmup_tools.common.jsonl import write_json_lines
 from warmup_tools.common.plan import Plan, PlanError
 from warmup_tools.common.records import RequestRecord
@@ -47,6 +48,10 @@ def test_the_rolling_re_plan_applies_the_difference_and_writes_the_stanzas(tmp_p
     assert LivePlan.parse((control / "plan.json").read_bytes()).plan_id == first.plan_id
     assert first.plan_id[:8] in (repo / "lora_adapter" / "config.pbtxt").read_text()
     assert check_repository(repo) == []
+    entry = PlanHistory(control).current()
+    assert (entry.plan_id, entry.parent, entry.by) == (first.plan_id, None, "sidecar re-plan")
+    assert entry.inputs["records"] == 20 and entry.inputs["window"] == [NOW - 13 * 3600, NOW - 7 * 3600]
+    assert entry.inputs["settings"]["min_block_requests"] == 2 and entry.inputs["budgets"]["kv_bytes_total"] > 0
 
     # Eight hours on, only the new application is in the window: it is added, the old one dropped.
     write_json_lines(logs / "requests.jsonl", records(NEW, NOW, 20))

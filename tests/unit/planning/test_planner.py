@@ -316,18 +316,30 @@ def test_distinct_prompts_that_open_alike_each_get_their_own_prefix(tokenizer):
     assert saved == sorted(saved, reverse=True)  # the biggest saving is warmed first
 
 
-def test_blocks_seen_once_are_not_warmed(tokenizer):
+def test_blocks_seen_once_only_take_budget_left_over_and_only_as_whole_one_off_prompts(tokenizer):
     rng = random.Random(4)
     records = [record(NOW - rng.random() * 3600, "acme", "", SYSTEMS["acme"] + "\n\n" + user_part(rng) + " x")
                for _ in range(10)]
     one_off = "An unrelated one-off prompt that nobody else sends, long enough to fill several blocks. " * 3 + "x"
     records.append(record(NOW, "acme", "", one_off))
-    plan = build_plan(records, tokenizer, KeywordEmbedder(["x"]), AMPLE, now=NOW, progress=False,
-                      kv_bytes_per_token=KV_PER_TOKEN)
-    assert len(plan.items) == 1 and plan.items[0]["requests"] == 10
-    two = build_plan(records + [record(NOW, "acme", "", one_off)], tokenizer, KeywordEmbedder(["x"]), AMPLE,
-                     now=NOW, progress=False, kv_bytes_per_token=KV_PER_TOKEN)
-    assert len(two.items) == 2  # sent twice, it is worth its KV
+    plan = lambda recs, budgets=AMPLE, **options: build_plan(  # noqa: E731
+        recs, tokenizer, KeywordEmbedder(["x"]), budgets, now=NOW, progress=False, kv_bytes_per_token=KV_PER_TOKEN,
+        options=PlanOptions(**options))
+    one_off_blocks = (len(tokenizer.encode(one_off, add_special_tokens=True)) - 1) // 16
+
+    # Blocks many requests share first; then, with budget left, the one-off prompt whole (a repeat of it
+    # would start cold); never the one-off user parts behind the shared system prompt.
+    shared, whole = plan(records).items
+    assert shared["requests"] == 10 and whole["requests"] == 1
+    assert whole["tokens"] == whole["new_tokens"] == one_off_blocks * 16
+    assert plan(records, warm_one_off_prompts=False).items == [shared]
+    # Only what is left over: a budget that holds the shared prefix and less than the whole one-off has no room.
+    tight = Budgets(kv_bytes_per_adapter=1 << 30,
+                    kv_bytes_total=shared["kv_bytes"] + (one_off_blocks - 1) * BLOCK_BYTES)
+    assert [i["requests"] for i in plan(records, tight).items] == [10]
+
+    two = plan(records + [record(NOW, "acme", "", one_off)])
+    assert [i["requests"] for i in two.items] == [10, 2]  # sent twice, it competes with shared blocks
 
 
 # -------------------------------------------------------------------------------------- heat, redaction

@@ -54,3 +54,27 @@ def test_the_report_has_both_plots_and_a_summary(tmp_path):
     summary = (tmp_path / "report" / "summary.md").read_text()
     assert "| first 1 h | floor | 30 | 0 | 0.0% | 80.0% |" in summary and "![TTFT distribution](ttft.png)" in summary
     assert "takes 0% of the possible cold-share reduction" in table(rows, {})
+
+
+def test_misses_name_the_requests_a_plan_leaves_cold_that_the_floor_serves(tokenizer):
+    from warmup_tools.common.plan import Plan
+    from warmup_tools.sim.bench.replay import misses
+
+    def app(ts, question, tenant="acme"):
+        return RequestRecord(ts=ts, tenant=tenant, adapter="", prompt=SYSTEM + question, template="tutor")
+
+    raw = "How many moons does Jupiter have, and which of them is the largest one by far?"
+    day1 = [app(0, "What is a prime number?"), app(1, "What is a square?"), rec(2, raw)]
+    system = tokenizer.encode(SYSTEM, add_special_tokens=True)
+    item = {"kind": "kv_prefix", "tenant": "acme", "adapter": "", "token_ids": system[:32]}
+    plan = Plan(plan_id="p", created="", block_size=16, tokenizer_fingerprint="t", budgets={"kv_bytes_total": 1 << 20},
+                settings={}, summary={"items": 1, "kv_bytes": 1 << 16}, items=[item], embedding_items=[],
+                tokenizer_templates=[], clusters=[])
+    replayed = [app(10, "What is a cube?"), rec(11, raw), rec(12, "Hi"), app(13, "What is a prime number?", "globex")]
+    lines = misses(day1, replayed, plan, tokenizer, 16).splitlines()
+    assert "plan 3 cold" in lines[0] and "floor 2 cold" in lines[0]
+    assert [line.split(maxsplit=1) for line in lines[2:5]] == [
+        ["1", "cold at the floor too (application call): first block new on day 2"],
+        ["1", "cold at the floor too (raw call): no full block"],
+        ["1", "cold with the plan, warm at the floor (raw call): first block carried by 1 day-1 request"]]
+    assert "raw call, first missing block carried by 1 day-1 request" in lines[-1]

@@ -16,6 +16,7 @@ block with either is cold whatever the plan. ``--report DIR`` writes PNG plots a
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import shutil
@@ -24,9 +25,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, Mapping, Sequence, TextIO
 
 from warmup_tools.common.errors import ConfigError
+from warmup_tools.common.plan import Plan
 from warmup_tools.common.records import RequestRecord, read_request_log
 from warmup_tools.planning.analyse import BlockTrie
 from warmup_tools.planning.plan_stanzas import COMPOSING_MODELS, write_plan_stanzas
@@ -35,7 +37,7 @@ from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
 
-TRAFFIC = ("generated", "real")
+TRAFFIC = ("generated", "real", "real2")
 #: The replayed windows, in hours from the start of day 2.
 WINDOWS_H = (1, 3)
 
@@ -76,26 +78,86 @@ def figures(label: str, served: Sequence[Served]) -> WindowFigures:
 def floor(day1: Sequence[RequestRecord], replayed: Sequence[RequestRecord], tokenizer: Any,
           block_size: int) -> list[Served]:
     """The best any plan from ``day1`` could do for ``replayed`` (module docstring), one entry per request."""
+    return simulate(day1, replayed, tokenizer, block_size)
+
+
+def simulate(warmed: Sequence[RequestRecord] | Sequence[Mapping[str, Any]], replayed: Sequence[RequestRecord],
+             tokenizer: Any, block_size: int) -> list[Served]:
+    """``replayed`` served in order by a cache that holds every block of ``warmed`` (day-1 records: the
+    floor; a plan's items: that plan) and keeps every block it serves (no eviction); one entry per request."""
     tries: dict[tuple[str, str], BlockTrie] = {}
     seen: dict[tuple[str, str], set[int]] = {}
 
-    def chain(record: RequestRecord) -> tuple[tuple[str, str], list[int], int]:
-        key = (record.tenant, record.adapter)
-        trie = tries.setdefault(key, BlockTrie(block_size))
-        ids = tokenizer.encode(record.prompt or "", add_special_tokens=True)
-        return key, trie.chain(ids), len(ids)
+    def chain(key: tuple[str, str], ids: Sequence[int]) -> list[int]:
+        return tries.setdefault(key, BlockTrie(block_size)).chain(ids)
 
-    for record in day1:
-        key, nodes, _ = chain(record)
-        seen.setdefault(key, set()).update(nodes)
+    for warm in warmed:
+        if isinstance(warm, RequestRecord):
+            key, ids = (warm.tenant, warm.adapter), _ids(tokenizer, warm)
+        else:  # a plan item: its token ids are whole blocks, all of them usable
+            key, ids = (warm["tenant"], warm["adapter"]), [*warm["token_ids"], 0]
+        seen.setdefault(key, set()).update(chain(key, ids))
     out = []
     for record in replayed:
-        key, nodes, tokens = chain(record)
+        key, ids = (record.tenant, record.adapter), _ids(tokenizer, record)
+        nodes = chain(key, ids)
         known = seen.setdefault(key, set())
         reusable = next((i for i, node in enumerate(nodes) if node not in known), len(nodes))
         known.update(nodes)
-        out.append(Served(record.ts, reusable == 0, 0.0, reusable * block_size, tokens))
+        out.append(Served(record.ts, reusable == 0, 0.0, reusable * block_size, len(ids)))
     return out
+
+
+def misses(day1: Sequence[RequestRecord], replayed: Sequence[RequestRecord], plan: Plan, tokenizer: Any,
+           block_size: int) -> str:
+    """Why requests the floor serves warm are cold with ``plan`` (simulated: no eviction), and where the cached
+    tokens between the plan and the floor go: by how many day-1 requests carried the first block the plan
+    lacks (once: below ``min_block_requests``; more: the budget or the choice of frontier), raw calls
+    (no application: ``template`` is None) apart."""
+    planned = simulate(plan.items, replayed, tokenizer, block_size)
+    best = simulate(day1, replayed, tokenizer, block_size)
+    counts: dict[tuple[str, str], BlockTrie] = {}
+    carried: dict[tuple[tuple[str, str], int], int] = collections.Counter()
+    for record in day1:
+        key = (record.tenant, record.adapter)
+        for node in counts.setdefault(key, BlockTrie(block_size)).chain(_ids(tokenizer, record)):
+            carried[(key, node)] += 1
+    cold: collections.Counter[str] = collections.Counter()
+    tokens: collections.Counter[str] = collections.Counter()
+    for record, mine, floor_ in zip(replayed, planned, best):
+        kind = "raw call" if record.template is None else "application call"
+        if floor_.cold:
+            why = "no full block" if floor_.prompt_tokens <= block_size else "first block new on day 2"
+            cold[f"cold at the floor too ({kind}): {why}"] += 1
+            continue
+        if floor_.cached_tokens == mine.cached_tokens:
+            continue
+        key = (record.tenant, record.adapter)
+        nodes = counts.setdefault(key, BlockTrie(block_size)).chain(_ids(tokenizer, record))
+        missing = nodes[mine.cached_tokens // block_size]
+        seen = carried.get((key, missing), 0)
+        why = ("carried by 1 day-1 request" if seen == 1 else f"carried by {'2-4' if seen < 5 else '5+'} day-1 requests"
+               if seen else "carried by an earlier day-2 request only")
+        tokens[f"{kind}, first missing block {why}"] += floor_.cached_tokens - mine.cached_tokens
+        if mine.cold:
+            cold[f"cold with the plan, warm at the floor ({kind}): first block {why}"] += 1
+    summary = plan.summary
+    budgets = plan.budgets
+    lines = [f"simulated (no eviction), {len(replayed)} requests: plan {sum(s.cold for s in planned)} cold, "
+             f"{figures('plan', planned).cached_share:.1%} prompt tokens from cache; floor {sum(s.cold for s in best)}"
+             f" cold, {figures('floor', best).cached_share:.1%}",
+             f"plan: {summary.get('items')} items, {summary.get('kv_bytes', 0) / 2**20:.1f} of "
+             f"{budgets.get('kv_bytes_total', 0) / 2**20:.1f} MiB, {summary.get('expected_warm_seconds', 0):.1f} of "
+             f"{budgets.get('warm_seconds', 0):g} warm-up seconds"]
+    lines += [f"  {n:5d}  {label}" for label, n in sorted(cold.items())]
+    total = sum(s.prompt_tokens for s in best) or 1
+    lines.append("prompt tokens the floor serves from cache and the plan does not:")
+    lines += [f"  {n:7d} ({n / total:.1%} of prompt tokens)  {label}" for label, n in sorted(tokens.items())]
+    return "\n".join(lines)
+
+
+def _ids(tokenizer: Any, record: RequestRecord) -> list[int]:
+    return tokenizer.encode(record.prompt or "", add_special_tokens=True)
 
 
 def replay(repo: Path, records: Sequence[RequestRecord], assets_dir: Path, label: str,
@@ -128,6 +190,7 @@ class Repositories:
     with_plan: Path
     tokenizer: Any
     block_size: int
+    plan: Plan
 
     @property
     def first_hour(self) -> list[RequestRecord]:
@@ -148,6 +211,12 @@ def write_traffic(traffic: str, work: Path, *, seed: int, requests_per_day: int)
         real = RealTrafficConfig(seed=seed, requests_per_day=requests_per_day)
         day1, day2 = write_real_logs(real, work / "logs")[:2]
         return day1, day2, real.start + 86400
+    if traffic == "real2":
+        from warmup_tools.sim.real_traffic2 import Real2Config, write_real2_logs
+
+        real2 = Real2Config(seed=seed, requests_per_day=requests_per_day)
+        day1, day2 = write_real2_logs(real2, work / "logs")[:2]
+        return day1, day2, real2.start + 86400
     raise ConfigError(f"traffic must be one of {', '.join(TRAFFIC)}, not {traffic!r}")
 
 
@@ -183,17 +252,22 @@ def prepare(work: Path, assets_dir: Path, *, seed: int, requests_per_day: int, o
     counts = write_plan_stanzas(plan, planned, target=target, tokenizer=tokenizer)
     out.write(f"stanzas from plan {plan.plan_id}: {counts}\n")
     out.flush()
-    return Repositories(first_hours, day1, day2_start, baseline, planned, tokenizer, target.block_size)
+    return Repositories(first_hours, day1, day2_start, baseline, planned, tokenizer, target.block_size, plan)
 
 
 def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, traffic: str = "generated",
-        report: Path | None = None, out: TextIO = sys.stdout) -> None:
+        report: Path | None = None, misses_only: bool = False, out: TextIO = sys.stdout) -> None:
     if traffic not in TRAFFIC:
         raise ConfigError(f"--traffic must be one of {', '.join(TRAFFIC)}, not {traffic!r}")
     work = Path(tempfile.mkdtemp(prefix="bench-replay-"))
     try:
         repos = prepare(work, assets_dir, seed=seed, requests_per_day=requests_per_day, out=out, traffic=traffic,
                         hours=max(WINDOWS_H))
+        out.write("\nwhat the plan misses, day 2's first hours:\n" + misses(
+            repos.day1, repos.first_hours, repos.plan, repos.tokenizer, repos.block_size) + "\n")
+        out.flush()
+        if misses_only:
+            return
         without, load_without = replay(repos.without_plan, repos.first_hours, assets_dir, "without plan", out)
         planned, load_planned = replay(repos.with_plan, repos.first_hours, assets_dir, "with plan", out)
         best = floor(repos.day1, repos.first_hours, repos.tokenizer, repos.block_size)

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
-from warmup_tools.adapters.plan_control import write_plan_file
+from warmup_tools.adapters.plan_history import write_live_plan
 from warmup_tools.common.jsonl import write_json_lines
 from warmup_tools.common.plan import Plan
 from warmup_tools.common.records import RequestRecord
@@ -64,7 +64,7 @@ def replay_rolling(repo: Path, records: Sequence[RequestRecord], day1: Sequence[
     (and at ``end``, when given: the plan the next start begins from)."""
     control, logs = work / "control", work / "rolling-logs"
     logs.mkdir(parents=True, exist_ok=True)
-    write_plan_file(control, plan)
+    write_live_plan(control, plan, by=("bench rolling", ""))
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": str(control)}
     planner = RollingPlanner(repo, control, logs, since_s=since_h * 3600, environ={**os.environ, **env})
     served: list[Served] = []

@@ -181,7 +181,8 @@ class PlanKeeper:
 
     def coverage(self) -> dict[str, AdapterCoverage]:
         """Per adapter of the hot set: planned blocks, resident blocks (cached and pinned under the plan),
-        live, and why blocks are missing."""
+        live, and why blocks are missing; every other adapter of the instance (retired ones aside) with
+        nothing planned."""
         cache = self.engine.prefix_cache
         with self._lock:
             hot = {name: list(hashes) for name, hashes in self.hot.items()}
@@ -199,7 +200,13 @@ class PlanKeeper:
             if resident < len(hashes) and settled and cache is not None:
                 shortfall = self._shortfall(cache, len(hashes) - resident, len(hashes))
             out[name] = AdapterCoverage(len(hashes), resident, live, shortfall)
-        self.coverage_now = out
+        # NOTE: an adapter the plan has no item for is listed too (nothing planned): the sidecar learns from
+        # these reports which adapters each instance serves, so one added later has a temperature.
+        for name, status in states.items():
+            if name not in out and status.state is not AdapterState.RETIRED:
+                out[name] = AdapterCoverage(0, 0, status.state is AdapterState.LIVE)
+        self.coverage_now = dict(sorted(out.items()))
+        out = self.coverage_now
         return out
 
     def status(self) -> PlanStatus:

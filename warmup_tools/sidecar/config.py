@@ -55,6 +55,16 @@ class SidecarConfig:
                                               "the check off.", ge=0, le=1)
     coverage_stale_s: float = setting(30.0, "A coverage report older than this is ignored (its instance is gone, "
                                             "or its stub died).", gt=0)
+    hot_coverage: float = setting(1.0, "Service temperature: a replica or adapter is hot (not merely warm) when its "
+                                       "planned hot set is resident at this share or above on every instance "
+                                       "(and its probe TTFT is within hot_probe_ttft_s); docs/sidecar.md.",
+                                  ge=0, le=1)
+    hot_probe_ttft_s: float = setting(0.25, "Service temperature: the longest lora_adapter probe (one token) a hot "
+                                            "replica answers in; docs/sidecar.md for the measurement behind it.",
+                                      gt=0)
+    temperature_confirm_rounds: int = setting(3, "Probe rounds in a row that must read hot (or warm) before a "
+                                                 "replica or adapter moves between warm and hot; cold follows "
+                                                 "readiness at once.", ge=1, le=100)
     replan_interval_s: float = setting(0.0, "Rolling re-plan: every this many seconds, re-plan from the request "
                                             "logs, apply the plan to the running server and write the stanzas "
                                             "for the next start; 0: off.", ge=0)

@@ -1,14 +1,16 @@
 """``/ready``, ``/live`` and ``/status`` over stdlib HTTP, answered from the monitor's last round.
 
-- ``/ready`` (readinessProbe, startupProbe): 200 ``{"ready": true}`` when the server and every model
+- ``/ready`` (readinessProbe, startupProbe): 200 ``{"ready": true, "temperature": "warm" | "hot", "adapters":
+  {name: temperature}}`` when the server and every model
   passed their last probe and (with a control folder) every live adapter's planned hot set is resident
   above the coverage threshold on every instance; otherwise 503 with ``{"ready": false, "reason": ...}``.
 - ``/live`` (livenessProbe): 200 while this process serves HTTP; it says nothing about Triton, so a
   Triton outage makes the pod unready, never restarts the sidecar.
 - ``/status``: per model state, last probe result and latency, last recovery, and warm coverage per
   lora_adapter instance and adapter (source, planned and resident blocks, shortfall).
-- ``/metrics``: the same as Prometheus text (ready, per model health, probe latency, recoveries), for the
-  dashboard beside Triton's own ``/metrics``.
+- ``/metrics``: the same as Prometheus text (ready, per model health, probe latency, recoveries, the
+  temperature of the replica and of each adapter, and its transitions), for the dashboard beside
+  Triton's own ``/metrics``.
 
 Neither names a plan id (:func:`public_status`): the endpoints answer anyone who reaches the port, and a
 plan id is what a warm-up sample carries. The sidecar's log and the control folder keep them.
@@ -70,7 +72,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0].rstrip("/")
         if path == "/ready":
             readiness = self.monitor.readiness()
-            body: dict[str, object] = {"ready": readiness.ready}
+            replica, adapters = self.monitor.temperature()
+            body: dict[str, object] = {"ready": readiness.ready, "temperature": replica, "adapters": adapters}
             if not readiness.ready:
                 body["reason"] = readiness.reason
             self._json(HTTPStatus.OK if readiness.ready else HTTPStatus.SERVICE_UNAVAILABLE, body)
@@ -119,6 +122,7 @@ def prometheus_text(status: dict[str, object]) -> str:
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
     registry = CollectorRegistry()
+    registry.register(_TemperatureCollector(dict(status.get("temperature") or {})))
     Gauge("warmup_sidecar_ready", "1 when /ready answers 200", registry=registry).set(1 if status.get("ready") else 0)
     healthy = Gauge("warmup_sidecar_model_healthy", "1 when the model passed its last probe", ["model"],
                     registry=registry)
@@ -147,3 +151,34 @@ def prometheus_text(status: dict[str, object]) -> str:
         recoveries.labels(model).set(health.get("recoveries", 0))
         failed.labels(model).set(health.get("failed_recoveries", 0))
     return generate_latest(registry).decode()
+
+
+#: ``warmup_temperature``'s value per state (a router prefers the highest).
+TEMPERATURE_LEVELS = {"cold": 0, "warm": 1, "hot": 2}
+
+
+class _TemperatureCollector:
+    """``warmup_temperature`` (0 cold, 1 warm, 2 hot) per scope and ``warmup_temperature_transitions_total``
+    by scope, from and to state, from ``/status``'s ``temperature`` entry."""
+
+    def __init__(self, temperature: dict[str, Any]) -> None:
+        self._temperature = temperature
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        if not self._temperature:
+            return
+        gauge = GaugeMetricFamily("warmup_temperature", "Service temperature: 0 cold (not serving), 1 warm, 2 hot "
+                                  "(planned hot set resident and probe TTFT within their bounds)",
+                                  labels=["scope", "adapter"])
+        gauge.add_metric(["replica", ""], TEMPERATURE_LEVELS[self._temperature["replica"]["state"]])
+        for adapter, entry in self._temperature["adapters"].items():
+            gauge.add_metric(["adapter", adapter], TEMPERATURE_LEVELS[entry["state"]])
+        yield gauge
+        counter = CounterMetricFamily("warmup_temperature_transitions", "Temperature transitions since the "
+                                      "sidecar started, by scope (replica, adapter) and from and to state",
+                                      labels=["scope", "from", "to"])
+        for row in self._temperature["transitions"]:
+            counter.add_metric([row["scope"], row["from"], row["to"]], row["count"])
+        yield counter

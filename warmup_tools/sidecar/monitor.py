@@ -16,6 +16,7 @@ from warmup_tools.sidecar.config import ENSEMBLE_MODEL, SidecarConfig
 from warmup_tools.sidecar.coverage import NOT_CHECKED, CoverageVerdict
 from warmup_tools.sidecar.health import HealthTracker, ProbeResult, Readiness, RecoveryResult
 from warmup_tools.sidecar.stub_death import RESTART, Decision, decide
+from warmup_tools.sidecar.temperature import REPLICA, Reading, TemperatureTracker, Thresholds, replica_reading
 
 if TYPE_CHECKING:
     from warmup_tools.sidecar.stubs import StubFault
@@ -41,6 +42,8 @@ class StubDeathFacts(Protocol):
 
 #: The name a restart of tritonserver has in ``last_recovery``.
 SERVER = "tritonserver"
+#: Whose probe latency is the replica's probe TTFT (a one-token generation), the first one probed.
+TTFT_PROBE_MODELS = ("lora_adapter", ENSEMBLE_MODEL)
 
 
 class Monitor:
@@ -94,6 +97,8 @@ class Monitor:
         self._rounds = 0
         self._was_ready = False
         self._shortfalls_logged: set[tuple[str, ...]] = set()
+        self._temperature = TemperatureTracker(Thresholds(config.hot_coverage, config.hot_probe_ttft_s,
+                                                          config.temperature_confirm_rounds))
 
     # ----------------------------------------------------------------------------------- public API
     def start(self) -> None:
@@ -141,10 +146,19 @@ class Monitor:
         with self._lock:
             self._rounds += 1
             self._log_transition(self._readiness())
+            for change in self._temperature.observe(self._temperature_readings()):
+                LOGGER.info("temperature of %s: %s -> %s (%s)", change.label, change.old.value, change.new.value,
+                            change.why)
 
     def readiness(self) -> Readiness:
         with self._lock:
             return self._readiness()
+
+    def temperature(self) -> tuple[str, dict[str, str]]:
+        """The replica's temperature and each adapter's (``cold``, ``warm``, ``hot``), as of the last round."""
+        with self._lock:
+            return (self._temperature.state().value,
+                    {name: state.value for name, state in self._temperature.adapters().items()})
 
     def snapshot(self) -> dict[str, object]:
         with self._lock:
@@ -152,6 +166,7 @@ class Monitor:
             readiness = self._readiness()
             status["ready"], status["reason"] = readiness.ready, readiness.reason
             status["coverage"] = self._verdict.status
+            status["temperature"] = self._temperature.snapshot()
             status["rounds"] = self._rounds
         status["probe_interval_s"] = self.config.probe_interval_s
         status["plan_id"] = self.plan_id
@@ -166,6 +181,25 @@ class Monitor:
         if readiness.ready and not self._verdict.ready:
             return Readiness(False, f"warm coverage: {self._verdict.reason}")
         return readiness
+
+    def _temperature_readings(self) -> dict[str, Reading]:
+        """This round's reading of the replica and of each adapter a fresh coverage report names (call with
+        the lock held): serving is readiness (and, for an adapter, live on every instance that reports it),
+        the resident share the lowest over instances, the probe TTFT the last passing probe's latency."""
+        ready = self._readiness().ready
+        ttft = next((probe.latency_s for model in TTFT_PROBE_MODELS if model in self._tracker.health
+                     for probe in [self._tracker.health[model].last_probe] if probe is not None and probe.ok), None)
+        shares: dict[str, list[float]] = {}
+        live: dict[str, bool] = {}
+        for entry in dict(self._verdict.status.get("instances") or {}).values():
+            if entry["stale"]:
+                continue
+            for adapter, cov in entry["adapters"].items():
+                shares.setdefault(adapter, []).append(cov["coverage"])
+                live[adapter] = live.get(adapter, True) and bool(cov["live"])
+        readings = {name: Reading(ready and live[name], min(values), ttft) for name, values in shares.items()}
+        readings[REPLICA] = replica_reading(ready, (min(v) for n, v in shares.items() if live[n]), ttft)
+        return readings
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -81,7 +81,8 @@ def test_a_live_plan_change_warms_new_items_moves_pins_and_reports_coverage(engi
         write_live_plan(tmp_path, first, by=("test", ""))
         status = wait_status(board, first.plan_id)
         assert status.source == "control"
-        assert {n: (c.planned, c.resident) for n, c in status.adapters.items()} == {"support": (6, 6), "base": (4, 4)}
+        assert {n: (c.planned, c.resident) for n, c in status.adapters.items()} == {"support": (6, 6), "base": (4, 4),
+                                                                               "sql": (0, 0)}  # nothing planned
         assert serve_once(service, kept_ids + [5, 6, 7]) == 6 * 16
 
         write_live_plan(tmp_path, second, by=("test", ""))
@@ -146,7 +147,7 @@ def test_a_sample_in_flight_during_a_live_plan_change_leaves_the_new_plan_pinned
         assert cache.active_plan == live.plan_id
         assert cache.resident(hot, live.plan_id) == len(hot)  # the live plan's pins are intact
         coverage = service.plan.status().adapters
-        assert {n: (c.planned, c.resident) for n, c in coverage.items()} == {"support": (2, 2)}
+        assert {n: (c.planned, c.resident) for n, c in coverage.items()} == {"support": (2, 2), "sql": (0, 0)}
         assert cache.stats.stale_plan_blocks == 3
         # Coverage counts what is pinned, not merely cached: unpinned, the same blocks are not covered.
         cache.move_plan(live.plan_id, set())
@@ -191,7 +192,7 @@ def test_plan_items_outside_the_vocabulary_or_the_context_are_left_out_and_count
         service.plan.apply(LivePlan.parse(plan.to_json().encode()))
         status = service.plan.status()
         # Only the good item is planned and warmed; the other two never reach the engine.
-        assert {n: (c.planned, c.resident) for n, c in status.adapters.items()} == {"support": (2, 2)}
+        assert {n: (c.planned, c.resident) for n, c in status.adapters.items()} == {"support": (2, 2), "sql": (0, 0)}
         assert warmed == [tuple(good)]
         assert status.detail.endswith("; 2 items outside the model's vocabulary or context")
     finally:

@@ -112,7 +112,12 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--kv-bytes-total", type=int,
                       help="KV bytes per instance the plan may fill (default: lora_adapter's kv_cache_bytes "
                            "less kv_live_reserve)")
-    plan.add_argument("--kv-bytes-per-adapter", type=int, help="default: half of --kv-bytes-total")
+    plan.add_argument("--kv-bytes-per-adapter", type=int,
+                      help="an upper bound per adapter (default: --kv-bytes-total; --arbitration splits the total)")
+    plan.add_argument("--arbitration", choices=("measured", "fixed"), default="measured",
+                      help="when the adapters' hot sets do not all fit: split the budget by each adapter's cold "
+                           "share and traffic (measured), or let every adapter take up to --kv-bytes-per-adapter, "
+                           "hottest blocks first (fixed); docs/planner.md")
     plan.add_argument("--embedding-entries", type=int, default=256)
     plan.add_argument("--tokenizer-entries", type=int, default=256)
     plan.add_argument("--warm-seconds", type=float, default=60.0)
@@ -199,6 +204,11 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--misses-only", action="store_true",
                      help="no server: plan, then print which replayed requests the plan misses against the floor "
                           "and why (simulated without eviction)")
+    rep.add_argument("--kv-bytes-total", type=int,
+                     help="the plan's KV budget (default: the repository's warm-up share)")
+    rep.add_argument("--kv-bytes-per-adapter", type=int, help="the plan's bound per adapter (default: the total)")
+    rep.add_argument("--arbitration", choices=("measured", "fixed"), default="measured",
+                     help="how the plan splits a budget the adapters' hot sets do not fit (plan --arbitration)")
 
     roll = which.add_parser("rolling", parents=[assets],
                             help="replay day 2 with the static day-1 plan and with a re-plan every K hours applied "
@@ -307,6 +317,13 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--no-watch-stubs", dest="watch_stubs", action="store_false",
                      help="the sidecar finds the dead stub through its probes only (as before stubs were watched)")
     _stub_death_flags(rec)
+
+    temp = which.add_parser("temperature", parents=[assets],
+                            help="what the sidecar reads per probe round (lowest warm coverage, lora_adapter probe "
+                                 "TTFT, temperature) from a cold start, after warm-up, with a new adapter and after "
+                                 "the KV cache is lost")
+    temp.add_argument("--probe-interval-s", type=float, default=1.0)
+    temp.add_argument("--rounds", type=int, default=15, help="probe rounds read in each steady phase")
 
     soak = which.add_parser("soak", parents=[assets],
                             help="long mixed traffic (planned and unplanned prefixes, four adapters, tenants, "
@@ -640,6 +657,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from warmup_tools.common.plan import Plan
     from warmup_tools.common.records import log_files, read_request_log
     from warmup_tools.embedding_cache.embedder import OnnxEmbedder
+    from warmup_tools.planning.analyse import PlanOptions
     from warmup_tools.planning.select import build_plan, format_summary
     from warmup_tools.planning.target import PlanTarget
 
@@ -659,7 +677,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         records = kept
     plan = build_plan(records, target.load_tokenizer(), OnnxEmbedder(target.embedder),
                       budgets, now=args.now, block_size=target.block_size,
-                      kv_bytes_per_token=target.kv_bytes_per_token, progress=not args.no_progress, previous=previous)
+                      kv_bytes_per_token=target.kv_bytes_per_token, progress=not args.no_progress, previous=previous,
+                      options=PlanOptions(arbitration=args.arbitration))
     plan.save(args.out)
     if stats.skipped:
         print(f"skipped {stats.skipped} bad or torn log line(s) of {stats.records + stats.skipped}; first: "

@@ -128,6 +128,10 @@ class PlanOptions:
     #: Rolling plans: a block the previous plan warmed ranks as if its rate were this much higher, so an
     #: item is replaced only by one that is clearly hotter and plans do not flap between runs.
     hysteresis: float = 0.25
+    #: How the KV budget is split across adapters whose hot sets do not all fit: ``measured`` (by each
+    #: adapter's cold share and traffic, :mod:`warmup_tools.planning.arbitrate`) or ``fixed`` (every
+    #: adapter up to ``kv_bytes_per_adapter``, the hottest blocks anywhere first).
+    arbitration: str = "measured"
 
     def __post_init__(self) -> None:
         if self.half_life_s <= 0 or not 0.0 < self.share <= 1.0 or self.min_cluster_size < 2:
@@ -137,6 +141,8 @@ class PlanOptions:
                               "must be >= 1")
         if not 0.0 < self.holdout < 1.0:
             raise ConfigError(f"holdout must be in (0, 1), got {self.holdout!r}")
+        if self.arbitration not in ("measured", "fixed"):
+            raise ConfigError(f"arbitration must be measured or fixed, got {self.arbitration!r}")
         if self.min_block_requests < 1 or not 0.0 <= self.hysteresis <= 10.0:
             raise ConfigError(f"min_block_requests must be >= 1 and hysteresis in [0, 10], got "
                               f"{self.min_block_requests!r} and {self.hysteresis!r}")

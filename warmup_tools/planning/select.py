@@ -26,6 +26,7 @@ from warmup_tools.planning.analyse import (
     TrafficAnalysis,
     analyse_traffic,
 )
+from warmup_tools.planning.arbitrate import AdapterNeed, arbitrate, shares_json
 
 LOGGER = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def build_plan(
         LOGGER.warning("previous plan %s was made for another block size or tokenizer; planning without it",
                        previous.plan_id)
         previous = None
-    chosen = _select(analysis, budgets, kv_bytes_per_token, previous)
+    chosen, arbitration = _select(analysis, budgets, kv_bytes_per_token, previous)
     items = [_item_json(pick, analysis, kv_bytes_per_token, tokenizer) for pick in chosen]
     by_id = {c.cluster: c for c in analysis.clusters}
     warmed_clusters = sorted({c for item in items for c in item["clusters"]},
@@ -94,6 +95,7 @@ def build_plan(
         "expected_saved_tokens_per_hour": round(sum(item["expected_saved_tokens_per_hour"] for item in items), 1),
         "expected_warm_seconds": round(new_tokens / budgets.prefill_tokens_per_s, 3),
         "changes": _changes(items, previous),
+        "arbitration": arbitration,
     }
     cluster_json = [
         {"tenant": c.tenant, "adapter": c.adapter, "cluster": c.cluster, "size": c.size,
@@ -156,6 +158,12 @@ def format_summary(plan: Plan) -> str:
         f"{budgets['warm_seconds']:g} s; expected saving {s['expected_saved_tokens_per_hour']:,.0f} prefill tokens/h",
         f"caches: {len(plan.embedding_items)} embedding entries, {len(plan.tokenizer_templates)} tokenizer templates",
     ]
+    arbitration = s.get("arbitration") or {}
+    if arbitration.get("adapters"):
+        lines.append(f"budget split ({arbitration['mode']}): hot sets {_size(arbitration['hot_sets_bytes'])} against "
+                     f"{_size(arbitration['budget_bytes'])}" + (", all fit" if arbitration["fits"] else ""))
+        lines += [f"  {name}: {a['share']:.0%} ({_size(a['cap_bytes'])}, {_size(a['used_bytes'])} used): {a['reason']}"
+                  for name, a in arbitration["adapters"].items()]
     changes = s.get("changes") or {}
     if changes.get("previous_plan"):
         lines.append(f"against plan {changes['previous_plan']}: {changes['added']} items added, {changes['kept']} "
@@ -194,8 +202,10 @@ class _Pick:
 
 
 def _select(analysis: TrafficAnalysis, budgets: Budgets, kv_bytes_per_token: int,
-            previous: Plan | None = None) -> list[_Pick]:
-    """The hottest frontier block first, under every budget (module docstring of ``analyse``, step 6).
+            previous: Plan | None = None) -> tuple[list[_Pick], dict[str, Any]]:
+    """The hottest frontier block first, under every budget (module docstring of ``analyse``, step 6),
+    each adapter within the cap :mod:`~warmup_tools.planning.arbitrate` gives it; the picks and the
+    plan's ``arbitration`` entry.
 
     Every block costs the same bytes and seconds and a child is never hotter than its parent, so this
     greedy choice is the best prefix-closed set of blocks for the budgets. Blocks of ``previous`` rank
@@ -227,10 +237,14 @@ def _select(analysis: TrafficAnalysis, budgets: Budgets, kv_bytes_per_token: int
     used_adapter: dict[str, int] = collections.defaultdict(int)
     used_total, used_tokens = 0, 0
     max_tokens = int(budgets.warm_seconds * budgets.prefill_tokens_per_s + 1e-6)
+    needs = _needs(scopes, options.min_block_requests)
+    total_blocks = min(budgets.kv_bytes_total // block_bytes, max_tokens // bs)
+    shares = arbitrate(needs, total_blocks, budgets.kv_bytes_per_adapter // block_bytes, options.arbitration)
+    cap = {adapter: share.cap_blocks * block_bytes for adapter, share in shares.items()}
     while heap:
         _, order, node = heapq.heappop(heap)
         scope = scopes[order]
-        if (used_adapter[scope.adapter] + block_bytes > budgets.kv_bytes_per_adapter
+        if (used_adapter[scope.adapter] + block_bytes > cap[scope.adapter]
                 or used_total + block_bytes > budgets.kv_bytes_total or used_tokens + bs > max_tokens):
             short.add((scope.key(), scope.trie.parent[node]))
             continue
@@ -277,7 +291,31 @@ def _select(analysis: TrafficAnalysis, budgets: Budgets, kv_bytes_per_token: int
             owner[(key, n)] = len(picks)
         picks.append(_Pick(scope, chain, len(new), sum(scope.trie.rate[n] for n in new) * bs,
                            (key, chain[-1]) in short, shared_with))
-    return picks
+    used_blocks: dict[str, int] = collections.Counter()
+    for key, nodes in chosen.items():
+        used_blocks[key[1]] += len(nodes)
+    return picks, shares_json(shares, needs, used_blocks, block_bytes, total_blocks, options.arbitration)
+
+
+def _needs(scopes: Sequence[ScopeTraffic], min_requests: int) -> list[AdapterNeed]:
+    """Per adapter, from its scopes' prefix trees: its request rate, the rate through first blocks that
+    ``min_requests`` requests carry, those first blocks and its whole hot set (:mod:`.arbitrate`)."""
+    rate: dict[str, float] = collections.defaultdict(float)
+    cold: dict[str, float] = collections.defaultdict(float)
+    first: dict[str, int] = collections.Counter()
+    hot: dict[str, int] = collections.Counter()
+    for scope in scopes:
+        trie, a = scope.trie, scope.adapter
+        rate[a] += 0.0
+        for node in range(len(trie)):
+            root = trie.parent[node] < 0
+            rate[a] += trie.rate[node] if root else 0.0
+            if trie.count[node] >= min_requests and trie.rate[node] > 0:
+                hot[a] += 1
+                if root:
+                    first[a] += 1
+                    cold[a] += trie.rate[node]
+    return [AdapterNeed(a, rate[a], cold[a], first[a], hot[a]) for a in sorted(rate)]
 
 
 def _one_off_prompts(scopes: Sequence[ScopeTraffic], children: Mapping[tuple[str, str], list[list[int]]],

@@ -42,9 +42,10 @@ class PlanTarget:
         return self.settings.engine.kv.block_size
 
     def default_budgets(self, **overrides: Any) -> Budgets:
-        """The repository's warm-up share of the KV budget, half of it at most per adapter."""
+        """The repository's warm-up share of the KV budget; no bound per adapter below it (the planner's
+        arbitration splits it, :mod:`warmup_tools.planning.arbitrate`)."""
         total = overrides.pop("kv_bytes_total", None) or self.settings.engine.kv.warmup_budget_bytes
-        per_adapter = overrides.pop("kv_bytes_per_adapter", None) or total // 2
+        per_adapter = overrides.pop("kv_bytes_per_adapter", None) or total
         return Budgets(kv_bytes_total=total, kv_bytes_per_adapter=per_adapter, **overrides)
 
     def load_tokenizer(self) -> Any:

@@ -228,7 +228,7 @@ def three_scopes():
 def test_a_tight_budget_takes_the_best_saving_per_byte_first(tokenizer, embedder):
     records = three_scopes()
     plan = lambda budgets: build_plan(records, tokenizer, embedder, budgets, now=NOW, progress=False,  # noqa: E731
-                                      kv_bytes_per_token=KV_PER_TOKEN)
+                                      kv_bytes_per_token=KV_PER_TOKEN, options=PlanOptions(arbitration="fixed"))
     full = plan(AMPLE)
     assert [i["tenant"] for i in full.items] == ["a", "b", "c"]
     ratios = [i["expected_saved_tokens_per_hour"] / i["kv_bytes"] for i in full.items]
@@ -254,6 +254,29 @@ def test_a_tight_budget_takes_the_best_saving_per_byte_first(tokenizer, embedder
     assert warm_time.summary["expected_warm_seconds"] <= a["tokens"] / 1000.0
 
     assert plan(Budgets(kv_bytes_per_adapter=0, kv_bytes_total=0)).items == []
+
+
+def test_measured_arbitration_keeps_a_small_adapter_from_starting_cold_and_states_the_shares(tokenizer, embedder):
+    records = three_scopes()
+    plan = lambda budgets, mode: build_plan(  # noqa: E731
+        records, tokenizer, embedder, budgets, now=NOW, progress=False, kv_bytes_per_token=KV_PER_TOKEN,
+        options=PlanOptions(arbitration=mode))
+    full = plan(AMPLE, "measured")
+    a = full.items[0]
+    assert full.summary["arbitration"]["fits"] and [i["tenant"] for i in full.items] == ["a", "b", "c"]
+    tight = Budgets(kv_bytes_per_adapter=1 << 30, kv_bytes_total=a["kv_bytes"], warm_seconds=3600.0)
+    # Fixed: the hottest blocks anywhere take the budget, and adapter y's requests all start cold.
+    assert {i["adapter"] for i in plan(tight, "fixed").items} == {"x"}
+    # Measured: first blocks first, by the rate only a warm-up keeps warm, so y gets its first block.
+    measured = plan(tight, "measured")
+    shares = measured.summary["arbitration"]
+    assert not shares["fits"] and shares["mode"] == "measured"
+    assert {i["adapter"] for i in measured.items} == {"x", "y"}
+    assert shares["adapters"]["y"]["cap_bytes"] >= BLOCK_BYTES and shares["adapters"]["y"]["used_bytes"] >= BLOCK_BYTES
+    assert sum(s["cap_bytes"] for s in shares["adapters"].values()) <= a["kv_bytes"]
+    assert shares["adapters"]["x"]["share"] > shares["adapters"]["y"]["share"]
+    assert "of requests" in shares["adapters"]["y"]["reason"]
+    assert "budget split (measured)" in format_summary(measured) and "  y: " in format_summary(measured)
 
 
 def test_a_shared_prefix_is_one_item_and_an_extension_pays_only_its_extra_blocks(tokenizer):

@@ -150,6 +150,14 @@ def misses(day1: Sequence[RequestRecord], replayed: Sequence[RequestRecord], pla
              f"{budgets.get('kv_bytes_total', 0) / 2**20:.1f} MiB, {summary.get('expected_warm_seconds', 0):.1f} of "
              f"{budgets.get('warm_seconds', 0):g} warm-up seconds"]
     lines += [f"  {n:5d}  {label}" for label, n in sorted(cold.items())]
+    lines.append("cold requests per adapter, plan / floor:")
+    for adapter in sorted({r.adapter for r in replayed}):
+        mine = [s for r, s in zip(replayed, planned) if r.adapter == adapter]
+        at_floor = [s for r, s in zip(replayed, best) if r.adapter == adapter]
+        lines.append(f"  {adapter or 'base'}: {sum(s.cold for s in mine)}/{len(mine)} "
+                     f"({figures('plan', mine).cold_share:.1%}) / {sum(s.cold for s in at_floor)} "
+                     f"({figures('floor', at_floor).cold_share:.1%}); prompt tokens from cache "
+                     f"{figures('plan', mine).cached_share:.1%} / {figures('floor', at_floor).cached_share:.1%}")
     total = sum(s.prompt_tokens for s in best) or 1
     lines.append("prompt tokens the floor serves from cache and the plan does not:")
     lines += [f"  {n:7d} ({n / total:.1%} of prompt tokens)  {label}" for label, n in sorted(tokens.items())]
@@ -221,9 +229,12 @@ def write_traffic(traffic: str, work: Path, *, seed: int, requests_per_day: int)
 
 
 def prepare(work: Path, assets_dir: Path, *, seed: int, requests_per_day: int, out: TextIO,
-            traffic: str = "generated", hours: float = 1.0) -> Repositories:
-    """Write two days of traffic, plan from day 1, and write both repositories under ``work``."""
+            traffic: str = "generated", hours: float = 1.0, budgets: Mapping[str, Any] | None = None,
+            arbitration: str = "measured") -> Repositories:
+    """Write two days of traffic, plan from day 1 (``budgets``: overrides of the repository's default budgets;
+    ``arbitration``: the planner's split of them across adapters), and write both repositories under ``work``."""
     from warmup_tools.embedding_cache.embedder import OnnxEmbedder
+    from warmup_tools.planning.analyse import PlanOptions
     from warmup_tools.planning.select import build_plan, format_summary
     from warmup_tools.planning.target import PlanTarget
 
@@ -241,8 +252,9 @@ def prepare(work: Path, assets_dir: Path, *, seed: int, requests_per_day: int, o
     tokenizer = target.load_tokenizer()
     embedder = OnnxEmbedder(dataclasses.replace(target.embedder, num_threads=2))
     started = time.perf_counter()
-    plan = build_plan(day1, tokenizer, embedder, target.default_budgets(), now=day2_start,
-                      block_size=target.block_size, kv_bytes_per_token=target.kv_bytes_per_token, progress=False)
+    plan = build_plan(day1, tokenizer, embedder, target.default_budgets(**dict(budgets or {})), now=day2_start,
+                      block_size=target.block_size, kv_bytes_per_token=target.kv_bytes_per_token, progress=False,
+                      options=PlanOptions(arbitration=arbitration))
     out.write(f"planned {len(day1)} requests in {time.perf_counter() - started:.1f} s\n")
     plan.save(work / "plan.json")
     out.write(format_summary(plan) + "\n")
@@ -256,13 +268,16 @@ def prepare(work: Path, assets_dir: Path, *, seed: int, requests_per_day: int, o
 
 
 def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, traffic: str = "generated",
-        report: Path | None = None, misses_only: bool = False, out: TextIO = sys.stdout) -> None:
+        report: Path | None = None, misses_only: bool = False, kv_bytes_total: int | None = None,
+        kv_bytes_per_adapter: int | None = None, arbitration: str = "measured", out: TextIO = sys.stdout) -> None:
     if traffic not in TRAFFIC:
         raise ConfigError(f"--traffic must be one of {', '.join(TRAFFIC)}, not {traffic!r}")
     work = Path(tempfile.mkdtemp(prefix="bench-replay-"))
     try:
+        budgets = {k: v for k, v in (("kv_bytes_total", kv_bytes_total),
+                                     ("kv_bytes_per_adapter", kv_bytes_per_adapter)) if v is not None}
         repos = prepare(work, assets_dir, seed=seed, requests_per_day=requests_per_day, out=out, traffic=traffic,
-                        hours=max(WINDOWS_H))
+                        hours=max(WINDOWS_H), budgets=budgets, arbitration=arbitration)
         out.write("\nwhat the plan misses, day 2's first hours:\n" + misses(
             repos.day1, repos.first_hours, repos.plan, repos.tokenizer, repos.block_size) + "\n")
         out.flush()

@@ -73,7 +73,8 @@ class ScriptedEngine:
         return ModelState(dict(self.adapters))
 
     async def readiness(self, refresh: bool = False) -> Readiness:
-        return Readiness(self.ready, "" if self.ready else "lora_adapter failing its probes")
+        return Readiness(self.ready, "" if self.ready else "lora_adapter failing its probes",
+                         **getattr(self, "temperature", {}))
 
     async def load(self) -> LoadSignals:
         return LoadSignals(running=3, waiting=1, kv_usage=0.25)

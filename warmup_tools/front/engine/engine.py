@@ -7,7 +7,7 @@ per backend (here :class:`~warmup_tools.front.engine.triton_engine.TritonEngine`
 from __future__ import annotations
 
 import dataclasses
-from typing import AsyncIterator, Protocol
+from typing import AsyncIterator, Mapping, Protocol
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -65,6 +65,10 @@ class LoadSignals:
 class Readiness:
     ready: bool
     reason: str = ""
+    #: The sidecar's service temperature of the replica (``warm`` or ``hot`` when ready) and of each adapter;
+    #: empty without a sidecar.
+    temperature: str = ""
+    adapters: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 class EngineError(Exception):

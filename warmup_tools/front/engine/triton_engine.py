@@ -305,9 +305,9 @@ class TritonEngine:
             if self.sidecar_url:
                 assert self._http is not None
                 async with self._http.get(f"{self.sidecar_url}/ready") as response:
-                    if response.status == 200:
-                        return Readiness(True)
                     body = await response.text()
+                    if response.status == 200:
+                        return Readiness(True, **_temperature(body))
                     try:
                         reason = str(json.loads(body).get("reason", body))
                     except (ValueError, AttributeError):
@@ -325,6 +325,17 @@ class TritonEngine:
         async with self._http.get(url) as response:
             response.raise_for_status()
             return await response.text()
+
+
+def _temperature(body: str) -> dict[str, Any]:
+    """The temperature fields of the sidecar's ``/ready`` body (none from a body without them)."""
+    try:
+        data = json.loads(body)
+        adapters = data.get("adapters") or {}
+        return {"temperature": str(data.get("temperature", ""))[:16],
+                "adapters": {str(k)[:128]: str(v)[:16] for k, v in list(adapters.items())[:256]}}
+    except (ValueError, AttributeError):
+        return {}
 
 
 #: The metrics :func:`parse_triton_metrics` reads.

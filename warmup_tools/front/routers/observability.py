@@ -1,4 +1,5 @@
-"""``GET /health`` (200 only when the replica is warm and ready: the sidecar's /ready) and ``GET /metrics``
+"""``GET /health`` (200 only when the replica is warm and ready: the sidecar's /ready, with the sidecar's
+service temperature of the replica and its adapters as the body) and ``GET /metrics``
 (the load signals routers read, under vLLM's names, fed from lora_adapter's scheduler gauges)."""
 
 from __future__ import annotations
@@ -6,6 +7,7 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -20,7 +22,11 @@ async def health(request: Request) -> Response:
     readiness = await front_state(request).engine.readiness(refresh=True)
     if not readiness.ready:
         raise OpenAIError(503, f"This replica is not ready to serve: {readiness.reason}", code="not_ready")
-    return Response(status_code=200)
+    if not readiness.temperature:
+        return Response(status_code=200)
+    # NOTE: a router may prefer hot replicas (the sidecar's service temperature); the status alone keeps
+    # vLLM's meaning of /health.
+    return JSONResponse({"temperature": readiness.temperature, "adapters": dict(readiness.adapters)})
 
 
 @router.get("/metrics")

@@ -26,3 +26,10 @@ def test_health_follows_the_readiness_and_metrics_use_vllm_names(client, engine)
     assert "failing its probes" in response.json()["error"]["message"]
     answer = client.post("/v1/completions", json={"model": "base", "prompt": "x"})
     assert answer.status_code == 503 and answer.json()["error"]["type"] == "service_unavailable"
+
+
+def test_health_carries_the_sidecars_temperature_when_it_has_one(client, engine):
+    assert client.get("/health").content == b""  # no sidecar: the status alone, as vLLM's /health
+    engine.temperature = {"temperature": "warm", "adapters": {"sql": "hot"}}
+    response = client.get("/health")
+    assert response.status_code == 200 and response.json() == {"temperature": "warm", "adapters": {"sql": "hot"}}

@@ -105,7 +105,12 @@ def test_endpoints_answer_from_the_last_round():
         assert status == 503 and body["ready"] is False and "not probed yet" in body["reason"]
         assert get(server.url + "/live") == (200, {"live": True})
         monitor.run_once()
-        assert get(server.url + "/ready") == (200, {"ready": True})
+        assert get(server.url + "/ready") == (200, {"ready": True, "temperature": "warm", "adapters": {}})
+        monitor.run_once()
+        monitor.run_once()  # three hot rounds in a row (temperature_confirm_rounds): hot
+        assert get(server.url + "/ready")[1]["temperature"] == "hot"
+        with urllib.request.urlopen(server.url + "/metrics", timeout=10) as response:
+            assert 'warmup_temperature{adapter="",scope="replica"} 2.0' in response.read().decode()
         status, body = get(server.url + "/status")
         assert status == 200 and body["models"]["ensemble"]["state"] == "healthy"
         assert body["models"]["ensemble"]["last_probe"]["ok"] is True

@@ -392,6 +392,8 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--control-dir", type=Path)
     parser.add_argument("--snapshot-dir", type=Path, help="folder of lora_adapter's KV snapshots (shared by "
                                                           "replicas; WARMUP_SNAPSHOT_DIR); default: none")
+    parser.add_argument("--replica-name", help="this replica's name in shared control and snapshot folders "
+                                               "(WARMUP_REPLICA_NAME); default: the host name")
     parser.add_argument("--http-port", type=int)
     parser.add_argument("--grpc-port", type=int)
     parser.add_argument("--metrics-port", type=int)
@@ -403,9 +405,8 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
 
 def _serve_config(args: argparse.Namespace) -> ServeConfig:
     flags = {name: getattr(args, name) for name in (
-        "model_repository", "assets_dir", "control_dir", "snapshot_dir", "http_port", "grpc_port", "metrics_port",
-        "host", "log_verbose",
-        "ready_timeout_s", "log_file")}
+        "model_repository", "assets_dir", "control_dir", "snapshot_dir", "replica_name", "http_port", "grpc_port",
+        "metrics_port", "host", "log_verbose", "ready_timeout_s", "log_file")}
     return load_config(ServeConfig, args.config, flags)
 
 
@@ -419,13 +420,22 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                                  f"metrics {server.metrics_url} (log {server.log_path})")
 
 
-def _serve_with_front(args: argparse.Namespace, config: ServeConfig, server: Any, stop: Any, banner: str, *,
+def _serve_with_front(args: argparse.Namespace, config: ServeConfig, server: Any, stop: "_Stop", banner: str, *,
                       sidecar_url: str = "") -> int:
-    """Start the OpenAI front beside ``server``, print ``banner`` with its address, serve until stopped, stop it."""
+    """Start the OpenAI front beside ``server``, print ``banner`` with its address, serve until stopped, stop it.
+    Stopped by SIGTERM, the front drains first (docs/fleet.md): /health fails, the requests in flight finish;
+    then the caller stops tritonserver, whose lora_adapter instances write their KV snapshots."""
     front = _start_front(args, config, server, sidecar_url=sidecar_url)
     try:
         print(banner + (f"; OpenAI front {front.url}/v1" if front else "") + "; Ctrl-C stops", flush=True)
-        return _wait_while_alive(server, stop, front)
+        code = _wait_while_alive(server, stop, front)
+        if code == 0 and front is not None and stop.signal == signal.SIGTERM:
+            print(f"SIGTERM: draining the OpenAI front (/health 503; new requests refused after "
+                  f"{front.settings.drain_grace_s:g} s)", flush=True)
+            left = front.drain(stop=stop.interrupted)
+            print("drained: no request in flight" if not left else
+                  f"drain timed out with {left} request(s) in flight", flush=True)
+        return code
     finally:
         if front is not None:
             front.stop()
@@ -445,11 +455,27 @@ def _cmd_front(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stop_on_signals() -> threading.Event:
-    """An event set by SIGINT or SIGTERM (Ctrl-C, ``docker stop``, a pod's termination)."""
-    stop = threading.Event()
+class _Stop(threading.Event):
+    """Set by SIGINT or SIGTERM (Ctrl-C, ``docker stop``, a pod's termination); ``signal`` says which came
+    first, ``interrupted`` is set by a SIGINT (it cuts a SIGTERM's drain short)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.signal: int | None = None
+        self.interrupted = threading.Event()
+
+    def handle(self, sig: int, _frame: object = None) -> None:
+        if self.signal is None:
+            self.signal = sig
+        if sig == signal.SIGINT:
+            self.interrupted.set()
+        self.set()
+
+
+def _stop_on_signals() -> _Stop:
+    stop = _Stop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, stop.handle)
     return stop
 
 
@@ -502,7 +528,8 @@ def _cmd_sidecar(args: argparse.Namespace) -> int:
     with _server(config, explicit_model_control=True, repository_key=RepositoryKey.generate()) as server:
         # The sidecar answers from the start, so a startupProbe sees 503 with the reason while models load.
         with Sidecar(sidecar_settings, server.http_url, server.grpc_url, server.repository_key,
-                     config.model_repository, control_dir=config.control_dir, server=server) as sidecar:
+                     config.model_repository, control_dir=config.control_dir, server=server,
+                     replica_name=config.replica_name) as sidecar:
             # The front answers from the start too: 503 with the sidecar's reason until /ready says 200.
             return _serve_with_front(args, config, server, stop,
                                      f"tritonserver starting on {config.model_repository}: HTTP {server.http_url}, "

@@ -30,6 +30,9 @@ class ServeConfig:
     control_dir: Path | None = REPO_ROOT / ".control"
     #: Folder of lora_adapter's KV snapshots (``snapshot_dir``; shared by replicas); empty disables them.
     snapshot_dir: Path | None = None
+    #: This replica's name in the shared control and snapshot folders (lora_adapter's ``replica_name``, the
+    #: sidecar's coverage reports); empty: the host name. Replicas sharing a host and the folders need distinct names.
+    replica_name: str = ""
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
@@ -51,7 +54,8 @@ class ServeConfig:
     def server_env(self) -> dict[str, str]:
         return {"WARMUP_ASSETS_DIR": str(Path(self.assets_dir).resolve()),
                 "WARMUP_CONTROL_DIR": str(Path(self.control_dir).resolve()) if self.control_dir else "",
-                "WARMUP_SNAPSHOT_DIR": str(Path(self.snapshot_dir).resolve()) if self.snapshot_dir else ""}
+                "WARMUP_SNAPSHOT_DIR": str(Path(self.snapshot_dir).resolve()) if self.snapshot_dir else "",
+                "WARMUP_REPLICA_NAME": self.replica_name}
 
 
 def load_config(cls: type[C], file: Path | None = None, flags: Mapping[str, Any] | None = None,

@@ -34,7 +34,7 @@ class Sidecar:
 
     def __init__(self, config: SidecarConfig, http_url: str, grpc_url: str, key: RepositoryKey | None,
                  model_repository: Path | None = None, control_dir: Path | None = None,
-                 server_pid: int | None = None, server: TritonServer | None = None) -> None:
+                 server_pid: int | None = None, server: TritonServer | None = None, replica_name: str = "") -> None:
         """``control_dir``: the folder lora_adapter's instances report their warm coverage to (its
         ``control_dir`` parameter); with it, and ``coverage_threshold`` above 0, ``/ready`` checks coverage.
         ``server``: the tritonserver beside the sidecar (what ``warmup_tools sidecar`` runs): its stubs are
@@ -47,7 +47,8 @@ class Sidecar:
         self.config = config
         self._probes = TritonProbes(grpc_url, config.probe_timeout_s, **_probe_credentials(os.environ, key))
         self._repository = RepositoryClient(http_url, key, config.recovery_timeout_s)
-        coverage = (CoverageReader(Path(control_dir), config.coverage_threshold, config.coverage_stale_s, time.time)
+        coverage = (CoverageReader(Path(control_dir), config.coverage_threshold, config.coverage_stale_s, time.time,
+                                   host=replica_name or None)
                     if control_dir is not None and config.coverage_threshold > 0 else None)
         self._server = server
         self._facts = (StubDeathFacts(http_url, server.metrics_url, timeout_s=min(1.0, config.probe_timeout_s))

@@ -1,5 +1,5 @@
-"""``GET /health`` (200 only when the replica is warm and ready: the sidecar's /ready) and ``GET /metrics``
-(the load signals routers read, under vLLM's names, fed from lora_adapter's scheduler gauges)."""
+"""``GET /health`` (200 only when the replica is warm and ready, the sidecar's /ready, and not draining) and
+``GET /metrics`` (the load signals routers read, under vLLM's names, fed from lora_adapter's scheduler gauges)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ router = APIRouter()
 
 @router.get("/health")
 async def health(request: Request) -> Response:
+    if front_state(request).drain.draining:
+        raise OpenAIError(503, "This replica is shutting down: it finishes the requests in flight and takes no "
+                               "new ones.", code="draining")
     readiness = await front_state(request).engine.readiness(refresh=True)
     if not readiness.ready:
         raise OpenAIError(503, f"This replica is not ready to serve: {readiness.reason}", code="not_ready")

@@ -49,7 +49,8 @@ def build_app(settings: FrontSettings, engine: Engine, renderer: ChatRenderer | 
     app.add_exception_handler(RecursionError, _too_deep)
     app.add_exception_handler(Exception, _unexpected)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
-    app.add_middleware(DrainGate, drain=drain)  # added last: the outermost, it counts a request from its start
+    app.add_middleware(DrainGate, drain=drain)
+    app.add_middleware(ModelPrefix)  # added last: the outermost, so every route sees the plain path
     return app
 
 
@@ -156,3 +157,21 @@ class BodyLimit:
 def _too_large(size: int, limit: int) -> OpenAIError:
     return OpenAIError(413, f"The request body is larger than {limit} bytes, the most this server takes.",
                        code="request_too_large")
+
+
+class ModelPrefix:
+    """Serves every route under ``/m/<model>/`` too (``/m/sql/v1/chat/completions`` is
+    ``/v1/chat/completions``): a router that knows one model per worker URL (smg) reaches each adapter of
+    a replica through a URL of its own, and the body's ``model`` still selects the adapter."""
+
+    PREFIX = "/m/"
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and path.startswith(self.PREFIX):
+            rest = path[len(self.PREFIX):].partition("/")[2]
+            scope = {**scope, "path": "/" + rest, "raw_path": ("/" + rest).encode()}
+        await self.app(scope, receive, send)

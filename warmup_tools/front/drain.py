@@ -20,6 +20,10 @@ class Drain:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self.active = 0
+        #: Generation requests taken since the start.
+        self.total = 0
+        #: Requests in flight when the drain began (None: not draining).
+        self.in_flight_at_start: int | None = None
         #: /health answers 503 from here on.
         self.draining = False
         #: New generation requests are refused from here on.
@@ -31,6 +35,7 @@ class Drain:
             if self.refusing:
                 return False
             self.active += 1
+            self.total += 1
             return True
 
     def leave(self) -> None:
@@ -41,6 +46,8 @@ class Drain:
     def run(self, grace_s: float, timeout_s: float, stop: threading.Event | None = None) -> int:
         """Fail /health, take requests for ``grace_s`` more (``stop`` cuts it short), refuse new ones, then wait
         up to ``timeout_s`` for those in flight: how many were still in flight at the end (0: none lost)."""
+        with self._cond:
+            self.in_flight_at_start = self.active
         self.draining = True
         (stop or threading.Event()).wait(grace_s)
         with self._cond:

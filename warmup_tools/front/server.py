@@ -125,6 +125,11 @@ class FrontServer:
         how many were still in flight at the end (0: none lost)."""
         return self._drain.run(self.settings.drain_grace_s, self.settings.drain_timeout_s, stop)
 
+    @property
+    def in_flight_at_drain(self) -> int | None:
+        """Requests in flight when :meth:`drain` began (None before)."""
+        return self._drain.in_flight_at_start
+
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 

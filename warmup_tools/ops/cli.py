@@ -17,6 +17,7 @@ from warmup_tools.common.errors import WarmupToolsError
 from warmup_tools.server.config import REPO_ROOT, ServeConfig, load_config
 
 if TYPE_CHECKING:
+    from warmup_tools.fleet.settings import FleetSettings
     from warmup_tools.front.settings import FrontSettings
     from warmup_tools.sidecar.config import SidecarConfig
 
@@ -57,6 +58,19 @@ def _parser() -> argparse.ArgumentParser:
     front.add_argument("--model-repository", type=Path,
                        help="the repository tritonserver serves (tokenizer, chat template, KV budget, trust mode)")
     front.set_defaults(func=_cmd_front)
+
+    fleet = sub.add_parser("fleet", help="N replicas (tritonserver, sidecar and OpenAI front each) behind the smg "
+                                         "router, each joining once warm, until interrupted (docs/fleet.md)")
+    fleet.add_argument("--fleet-config", type=Path, help="JSON file of FleetSettings fields (docs/parameters.md)")
+    fleet.add_argument("--replicas", type=int)
+    fleet.add_argument("--policy", help="the router's policy (default cache_aware)")
+    fleet.add_argument("--host")
+    fleet.add_argument("--port", type=int, help="port of the router's OpenAI API (default 30000; 0: any free)")
+    fleet.add_argument("--prometheus-port", type=int, help="port of the router's metrics (default: any free)")
+    for name in ("work-dir", "control-dir", "snapshot-dir", "model-repository", "assets-dir"):
+        fleet.add_argument(f"--{name}", type=Path)
+    fleet.add_argument("--lm-threads", type=int, help="torch threads of each replica's LM (default 1)")
+    fleet.set_defaults(func=_cmd_fleet)
 
     assets = sub.add_parser("assets", help="build the demo model assets (LM, tokenizer, adapters, embedder)")
     assets.add_argument("--out", type=Path, default=REPO_ROOT / ".assets")
@@ -433,8 +447,8 @@ def _serve_with_front(args: argparse.Namespace, config: ServeConfig, server: Any
             print(f"SIGTERM: draining the OpenAI front (/health 503; new requests refused after "
                   f"{front.settings.drain_grace_s:g} s)", flush=True)
             left = front.drain(stop=stop.interrupted)
-            print("drained: no request in flight" if not left else
-                  f"drain timed out with {left} request(s) in flight", flush=True)
+            print(f"drained: {front.in_flight_at_drain} request(s) were in flight at SIGTERM; "
+                  + ("all finished" if not left else f"the drain timed out with {left} still in flight"), flush=True)
         return code
     finally:
         if front is not None:
@@ -535,6 +549,37 @@ def _cmd_sidecar(args: argparse.Namespace) -> int:
                                      f"tritonserver starting on {config.model_repository}: HTTP {server.http_url}, "
                                      f"gRPC {server.grpc_url} (log {server.log_path}); sidecar {sidecar.url}/ready "
                                      "/live /status", sidecar_url=sidecar.url)
+
+
+def fleet_settings(args: argparse.Namespace) -> "FleetSettings":
+    """The fleet's settings: defaults, ``--fleet-config``, ``WARMUP_FLEET_<FIELD>`` variables, then flags."""
+    from warmup_tools.fleet.settings import FleetSettings
+
+    env = {"WARMUP_" + k[len("WARMUP_FLEET_"):]: v for k, v in os.environ.items() if k.startswith("WARMUP_FLEET_")}
+    flags = {name: getattr(args, name) for name in ("replicas", "policy", "host", "port", "prometheus_port",
+                                                    "work_dir", "control_dir", "snapshot_dir", "model_repository",
+                                                    "assets_dir", "lm_threads")}
+    return load_config(FleetSettings, args.fleet_config, flags, env=env)
+
+
+def _cmd_fleet(args: argparse.Namespace) -> int:
+    from warmup_tools.fleet.fleet import Fleet
+
+    settings = fleet_settings(args)
+    stop = _stop_on_signals()
+    with Fleet(settings) as fleet:
+        print(f"router ({settings.policy}) on {fleet.router.url}/v1, metrics {fleet.router.metrics_url}; replicas: "
+              + ", ".join(f"{name} {r.url}" for name, r in fleet.replicas.items())
+              + f"; work folder {fleet.work_dir}; Ctrl-C stops (each replica drains first)", flush=True)
+        while not stop.wait(1.0):
+            for name, replica in fleet.replicas.items():
+                if replica.process.exited():
+                    print(f"replica {name} exited; its output:\n{replica.process.log_tail()}", file=sys.stderr)
+                    return 1
+            if fleet.router.process.exited():
+                print(f"the router exited:\n{fleet.router.process.log_tail()}", file=sys.stderr)
+                return 1
+    return 0
 
 
 def _cmd_assets(args: argparse.Namespace) -> int:

@@ -66,3 +66,4 @@ def test_a_stop_event_cuts_the_grace_short():
     stop = threading.Event()
     stop.set()
     assert drain.run(grace_s=3600, timeout_s=600, stop=stop) == 0
+

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Request, Response
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from warmup_tools.front.errors import OpenAIError
@@ -41,6 +41,11 @@ async def metrics(request: Request) -> Response:
     if load.kv_usage is not None:
         Gauge("vllm:kv_cache_usage_perc", "Share of the KV prefix cache in use (1 = full), over instances.",
               labels, registry=registry).labels(name).set(load.kv_usage)
+    drain = state.drain
+    Counter("warmup_front_requests", "Generation requests this front took (a replica's share of a fleet's "
+            "traffic).", registry=registry).inc(drain.total)
+    Gauge("warmup_front_requests_in_flight", "Generation requests in flight through this front (what a drain "
+          "waits for).", registry=registry).set(drain.active)
     info = Gauge("vllm:lora_requests_info", "LoRA adapters with requests running and waiting through this front; "
                  "the value is the time of the scrape.",
                  ["running_lora_adapters", "waiting_lora_adapters", "max_lora"], registry=registry)

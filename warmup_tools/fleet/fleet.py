@@ -120,8 +120,7 @@ class Fleet:
 
     def _join(self, replica: Replica) -> None:
         replica.wait_warm()
-        self.worker_ids[replica.name] = [self.router.add(f"{replica.url}/m/{model}", model)
-                                         for model in replica.models()]
+        self.worker_ids[replica.name] = self.router.join(replica.url, replica.models())
         LOGGER.info("replica %s joined the router at %s", replica.name, replica.url)
 
     def __enter__(self) -> "Fleet":

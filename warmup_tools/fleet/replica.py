@@ -11,10 +11,12 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 from warmup_tools.common.errors import ServerError
 from warmup_tools.fleet.process import Child
 from warmup_tools.fleet.settings import FleetSettings
+from warmup_tools.server.client import metric_sum, scrape_metrics
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import free_port
 
@@ -65,21 +67,26 @@ class Replica:
         return http_status(f"{self.url}/health")
 
     def models(self) -> list[str]:
-        """The models the replica's front serves now (``GET /v1/models``): the base model and each live adapter."""
-        with urllib.request.urlopen(f"{self.url}/v1/models", timeout=10) as response:
-            return [str(m["id"]) for m in json.load(response)["data"]]
+        return served_models(self.url)
+
+    def requests_taken(self) -> int:
+        """Generation requests the replica's front took so far (its ``warmup_front_requests_total``)."""
+        samples = scrape_metrics(f"{self.url}/metrics", prefix="warmup_front_requests")
+        return int(metric_sum(samples, "warmup_front_requests_total"))
+
+    def in_flight(self) -> int:
+        """Generation requests in flight through the replica's front now (0 when it does not answer)."""
+        try:
+            samples = scrape_metrics(f"{self.url}/metrics", prefix="warmup_front_requests")
+        except (OSError, ValueError):
+            return 0
+        return int(metric_sum(samples, "warmup_front_requests_in_flight"))
 
     def wait_warm(self, timeout_s: float | None = None) -> None:
-        timeout_s = timeout_s or self.settings.warm_timeout_s
-        deadline = time.monotonic() + timeout_s
-        while self.health() != 200:
-            if self.process.exited():
-                raise ServerError(f"replica {self.name} exited (code {self.process.returncode}) before it was "
-                                  f"warm; its output:\n{self.process.log_tail()}")
-            if time.monotonic() > deadline:
-                raise ServerError(f"replica {self.name} was not warm within {timeout_s:g} s; its "
-                                  f" output:\n{self.process.log_tail()}")
-            time.sleep(0.5)
+        try:
+            wait_warm(self.url, timeout_s or self.settings.warm_timeout_s, gone=self.process.exited)
+        except ServerError as exc:
+            raise ServerError(f"replica {self.name}: {exc}; its output:\n{self.process.log_tail()}") from None
 
     def stop(self) -> bool:
         """SIGTERM: it drains (its /health fails, the requests in flight finish), tritonserver stops and its
@@ -91,6 +98,23 @@ class Replica:
         if self.snapshot_dir is None or not self.snapshot_dir.is_dir():
             return {}
         return {p.name: p.stat().st_mtime for p in self.snapshot_dir.glob(f"*@{self.name}.manifest.json")}
+
+
+def served_models(front_url: str) -> list[str]:
+    """The models a front serves now (``GET /v1/models``): the base model and each live adapter."""
+    with urllib.request.urlopen(f"{front_url}/v1/models", timeout=10) as response:
+        return [str(m["id"]) for m in json.load(response)["data"]]
+
+
+def wait_warm(front_url: str, timeout_s: float, gone: Callable[[], bool] = lambda: False) -> None:
+    """Until the front's ``/health`` says 200; ServerError when ``gone()`` or after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while http_status(f"{front_url}/health") != 200:
+        if gone():
+            raise ServerError("it exited before it was warm")
+        if time.monotonic() > deadline:
+            raise ServerError(f"{front_url} was not warm within {timeout_s:g} s")
+        time.sleep(0.5)
 
 
 def http_status(url: str, timeout_s: float = 5.0) -> int:

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +72,15 @@ def _parser() -> argparse.ArgumentParser:
         fleet.add_argument(f"--{name}", type=Path)
     fleet.add_argument("--lm-threads", type=int, help="torch threads of each replica's LM (default 1)")
     fleet.set_defaults(func=_cmd_fleet)
+
+    join = sub.add_parser("join", help="add a running replica to a running smg router once its /health says warm "
+                                       "(one worker per model it serves; compose runs it per replica)")
+    join.add_argument("--router", required=True, help="the router's base URL, e.g. http://router:30000")
+    join.add_argument("--replica", required=True, help="the replica's OpenAI front, e.g. http://triton:9000")
+    join.add_argument("--timeout-s", type=float, default=1800.0, help="how long to wait for the replica to be warm")
+    join.add_argument("--health-check-interval-s", type=int, default=5,
+                      help="seconds between the router's probes of the replica's /health")
+    join.set_defaults(func=_cmd_join)
 
     assets = sub.add_parser("assets", help="build the demo model assets (LM, tokenizer, adapters, embedder)")
     assets.add_argument("--out", type=Path, default=REPO_ROOT / ".assets")
@@ -297,6 +307,18 @@ def _parser() -> argparse.ArgumentParser:
                              help="requests each way per level for the front's added TTFT and tokens/s (0: skip)")
     front_bench.add_argument("--max-tokens", type=int, default=32)
     front_bench.add_argument("--lm-threads", type=int, default=1)
+    fleet_bench = which.add_parser("fleet", parents=[assets],
+                                   help="the real-text replay through the smg router: 1 replica vs 2 round_robin vs "
+                                        "2 cache_aware; scale-out at +30 min (stanzas only vs snapshot, joined warm); "
+                                        "scale-in with SIGTERM under load")
+    fleet_bench.add_argument("--seed", type=int, default=0)
+    fleet_bench.add_argument("--requests-per-day", type=int, default=6000)
+    fleet_bench.add_argument("--hours", type=float, default=1.0, help="hours of day 2 replayed")
+    fleet_bench.add_argument("--scale-out-min", type=float, default=30.0, help="simulated minutes before the scale-out")
+    fleet_bench.add_argument("--window-min", type=float, default=10.0,
+                             help="simulated minutes of the new replica's requests measured")
+    fleet_bench.add_argument("--streams", type=int, default=6, help="concurrent streams during the scale-in")
+    fleet_bench.add_argument("--lm-threads", type=int, default=1)
     rec = which.add_parser("recovery", parents=[assets],
                            help="kill the lora_adapter stub beside the sidecar: seconds to /ready 503 and back to "
                                 "200, how requests failed meanwhile, failures after recovery")
@@ -435,7 +457,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve_with_front(args: argparse.Namespace, config: ServeConfig, server: Any, stop: "_Stop", banner: str, *,
-                      sidecar_url: str = "") -> int:
+                      sidecar_url: str = "", after_drain: Any = None) -> int:
     """Start the OpenAI front beside ``server``, print ``banner`` with its address, serve until stopped, stop it.
     Stopped by SIGTERM, the front drains first (docs/fleet.md): /health fails, the requests in flight finish;
     then the caller stops tritonserver, whose lora_adapter instances write their KV snapshots."""
@@ -449,6 +471,8 @@ def _serve_with_front(args: argparse.Namespace, config: ServeConfig, server: Any
             left = front.drain(stop=stop.interrupted)
             print(f"drained: {front.in_flight_at_drain} request(s) were in flight at SIGTERM; "
                   + ("all finished" if not left else f"the drain timed out with {left} still in flight"), flush=True)
+            if after_drain is not None:
+                after_drain()
         return code
     finally:
         if front is not None:
@@ -499,7 +523,7 @@ def _server(config: ServeConfig, **options: Any) -> Any:
     return TritonServer(config.model_repository,
                         ports=ServerPorts(config.http_port, config.grpc_port, config.metrics_port),
                         env=config.server_env(), log_path=config.log_file, log_verbose=config.log_verbose,
-                        host=config.host, **options)
+                        host=config.host, exit_timeout_s=config.exit_timeout_s, **options)
 
 
 def _wait_while_alive(server: Any, stop: threading.Event, front: Any = None) -> int:
@@ -548,7 +572,8 @@ def _cmd_sidecar(args: argparse.Namespace) -> int:
             return _serve_with_front(args, config, server, stop,
                                      f"tritonserver starting on {config.model_repository}: HTTP {server.http_url}, "
                                      f"gRPC {server.grpc_url} (log {server.log_path}); sidecar {sidecar.url}/ready "
-                                     "/live /status", sidecar_url=sidecar.url)
+                                     "/live /status", sidecar_url=sidecar.url,
+                                     after_drain=lambda: _unload_for_exit(sidecar, config.exit_timeout_s))
 
 
 def fleet_settings(args: argparse.Namespace) -> "FleetSettings":
@@ -579,6 +604,24 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
             if fleet.router.process.exited():
                 print(f"the router exited:\n{fleet.router.process.log_tail()}", file=sys.stderr)
                 return 1
+    return 0
+
+
+def _unload_for_exit(sidecar: Any, timeout_s: float) -> None:
+    started = time.monotonic()
+    done = sidecar.unload_for_exit(timeout_s=timeout_s)
+    print(f"lora_adapter unloaded in {time.monotonic() - started:.1f} s (its KV snapshots written)" if done else
+          f"lora_adapter was not unloaded within {timeout_s:g} s", flush=True)
+
+
+def _cmd_join(args: argparse.Namespace) -> int:
+    from warmup_tools.fleet.replica import served_models, wait_warm
+    from warmup_tools.fleet.router import RouterClient
+
+    wait_warm(args.replica, args.timeout_s)
+    models = served_models(args.replica)
+    ids = RouterClient(args.router, args.health_check_interval_s).join(args.replica, models)
+    print(f"{args.replica} joined {args.router}: {len(ids)} worker(s), models {', '.join(models)}")
     return 0
 
 

@@ -39,6 +39,9 @@ class ServeConfig:
     host: str = "127.0.0.1"
     log_verbose: int = 0
     ready_timeout_s: float = 600.0
+    #: Seconds tritonserver gets on SIGINT to unload its models (lora_adapter writes its KV snapshot then; a
+    #: large cache on a busy machine takes more than Triton's 15 s) before it exits anyway.
+    exit_timeout_s: int = 60
     log_file: Path | None = None
 
     def __post_init__(self) -> None:
@@ -50,6 +53,8 @@ class ServeConfig:
             raise ConfigError("http_port, grpc_port and metrics_port must differ")
         if self.ready_timeout_s <= 0:
             raise ConfigError("ready_timeout_s must be positive")
+        if not 1 <= self.exit_timeout_s <= 3600:
+            raise ConfigError("exit_timeout_s must be 1 to 3600 seconds")
 
     def server_env(self) -> dict[str, str]:
         return {"WARMUP_ASSETS_DIR": str(Path(self.assets_dir).resolve()),

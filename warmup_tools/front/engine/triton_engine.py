@@ -285,7 +285,7 @@ class TritonEngine:
                 assert self._http is not None
                 async with self._http.get(f"{self.sidecar_url}/ready") as response:
                     if response.status == 200:
-                        return Readiness(True)
+                        return await self._channel_ready()
                     body = await response.text()
                     try:
                         reason = str(json.loads(body).get("reason", body))
@@ -298,6 +298,18 @@ class TritonEngine:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, InferenceServerException) as exc:
             LOGGER.debug("readiness not read: %s", exc)
             return Readiness(False, "the replica is not reachable yet")
+
+    async def _channel_ready(self) -> Readiness:
+        """Whether this front's own gRPC channel reaches tritonserver. NOTE: a channel made before tritonserver
+        listened is in reconnect backoff for a while after the server is up; until it connects, requests would
+        fail with "failed to connect", so the front is not ready before its channel is."""
+        assert self._client is not None
+        try:
+            if await self._client.is_server_ready(client_timeout=5):
+                return Readiness(True)
+        except InferenceServerException:
+            pass
+        return Readiness(False, "the front's connection to tritonserver is not up yet")
 
     async def _get_text(self, url: str) -> str:
         assert self._http is not None

@@ -3,8 +3,7 @@
 A replica that is not warm gets no request; the cache-aware policy brings an unplanned prefix back to the
 replica that holds it; a replica stopped under load drains (no failed request) and writes its KV snapshot.
 Every wait is on a condition (tests/waiting.py), never on the clock. The requests are completions of the demo
-prompts (system prompt, then a chat turn): a replica that served /v1/chat/completions was seen not to unload
-lora_adapter on its way out (docs/fleet.md, "Leaving without losing a request"), so no snapshot."""
+prompts (the adapter's system prompt, then a chat turn)."""
 
 from __future__ import annotations
 

@@ -89,9 +89,9 @@ class Sidecar:
     def unload_for_exit(self, model: str = "lora_adapter", timeout_s: float = 60.0) -> bool:
         """After a drain, before tritonserver stops: stop watching (a repair would load it again), then unload
         ``model`` so that its instances finalize while the server still runs (lora_adapter's write their KV
-        snapshots). NOTE: on SIGINT alone, tritonserver 2.51 in explicit mode was seen to leave lora_adapter
-        loaded, its stub idle, until the exit timeout killed it: no finalize, no snapshot. Whether the model
-        was unloaded within ``timeout_s``."""
+        snapshots), and the replica can say whether they did. NOTE: a model with a client stream still open
+        on it is not unloaded (tritonserver 2.51 waits for it): the front closes its streams when their answer
+        is complete. Whether the model was unloaded within ``timeout_s``."""
         if self.replanner is not None:
             self.replanner.stop()
         self.monitor.stop()

@@ -218,7 +218,6 @@ class TritonEngine:
             responses = self._client.stream_infer(requests(), stream_timeout=self.timeout_s)
         except InferenceServerException as exc:
             raise _engine_error(exc) from None
-        finished = False
         try:
             async for result, error in responses:
                 if error is not None:
@@ -231,7 +230,6 @@ class TritonEngine:
                           if reason else {})
                 yield GenerateChunk(text, finish_reason=reason, **fields)
                 if reason:
-                    finished = True
                     break
         except InferenceServerException as exc:
             raise _engine_error(exc) from None
@@ -242,10 +240,10 @@ class TritonEngine:
                 raise EngineError("timeout", f"no answer from tritonserver within {self.timeout_s:g} s") from None
             raise EngineError("unavailable", "the stream to tritonserver failed; retry") from None
         finally:
-            if not finished:
-                # NOTE: cancelling the gRPC call cancels the request in tritonserver; on the composing path
-                # lora_adapter's scheduler drops the sequence within a step.
-                responses.cancel()
+            # NOTE: cancelling the gRPC call cancels the request in tritonserver (on the composing path
+            # lora_adapter's scheduler drops the sequence within a step); a finished call is closed the same
+            # way, so that no stream stays open on the channel once its answer is complete.
+            responses.cancel()
 
     # --------------------------------------------------------------------------------- state
     async def models(self, refresh: bool = False) -> ModelState:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import statistics
@@ -120,6 +121,7 @@ def replay(url: str, records: Sequence[RequestRecord],
 def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours: float = 1.0,
         scale_out_min: float = 30.0, window_min: float = 10.0, streams: int = 6, lm_threads: int = 1,
         out: TextIO = sys.stdout) -> None:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     work = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
     os.environ["WARMUP_SNAPSHOT_INTERVAL_S"] = str(SNAPSHOT_INTERVAL_S)  # the replicas inherit it
     try:
@@ -242,18 +244,20 @@ def scale_in(settings: FleetSettings, records: Sequence[RequestRecord], streams:
 
 
 def table(rows: Sequence[Figures]) -> str:
-    lines = ["| fleet | requests | cold share | prompt tokens from cache | TTFT p50 | TTFT p99 | requests per "
-             "replica |", "|---|---|---|---|---|---|---|"]
-    for f in rows:
-        lines.append(f"| {f.label} | {f.requests}{f' ({f.failed} failed)' if f.failed else ''} | {f.cold_share:.1%} | "
-                     f"{f.cached_share:.1%} | {f.ttft_p50_ms:.1f} ms | {f.ttft_p99_ms:.1f} ms | {f.per_replica} |")
-    return "\n".join(lines)
+    return markdown(("fleet", "requests", "cold share", "prompt tokens from cache", "TTFT p50", "TTFT p99",
+                     "requests per replica"),
+                    [(f.label, f"{f.requests}" + (f" ({f.failed} failed)" if f.failed else ""), f"{f.cold_share:.1%}",
+                      f"{f.cached_share:.1%}", f"{f.ttft_p50_ms:.1f} ms", f"{f.ttft_p99_ms:.1f} ms", f.per_replica)
+                     for f in rows])
 
 
 def scale_table(rows: Sequence[ScaleOut]) -> str:
-    lines = ["| scale-out | joined after | its requests in the window | its cold share | its TTFT p99 | fleet p99 "
-             "before | ratio |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r.variant} | {r.join_s:.0f} s | {r.new_requests} | {r.new_cold_share:.1%} | "
-                     f"{r.new_p99_ms:.1f} ms | {r.before_p99_ms:.1f} ms | {r.ratio:.2f}x |")
-    return "\n".join(lines)
+    return markdown(("scale-out", "joined after", "its requests in the window", "its cold share", "its TTFT p99",
+                     "fleet p99 before", "ratio"),
+                    [(r.variant, f"{r.join_s:.0f} s", str(r.new_requests), f"{r.new_cold_share:.1%}",
+                      f"{r.new_p99_ms:.1f} ms", f"{r.before_p99_ms:.1f} ms", f"{r.ratio:.2f}x") for r in rows])
+
+
+def markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import tempfile
 from pathlib import Path
 from types import TracebackType
@@ -83,31 +84,38 @@ class Fleet:
     def scale_in(self, name: str) -> Departure:
         """Take ``name`` out of the router (no new request goes to it), then SIGTERM: it drains, its
         tritonserver writes its KV snapshot, it exits."""
-        replica = self.replicas.pop(name)
-        before = replica.snapshots()
-        for worker_id in self.worker_ids.pop(name, []):
-            self.router.remove(worker_id)
-        clean = replica.stop()
-        written = tuple(sorted(f for f, mtime in replica.snapshots().items() if before.get(f) != mtime))
-        return Departure(name, clean, written)
+        return self._leave([name])[0]
 
     def stop(self) -> None:
-        """Every replica (drained as in :meth:`scale_in`), then the router; nothing is left running."""
-        errors = []
-        for name in list(self.replicas):
-            try:
-                self.scale_in(name)
-            except ServerError as exc:  # the router already gone: stop the replica anyway
-                errors.append(str(exc))
-                self.replicas.pop(name, None)
-        for replica in list(self.replicas.values()):
-            replica.stop()
-        self.router.stop()
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-        for error in errors:
-            LOGGER.warning("fleet stop: %s", error)
+        """Every replica (drained as in :meth:`scale_in`, all at once), then the router; nothing is left running."""
+        try:
+            self._leave(list(self.replicas))
+        except ServerError as exc:  # the router already gone: stop the replicas anyway
+            LOGGER.warning("fleet stop: %s", exc)
+        finally:
+            for replica in list(self.replicas.values()):
+                replica.stop()
+            self.replicas.clear()
+            self.router.stop()
+            if self._tmp is not None:
+                self._tmp.cleanup()
+                self._tmp = None
+
+    def _leave(self, names: list[str]) -> list[Departure]:
+        """Out of the router, then SIGTERM to every one of ``names`` together, then wait for each."""
+        before = {name: self.replicas[name].snapshots() for name in names}
+        for name in names:
+            for worker_id in self.worker_ids.pop(name, []):
+                self.router.remove(worker_id)
+        for name in names:
+            self.replicas[name].process.send(signal.SIGTERM)
+        departures = []
+        for name in names:
+            replica = self.replicas.pop(name)
+            clean = replica.stop()
+            written = tuple(sorted(f for f, mtime in replica.snapshots().items() if before[name].get(f) != mtime))
+            departures.append(Departure(name, clean, written))
+        return departures
 
     # ---------------------------------------------------------------------------------- helpers
     def _launch(self, restore: bool = True, warm_gate: bool = True) -> Replica:

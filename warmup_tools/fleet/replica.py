@@ -97,7 +97,9 @@ class Replica:
         """This replica's snapshot manifests in the shared folder: file name -> modification time."""
         if self.snapshot_dir is None or not self.snapshot_dir.is_dir():
             return {}
-        return {p.name: p.stat().st_mtime for p in self.snapshot_dir.glob(f"*@{self.name}.manifest.json")}
+        # NOTE: a snapshot is named <instance>@<replica> made filename-safe (warmup_tools.kv.snapshot.snapshot_name:
+        # the "@" becomes "_").
+        return {p.name: p.stat().st_mtime for p in self.snapshot_dir.glob(f"*_{self.name}.manifest.json")}
 
 
 def served_models(front_url: str) -> list[str]:

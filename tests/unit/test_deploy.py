@@ -22,6 +22,11 @@ def k8s_docs():
     return [(path.name, doc) for path in K8S for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
+def _doc(kind: str, name: str = "triton-warmup"):
+    """The manifest of ``kind`` named ``name`` (the replicas' by default; the router's are warmup-router)."""
+    return next(doc for _, doc in k8s_docs() if doc["kind"] == kind and doc["metadata"]["name"] == name)
+
+
 @pytest.mark.parametrize("name,doc", k8s_docs(), ids=lambda v: v if isinstance(v, str) else v["kind"])
 def test_every_manifest_validates_against_the_kubernetes_schemas(name, doc):
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -30,7 +35,7 @@ def test_every_manifest_validates_against_the_kubernetes_schemas(name, doc):
 
 def test_the_validator_does_catch_a_broken_manifest():
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
-    deployment = next(doc for _, doc in k8s_docs() if doc["kind"] == "Deployment")
+    deployment = _doc("Deployment")
     broken = copy.deepcopy(deployment)
     broken["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "eight thousand"
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -43,7 +48,7 @@ def _sidecar_args(command):
 
 
 def test_the_pod_probes_the_sidecar_and_its_ports_match_the_command():
-    deployment = next(doc for _, doc in k8s_docs() if doc["kind"] == "Deployment")
+    deployment = _doc("Deployment")
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     args = _sidecar_args(container["command"])
@@ -51,7 +56,8 @@ def test_the_pod_probes_the_sidecar_and_its_ports_match_the_command():
     assert ports == {"http": args.http_port, "grpc": args.grpc_port, "metrics": args.metrics_port,
                      "sidecar": args.sidecar_port, "openai": args.front_port}
     assert args.front and args.front_host == "0.0.0.0"  # the sidecar starts the OpenAI front beside tritonserver
-    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "sidecar"}
+    # Ready = the front's /health: warm (the sidecar's /ready) and not draining.
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "openai"}
     assert container["startupProbe"]["httpGet"]["path"] == "/ready"
     assert container["livenessProbe"]["httpGet"] == {"path": "/live", "port": "sidecar"}
     mounted = {m["name"] for m in container["volumeMounts"]}
@@ -64,13 +70,14 @@ def test_the_pod_probes_the_sidecar_and_its_ports_match_the_command():
     assert claims <= {doc["metadata"]["name"] for _, doc in k8s_docs() if doc["kind"] == "PersistentVolumeClaim"}
     selector = deployment["spec"]["selector"]["matchLabels"]
     for kind in ("Service", "PodDisruptionBudget"):
-        doc = next(d for _, d in k8s_docs() if d["kind"] == kind)
+        doc = _doc(kind)
         assert (doc["spec"]["selector"].get("matchLabels") or doc["spec"]["selector"]) == selector
 
 
 def test_compose_runs_the_sidecar_in_trust_mode_with_generated_secrets():
     services = COMPOSE["services"]
-    assert set(services) == {"secrets", "triton", "redis", "prometheus", "grafana", "locust"}
+    assert set(services) == {"secrets", "triton", "triton-2", "router", "join-1", "join-2", "redis", "prometheus",
+                             "grafana", "locust"}
     triton = services["triton"]
     args = _sidecar_args(triton["command"])
     assert f"127.0.0.1:{args.sidecar_port}:{args.sidecar_port}" in triton["ports"]
@@ -118,17 +125,18 @@ def test_compose_publishes_only_the_inference_ports_beyond_the_loopback_and_rest
         for port in service.get("ports", []):
             if not port.startswith("127.0.0.1:"):
                 public.add(port)
-        assert service["restart"] in ({"on-failure"} if name == "secrets" else {"unless-stopped", "always"}), name
-        if name != "secrets":
+        one_shot = name == "secrets" or name.startswith("join-")
+        assert service["restart"] in ({"on-failure"} if one_shot else {"unless-stopped", "always"}), name
+        if not one_shot:
             assert service["healthcheck"]["test"], name
-    assert public == {"8000:8000", "8001:8001", "9000:9000"}
+    assert public == {"8000:8000", "8001:8001", "9000:9000", "30000:30000"}
     args = _sidecar_args(COMPOSE["services"]["triton"]["command"])
     assert args.front and f"{args.front_port}:{args.front_port}" in public
     assert "ports" not in COMPOSE["services"]["redis"]
 
 
 def test_the_pod_runs_trust_mode_from_a_secret_and_the_service_exposes_inference_only():
-    deployment = next(doc for _, doc in k8s_docs() if doc["kind"] == "Deployment")
+    deployment = _doc("Deployment")
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     env = {e["name"]: e for e in container["env"]}
@@ -139,9 +147,9 @@ def test_the_pod_runs_trust_mode_from_a_secret_and_the_service_exposes_inference
     for name in ("WARMUP_DEPLOYMENT_SECRET_FILE", "WARMUP_TENANT_KEYS_FILE", "WARMUP_PROBE_TENANT_KEY_FILE"):
         assert env[name]["value"].startswith(mount["mountPath"] + "/"), name
     assert "value" not in env["WARMUP_REDIS_URL"]  # from a Secret, never a literal
-    service = next(doc for _, doc in k8s_docs() if doc["kind"] == "Service")
+    service = _doc("Service")
     assert {p["name"] for p in service["spec"]["ports"]} == {"http", "grpc", "openai"}
-    policy = next(doc for _, doc in k8s_docs() if doc["kind"] == "NetworkPolicy")
+    policy = _doc("NetworkPolicy")
     assert policy["spec"]["podSelector"] == deployment["spec"]["selector"]
     by_port = {p["port"]: rule for rule in policy["spec"]["ingress"] for p in rule["ports"]}
     assert "from" not in by_port[8000] and "from" not in by_port[8001] and "from" not in by_port[9000]
@@ -203,3 +211,59 @@ def test_the_image_defaults_to_trust_mode():
     for name in ("WARMUP_DEPLOYMENT_SECRET_FILE", "WARMUP_TENANT_KEYS_FILE", "WARMUP_PROBE_TENANT_KEY_FILE"):
         assert re.search(rf"\b{name}=/run/warmup/\S+", text), name
     assert "HEALTHCHECK" in text
+
+
+def _flag(command, name):
+    return command[command.index(name) + 1]
+
+
+def test_the_router_discovers_the_replica_pods_on_their_front_and_probes_their_health():
+    router = _doc("Deployment", "warmup-router")["spec"]["template"]["spec"]
+    command = router["containers"][0]["command"]
+    assert command[:2] == ["smg", "launch"] and "--service-discovery" in command
+    replicas = _doc("Deployment")
+    labels = replicas["spec"]["template"]["metadata"]["labels"]
+    key, _, value = _flag(command, "--selector").partition("=")
+    assert labels[key] == value
+    front = {p["name"]: p["containerPort"] for p in replicas["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert int(_flag(command, "--service-discovery-port")) == front["openai"]
+    assert _flag(command, "--health-check-endpoint") == "/health"
+    assert _flag(command, "--prometheus-port") != _flag(command, "--port")
+    role = _doc("Role", "warmup-router")
+    assert role["rules"][0]["resources"] == ["pods"] and "watch" in role["rules"][0]["verbs"]
+    assert router["serviceAccountName"] == _doc("RoleBinding", "warmup-router")["subjects"][0]["name"]
+
+
+def test_the_grace_period_covers_the_drain_and_the_hpa_scales_the_replicas_on_warm_queue_depth():
+    from warmup_tools.server.config import ServeConfig
+
+    pod = _doc("Deployment")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    drain = float(env["WARMUP_FRONT_DRAIN_GRACE_S"]) + float(env["WARMUP_FRONT_DRAIN_TIMEOUT_S"])
+    assert pod["terminationGracePeriodSeconds"] >= drain + ServeConfig().exit_timeout_s
+    router = _doc("Deployment", "warmup-router")["spec"]["template"]["spec"]["containers"][0]["command"]
+    # the replicas fail /health for longer than the router takes to notice
+    assert float(env["WARMUP_FRONT_DRAIN_GRACE_S"]) > float(_flag(router, "--health-check-interval-secs"))
+    hpa = _doc("HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "triton-warmup"
+    metric = hpa["spec"]["metrics"][0]["external"]["metric"]["name"]
+    rules = yaml.safe_load(_doc("ConfigMap", "warmup-prometheus-adapter-rules")["data"]["rules.yaml"])
+    rule = next(r for r in rules["externalRules"] if r["name"]["as"] == metric)
+    assert "vllm:num_requests_waiting" in rule["metricsQuery"]  # a series the front exports (docs/metrics.md)
+    assert 'kube_pod_status_ready{condition="true"' in rule["metricsQuery"]  # warming replicas are not Ready
+
+
+def test_compose_runs_two_replicas_behind_the_router_and_joins_each_once_warm():
+    services = COMPOSE["services"]
+    first, second = _sidecar_args(services["triton"]["command"]), _sidecar_args(services["triton-2"]["command"])
+    assert first.front_port == second.front_port
+    assert services["triton-2"]["volumes"] == services["triton"]["volumes"]  # one control and snapshot folder
+    assert services["triton"]["stop_grace_period"] == services["triton-2"]["stop_grace_period"]
+    router = services["router"]["command"]
+    assert router[:2] == ["smg", "launch"] and _flag(router, "--health-check-endpoint") == "/health"
+    joined = set()
+    for name in ("join-1", "join-2"):
+        args = _parser().parse_args(services[name]["command"][3:])
+        assert args.router == f"http://router:{_flag(router, '--port')}"
+        joined.add(args.replica)
+    assert joined == {f"http://triton:{first.front_port}", f"http://triton-2:{second.front_port}"}

@@ -12,6 +12,8 @@ The layers, lowest first (``ALLOWED`` lists them in this order, with what each p
 - ``front``: the OpenAI-compatible HTTP front, a client of tritonserver (it reads the repository's tokenizer,
   KV budget and trust mode from the composing models' settings).
 - ``sidecar``: readiness, recovery and the rolling re-plan beside one tritonserver.
+- ``fleet``: replicas (each ``warmup_tools sidecar`` in a child process) behind the ``smg`` router, on one
+  machine; it runs the serving path as processes and imports none of it.
 - ``sim``: traffic generators, benchmarks and load tests (nothing in the serving path imports them).
 - ``ops``: the command line and ``make demo``; its bench and traffic commands are the only way into ``sim``.
 - the top-level modules (``warmup_tools/__main__.py``): ``python -m warmup_tools``.
@@ -43,10 +45,11 @@ ALLOWED: dict[str, set[str]] = {
     "planning": {"common", "kv", "adapters", "triton", "embedding_cache", "lora_adapter"},
     "front": {"common", "kv", "server", "triton", "tokenizer_cache"},
     "sidecar": {"common", "adapters", "server", "triton", "planning"},
+    "fleet": {"common", "server"},
     "sim": {"common", "demo", "kv", "caches", "adapters", "server", "triton", "tokenizer_cache", "embedding_cache",
-            "lora_adapter", "planning", "front", "sidecar"},
+            "lora_adapter", "planning", "front", "sidecar", "fleet"},
     "ops": {"common", "demo", "adapters", "server", "triton", "tokenizer_cache", "embedding_cache", "lora_adapter",
-            "planning", "front", "sidecar", "sim"},
+            "planning", "front", "sidecar", "fleet", "sim"},
     TOP: {"ops"},
 }
 

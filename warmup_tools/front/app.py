@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -16,8 +15,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from warmup_tools.front.auth import TenantResolver
 from warmup_tools.front.chat_template import ChatRenderer
+from warmup_tools.front.drain import Drain, DrainGate
 from warmup_tools.front.engine.engine import Engine
-from warmup_tools.front.errors import OpenAIError, bad_request
+from warmup_tools.front.errors import OpenAIError, bad_request, send_error
 from warmup_tools.front.routers import chat, completions, models, observability
 from warmup_tools.front.serving import FrontState
 from warmup_tools.front.settings import FrontSettings
@@ -25,7 +25,11 @@ from warmup_tools.front.settings import FrontSettings
 LOGGER = logging.getLogger(__name__)
 
 
-def build_app(settings: FrontSettings, engine: Engine, renderer: ChatRenderer | None) -> FastAPI:
+def build_app(settings: FrontSettings, engine: Engine, renderer: ChatRenderer | None,
+              drain: Drain | None = None) -> FastAPI:
+    """The front's application; ``drain`` (default a new one) is how its owner drains it on SIGTERM."""
+    drain = drain or Drain()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
@@ -36,7 +40,7 @@ def build_app(settings: FrontSettings, engine: Engine, renderer: ChatRenderer | 
 
     app = FastAPI(title="warmup_tools OpenAI front", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    app.state.front = FrontState(settings, engine, TenantResolver(settings.tenant_keys_file), renderer)
+    app.state.front = FrontState(settings, engine, TenantResolver(settings.tenant_keys_file), renderer, drain)
     for module in (chat, completions, models, observability):
         app.include_router(module.router)
     app.add_exception_handler(OpenAIError, _openai_error)
@@ -45,6 +49,8 @@ def build_app(settings: FrontSettings, engine: Engine, renderer: ChatRenderer | 
     app.add_exception_handler(RecursionError, _too_deep)
     app.add_exception_handler(Exception, _unexpected)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
+    app.add_middleware(DrainGate, drain=drain)
+    app.add_middleware(ModelPrefix)  # added last: the outermost, so every route sees the plain path
     return app
 
 
@@ -105,19 +111,19 @@ class BodyLimit:
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None:
             if not length.isdigit():
-                await _send_error(send, bad_request("Content-Length is not a number."))
+                await send_error(send, bad_request("Content-Length is not a number."))
                 return
             if int(length) > self.max_bytes:
-                await _send_error(send, _too_large(int(length), self.max_bytes))
+                await send_error(send, _too_large(int(length), self.max_bytes))
                 return
         try:
             body = await asyncio.wait_for(self._read(receive), timeout=self.timeout_s)
         except asyncio.TimeoutError:
-            await _send_error(send, OpenAIError(408, f"The request body did not arrive within {self.timeout_s:g} s.",
+            await send_error(send, OpenAIError(408, f"The request body did not arrive within {self.timeout_s:g} s.",
                                                 code="body_timeout"))
             return
         except OpenAIError as exc:
-            await _send_error(send, exc)
+            await send_error(send, exc)
             return
         if body is None:
             return  # the client went away mid-body
@@ -153,9 +159,19 @@ def _too_large(size: int, limit: int) -> OpenAIError:
                        code="request_too_large")
 
 
-async def _send_error(send: Send, error: OpenAIError) -> None:
-    body = json.dumps(error.body()).encode()
-    headers: list[Any] = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                          (b"connection", b"close")]
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+class ModelPrefix:
+    """Serves every route under ``/m/<model>/`` too (``/m/sql/v1/chat/completions`` is
+    ``/v1/chat/completions``): a router that knows one model per worker URL (smg) reaches each adapter of
+    a replica through a URL of its own, and the body's ``model`` still selects the adapter."""
+
+    PREFIX = "/m/"
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and path.startswith(self.PREFIX):
+            rest = path[len(self.PREFIX):].partition("/")[2]
+            scope = {**scope, "path": "/" + rest, "raw_path": ("/" + rest).encode()}
+        await self.app(scope, receive, send)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi.responses import JSONResponse
+from starlette.types import Send
 
 from warmup_tools.front.schemas import ErrorInfo, ErrorResponse
 
@@ -50,3 +52,12 @@ INVALID_KEY = ("Incorrect API key provided: send 'Authorization: Bearer <key>' w
 
 def unauthorized() -> OpenAIError:
     return OpenAIError(401, INVALID_KEY, code="invalid_api_key")
+
+
+async def send_error(send: Send, error: OpenAIError) -> None:
+    """``error`` straight onto an ASGI ``send`` (for middleware, before the application runs)."""
+    body = json.dumps(error.body()).encode()
+    headers: list[Any] = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                          (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

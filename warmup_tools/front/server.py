@@ -18,6 +18,7 @@ from warmup_tools.common.errors import ConfigError, ServerError
 from warmup_tools.common.settings import read_settings
 from warmup_tools.front.app import build_app
 from warmup_tools.front.chat_template import ChatRenderer, ChatTemplateError
+from warmup_tools.front.drain import Drain
 from warmup_tools.front.engine.triton_engine import TritonEngine
 from warmup_tools.front.settings import FrontSettings
 from warmup_tools.kv.config import KVCacheConfig
@@ -75,7 +76,8 @@ class FrontServer:
             engine = build_engine(settings, kv_bytes)
             renderer = load_renderer(settings.tokenizer_path)
         self.settings = settings
-        app = build_app(settings, engine, renderer)  # type: ignore[arg-type]
+        self._drain = Drain()
+        app = build_app(settings, engine, renderer, self._drain)  # type: ignore[arg-type]
         config = uvicorn.Config(app, host=settings.host, port=settings.port, http="h11", loop="asyncio",
                                 lifespan="on", log_level="warning", access_log=False,
                                 h11_max_incomplete_event_size=settings.max_header_bytes,
@@ -116,6 +118,17 @@ class FrontServer:
         except BaseException as exc:  # noqa: BLE001 (reported by start(), or logged once running)
             self._error = exc
             LOGGER.error("the OpenAI front stopped: %s", exc)
+
+    def drain(self, stop: threading.Event | None = None) -> int:
+        """Leave without losing a request (SIGTERM): /health fails, new requests are refused after
+        ``drain_grace_s`` (``stop`` cuts the grace short), those in flight get up to ``drain_timeout_s``. Returns
+        how many were still in flight at the end (0: none lost)."""
+        return self._drain.run(self.settings.drain_grace_s, self.settings.drain_timeout_s, stop)
+
+    @property
+    def in_flight_at_drain(self) -> int | None:
+        """Requests in flight when :meth:`drain` began (None before)."""
+        return self._drain.in_flight_at_start
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

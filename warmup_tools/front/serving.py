@@ -11,6 +11,7 @@ from fastapi import Request
 
 from warmup_tools.front.auth import TENANT_HEADER, Caller, TenantResolver
 from warmup_tools.front.chat_template import ChatRenderer
+from warmup_tools.front.drain import Drain
 from warmup_tools.front.engine.engine import Engine
 from warmup_tools.front.errors import OpenAIError, bad_request, model_not_found
 from warmup_tools.front.generation import InFlight
@@ -24,6 +25,7 @@ class FrontState:
     resolver: TenantResolver
     #: None when the tokenizer has no chat template: /v1/chat/completions then answers 400.
     renderer: ChatRenderer | None
+    drain: Drain = dataclasses.field(default_factory=Drain)
     in_flight: InFlight = dataclasses.field(default_factory=InFlight)
 
 

@@ -50,6 +50,13 @@ class FrontSettings:
     request_timeout_s: float = setting(600.0, "Deadline of one generation on tritonserver.", gt=0)
     poll_interval_s: float = setting(1.0, "Seconds between reads of tritonserver's /metrics and the readiness "
                                           "(what /v1/models, /metrics and the 503 answer come from).", gt=0, le=60)
+    drain_grace_s: float = setting(5.0, "On SIGTERM, seconds /health answers 503 while requests are still taken, "
+                                        "so that a router or load balancer takes the replica out before any "
+                                        "request is refused; then new requests get 503 and those in flight "
+                                        "finish (0: refuse at once, for a router that removed the replica first).",
+                                   ge=0, le=600)
+    drain_timeout_s: float = setting(300.0, "On SIGTERM, the longest wait for the requests in flight to finish "
+                                            "before tritonserver is stopped (and writes its KV snapshot).", gt=0)
     tenant_keys_file: Path | None = setting(None, "Trust mode: the tenant keys file of tokenizer_cache (hashes "
                                                   "only); a request's bearer key names its tenant. Empty: open "
                                                   "mode, the tenant comes from X-Tenant-Id or user.")

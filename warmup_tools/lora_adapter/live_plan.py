@@ -82,8 +82,10 @@ class PlanKeeper:
                  warm: Callable[[str | None, str, tuple[int, ...]], None],
                  run: Callable[[Callable[[], Any]], Any] = lambda fn: fn(),
                  control_dir: Path | None = None, heartbeat_s: float = 5.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, host: str | None = None) -> None:
+        """``host``: the replica the reports name (default the host name)."""
         self.engine = engine
+        self.host = host or socket.gethostname()
         self.lifecycle = lifecycle
         self.instance = instance
         self._warm = warm
@@ -213,7 +215,7 @@ class PlanKeeper:
         coverage = self.coverage()
         with self._lock:
             return PlanStatus(self.instance, self.plan_id, self.source, self.state, coverage, self.detail,
-                              self._watcher.error if self._watcher else "", self._clock(), socket.gethostname())
+                              self._watcher.error if self._watcher else "", self._clock(), self.host)
 
     def report(self, force: bool = False) -> None:
         """Write this instance's status if it changed (or ``force``, or every ``heartbeat_s``)."""

@@ -61,7 +61,7 @@ class LoraService:
             self.reconciler.maybe_reconcile()
         # The warm-up plan of this instance: its hot set, and plan.json in the control folder.
         self.plan = PlanKeeper(engine, self.lifecycle, instance=instance, warm=self._warm_item,
-                               run=self.run_on_engine, control_dir=control_dir)
+                               run=self.run_on_engine, control_dir=control_dir, host=config.replica_name or None)
         if control_dir is not None:
             # NOTE: an idle instance must converge too, so one thread polls the control folder (a stat per
             # file and poll) for the adapter set and the plan; reconciles and requests are serialized by the

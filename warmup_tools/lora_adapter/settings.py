@@ -131,6 +131,9 @@ class ServiceConfig:
                                       "requests are cold) instead of refusing it.")
     control_poll_s: float = setting(0.5, "Seconds between looks at the control folder (one stat each) by an idle "
                                          "instance.", ge=0.01, le=60)
+    replica_name: str = setting("", "This replica's name in the shared control and snapshot folders (its coverage "
+                                    "reports and KV snapshot files); empty: the host name. Replicas that share a "
+                                    "host and the folders need distinct names.")
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from warmup_tools.common.errors import WarmupToolsError
 from warmup_tools.server.config import REPO_ROOT, ServeConfig, load_config
 
 if TYPE_CHECKING:
+    from warmup_tools.fleet.settings import FleetSettings
     from warmup_tools.front.settings import FrontSettings
     from warmup_tools.sidecar.config import SidecarConfig
 
@@ -69,6 +71,28 @@ def _parser() -> argparse.ArgumentParser:
     front.add_argument("--model-repository", type=Path,
                        help="the repository tritonserver serves (tokenizer, chat template, KV budget, trust mode)")
     front.set_defaults(func=_cmd_front)
+
+    fleet = sub.add_parser("fleet", help="N replicas (tritonserver, sidecar and OpenAI front each) behind the smg "
+                                         "router, each joining once warm, until interrupted (docs/fleet.md)")
+    fleet.add_argument("--fleet-config", type=Path, help="JSON file of FleetSettings fields (docs/parameters.md)")
+    fleet.add_argument("--replicas", type=int)
+    fleet.add_argument("--policy", help="the router's policy (default cache_aware)")
+    fleet.add_argument("--host")
+    fleet.add_argument("--port", type=int, help="port of the router's OpenAI API (default 30000; 0: any free)")
+    fleet.add_argument("--prometheus-port", type=int, help="port of the router's metrics (default: any free)")
+    for name in ("work-dir", "control-dir", "snapshot-dir", "model-repository", "assets-dir"):
+        fleet.add_argument(f"--{name}", type=Path)
+    fleet.add_argument("--lm-threads", type=int, help="torch threads of each replica's LM (default 1)")
+    fleet.set_defaults(func=_cmd_fleet)
+
+    join = sub.add_parser("join", help="add a running replica to a running smg router once its /health says warm "
+                                       "(one worker per model it serves; compose runs it per replica)")
+    join.add_argument("--router", required=True, help="the router's base URL, e.g. http://router:30000")
+    join.add_argument("--replica", required=True, help="the replica's OpenAI front, e.g. http://triton:9000")
+    join.add_argument("--timeout-s", type=float, default=1800.0, help="how long to wait for the replica to be warm")
+    join.add_argument("--health-check-interval-s", type=int, default=5,
+                      help="seconds between the router's probes of the replica's /health")
+    join.set_defaults(func=_cmd_join)
 
     assets = sub.add_parser("assets", help="build the demo model assets (LM, tokenizer, adapters, embedder)")
     assets.add_argument("--out", type=Path, default=REPO_ROOT / ".assets")
@@ -306,6 +330,18 @@ def _parser() -> argparse.ArgumentParser:
                              help="requests each way per level for the front's added TTFT and tokens/s (0: skip)")
     front_bench.add_argument("--max-tokens", type=int, default=32)
     front_bench.add_argument("--lm-threads", type=int, default=1)
+    fleet_bench = which.add_parser("fleet", parents=[assets],
+                                   help="the real-text replay through the smg router: 1 replica vs 2 round_robin vs "
+                                        "2 cache_aware; scale-out at +30 min (stanzas only vs snapshot, joined warm); "
+                                        "scale-in with SIGTERM under load")
+    fleet_bench.add_argument("--seed", type=int, default=0)
+    fleet_bench.add_argument("--requests-per-day", type=int, default=6000)
+    fleet_bench.add_argument("--hours", type=float, default=1.0, help="hours of day 2 replayed")
+    fleet_bench.add_argument("--scale-out-min", type=float, default=30.0, help="simulated minutes before the scale-out")
+    fleet_bench.add_argument("--window-min", type=float, default=10.0,
+                             help="simulated minutes of the new replica's requests measured")
+    fleet_bench.add_argument("--streams", type=int, default=6, help="concurrent streams during the scale-in")
+    fleet_bench.add_argument("--lm-threads", type=int, default=1)
     rec = which.add_parser("recovery", parents=[assets],
                            help="kill the lora_adapter stub beside the sidecar: seconds to /ready 503 and back to "
                                 "200, how requests failed meanwhile, failures after recovery")
@@ -469,6 +505,8 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--control-dir", type=Path)
     parser.add_argument("--snapshot-dir", type=Path, help="folder of lora_adapter's KV snapshots (shared by "
                                                           "replicas; WARMUP_SNAPSHOT_DIR); default: none")
+    parser.add_argument("--replica-name", help="this replica's name in shared control and snapshot folders "
+                                               "(WARMUP_REPLICA_NAME); default: the host name")
     parser.add_argument("--http-port", type=int)
     parser.add_argument("--grpc-port", type=int)
     parser.add_argument("--metrics-port", type=int)
@@ -480,9 +518,8 @@ def _server_flags(parser: argparse.ArgumentParser) -> None:
 
 def _serve_config(args: argparse.Namespace) -> ServeConfig:
     flags = {name: getattr(args, name) for name in (
-        "model_repository", "assets_dir", "control_dir", "snapshot_dir", "http_port", "grpc_port", "metrics_port",
-        "host", "log_verbose",
-        "ready_timeout_s", "log_file")}
+        "model_repository", "assets_dir", "control_dir", "snapshot_dir", "replica_name", "http_port", "grpc_port",
+        "metrics_port", "host", "log_verbose", "ready_timeout_s", "log_file")}
     return load_config(ServeConfig, args.config, flags)
 
 
@@ -496,13 +533,24 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                                  f"metrics {server.metrics_url} (log {server.log_path})")
 
 
-def _serve_with_front(args: argparse.Namespace, config: ServeConfig, server: Any, stop: Any, banner: str, *,
-                      sidecar_url: str = "") -> int:
-    """Start the OpenAI front beside ``server``, print ``banner`` with its address, serve until stopped, stop it."""
+def _serve_with_front(args: argparse.Namespace, config: ServeConfig, server: Any, stop: "_Stop", banner: str, *,
+                      sidecar_url: str = "", after_drain: Any = None) -> int:
+    """Start the OpenAI front beside ``server``, print ``banner`` with its address, serve until stopped, stop it.
+    Stopped by SIGTERM, the front drains first (docs/fleet.md): /health fails, the requests in flight finish;
+    then the caller stops tritonserver, whose lora_adapter instances write their KV snapshots."""
     front = _start_front(args, config, server, sidecar_url=sidecar_url)
     try:
         print(banner + (f"; OpenAI front {front.url}/v1" if front else "") + "; Ctrl-C stops", flush=True)
-        return _wait_while_alive(server, stop, front)
+        code = _wait_while_alive(server, stop, front)
+        if code == 0 and front is not None and stop.signal == signal.SIGTERM:
+            print(f"SIGTERM: draining the OpenAI front (/health 503; new requests refused after "
+                  f"{front.settings.drain_grace_s:g} s)", flush=True)
+            left = front.drain(stop=stop.interrupted)
+            print(f"drained: {front.in_flight_at_drain} request(s) were in flight at SIGTERM; "
+                  + ("all finished" if not left else f"the drain timed out with {left} still in flight"), flush=True)
+            if after_drain is not None:
+                after_drain()
+        return code
     finally:
         if front is not None:
             front.stop()
@@ -522,11 +570,27 @@ def _cmd_front(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stop_on_signals() -> threading.Event:
-    """An event set by SIGINT or SIGTERM (Ctrl-C, ``docker stop``, a pod's termination)."""
-    stop = threading.Event()
+class _Stop(threading.Event):
+    """Set by SIGINT or SIGTERM (Ctrl-C, ``docker stop``, a pod's termination); ``signal`` says which came
+    first, ``interrupted`` is set by a SIGINT (it cuts a SIGTERM's drain short)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.signal: int | None = None
+        self.interrupted = threading.Event()
+
+    def handle(self, sig: int, _frame: object = None) -> None:
+        if self.signal is None:
+            self.signal = sig
+        if sig == signal.SIGINT:
+            self.interrupted.set()
+        self.set()
+
+
+def _stop_on_signals() -> _Stop:
+    stop = _Stop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, stop.handle)
     return stop
 
 
@@ -536,7 +600,7 @@ def _server(config: ServeConfig, **options: Any) -> Any:
     return TritonServer(config.model_repository,
                         ports=ServerPorts(config.http_port, config.grpc_port, config.metrics_port),
                         env=config.server_env(), log_path=config.log_file, log_verbose=config.log_verbose,
-                        host=config.host, **options)
+                        host=config.host, exit_timeout_s=config.exit_timeout_s, **options)
 
 
 def _wait_while_alive(server: Any, stop: threading.Event, front: Any = None) -> int:
@@ -579,12 +643,63 @@ def _cmd_sidecar(args: argparse.Namespace) -> int:
     with _server(config, explicit_model_control=True, repository_key=RepositoryKey.generate()) as server:
         # The sidecar answers from the start, so a startupProbe sees 503 with the reason while models load.
         with Sidecar(sidecar_settings, server.http_url, server.grpc_url, server.repository_key,
-                     config.model_repository, control_dir=config.control_dir, server=server) as sidecar:
+                     config.model_repository, control_dir=config.control_dir, server=server,
+                     replica_name=config.replica_name) as sidecar:
             # The front answers from the start too: 503 with the sidecar's reason until /ready says 200.
             return _serve_with_front(args, config, server, stop,
                                      f"tritonserver starting on {config.model_repository}: HTTP {server.http_url}, "
                                      f"gRPC {server.grpc_url} (log {server.log_path}); sidecar {sidecar.url}/ready "
-                                     "/live /status", sidecar_url=sidecar.url)
+                                     "/live /status", sidecar_url=sidecar.url,
+                                     after_drain=lambda: _unload_for_exit(sidecar, config.exit_timeout_s))
+
+
+def fleet_settings(args: argparse.Namespace) -> "FleetSettings":
+    """The fleet's settings: defaults, ``--fleet-config``, ``WARMUP_FLEET_<FIELD>`` variables, then flags."""
+    from warmup_tools.fleet.settings import FleetSettings
+
+    env = {"WARMUP_" + k[len("WARMUP_FLEET_"):]: v for k, v in os.environ.items() if k.startswith("WARMUP_FLEET_")}
+    flags = {name: getattr(args, name) for name in ("replicas", "policy", "host", "port", "prometheus_port",
+                                                    "work_dir", "control_dir", "snapshot_dir", "model_repository",
+                                                    "assets_dir", "lm_threads")}
+    return load_config(FleetSettings, args.fleet_config, flags, env=env)
+
+
+def _cmd_fleet(args: argparse.Namespace) -> int:
+    from warmup_tools.fleet.fleet import Fleet
+
+    settings = fleet_settings(args)
+    stop = _stop_on_signals()
+    with Fleet(settings) as fleet:
+        print(f"router ({settings.policy}) on {fleet.router.url}/v1, metrics {fleet.router.metrics_url}; replicas: "
+              + ", ".join(f"{name} {r.url}" for name, r in fleet.replicas.items())
+              + f"; work folder {fleet.work_dir}; Ctrl-C stops (each replica drains first)", flush=True)
+        while not stop.wait(1.0):
+            for name, replica in fleet.replicas.items():
+                if replica.process.exited():
+                    print(f"replica {name} exited; its output:\n{replica.process.log_tail()}", file=sys.stderr)
+                    return 1
+            if fleet.router.process.exited():
+                print(f"the router exited:\n{fleet.router.process.log_tail()}", file=sys.stderr)
+                return 1
+    return 0
+
+
+def _unload_for_exit(sidecar: Any, timeout_s: float) -> None:
+    started = time.monotonic()
+    done = sidecar.unload_for_exit(timeout_s=timeout_s)
+    print(f"lora_adapter unloaded in {time.monotonic() - started:.1f} s (its KV snapshots written)" if done else
+          f"lora_adapter was not unloaded within {timeout_s:g} s", flush=True)
+
+
+def _cmd_join(args: argparse.Namespace) -> int:
+    from warmup_tools.fleet.replica import served_models, wait_warm
+    from warmup_tools.fleet.router import RouterClient
+
+    wait_warm(args.replica, args.timeout_s)
+    models = served_models(args.replica)
+    ids = RouterClient(args.router, args.health_check_interval_s).join(args.replica, models)
+    print(f"{args.replica} joined {args.router}: {len(ids)} worker(s), models {', '.join(models)}")
+    return 0
 
 
 def _cmd_assets(args: argparse.Namespace) -> int:

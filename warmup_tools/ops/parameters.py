@@ -12,6 +12,7 @@ from pathlib import Path
 from warmup_tools.adapters.plan_history import PlanHistorySettings
 from warmup_tools.common.settings import ParameterRow, markdown_table, parameter_rows
 from warmup_tools.embedding_cache.settings import EmbeddingCacheSettings
+from warmup_tools.fleet.settings import FleetSettings
 from warmup_tools.front.settings import FrontSettings
 from warmup_tools.lora_adapter.settings import LoraAdapterSettings
 from warmup_tools.sidecar.config import SidecarConfig
@@ -65,4 +66,8 @@ def parameters_markdown(repository: Path | None = None) -> str:
                  f"`{FrontSettings.__module__}`); `WARMUP_FRONT_<KEY>` environment variables set them too, and the "
                  "`front`, `serve` and `sidecar` flags override both ([openai.md](openai.md)).\n\n")
     parts.append(markdown_table(list(parameter_rows(FrontSettings))).replace("| parameter |", "| key |", 1))
+    parts.append("\n## The fleet\n\nThe keys of the JSON file `--fleet-config` names (`FleetSettings` in "
+                 f"`{FleetSettings.__module__}`); `WARMUP_FLEET_<KEY>` environment variables set them too, and the "
+                 "`fleet` flags override both ([fleet.md](fleet.md)).\n\n")
+    parts.append(markdown_table(list(parameter_rows(FleetSettings))).replace("| parameter |", "| key |", 1))
     return "".join(parts)

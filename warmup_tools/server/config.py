@@ -30,12 +30,18 @@ class ServeConfig:
     control_dir: Path | None = REPO_ROOT / ".control"
     #: Folder of lora_adapter's KV snapshots (``snapshot_dir``; shared by replicas); empty disables them.
     snapshot_dir: Path | None = None
+    #: This replica's name in the shared control and snapshot folders (lora_adapter's ``replica_name``, the
+    #: sidecar's coverage reports); empty: the host name. Replicas sharing a host and the folders need distinct names.
+    replica_name: str = ""
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
     host: str = "127.0.0.1"
     log_verbose: int = 0
     ready_timeout_s: float = 600.0
+    #: Seconds tritonserver gets on SIGINT to unload its models (lora_adapter writes its KV snapshot then; a
+    #: large cache on a busy machine takes more than Triton's 15 s) before it exits anyway.
+    exit_timeout_s: int = 60
     log_file: Path | None = None
 
     def __post_init__(self) -> None:
@@ -47,11 +53,14 @@ class ServeConfig:
             raise ConfigError("http_port, grpc_port and metrics_port must differ")
         if self.ready_timeout_s <= 0:
             raise ConfigError("ready_timeout_s must be positive")
+        if not 1 <= self.exit_timeout_s <= 3600:
+            raise ConfigError("exit_timeout_s must be 1 to 3600 seconds")
 
     def server_env(self) -> dict[str, str]:
         return {"WARMUP_ASSETS_DIR": str(Path(self.assets_dir).resolve()),
                 "WARMUP_CONTROL_DIR": str(Path(self.control_dir).resolve()) if self.control_dir else "",
-                "WARMUP_SNAPSHOT_DIR": str(Path(self.snapshot_dir).resolve()) if self.snapshot_dir else ""}
+                "WARMUP_SNAPSHOT_DIR": str(Path(self.snapshot_dir).resolve()) if self.snapshot_dir else "",
+                "WARMUP_REPLICA_NAME": self.replica_name}
 
 
 def load_config(cls: type[C], file: Path | None = None, flags: Mapping[str, Any] | None = None,

@@ -287,10 +287,11 @@ class TritonServer:
                 )
             time.sleep(0.25)
 
-    def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGINT, wait up to ``timeout``, then SIGKILL the process group. Returns the exit code."""
+    def stop(self, timeout: float | None = None) -> int | None:
+        """SIGINT, wait up to ``timeout`` (default: its exit timeout and 15 s), then SIGKILL the process group.
+        Returns the exit code."""
         with self._lifecycle:
-            return self._stop(timeout)
+            return self._stop(timeout if timeout is not None else self._exit_timeout_s + 15.0)
 
     def _stop(self, timeout: float) -> int | None:
         process = self._process

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable, Mapping
 
-from warmup_tools.common.errors import ConfigError
+from warmup_tools.common.errors import ConfigError, ServerError
 from warmup_tools.server.process import RepositoryKey, TritonServer
 from warmup_tools.sidecar.config import SidecarConfig
 from warmup_tools.sidecar.coverage import CoverageReader
@@ -20,6 +21,8 @@ from warmup_tools.sidecar.replan import Replanner
 from warmup_tools.sidecar.repository import RepositoryClient
 from warmup_tools.sidecar.stub_death import StubDeathFacts
 from warmup_tools.sidecar.stubs import StubScanner
+
+LOGGER = logging.getLogger(__name__)
 
 
 class Sidecar:
@@ -34,7 +37,7 @@ class Sidecar:
 
     def __init__(self, config: SidecarConfig, http_url: str, grpc_url: str, key: RepositoryKey | None,
                  model_repository: Path | None = None, control_dir: Path | None = None,
-                 server_pid: int | None = None, server: TritonServer | None = None) -> None:
+                 server_pid: int | None = None, server: TritonServer | None = None, replica_name: str = "") -> None:
         """``control_dir``: the folder lora_adapter's instances report their warm coverage to (its
         ``control_dir`` parameter); with it, and ``coverage_threshold`` above 0, ``/ready`` checks coverage.
         ``server``: the tritonserver beside the sidecar (what ``warmup_tools sidecar`` runs): its stubs are
@@ -47,7 +50,8 @@ class Sidecar:
         self.config = config
         self._probes = TritonProbes(grpc_url, config.probe_timeout_s, **_probe_credentials(os.environ, key))
         self._repository = RepositoryClient(http_url, key, config.recovery_timeout_s)
-        coverage = (CoverageReader(Path(control_dir), config.coverage_threshold, config.coverage_stale_s, time.time)
+        coverage = (CoverageReader(Path(control_dir), config.coverage_threshold, config.coverage_stale_s, time.time,
+                                   host=replica_name or None)
                     if control_dir is not None and config.coverage_threshold > 0 else None)
         self._server = server
         self._facts = (StubDeathFacts(http_url, server.metrics_url, timeout_s=min(1.0, config.probe_timeout_s))
@@ -84,6 +88,21 @@ class Sidecar:
         self.monitor.start()
         if self.replanner is not None:
             self.replanner.start()
+
+    def unload_for_exit(self, model: str = "lora_adapter", timeout_s: float = 60.0) -> bool:
+        """After a drain, before tritonserver stops: stop watching (a repair would load it again), then unload
+        ``model`` so that its instances finalize while the server still runs (lora_adapter's write their KV
+        snapshots), and the replica can say whether they did. NOTE: a model with a client stream still open
+        on it is not unloaded (tritonserver 2.51 waits for it): the front closes its streams when their answer
+        is complete. Whether the model was unloaded within ``timeout_s``."""
+        if self.replanner is not None:
+            self.replanner.stop()
+        self.monitor.stop()
+        try:
+            return self._repository.unload(model, timeout_s)
+        except ServerError as exc:
+            LOGGER.warning("unloading %s before the exit failed: %s", model, exc)
+            return False
 
     def stop(self) -> None:
         if self.replanner is not None:

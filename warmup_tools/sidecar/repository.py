@@ -41,6 +41,17 @@ class RepositoryClient:
             time.sleep(0.2)
         self._post(f"models/{model}/load", timeout_s=_left(deadline))
 
+    def unload(self, model: str, timeout_s: float | None = None) -> bool:
+        """Unload ``model`` and wait until its instances have finalized (the index no longer says READY or
+        UNLOADING): whether that happened within ``timeout_s``."""
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        self._post(f"models/{model}/unload", timeout_s=_left(deadline))
+        while self.index().get(model) in ("READY", "UNLOADING"):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
+
     def ensure_loaded(self, model: str, timeout_s: float | None = None) -> bool:
         """Load ``model`` if the index does not say READY (an ensemble unloaded with a composing model).
         Returns whether a load was needed."""

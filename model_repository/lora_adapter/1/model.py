@@ -61,7 +61,8 @@ class TritonPythonModel:
             self.snapshots = SnapshotKeeper(engine, settings.snapshots, instance=self.instance,
                                             plan_id=own_plan_id(args), run_on_engine=self.service.run_on_engine,
                                             log=pb_utils.Logger.log_warn, on_write=snapshot_metrics.record_write,
-                                            mac_key=self.trust.derived_key(b"kv-snapshot-mac"))
+                                            mac_key=self.trust.derived_key(b"kv-snapshot-mac"),
+                                            host=settings.service.replica_name or None)
             report = self.snapshots.restore()
             snapshot_metrics.record_restore(report)
             pb_utils.Logger.log_info(f"lora_adapter: KV snapshots restored {report.blocks} blocks "

@@ -239,7 +239,6 @@ class TritonEngine:
             responses = self._client.stream_infer(requests(), stream_timeout=self.timeout_s)
         except InferenceServerException as exc:
             raise _engine_error(exc) from None
-        finished = False
         try:
             async for result, error in responses:
                 if error is not None:
@@ -252,7 +251,6 @@ class TritonEngine:
                           if reason else {})
                 yield GenerateChunk(text, finish_reason=reason, **fields)
                 if reason:
-                    finished = True
                     break
         except InferenceServerException as exc:
             raise _engine_error(exc) from None
@@ -263,10 +261,10 @@ class TritonEngine:
                 raise EngineError("timeout", f"no answer from tritonserver within {self.timeout_s:g} s") from None
             raise EngineError("unavailable", "the stream to tritonserver failed; retry") from None
         finally:
-            if not finished:
-                # NOTE: cancelling the gRPC call cancels the request in tritonserver; on the composing path
-                # lora_adapter's scheduler drops the sequence within a step.
-                responses.cancel()
+            # NOTE: cancelling the gRPC call cancels the request in tritonserver (on the composing path
+            # lora_adapter's scheduler drops the sequence within a step); a finished call is closed the same
+            # way, so that no stream stays open on the channel once its answer is complete.
+            responses.cancel()
 
     # --------------------------------------------------------------------------------- state
     async def models(self, refresh: bool = False) -> ModelState:
@@ -307,7 +305,8 @@ class TritonEngine:
                 async with self._http.get(f"{self.sidecar_url}/ready") as response:
                     body = await response.text()
                     if response.status == 200:
-                        return Readiness(True, **_temperature(body))
+                        channels = await self._channel_ready()
+                        return Readiness(True, **_temperature(body)) if channels.ready else channels
                     try:
                         reason = str(json.loads(body).get("reason", body))
                     except (ValueError, AttributeError):
@@ -319,6 +318,20 @@ class TritonEngine:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, InferenceServerException) as exc:
             LOGGER.debug("readiness not read: %s", exc)
             return Readiness(False, "the replica is not reachable yet")
+
+    async def _channel_ready(self) -> Readiness:
+        """Whether this front's own gRPC channel reaches tritonserver. NOTE: a channel made before tritonserver
+        listened is in reconnect backoff for a while after the server is up; until it connects, requests would
+        fail with "failed to connect", so the front is not ready before its channel is."""
+        assert self._client is not None and self._channel is not None
+        try:
+            if await self._client.is_server_ready(client_timeout=5):
+                # NOTE: the shared stream of unary inferences has a channel of its own: it must connect too.
+                await asyncio.wait_for(self._channel.channel_ready(), 5)
+                return Readiness(True)
+        except (InferenceServerException, asyncio.TimeoutError):
+            pass
+        return Readiness(False, "the front's connection to tritonserver is not up yet")
 
     async def _get_text(self, url: str) -> str:
         assert self._http is not None

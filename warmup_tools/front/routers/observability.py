@@ -1,6 +1,6 @@
-"""``GET /health`` (200 only when the replica is warm and ready: the sidecar's /ready, with the sidecar's
-service temperature of the replica and its adapters as the body) and ``GET /metrics``
-(the load signals routers read, under vLLM's names, fed from lora_adapter's scheduler gauges)."""
+"""``GET /health`` (200 only when the replica is warm and ready, the sidecar's /ready, and not draining; with
+the sidecar's service temperature of the replica and its adapters as the body) and ``GET /metrics`` (the load
+signals routers read, under vLLM's names, fed from lora_adapter's scheduler gauges)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from warmup_tools.front.errors import OpenAIError
@@ -19,6 +19,9 @@ router = APIRouter()
 
 @router.get("/health")
 async def health(request: Request) -> Response:
+    if front_state(request).drain.draining:
+        raise OpenAIError(503, "This replica is shutting down: it finishes the requests in flight and takes no "
+                               "new ones.", code="draining")
     readiness = await front_state(request).engine.readiness(refresh=True)
     if not readiness.ready:
         raise OpenAIError(503, f"This replica is not ready to serve: {readiness.reason}", code="not_ready")
@@ -44,6 +47,11 @@ async def metrics(request: Request) -> Response:
     if load.kv_usage is not None:
         Gauge("vllm:kv_cache_usage_perc", "Share of the KV prefix cache in use (1 = full), over instances.",
               labels, registry=registry).labels(name).set(load.kv_usage)
+    drain = state.drain
+    Counter("warmup_front_requests", "Generation requests this front took (a replica's share of a fleet's "
+            "traffic).", registry=registry).inc(drain.total)
+    Gauge("warmup_front_requests_in_flight", "Generation requests in flight through this front (what a drain "
+          "waits for).", registry=registry).set(drain.active)
     info = Gauge("vllm:lora_requests_info", "LoRA adapters with requests running and waiting through this front; "
                  "the value is the time of the scrape.",
                  ["running_lora_adapters", "waiting_lora_adapters", "max_lora"], registry=registry)

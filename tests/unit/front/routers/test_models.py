@@ -19,6 +19,7 @@ def test_health_follows_the_readiness_and_metrics_use_vllm_names(client, engine)
     assert 'vllm:num_requests_running{model_name="base"} 3.0' in text
     assert 'vllm:num_requests_waiting{model_name="base"} 1.0' in text
     assert 'vllm:kv_cache_usage_perc{model_name="base"} 0.25' in text
+    assert "warmup_front_requests_in_flight 0.0" in text and "warmup_front_requests_total " in text
     assert 'vllm:lora_requests_info{max_lora="1",running_lora_adapters="",waiting_lora_adapters=""}' in text
     engine.ready = False
     response = client.get("/health")
@@ -33,3 +34,11 @@ def test_health_carries_the_sidecars_temperature_when_it_has_one(client, engine)
     engine.temperature = {"temperature": "warm", "adapters": {"sql": "hot"}}
     response = client.get("/health")
     assert response.status_code == 200 and response.json() == {"temperature": "warm", "adapters": {"sql": "hot"}}
+
+
+def test_every_route_is_served_under_a_model_prefix_too(client):
+    assert client.get("/m/sql/health").status_code == 200
+    answer = client.post("/m/sql/v1/completions", json={"model": "sql", "prompt": "x"})
+    assert answer.status_code == 200 and answer.json()["model"] == "sql"
+    assert client.get("/m/sql/v1/models").json()["data"][0]["id"] == "base"
+    assert client.get("/m/").status_code == 404

@@ -1,0 +1,125 @@
+"""A fleet on this machine: replicas (real tritonservers, sidecars and fronts) behind the real smg router.
+
+A replica that is not warm gets no request; the cache-aware policy brings an unplanned prefix back to the
+replica that holds it; a replica stopped under load drains (no failed request) and writes its KV snapshot.
+Every wait is on a condition (tests/waiting.py), never on the clock. The requests are completions of the demo
+prompts (the adapter's system prompt, then a chat turn)."""
+
+from __future__ import annotations
+
+import threading
+
+import openai
+import pytest
+
+from tests.waiting import wait_for
+from warmup_tools.demo.prompts import USER_QUESTIONS, demo_prompt
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
+
+
+@pytest.fixture(scope="module")
+def fleet(served_assets, tmp_path_factory):
+    """One replica joined at the start, a second launched beside it (cold until it warms) and not joined."""
+    from warmup_tools.fleet.fleet import Fleet
+    from warmup_tools.fleet.settings import FleetSettings
+
+    settings = FleetSettings(replicas=1, policy="cache_aware", port=0, assets_dir=served_assets,
+                             work_dir=tmp_path_factory.mktemp("fleet"))
+    with Fleet(settings) as running:
+        running.cold = running.launch()
+        yield running
+
+
+@pytest.fixture()
+def sdk(fleet):
+    with openai.OpenAI(base_url=f"{fleet.router.url}/v1", api_key="any key: open mode", max_retries=0) as client:
+        yield client
+
+
+def _joined(fleet, count: int = 2) -> None:
+    while len(fleet.worker_ids) < count:
+        cold = getattr(fleet, "cold", None)
+        if cold is not None and cold.name not in fleet.worker_ids:
+            fleet.join(cold)
+        else:
+            fleet.scale_out()
+
+
+def _complete(sdk, model: str, prompt: str, max_tokens: int = 4):
+    return sdk.completions.create(model=model, prompt=prompt, max_tokens=max_tokens)
+
+
+def test_a_cold_replica_gets_no_request(fleet, sdk):
+    cold = fleet.cold
+    # Its front answers, and says it is not warm yet (tritonserver loading, the plan not resident).
+    status = wait_for(lambda: cold.health() in (200, 503) and cold.health(), "the cold replica's front answers")
+    if status == 200:
+        pytest.skip("the second replica was warm before the check could see it cold")
+    for question in USER_QUESTIONS["support"][:4]:
+        answer = _complete(sdk, "support", demo_prompt("support", question))
+        assert answer.choices[0].text is not None
+    assert cold.health() == 503 or cold.name not in fleet.worker_ids
+    assert cold.requests_taken() == 0
+    assert all(w["url"].split("/m/")[0] != cold.url for w in fleet.router.workers())
+    fleet.join(cold)  # it joins once warm
+    assert {w["url"].split("/m/")[0] for w in fleet.router.workers()} == {r.url for r in fleet.replicas.values()}
+
+
+def test_planned_prefixes_are_warm_on_every_replica_and_unplanned_ones_come_back(fleet, sdk):
+    _joined(fleet)
+    # A planned prefix (the model_warmup stanzas' system prompt) is warm wherever the router sends it.
+    for adapter in ("support", "sql", "legal"):
+        first = _complete(sdk, adapter, demo_prompt(adapter, USER_QUESTIONS[adapter][0]))
+        assert first.usage.prompt_tokens_details.cached_tokens > 0, adapter
+    # An unplanned prefix: cold on its first request, taken from the cache on the second, because the
+    # cache-aware policy sends it back to the replica that computed it.
+    system = ("You are the assistant of a small bakery in Lyon. Answer questions about opening hours, "
+              "allergens, custom cakes and deliveries in two sentences, politely, in plain English.")
+    first = _complete(sdk, "support", f"{system}User: Do you bake gluten-free bread on Saturdays?\nAssistant:")
+    second = _complete(sdk, "support", f"{system}User: Can I order a wedding cake for sixty guests?\nAssistant:")
+    assert first.usage.prompt_tokens_details.cached_tokens < first.usage.prompt_tokens
+    assert second.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_a_replica_stopped_under_load_drains_without_a_failed_request(fleet, sdk):
+    _joined(fleet)
+    streams, errors, finished = 6, [], []
+    started = threading.Semaphore(0)
+
+    def stream(index: int) -> None:
+        try:
+            chunks = sdk.completions.create(
+                model="sql", max_tokens=256, stream=True, stream_options={"include_usage": True},
+                prompt=demo_prompt("sql", f"{USER_QUESTIONS['sql'][0]} (stream {index})"))
+            reasons = []
+            for number, chunk in enumerate(chunks):
+                if number == 0:
+                    started.release()
+                reasons += [c.finish_reason for c in chunk.choices if c.finish_reason]
+            finished.append(reasons)
+        except Exception as exc:  # noqa: BLE001 - every failure is the test's finding
+            errors.append(f"stream {index}: {type(exc).__name__}: {exc}")
+            started.release()
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(streams)]
+    for thread in threads:
+        thread.start()
+    for _ in threads:  # every stream has its first chunk: they are all in flight
+        started.acquire()
+    # The replica that holds streams leaves (the cache-aware policy may have sent them all to one).
+    leaving = wait_for(lambda: next((r for r in fleet.replicas.values() if r.in_flight() > 0), None),
+                       "a replica with streams in flight")
+    departure = fleet.scale_in(leaving.name)
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(finished) == streams and all(r == ["length"] for r in finished)
+    assert departure.clean, leaving.process.log_tail()
+    assert "request(s) were in flight at SIGTERM; all finished" in leaving.process.log_path.read_text()
+    # The fleet serves on with the other replica.
+    assert _complete(sdk, "sql", demo_prompt("sql", USER_QUESTIONS["sql"][0])).choices
+    if not departure.snapshots_written:
+        # Known problem (docs/fleet.md): tritonserver sometimes does not unload lora_adapter after it served
+        # through the router, so finalize does not run and writes no snapshot at the exit.
+        pytest.xfail(f"no KV snapshot written by {leaving.name} at its exit: lora_adapter was not unloaded")

@@ -1,0 +1,140 @@
+"""The fleet: replicas and the router, started, scaled out and in, and stopped as one context manager::
+
+    with Fleet(FleetSettings(replicas=2, policy="cache_aware")) as fleet:
+        ...  # fleet.router.url + "/v1/chat/completions"
+        fleet.scale_out()        # a new replica joins once warm (restored from the snapshot folder)
+        fleet.scale_in("r1")     # out of the router, drained, snapshot written, stopped
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+from warmup_tools.common.errors import ServerError
+from warmup_tools.fleet.replica import Replica
+from warmup_tools.fleet.router import Router
+from warmup_tools.fleet.settings import FleetSettings
+
+LOGGER = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Departure:
+    """What one scale-in came to."""
+
+    name: str
+    #: Whether the replica drained and exited by itself (else it was killed at ``stop_timeout_s``).
+    clean: bool
+    #: The replica's snapshot manifests written during its stop (file names).
+    snapshots_written: tuple[str, ...]
+
+
+class Fleet:
+    """See the module docstring. Nothing started here outlives :meth:`stop` (or the process)."""
+
+    def __init__(self, settings: FleetSettings) -> None:
+        self.settings = settings
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if settings.work_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="warmup-fleet-")
+        self.work_dir = Path(settings.work_dir or self._tmp.name)  # type: ignore[union-attr]
+        self.control_dir = Path(settings.control_dir or self.work_dir / "control")
+        self.snapshot_dir = Path(settings.snapshot_dir or self.work_dir / "snapshots")
+        self.router = Router(settings, self.work_dir)
+        #: Replicas that run, by name, in the order they started; ``worker_ids``: the router's workers of each
+        #: replica that joined (one per model it serves).
+        self.replicas: dict[str, Replica] = {}
+        self.worker_ids: dict[str, list[str]] = {}
+        self._started = 0
+
+    def start(self) -> None:
+        """The router, then ``replicas`` replicas started together, each added to the router once warm."""
+        for folder in (self.work_dir, self.control_dir, self.snapshot_dir):
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            self.router.start()
+            starting = [self._launch() for _ in range(self.settings.replicas)]
+            for replica in starting:
+                self._join(replica)
+        except BaseException:
+            self.stop()
+            raise
+
+    def scale_out(self) -> Replica:
+        """One more replica: it restores from the snapshot folder while it starts, and joins once warm."""
+        replica = self._launch()
+        self._join(replica)
+        return replica
+
+    def launch(self, *, restore: bool = True, warm_gate: bool = True) -> Replica:
+        """One more replica, started but not added to the router (:meth:`join` adds it). ``restore=False``: no
+        snapshot folder (it starts from its model_warmup stanzas alone); ``warm_gate=False``: its /health says
+        200 as soon as tritonserver is READY (the sidecar does not wait for the planned hot set)."""
+        return self._launch(restore=restore, warm_gate=warm_gate)
+
+    def join(self, replica: Replica) -> None:
+        """Add ``replica`` to the router once its /health says 200."""
+        self._join(replica)
+
+    def scale_in(self, name: str) -> Departure:
+        """Take ``name`` out of the router (no new request goes to it), then SIGTERM: it drains, its
+        tritonserver writes its KV snapshot, it exits."""
+        return self._leave([name])[0]
+
+    def stop(self) -> None:
+        """Every replica (drained as in :meth:`scale_in`, all at once), then the router; nothing is left running."""
+        try:
+            self._leave(list(self.replicas))
+        except ServerError as exc:  # the router already gone: stop the replicas anyway
+            LOGGER.warning("fleet stop: %s", exc)
+        finally:
+            for replica in list(self.replicas.values()):
+                replica.stop()
+            self.replicas.clear()
+            self.router.stop()
+            if self._tmp is not None:
+                self._tmp.cleanup()
+                self._tmp = None
+
+    def _leave(self, names: list[str]) -> list[Departure]:
+        """Out of the router, then SIGTERM to every one of ``names`` together, then wait for each."""
+        before = {name: self.replicas[name].snapshots() for name in names}
+        for name in names:
+            for worker_id in self.worker_ids.pop(name, []):
+                self.router.remove(worker_id)
+        for name in names:
+            self.replicas[name].process.send(signal.SIGTERM)
+        departures = []
+        for name in names:
+            replica = self.replicas.pop(name)
+            clean = replica.stop()
+            written = tuple(sorted(f for f, mtime in replica.snapshots().items() if before[name].get(f) != mtime))
+            departures.append(Departure(name, clean, written))
+        return departures
+
+    # ---------------------------------------------------------------------------------- helpers
+    def _launch(self, restore: bool = True, warm_gate: bool = True) -> Replica:
+        self._started += 1
+        replica = Replica(f"r{self._started}", self.settings, self.work_dir, self.control_dir,
+                          self.snapshot_dir if restore else None, warm_gate=warm_gate)
+        self.replicas[replica.name] = replica
+        replica.start()
+        return replica
+
+    def _join(self, replica: Replica) -> None:
+        replica.wait_warm()
+        self.worker_ids[replica.name] = self.router.join(replica.url, replica.models())
+        LOGGER.info("replica %s joined the router at %s", replica.name, replica.url)
+
+    def __enter__(self) -> "Fleet":
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

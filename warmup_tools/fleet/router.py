@@ -1,0 +1,136 @@
+"""The ``smg`` router (Shepherd Model Gateway, pinned in pyproject.toml) in front of the replicas' OpenAI fronts.
+
+It starts with no worker: the fleet adds a replica through smg's worker API (``POST /workers``) once that
+replica's ``/health`` says warm, and removes it (``DELETE /workers/{id}``: no new request goes to it) before
+the replica is sent SIGTERM. smg's own health checks probe the same ``/health`` meanwhile, so a replica that
+stops being warm leaves rotation too."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Sequence
+
+from warmup_tools.common.errors import ServerError
+from warmup_tools.fleet.process import Child
+from warmup_tools.fleet.settings import FleetSettings
+from warmup_tools.server.process import free_port
+
+#: Deadline of one worker registration or removal (smg runs them as background jobs).
+WORKER_JOB_TIMEOUT_S = 120.0
+
+
+class RouterClient:
+    """A client of a running smg's worker API (``url``: its OpenAI port)."""
+
+    def __init__(self, url: str, health_check_interval_s: int, process: Child | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.health_check_interval_s = health_check_interval_s
+        self.process = process
+
+    def join(self, replica_url: str, models: Sequence[str]) -> list[str]:
+        """Register ``replica_url`` once per model it serves (``<replica_url>/m/<model>``): the worker ids."""
+        return [self.add(f"{replica_url.rstrip('/')}/m/{model}", model) for model in models]
+
+    # ------------------------------------------------------------------------------------- workers
+    def workers(self) -> list[dict[str, Any]]:
+        """``GET /workers``: every registered worker (its ``id``, ``url``, ``status``, ``load``)."""
+        return list(self._call("GET", "/workers").get("workers", []))
+
+    def add(self, url: str, model: str, timeout_s: float = WORKER_JOB_TIMEOUT_S) -> str:
+        """Register ``url`` as a worker serving ``model`` and wait until the router routes to it: its worker id.
+
+        NOTE: smg 1.13 routes a model to the workers whose first model card names it, and rewrites an alias to
+        the card's id: one replica serving several adapters is one worker per model, each at its own URL
+        (the front's ``/m/<model>`` prefix), so that the body's ``model`` reaches the front unchanged."""
+        health = {"check_interval_secs": self.health_check_interval_s}
+        answer = self._call("POST", "/workers", {"url": url, "runtime_type": "generic", "health": health,
+                                                 "models": [{"id": model}]})
+        worker_id = str(answer["worker_id"])
+        self._wait(lambda: self._status(worker_id) == "ready", timeout_s,
+                   f"the router did not make {url} ready")
+        return worker_id
+
+    def remove(self, worker_id: str, timeout_s: float = WORKER_JOB_TIMEOUT_S) -> None:
+        """Deregister a worker and wait until the router no longer routes to it (draining or gone)."""
+        self._call("DELETE", f"/workers/{worker_id}")
+        self._wait(lambda: self._status(worker_id) in ("draining", None), timeout_s,
+                   f"the router did not take worker {worker_id} out of rotation")
+
+    def _status(self, worker_id: str) -> str | None:
+        for worker in self.workers():
+            if worker.get("id") == worker_id:
+                return str(worker.get("status"))
+        return None
+
+    def _wait(self, done: Any, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            if (self.process is not None and self.process.exited()) or time.monotonic() > deadline:
+                tail = self.process.log_tail() if self.process is not None else ""
+                raise ServerError(f"{what} within {timeout_s:g} s\n{tail}")
+            time.sleep(0.1)
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"} if data else {})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            raise ServerError(f"smg {method} {path}: {exc.code} {exc.read()[:300]!r}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise ServerError(f"smg {method} {path}: {exc}") from None
+
+
+class Router(RouterClient):
+    """``smg launch`` on the fleet's port with the fleet's policy, and a client of its worker API."""
+
+    def __init__(self, settings: FleetSettings, work_dir: Path) -> None:
+        self.settings = settings
+        host = settings.host
+        self.port = settings.port or free_port(host)
+        self.prometheus_port = settings.prometheus_port or free_port(host)
+        self.url = f"http://{host if host not in ('0.0.0.0', '::') else '127.0.0.1'}:{self.port}"
+        self.metrics_url = f"http://127.0.0.1:{self.prometheus_port}/metrics"
+        interval = settings.health_check_interval_s
+        argv = [_smg(), "launch", "--host", host, "--port", str(self.port),
+                "--prometheus-host", host, "--prometheus-port", str(self.prometheus_port),
+                "--policy", settings.policy, "--health-check-endpoint", "/health",
+                "--health-check-interval-secs", str(interval), "--health-failure-threshold", "1",
+                "--health-success-threshold", "1", "--log-level", "warn"]
+        super().__init__(self.url, interval, Child("router", argv, {"PATH": str(Path(sys.executable).parent),
+                                                                  "HOME": str(work_dir)}, work_dir / "router.log"))
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self.process.start()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.workers()
+                return
+            except ServerError:
+                if self.process.exited() or time.monotonic() > deadline:
+                    self.stop()
+                    raise ServerError(f"the smg router did not start on {self.url}:\n"
+                                      f"{self.process.log_tail()}") from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.process.stop(signal.SIGTERM, 30.0)
+
+
+def _smg() -> str:
+    """The ``smg`` console script of this environment (the pinned wheel)."""
+    here = Path(sys.executable).parent / "smg"
+    found = str(here) if here.exists() else shutil.which("smg")
+    if not found:
+        raise ServerError("smg is not installed: `pip install smg==1.13.0` (a dependency of this package)")
+    return found

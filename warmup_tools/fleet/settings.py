@@ -1,0 +1,51 @@
+"""Every setting of ``python -m warmup_tools fleet``, in one validated object (a JSON file, ``WARMUP_FLEET_*``
+and flags)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from warmup_tools.common.errors import ConfigError
+from warmup_tools.common.settings import check_settings, setting
+
+#: The routing policies of ``smg launch --policy`` (smg 1.13.0) that need nothing beyond HTTP workers.
+POLICIES: tuple[str, ...] = ("cache_aware", "round_robin", "prefix_hash", "consistent_hashing", "power_of_two",
+                             "least_load", "random")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FleetSettings:
+    """The replicas, the router in front of them, and the folders they share."""
+
+    replicas: int = setting(2, "Replicas started at once (each: tritonserver, its sidecar and its OpenAI front).",
+                            ge=1, le=16)
+    policy: str = setting("cache_aware", "The router's policy (smg --policy).", choices=POLICIES)
+    host: str = setting("127.0.0.1", "Address the router, the replicas' fronts and their servers listen on.")
+    port: int = setting(30000, "Port of the router's OpenAI API (0: any free port).", ge=0, le=65535)
+    prometheus_port: int = setting(0, "Port of the router's Prometheus metrics (0: any free port; smg's own "
+                                      "default, 29000, clashes with a second router on the host).", ge=0, le=65535)
+    work_dir: Path | None = setting(None, "Folder of the fleet's logs, and of its control and snapshot folders "
+                                          "when those are not given; empty: a new temporary folder.")
+    control_dir: Path | None = setting(None, "Control folder every replica shares (desired adapters, the live "
+                                             "plan, each replica's coverage reports); empty: <work_dir>/control.")
+    snapshot_dir: Path | None = setting(None, "KV snapshot folder every replica shares: a new replica restores "
+                                              "from it, a leaving one writes to it; empty: <work_dir>/snapshots.")
+    model_repository: Path | None = setting(None, "The model repository every replica serves; empty: the "
+                                                  "package's model_repository/.")
+    assets_dir: Path | None = setting(None, "The LM, embedder and adapters (WARMUP_ASSETS_DIR); empty: .assets/.")
+    lm_threads: int = setting(1, "torch threads of each replica's lora_adapter (0: torch's default): one per "
+                                 "replica keeps replicas on a small machine from fighting over cores.", ge=0, le=256)
+    warm_timeout_s: float = setting(900.0, "The longest wait for a replica's /health to say warm before the fleet "
+                                           "gives up on it.", gt=0)
+    health_check_interval_s: int = setting(2, "Seconds between the router's probes of each replica's /health (a "
+                                              "replica that stops being warm leaves rotation).", ge=1, le=300)
+    drain_grace_s: float = setting(0.0, "A replica's drain_grace_s: the fleet takes a replica out of the router "
+                                        "before it sends SIGTERM, so none is needed.", ge=0, le=600)
+    stop_timeout_s: float = setting(600.0, "The longest wait for a replica to drain, write its snapshot and exit "
+                                           "after SIGTERM before it is killed.", gt=0)
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+        if self.port and self.port == self.prometheus_port:
+            raise ConfigError("port and prometheus_port must differ")

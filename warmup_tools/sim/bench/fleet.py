@@ -1,0 +1,263 @@
+"""``python -m warmup_tools bench fleet``: the real-text replay of ``bench replay --traffic real`` through the
+smg router, in front of one replica or two.
+
+One run, every replica with the day-1 plan's stanzas and one LM thread (docs/benchmarks.md):
+
+1. **Routing.** Day 2's first ``hours`` replayed in order (max_tokens 1, one request at a time) through the
+   router to 1 replica, 2 replicas with ``round_robin`` and 2 with ``cache_aware``: cold share, share of prompt
+   tokens from the KV cache, TTFT p50/p99, requests per replica; and the router's added TTFT (p50 through
+   the router minus straight to the replica, alternating, on the 1-replica fleet).
+2. **Scale-out** at +``scale_out_min`` simulated minutes of the same replay on 2 cache-aware replicas: (a) a
+   third replica without the snapshot folder whose /health says 200 as soon as tritonserver is READY
+   (shipped stanzas only), (b) one restored from the fleet's snapshot folder and joined once warm. Figure:
+   TTFT p99 of the requests the new replica serves in its first ``window_min`` simulated minutes over the
+   fleet's p99 before the event (requests are attributed exactly: the replay is sequential and the new
+   replica's request counter is read around each one).
+3. **Scale-in.** ``streams`` concurrent streamed requests, one replica stopped with SIGTERM while they run:
+   failed requests (goal 0) and whether its snapshot was written.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Sequence, TextIO
+
+import httpx
+
+from warmup_tools.common.records import RequestRecord
+from warmup_tools.fleet.fleet import Fleet
+from warmup_tools.fleet.replica import Replica
+from warmup_tools.fleet.settings import FleetSettings
+from warmup_tools.sim.bench.replay import prepare
+
+#: Seconds between the replicas' periodic KV snapshots during the bench (the scale-out restores from them).
+SNAPSHOT_INTERVAL_S = 20
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Answer:
+    """One replayed request through the router."""
+
+    ts: float
+    ttft_ms: float
+    cached_tokens: int
+    prompt_tokens: int
+    error: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Figures:
+    label: str
+    requests: int
+    cold_share: float
+    cached_share: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    per_replica: str = ""
+    failed: int = 0
+
+
+def figures(label: str, answers: Sequence[Answer], per_replica: str = "") -> Figures:
+    ok = [a for a in answers if not a.error]
+    ttfts = sorted(a.ttft_ms for a in ok) or [0.0]
+    prompt = sum(a.prompt_tokens for a in ok)
+    return Figures(label, len(answers), sum(a.cached_tokens == 0 for a in ok) / max(1, len(ok)),
+                   sum(a.cached_tokens for a in ok) / prompt if prompt else 0.0, statistics.median(ttfts),
+                   p99(ttfts), per_replica, len(answers) - len(ok))
+
+
+def p99(values: Sequence[float]) -> float:
+    ordered = sorted(values) or [0.0]
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def send(client: httpx.Client, url: str, record: RequestRecord, max_tokens: int = 1) -> Answer:
+    """``record`` as a streamed completion: ms to the first event with text, and the usage it reports."""
+    body = {"model": record.adapter or "base", "prompt": record.prompt or "", "max_tokens": max_tokens,
+            "stream": True, "stream_options": {"include_usage": True}}
+    headers = {"X-Tenant-Id": record.tenant} if record.tenant else {}
+    started, ttft, usage = time.perf_counter(), None, {}
+    try:
+        with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as response:
+            if response.status_code != 200:
+                return Answer(record.ts, 0.0, 0, 0, f"HTTP {response.status_code}: {response.read()[:200]!r}")
+            for line in response.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                data = json.loads(line[6:])
+                if ttft is None and data.get("choices") and data["choices"][0].get("text"):
+                    ttft = time.perf_counter() - started
+                usage = data.get("usage") or usage
+    except httpx.HTTPError as exc:
+        return Answer(record.ts, 0.0, 0, 0, f"{type(exc).__name__}: {exc}")
+    if not usage:
+        return Answer(record.ts, 0.0, 0, 0, "no usage in the stream")
+    details = usage.get("prompt_tokens_details") or {}
+    return Answer(record.ts, (ttft or time.perf_counter() - started) * 1000, int(details.get("cached_tokens", 0)),
+                  int(usage.get("prompt_tokens", 0)))
+
+
+def replay(url: str, records: Sequence[RequestRecord],
+           on_record: Callable[[RequestRecord], None] = lambda r: None) -> list[Answer]:
+    """``records`` in order, one at a time, through ``url``; ``on_record`` runs before each one is sent."""
+    answers = []
+    with httpx.Client(timeout=600) as client:
+        for record in records:
+            on_record(record)
+            answers.append(send(client, url, record))
+    return answers
+
+
+def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours: float = 1.0,
+        scale_out_min: float = 30.0, window_min: float = 10.0, streams: int = 6, lm_threads: int = 1,
+        out: TextIO = sys.stdout) -> None:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    work = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
+    os.environ["WARMUP_SNAPSHOT_INTERVAL_S"] = str(SNAPSHOT_INTERVAL_S)  # the replicas inherit it
+    try:
+        repos = prepare(work, assets_dir, seed=seed, requests_per_day=requests_per_day, out=out, traffic="real",
+                        hours=hours)
+        records = repos.first_hours
+
+        def settings(replicas: int, policy: str, name: str) -> FleetSettings:
+            return FleetSettings(replicas=replicas, policy=policy, port=0, work_dir=work / name,
+                                 model_repository=repos.with_plan, assets_dir=assets_dir, lm_threads=lm_threads)
+
+        rows = []
+        for label, replicas, policy in (("1 replica", 1, "round_robin"), ("2 replicas, round_robin", 2, "round_robin"),
+                                        ("2 replicas, cache_aware", 2, "cache_aware")):
+            with Fleet(settings(replicas, policy, label.replace(" ", "").replace(",", "-"))) as fleet:
+                answers = replay(fleet.router.url, records)
+                share = "/".join(str(r.requests_taken()) for r in fleet.replicas.values())
+                rows.append(figures(label, answers, share))
+                out.write(f"  {label}: {len(answers)} requests replayed\n")
+                out.flush()
+                if replicas == 1:
+                    overhead = router_overhead(fleet, records[:40])
+        out.write("\n" + table(rows) + "\n")
+        out.write(f"\nrouter overhead (1 replica, {overhead[2]} requests each way, alternating): TTFT p50 "
+                  f"{overhead[0]:.1f} ms through the router, {overhead[1]:.1f} ms straight to the replica: "
+                  f"+{overhead[0] - overhead[1]:.1f} ms\n")
+        out.flush()
+        scale_rows = [scale_out(settings(2, "cache_aware", f"scale-out-{variant}"), records, repos.day2_start,
+                                scale_out_min, window_min, restore=variant == "b", out=out)
+                      for variant in ("a", "b")]
+        out.write("\n" + scale_table(scale_rows) + "\n")
+        out.flush()
+        scale_in(settings(2, "cache_aware", "scale-in"), records, streams, out)
+    finally:
+        os.environ.pop("WARMUP_SNAPSHOT_INTERVAL_S", None)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def router_overhead(fleet: Fleet, records: Sequence[RequestRecord]) -> tuple[float, float, int]:
+    """TTFT p50 through the router and straight to the (only) replica, the same requests alternating."""
+    replica = next(iter(fleet.replicas.values()))
+    through, direct = [], []
+    with httpx.Client(timeout=600) as client:
+        for i, record in enumerate(records):
+            pair = [(through, fleet.router.url), (direct, replica.url)]
+            for sink, url in pair if i % 2 else pair[::-1]:
+                answer = send(client, url, record)
+                if not answer.error:
+                    sink.append(answer.ttft_ms)
+    return statistics.median(through or [0.0]), statistics.median(direct or [0.0]), len(records)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScaleOut:
+    variant: str
+    before_p99_ms: float
+    new_requests: int
+    new_p99_ms: float
+    new_cold_share: float
+    join_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.new_p99_ms / self.before_p99_ms if self.before_p99_ms else 0.0
+
+
+def scale_out(settings: FleetSettings, records: Sequence[RequestRecord], day2_start: float, at_min: float,
+              window_min: float, *, restore: bool, out: TextIO) -> ScaleOut:
+    """Replay on 2 replicas; at ``at_min`` add a third (``restore``: from the snapshot folder, joined when warm;
+    else without snapshots, joined at READY) and attribute each request of its first ``window_min`` to it or not."""
+    at, end = day2_start + at_min * 60, day2_start + (at_min + window_min) * 60
+    before = [r for r in records if r.ts < at]
+    window = [r for r in records if at <= r.ts < end]
+    variant = "(b) snapshot, joined warm" if restore else "(a) stanzas only, joined at READY"
+    with Fleet(settings) as fleet:
+        answers = replay(fleet.router.url, before)
+        started = time.perf_counter()
+        new = fleet.launch(restore=restore, warm_gate=restore)
+        fleet.join(new)
+        join_s = time.perf_counter() - started
+        mine = []
+        with httpx.Client(timeout=600) as client:
+            for record in window:
+                count = new.requests_taken()
+                answer = send(client, fleet.router.url, record)
+                if new.requests_taken() > count:
+                    mine.append(answer)
+    stats = figures(variant, mine)
+    result = ScaleOut(variant, p99([a.ttft_ms for a in answers if not a.error]), len(mine), stats.ttft_p99_ms,
+                      stats.cold_share, join_s)
+    out.write(f"  scale-out {variant}: joined after {join_s:.0f} s; {len(mine)} of {len(window)} window requests "
+              f"went to it\n")
+    out.flush()
+    return result
+
+
+def scale_in(settings: FleetSettings, records: Sequence[RequestRecord], streams: int, out: TextIO) -> None:
+    """``streams`` concurrent 64-token streams through the router, one replica stopped with SIGTERM meanwhile."""
+    with Fleet(settings) as fleet:
+        leaving: Replica = next(iter(fleet.replicas.values()))
+        picked = [r for r in records if r.prompt][:streams]
+        clients = [httpx.Client(timeout=600) for _ in picked]
+        try:
+            with concurrent.futures.ThreadPoolExecutor(len(picked)) as pool:
+                futures = [pool.submit(send, c, fleet.router.url, r, 64) for c, r in zip(clients, picked)]
+                deadline = time.monotonic() + 600
+                while leaving.in_flight() == 0 and not all(f.done() for f in futures) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                in_flight = leaving.in_flight()
+                departure = fleet.scale_in(leaving.name)
+                answers = [f.result() for f in futures]
+        finally:
+            for client in clients:
+                client.close()
+    failed = [a.error for a in answers if a.error]
+    out.write(f"\nscale-in: {len(answers)} streamed requests, {in_flight} in flight on {leaving.name} at SIGTERM; "
+              f"failed {len(failed)}{': ' + '; '.join(failed[:3]) if failed else ''}; drained and exited by itself: "
+              f"{departure.clean}; snapshot written: {', '.join(departure.snapshots_written) or 'no'}\n")
+    out.flush()
+
+
+def table(rows: Sequence[Figures]) -> str:
+    return markdown(("fleet", "requests", "cold share", "prompt tokens from cache", "TTFT p50", "TTFT p99",
+                     "requests per replica"),
+                    [(f.label, f"{f.requests}" + (f" ({f.failed} failed)" if f.failed else ""), f"{f.cold_share:.1%}",
+                      f"{f.cached_share:.1%}", f"{f.ttft_p50_ms:.1f} ms", f"{f.ttft_p99_ms:.1f} ms", f.per_replica)
+                     for f in rows])
+
+
+def scale_table(rows: Sequence[ScaleOut]) -> str:
+    return markdown(("scale-out", "joined after", "its requests in the window", "its cold share", "its TTFT p99",
+                     "fleet p99 before", "ratio"),
+                    [(r.variant, f"{r.join_s:.0f} s", str(r.new_requests), f"{r.new_cold_share:.1%}",
+                      f"{r.new_p99_ms:.1f} ms", f"{r.before_p99_ms:.1f} ms", f"{r.ratio:.2f}x") for r in rows])
+
+
+def markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])

@@ -42,7 +42,9 @@ def test_a_replica_warms_then_turns_hot_and_so_does_an_adapter_added_later(serve
         wait_for(lambda: sidecar.monitor.temperature()[0] == "hot", "the replica to turn hot", server)
         ready = get_json(sidecar.url + "/ready")
         assert ready["ready"] and ready["temperature"] == "hot"
-        assert ready["adapters"] == {"legal": "hot", "sql": "hot", "support": "hot"}, ready
+        # NOTE: the served assets are shared with other tests, which may have added adapters of their own.
+        assert {"legal", "sql", "support"} <= ready["adapters"].keys(), ready
+        assert set(ready["adapters"].values()) == {"hot"}, ready
         assert "temperature of replica: cold -> warm" in caplog.text
         assert "temperature of replica: warm -> hot" in caplog.text
 

@@ -122,13 +122,14 @@ def _sampling_inputs(request: GenerateInput) -> list[InferInput]:
     return tensors
 
 
+def _identity(request: GenerateInput) -> list[Tensor]:
+    """``adapter_id`` and ``tenant_id``, those the request has."""
+    return [(name, "BYTES", _bytes(value)) for name, value in
+            (("adapter_id", request.adapter), ("tenant_id", request.tenant)) if value]
+
+
 def _identity_inputs(request: GenerateInput) -> list[InferInput]:
-    tensors = []
-    if request.adapter:
-        tensors.append(_text("adapter_id", request.adapter))
-    if request.tenant:
-        tensors.append(_text("tenant_id", request.tenant))
-    return tensors
+    return [_tensor(name, array, datatype) for name, datatype, array in _identity(request)]
 
 
 #: As tritonclient sets them: a message is bounded by the front's own request limits, not by gRPC's 4 MB default.
@@ -205,8 +206,7 @@ class TritonEngine:
     async def _composing_inputs(self, request: GenerateInput) -> list[InferInput]:
         """``tokenizer_cache`` then ``embedding_cache``, as the ensemble runs them; the ``lora_adapter`` inputs."""
         assert self._unary is not None
-        identity: list[Tensor] = [(name, "BYTES", _bytes(value)) for name, value in
-                                  (("adapter_id", request.adapter), ("tenant_id", request.tenant)) if value]
+        identity = _identity(request)
         first: list[Tensor] = [("text_input", "BYTES", _bytes(request.prompt))]
         if request.tenant:
             first.append(("tenant_id", "BYTES", _bytes(request.tenant)))

@@ -5,6 +5,7 @@ Against an in-process gRPC servicer standing in for tritonserver's stream; the r
 the front's integration tests (tests/integration/test_front.py)."""
 
 import asyncio
+import contextlib
 
 import grpc
 import numpy as np
@@ -64,87 +65,77 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ModelStreamInferResponse(infer_response=response)
 
 
-@pytest.fixture
-def served():
-    async def start():
-        server = grpc.aio.server()
-        servicer = Servicer()
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        return server, servicer, grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    return start
+@contextlib.asynccontextmanager
+async def served():
+    """A servicer on a free port and a UnaryStream to it; everything closed after."""
+    server = grpc.aio.server()
+    servicer = Servicer()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    unary = UnaryStream(channel)
+    try:
+        yield servicer, unary
+    finally:
+        await unary.close()
+        await channel.close()
+        await server.stop(None)
 
 
 def _value(n: int):
     return [("x", "INT32", np.array([n], dtype=np.int32))]
 
 
-def test_answers_out_of_order_reach_their_callers_on_one_stream(served):
+def test_answers_out_of_order_reach_their_callers_on_one_stream():
     async def run():
-        server, servicer, channel = await served()
-        unary = UnaryStream(channel)
-        calls = [asyncio.create_task(unary.infer("m", _value(n), timeout_s=30)) for n in range(5)]
-        for _ in range(5):
-            await servicer.release.put(5)  # one release per request read; the fifth answers all
-        results = await asyncio.gather(*calls)
-        assert [int(r.as_numpy("echo")[0]) for r in results] == [0, 1, 2, 3, 4]
-        assert servicer.streams == 1 and unary.waiting == 0
-        await unary.close()
-        await channel.close()
-        await server.stop(None)
+        async with served() as (servicer, unary):
+            calls = [asyncio.create_task(unary.infer("m", _value(n), timeout_s=30)) for n in range(5)]
+            for _ in range(5):
+                await servicer.release.put(5)  # one release per request read; the fifth answers all
+            results = await asyncio.gather(*calls)
+            assert [int(r.as_numpy("echo")[0]) for r in results] == [0, 1, 2, 3, 4]
+            assert servicer.streams == 1 and unary.waiting == 0
     asyncio.run(run())
 
 
-def test_an_error_answer_is_its_caller_s_only(served):
+def test_an_error_answer_is_its_caller_s_only():
     async def run():
-        server, servicer, channel = await served()
-        unary = UnaryStream(channel)
-        good = asyncio.create_task(unary.infer("m", _value(3), timeout_s=30))
-        bad = asyncio.create_task(unary.infer("bad", _value(4), timeout_s=30))
-        await servicer.release.put(2)
-        await servicer.release.put(2)
-        with pytest.raises(UnaryError, match=r"input 'x' is wrong"):
-            await bad
-        assert int((await good).as_numpy("echo")[0]) == 3
-        await unary.close()
-        await channel.close()
-        await server.stop(None)
+        async with served() as (servicer, unary):
+            good = asyncio.create_task(unary.infer("m", _value(3), timeout_s=30))
+            bad = asyncio.create_task(unary.infer("bad", _value(4), timeout_s=30))
+            await servicer.release.put(2)
+            await servicer.release.put(2)
+            with pytest.raises(UnaryError, match=r"input 'x' is wrong"):
+                await bad
+            assert int((await good).as_numpy("echo")[0]) == 3
     asyncio.run(run())
 
 
-def test_a_broken_stream_fails_its_waiters_and_the_next_call_opens_a_new_one(served):
+def test_a_broken_stream_fails_its_waiters_and_the_next_call_opens_a_new_one():
     async def run():
-        server, servicer, channel = await served()
-        unary = UnaryStream(channel)
-        waiting = asyncio.create_task(unary.infer("m", _value(1), timeout_s=30))
-        await servicer.release.put(2)  # held: waits for a second request
-        await servicer.seen.get()
-        with pytest.raises(EngineError) as broken:
-            await unary.infer("break", _value(2), timeout_s=30)
-        assert broken.value.kind == "unavailable"
-        with pytest.raises(EngineError) as lost:
-            await waiting
-        assert lost.value.kind == "unavailable"
-        servicer.held = []
-        after = asyncio.create_task(unary.infer("m", _value(9), timeout_s=30))
-        await servicer.release.put(1)
-        assert int((await after).as_numpy("echo")[0]) == 9
-        assert servicer.streams == 2 and unary.waiting == 0
-        await unary.close()
-        await channel.close()
-        await server.stop(None)
+        async with served() as (servicer, unary):
+            waiting = asyncio.create_task(unary.infer("m", _value(1), timeout_s=30))
+            await servicer.release.put(2)  # held: waits for a second request
+            await servicer.seen.get()
+            with pytest.raises(EngineError) as broken:
+                await unary.infer("break", _value(2), timeout_s=30)
+            assert broken.value.kind == "unavailable"
+            with pytest.raises(EngineError) as lost:
+                await waiting
+            assert lost.value.kind == "unavailable"
+            servicer.held = []
+            after = asyncio.create_task(unary.infer("m", _value(9), timeout_s=30))
+            await servicer.release.put(1)
+            assert int((await after).as_numpy("echo")[0]) == 9
+            assert servicer.streams == 2 and unary.waiting == 0
     asyncio.run(run())
 
 
-def test_no_answer_in_time_is_a_timeout_and_leaves_nothing_waiting(served):
+def test_no_answer_in_time_is_a_timeout_and_leaves_nothing_waiting():
     async def run():
-        server, servicer, channel = await served()
-        unary = UnaryStream(channel)
-        with pytest.raises(EngineError) as late:
-            await unary.infer("m", _value(1), timeout_s=0.05)
-        assert late.value.kind == "timeout" and unary.waiting == 0
-        await unary.close()
-        await channel.close()
-        await server.stop(None)
+        async with served() as (servicer, unary):
+            with pytest.raises(EngineError) as late:
+                await unary.infer("m", _value(1), timeout_s=0.05)
+            assert late.value.kind == "timeout" and unary.waiting == 0
     asyncio.run(run())

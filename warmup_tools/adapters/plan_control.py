@@ -5,6 +5,10 @@ Beside the adapter files of :mod:`warmup_tools.adapters.registry` the control fo
     <root>/plan.json                   the plan to serve now: a planner plan file, written only by
                                        :func:`warmup_tools.adapters.plan_history.write_live_plan` (`apply-plan`,
                                        the sidecar's re-plan, `plan rollback`), which keeps the plans/ history
+    <root>/canary.json                 a plan on trial: which instances serve it instead of plan.json (one
+                                       instance of a replica, or every instance of one replica), written and
+                                       removed only by :mod:`warmup_tools.adapters.canary`; the plan itself
+                                       is in the history (``plans/<id>.json``)
     <root>/plan_status/<host>.<instance>.json
                                        written by each lora_adapter instance: the plan it applied and, per
                                        adapter, how many blocks of its planned hot set are resident (replicas
@@ -29,6 +33,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import re
 import time
 from pathlib import Path
@@ -43,6 +48,11 @@ from warmup_tools.common.plan import PLAN_FORMAT, Plan, PlanError
 LOGGER = logging.getLogger(__name__)
 
 PLAN_FILE = "plan.json"
+CANARY_FILE = "canary.json"
+CANARY_FORMAT = 1
+MAX_CANARY_BYTES = 64 * 1024
+#: The folder of the plan history (:mod:`warmup_tools.adapters.plan_history`), where a canary's plan is.
+HISTORY_DIR = "plans"
 PLAN_STATUS_DIR = "plan_status"
 STATUS_FORMAT = 1
 #: Bounds on what an instance reads from the control folder.
@@ -95,36 +105,134 @@ class LivePlan:
         return cls(plan_id, block_size, fingerprint, tuple(p for p in parsed if p is not None))
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class CanaryAssignment:
+    """``canary.json``: the history id of a plan on trial and the instances that serve it."""
+
+    #: The plan's history id (its file is ``plans/<plan>.json``).
+    plan: str
+    #: The plan's ``plan_id`` (what the canary instances report).
+    plan_id: str
+    #: The replica (``replica_name``, else the host name) whose instances serve it.
+    host: str
+    #: Those instances (empty: every instance of ``host``).
+    instances: tuple[str, ...]
+    #: Epoch seconds the trial started.
+    started_at: float
+    #: What started it (``plan canary``, ``sidecar re-plan``) and who.
+    by: str = ""
+    user: str = ""
+
+    def targets(self, host: str, instance: str) -> bool:
+        """Whether the instance ``instance`` of replica ``host`` serves the plan on trial."""
+        return host == self.host and (not self.instances or instance in self.instances)
+
+    def to_json(self) -> bytes:
+        document = {"format": CANARY_FORMAT, **dataclasses.asdict(self), "instances": list(self.instances)}
+        return (json.dumps(document, sort_keys=True) + "\n").encode("utf-8")
+
+    @classmethod
+    def parse(cls, raw: bytes) -> CanaryAssignment:
+        """Validate ``canary.json``'s bytes; :class:`PlanError` says what is wrong."""
+        try:
+            data = loads_bounded(raw, CANARY_FILE)
+        except FileFormatError as exc:
+            raise PlanError(str(exc)) from None
+        fields = {f.name for f in dataclasses.fields(cls)} | {"format"}
+        if not isinstance(data, dict) or data.get("format") != CANARY_FORMAT or set(data) != fields:
+            raise PlanError(f"not a canary assignment of format {CANARY_FORMAT}")
+        plan, plan_id, host, instances, at = (data[k] for k in ("plan", "plan_id", "host", "instances", "started_at"))
+        if not isinstance(plan, str) or not re.fullmatch(r"[0-9a-f]{16}", plan):
+            raise PlanError("plan must be a plan history id (16 hex digits)")
+        if not isinstance(plan_id, str) or not 1 <= len(plan_id) <= 64:
+            raise PlanError("plan_id must be a short string")
+        if not isinstance(instances, list) or len(instances) > 64:
+            raise PlanError("instances must be a list of at most 64 instance names")
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+            raise PlanError("started_at must be a number (epoch seconds)")
+        try:
+            names = tuple(validate_name(i, what="instance name") for i in instances)
+            host = _host(host)
+        except (LifecycleError, ValueError) as exc:
+            raise PlanError(str(exc)) from None
+        by, user = (_TEXT.sub("?", str(data[k]))[:64] for k in ("by", "user"))
+        return cls(plan, plan_id, host, names, float(at), by, user)
+
+
+def read_canary(root: Path, *, max_bytes: int = MAX_CANARY_BYTES) -> CanaryAssignment | None:
+    """The plan on trial in ``root`` (None: no ``canary.json``); :class:`PlanError` for a file that is not one."""
+    path = Path(root) / CANARY_FILE
+    try:
+        with open(path, "rb") as file:
+            raw = read_capped(file, max_bytes, CANARY_FILE)
+    except FileNotFoundError:
+        return None
+    except (OSError, FileFormatError) as exc:
+        raise PlanError(f"{path}: {exc}") from None
+    return CanaryAssignment.parse(raw)
+
+
 class PlanFileWatcher:
-    """Re-reads ``plan.json`` only when its stat changed; a bad file is logged once and ignored."""
+    """Re-reads the plan this instance serves only when its file changed; a bad file is logged once and ignored.
+
+    The plan is ``plan.json``, or, while ``canary.json`` names this instance (``host``, ``who``), the plan on
+    trial from the history. A canary that ends (promoted: ``plan.json`` now holds its plan; rolled back:
+    ``plan.json`` still holds the plan it was tried against) sends the instance back to ``plan.json``."""
 
     def __init__(self, root: Path, *, max_bytes: int = MAX_PLAN_BYTES, max_items: int = MAX_PLAN_ITEMS,
-                 who: str = "") -> None:
-        self.path = Path(root) / PLAN_FILE
+                 who: str = "", host: str = "") -> None:
+        self.root = Path(root)
+        self.path = self.root / PLAN_FILE
         self.max_bytes = max_bytes
         self.max_items = max_items
         self.who = who
-        self._key: tuple[int, int, int] | None = None
+        self.host = host
+        self._key: tuple[Path, tuple[int, int, int]] | None = None
+        self._canary_key: tuple[int, int, int] | None = None
+        self._canary: CanaryAssignment | None = None
         #: The last refused file's error (shown in the instance's status until a good file comes).
         self.error = ""
 
+    @property
+    def canary(self) -> CanaryAssignment | None:
+        """The trial this instance serves now, if any."""
+        return self._canary
+
     def poll(self) -> LivePlan | None:
-        """The plan in ``plan.json`` if the file changed since the last poll and is valid, else None."""
-        key = stat_key(self.path)
-        if key is None or key == self._key:
+        """The plan to serve if its file changed since the last poll and is valid, else None."""
+        self._poll_canary()
+        path = self.root / HISTORY_DIR / f"{self._canary.plan}.json" if self._canary is not None else self.path
+        key = stat_key(path)
+        if key is None or (path, key) == self._key:
             return None
-        self._key = key
+        self._key = (path, key)
         try:
-            with open(self.path, "rb") as file:
+            with open(path, "rb") as file:
                 raw = read_capped(file, self.max_bytes, PLAN_FILE)
             plan = LivePlan.parse(raw, max_items=self.max_items)
+            if self._canary is not None and plan.plan_id != self._canary.plan_id:
+                raise PlanError(f"the plan on trial is {self._canary.plan_id}, the file holds {plan.plan_id}")
         except (OSError, FileFormatError, PlanError) as exc:
-            self.error = f"{self.path} refused: {exc}"
+            self.error = f"{path} refused: {exc}"
             LOGGER.error("%s%s; keeping the plan served now", f"instance {self.who}: " if self.who else "",
                          self.error)
             return None
         self.error = ""
         return plan
+
+    def _poll_canary(self) -> None:
+        path = self.root / CANARY_FILE
+        key = stat_key(path)
+        if key == self._canary_key:
+            return
+        self._canary_key = key
+        try:
+            canary = read_canary(self.root)
+        except PlanError as exc:
+            LOGGER.error("%s%s refused: %s; serving plan.json", f"instance {self.who}: " if self.who else "",
+                         path, exc)
+            canary = None
+        self._canary = canary if canary is not None and canary.targets(self.host, self.who) else None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -286,6 +394,7 @@ def _host(value: Any) -> str:
 
 
 _HOST = re.compile(r"[A-Za-z0-9._-]{0,253}")
+_TEXT = re.compile(r"[^\x20-\x7e]")
 
 
 def _optional_str(value: Any) -> str | None:

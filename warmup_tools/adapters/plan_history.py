@@ -32,14 +32,13 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from warmup_tools.adapters.plan_control import PLAN_FILE
+from warmup_tools.adapters.plan_control import HISTORY_DIR, PLAN_FILE, read_canary
 from warmup_tools.common.control_json import read_json_bounded
 from warmup_tools.common.errors import FileFormatError
 from warmup_tools.common.files import stat_key, write_atomic
 from warmup_tools.common.plan import Plan, PlanError
 from warmup_tools.common.settings import check_settings, setting
 
-HISTORY_DIR = "plans"
 HISTORY_FILE = "history.json"
 HISTORY_FORMAT = 1
 MAX_HISTORY_BYTES = 8 * 1024 * 1024
@@ -142,10 +141,15 @@ class PlanHistory:
 
     def load(self, ref: str) -> Plan:
         """The stored plan ``ref`` names, validated (its format, its plan_id, and its digest against its name)."""
-        plan_id = self.resolve(ref)
+        return self.load_stored(self.resolve(ref))
+
+    def load_stored(self, plan_id: str) -> Plan:
+        """The stored plan of history id ``plan_id`` (in the history or not: a plan on trial), validated."""
+        if not _is_id(plan_id):
+            raise PlanHistoryError(f"{plan_id!r} is not a plan history id (16 hex digits)")
         path = self.folder / f"{plan_id}.json"
         if not path.exists():
-            raise PlanHistoryError(f"plan {plan_id} is in the history but its file {path} is gone (deleted by the "
+            raise PlanHistoryError(f"the file of plan {plan_id} ({path}) is gone (deleted by the "
                                    "history bound, or by hand)")
         try:
             plan = Plan.load(path)
@@ -203,6 +207,12 @@ class PlanHistory:
         keep = self.settings.plan_history_keep
         entries = entries[-keep:]
         wanted = {e.id for e in entries} | {e.parent for e in entries[-1:] if e.parent}
+        try:  # NOTE: the plan on trial is stored here too, and no entry names it until it is promoted
+            canary = read_canary(self.control_dir)
+        except PlanError:
+            canary = None
+        if canary is not None:
+            wanted.add(canary.plan)
         document = {"format": HISTORY_FORMAT, "entries": [e.to_dict() for e in entries]}
         write_atomic(self.folder / HISTORY_FILE, json.dumps(document, sort_keys=True, separators=(",", ":")) + "\n")
         for path in self.folder.glob("*.json"):

@@ -99,7 +99,7 @@ class PlanKeeper:
         self.hot: HotSet = {}
         self._live_plan: str | None = None  # the control folder's plan, once this instance applies it
         self._lock = threading.Lock()
-        self._watcher = PlanFileWatcher(control_dir, who=instance) if control_dir is not None else None
+        self._watcher = PlanFileWatcher(control_dir, who=instance, host=self.host) if control_dir is not None else None
         self._board = PlanStatusBoard(control_dir) if control_dir is not None else None
         self._warm_failures = ""
         #: The last applied plan had warm prompts that can never fit the KV budget (KVBudgetError).

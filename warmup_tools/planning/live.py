@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from warmup_tools.adapters.plan_control import PLAN_FILE, PlanStatus, PlanStatusBoard
+from warmup_tools.adapters.plan_control import PLAN_FILE, PlanStatus, PlanStatusBoard, read_canary
 from warmup_tools.adapters.plan_history import (
     HistoryEntry,
     PlanHistory,
@@ -40,6 +40,14 @@ def apply_plan(plan: Plan, control_dir: Path, model_repository: Path | None = No
                inputs: Mapping[str, Any] | None = None, history: PlanHistorySettings | None = None) -> HistoryEntry:
     """Check ``plan`` against the repository (when one is given), then write it as ``plan.json`` and record it
     in the plan history (``via``: what applies it; ``inputs``: what it was made from, when known)."""
+    check_plan(plan, model_repository, target=target, tokenizer=tokenizer)
+    return write_live_plan(control_dir, plan, by=applied_by(via), inputs=inputs, settings=history)
+
+
+def check_plan(plan: Plan, model_repository: Path | None = None, *, target: PlanTarget | None = None,
+               tokenizer: Any | None = None) -> None:
+    """:class:`PlanError` unless ``plan`` fits the repository (block size, tokenizer, warm-up budget, items);
+    nothing is checked without a repository or a target."""
     if target is None and model_repository is not None:
         target = PlanTarget.from_repository(model_repository)
     if target is not None:
@@ -47,7 +55,6 @@ def apply_plan(plan: Plan, control_dir: Path, model_repository: Path | None = No
 
         tokenizer = tokenizer if tokenizer is not None else target.load_tokenizer()
         target.check(plan, tokenizer_fingerprint(tokenizer), tokenizer)
-    return write_live_plan(control_dir, plan, by=applied_by(via), inputs=inputs, settings=history)
 
 
 def rollback(control_dir: Path, ref: str | None = None, model_repository: Path | None = None, *,
@@ -105,6 +112,9 @@ class ReplanResult:
     applied: bool
     seconds: float
     at: float
+    #: "" (applied to every instance, or nothing to apply), ``started`` (the plan went on trial on a canary
+    #: instance: it is applied everywhere once promoted) or ``waiting`` (a plan was on trial: no re-plan).
+    trial: str = ""
 
 
 class RollingPlanner:
@@ -116,7 +126,10 @@ class RollingPlanner:
 
     def __init__(self, model_repository: Path, control_dir: Path, log_dir: Path, *, since_s: float = 6 * 3600,
                  environ: Mapping[str, str] | None = None, write_stanzas: bool = True,
-                 now: Callable[[], float | None] = lambda: None, history: PlanHistorySettings | None = None) -> None:
+                 now: Callable[[], float | None] = lambda: None, history: PlanHistorySettings | None = None,
+                 propose: Callable[[Plan], bool] | None = None) -> None:
+        """``propose``: puts a new plan on trial (a canary) and says whether it did; its stanzas are written when
+        it is promoted (:meth:`write_stanzas_of`). Without it, or when it did not, the plan goes to every instance."""
         self.model_repository = Path(model_repository)
         self.control_dir = Path(control_dir)
         self.log_dir = Path(log_dir)
@@ -125,6 +138,7 @@ class RollingPlanner:
         self._environ = environ
         self._now = now
         self.history = history
+        self._propose = propose
         self._tools: tuple[PlanTarget, Any, Any] | None = None
 
     def run_once(self, now: float | None = None) -> ReplanResult:
@@ -135,6 +149,12 @@ class RollingPlanner:
         from warmup_tools.planning.select import build_plan
 
         started = time.perf_counter()
+        running = read_canary(self.control_dir)
+        if running is not None:
+            LOGGER.info("re-plan skipped: plan %s is on trial since %.0f s", running.plan_id,
+                        time.time() - running.started_at)
+            return ReplanResult(running.plan_id, None, 0, 0, 0, 0, False, time.perf_counter() - started, time.time(),
+                                "waiting")
         target, tokenizer, embedder = self._load()
         stats = ReadStats()
         records = list(read_request_log(log_files([self.log_dir]), stats))
@@ -153,7 +173,10 @@ class RollingPlanner:
                           progress=False, previous=previous)
         changes = plan.summary.get("changes") or {}
         applied = previous is None or plan.plan_id != previous.plan_id
-        if applied:
+        trial = ""
+        if applied and previous is not None and self._propose is not None and self._propose(plan):
+            applied, trial = False, "started"
+        elif applied:
             apply_plan(plan, self.control_dir, target=target, tokenizer=tokenizer, via="sidecar re-plan",
                        history=self.history,
                        inputs={"log_dir": str(self.log_dir), "window": [end - self.since_s, end],
@@ -162,14 +185,24 @@ class RollingPlanner:
                 write_plan_stanzas(plan, self.model_repository, target=target, tokenizer=tokenizer)
         result = ReplanResult(plan.plan_id, previous.plan_id if previous else None, len(records),
                               int(changes.get("added", len(plan.items))), int(changes.get("kept", 0)),
-                              int(changes.get("dropped", 0)), applied, time.perf_counter() - started, time.time())
+                              int(changes.get("dropped", 0)), applied, time.perf_counter() - started, time.time(),
+                              trial)
         LOGGER.info("re-plan over %d records of the last %g h: plan %s -> %s: %d items added, %d kept, %d dropped%s",
                     result.records, self.since_s / 3600, result.previous, result.plan_id, result.added, result.kept,
-                    result.dropped, "" if applied else " (unchanged, nothing applied)")
+                    result.dropped, "" if applied else " (on trial on a canary instance)" if trial
+                    else " (unchanged, nothing applied)")
         for item in changes.get("dropped_items") or ():
             LOGGER.info("  dropped: tenant %s adapter %s, %s tokens: %r", item.get("tenant"),
                         item.get("adapter") or "(base)", item.get("tokens"), item.get("text"))
         return result
+
+    def write_stanzas_of(self, plan: Plan) -> None:
+        """Write ``plan``'s stanzas into the repository (the plan the next start begins from)."""
+        if self.write_stanzas:
+            from warmup_tools.planning.plan_stanzas import write_plan_stanzas
+
+            target, tokenizer, _ = self._load()
+            write_plan_stanzas(plan, self.model_repository, target=target, tokenizer=tokenizer)
 
     def _load(self) -> tuple[PlanTarget, Any, Any]:
         if self._tools is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from pathlib import Path
 from types import TracebackType
@@ -11,6 +12,7 @@ from typing import Any, Callable, Mapping
 
 from warmup_tools.common.errors import ConfigError, ServerError
 from warmup_tools.server.process import RepositoryKey, TritonServer
+from warmup_tools.sidecar.canary import CanaryController
 from warmup_tools.sidecar.config import SidecarConfig
 from warmup_tools.sidecar.coverage import CoverageReader
 from warmup_tools.sidecar.endpoints import SidecarHttpServer
@@ -64,16 +66,27 @@ class Sidecar:
                                restart_server=self._restart_server if server is not None else None,
                                stub_death=self._facts)
         self.replanner: Replanner | None = None
-        if config.replan_interval_s > 0:
-            if control_dir is None or model_repository is None:
-                raise ConfigError("the rolling re-plan needs the control folder and the model repository")
+        self.canary: CanaryController | None = None
+        if control_dir is not None and config.replan_log_dir is not None:
             from warmup_tools.adapters.plan_history import PlanHistorySettings
-            from warmup_tools.planning.live import RollingPlanner
             from warmup_tools.server.config import load_config
 
+            history = load_config(PlanHistorySettings)
+            # NOTE: a plan on trial is judged whoever started it (the re-plan below, or `plan canary`).
+            self.canary = CanaryController(Path(control_dir), config.replan_log_dir, config,
+                                           host=replica_name or socket.gethostname(), history=history,
+                                           stale_s=config.coverage_stale_s)
+            self.monitor.sections["canary"] = self.canary.status
+        if config.replan_interval_s > 0:
+            if control_dir is None or model_repository is None or self.canary is None:
+                raise ConfigError("the rolling re-plan needs the control folder and the model repository")
+            from warmup_tools.planning.live import RollingPlanner
+
+            canary = self.canary
             planner = RollingPlanner(model_repository, control_dir, config.replan_log_dir,
-                                     since_s=config.replan_since_h * 3600,
-                                     history=load_config(PlanHistorySettings))
+                                     since_s=config.replan_since_h * 3600, history=history,
+                                     propose=lambda plan: canary.propose(plan, "sidecar re-plan") is not None)
+            canary.on_promote = planner.write_stanzas_of
             self.replanner = Replanner(planner.run_once, config.replan_interval_s)
             self.monitor.sections["replan"] = self.replanner.status
         self._http = SidecarHttpServer(self.monitor, config.host, config.port, workers=config.http_workers,
@@ -88,6 +101,8 @@ class Sidecar:
         self.monitor.start()
         if self.replanner is not None:
             self.replanner.start()
+        if self.canary is not None:
+            self.canary.start(self.config.probe_interval_s)
 
     def unload_for_exit(self, model: str = "lora_adapter", timeout_s: float = 60.0) -> bool:
         """After a drain, before tritonserver stops: stop watching (a repair would load it again), then unload
@@ -97,6 +112,8 @@ class Sidecar:
         is complete. Whether the model was unloaded within ``timeout_s``."""
         if self.replanner is not None:
             self.replanner.stop()
+        if self.canary is not None:
+            self.canary.stop()
         self.monitor.stop()
         try:
             return self._repository.unload(model, timeout_s)
@@ -107,6 +124,8 @@ class Sidecar:
     def stop(self) -> None:
         if self.replanner is not None:
             self.replanner.stop()
+        if self.canary is not None:
+            self.canary.stop()
         self.monitor.stop()
         self._http.stop()
         self._probes.close()

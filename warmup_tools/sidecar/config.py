@@ -68,9 +68,23 @@ class SidecarConfig:
     replan_interval_s: float = setting(0.0, "Rolling re-plan: every this many seconds, re-plan from the request "
                                             "logs, apply the plan to the running server and write the stanzas "
                                             "for the next start; 0: off.", ge=0)
-    replan_log_dir: Path | None = setting(None, "The request logs the rolling re-plan reads (lora_adapter's "
-                                                "request_log_dir).")
+    replan_log_dir: Path | None = setting(None, "The request logs the rolling re-plan and the canary read "
+                                                "(lora_adapter's request_log_dir).")
     replan_since_h: float = setting(6.0, "Hours of request logs each re-plan reads.", gt=0)
+    canary_window_s: float = setting(600.0, "Canary: seconds a plan on trial is compared with the plan the other "
+                                            "instances serve before it is promoted (a worse plan is rolled back "
+                                            "as soon as it is seen worse); 0: the rolling re-plan applies its "
+                                            "plans to every instance at once.", ge=0)
+    canary_min_requests: int = setting(20, "Canary: requests each side (the canary instance, the others) must "
+                                           "have served before anything is judged.", ge=1)
+    canary_cold_margin: float = setting(0.05, "Canary: the cold share (requests with no cached prompt token) "
+                                              "may exceed the other instances' by this much.", ge=0, le=1)
+    canary_cached_margin: float = setting(0.10, "Canary: the share of prompt tokens from the KV cache may fall "
+                                                "this much below the other instances'.", ge=0, le=1)
+    canary_ttft_ratio: float = setting(1.5, "Canary: TTFT p99 may be this many times the other instances' "
+                                            "(compared once each side has 100 requests).", ge=1)
+    canary_alpha: float = setting(0.05, "Canary: the cold share counts as worse only when a one-sided Fisher "
+                                        "exact test puts the difference below this level.", gt=0, le=1)
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -1,0 +1,349 @@
+"""The canary's verdict: a plan on trial against the plan the other instances serve, judged from the request logs.
+
+A plan on trial (``canary.json``: :mod:`warmup_tools.adapters.canary`) is served by one lora_adapter instance of
+this replica; the others serve ``plan.json``. Triton spreads the replica's requests over its instances in turn,
+so both sides see the same traffic. From the moment the canary instance reports the plan applied, the
+controller reads each instance's request log (``requests-<instance>.jsonl`` under the replica's
+``request_log_dir``) and compares, canary against the rest:
+
+- **cold share** (requests with no prompt token from the KV cache): worse when it is more than
+  ``canary_cold_margin`` above the rest's *and* a one-sided Fisher exact test puts the difference below
+  ``canary_alpha`` (so that a small window cannot roll back a good plan by chance);
+- **prompt tokens from cache**: worse when the canary's share is more than ``canary_cached_margin`` below;
+- **TTFT p99**: worse when above ``canary_ttft_ratio`` times the rest's, once each side has
+  :data:`MIN_P99_REQUESTS` requests (below that a p99 is the maximum).
+
+Nothing is judged before each side has ``canary_min_requests`` requests. A plan that is worse is rolled back at
+once, even inside the window; one that is no worse when ``canary_window_s`` has passed is promoted (made the
+plan of every instance, through the history). A trial that never gets enough traffic, or whose canary never
+applies the plan, is rolled back after three windows, saying so. Every verdict is one log line, the last
+ones and the running trial are in ``/status`` (``canary``), and ``/metrics`` counts them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from warmup_tools.adapters.canary import end_canary, start_canary
+from warmup_tools.adapters.plan_control import CanaryAssignment, PlanStatusBoard, read_canary
+from warmup_tools.adapters.plan_history import PlanHistorySettings, applied_by
+from warmup_tools.common.plan import Plan, PlanError
+from warmup_tools.common.records import RecordError, RequestRecord
+from warmup_tools.sidecar.config import SidecarConfig
+
+LOGGER = logging.getLogger(__name__)
+
+#: A TTFT p99 is compared only once each side has this many requests (of fewer, the p99 is the maximum).
+MIN_P99_REQUESTS = 100
+#: TTFT samples kept per side and trial (the counts go on; the p99 is of the first ones).
+MAX_TTFT_SAMPLES = 100_000
+#: Verdicts kept for ``/status``.
+KEEP_VERDICTS = 10
+#: Bytes of one request log read per tick at most (the rest is read at the next ticks).
+MAX_READ_BYTES = 8 << 20
+LOG_PREFIX, LOG_SUFFIX = "requests-", ".jsonl"
+
+
+@dataclasses.dataclass(slots=True)
+class WindowStats:
+    """What one side served since the trial's plan was applied."""
+
+    requests: int = 0
+    cold: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    ttft_ms: list[float] = dataclasses.field(default_factory=list)
+
+    def add(self, record: RequestRecord) -> None:
+        cached = record.cached_tokens or 0
+        self.requests += 1
+        self.cold += cached == 0
+        self.prompt_tokens += record.prompt_tokens or 0
+        self.cached_tokens += cached
+        if record.ttft_ms is not None and len(self.ttft_ms) < MAX_TTFT_SAMPLES:
+            self.ttft_ms.append(record.ttft_ms)
+
+    @property
+    def cold_share(self) -> float:
+        return self.cold / self.requests if self.requests else 0.0
+
+    @property
+    def cached_share(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def ttft_p99_ms(self) -> float | None:
+        if not self.ttft_ms:
+            return None
+        ordered = sorted(self.ttft_ms)
+        return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
+    def summary(self) -> dict[str, Any]:
+        p99 = self.ttft_p99_ms
+        return {"requests": self.requests, "cold_share": round(self.cold_share, 4),
+                "cached_share": round(self.cached_share, 4), "ttft_p99_ms": None if p99 is None else round(p99, 2)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Verdict:
+    #: ``wait``, ``promote`` or ``rollback``.
+    action: str
+    reason: str
+
+
+def fisher_greater(a_hits: int, a_n: int, b_hits: int, b_n: int) -> float:
+    """One-sided Fisher exact test: the probability, with no difference between the sides, that side A gets
+    ``a_hits`` or more of the ``a_hits + b_hits`` hits (hypergeometric upper tail)."""
+    total, hits = a_n + b_n, a_hits + b_hits
+    if not 0 <= a_hits <= a_n or not 0 <= b_hits <= b_n:
+        raise ValueError("hits must lie between 0 and the requests of their side")
+    denominator = math.comb(total, a_n)
+    upper = sum(math.comb(hits, k) * math.comb(total - hits, a_n - k) for k in range(a_hits, min(hits, a_n) + 1))
+    return upper / denominator
+
+
+def judge(canary: WindowStats, rest: WindowStats, elapsed_s: float, settings: SidecarConfig) -> Verdict:
+    """The verdict on a trial ``elapsed_s`` after its plan was applied (see the module docstring)."""
+    enough = min(canary.requests, rest.requests) >= settings.canary_min_requests
+    if not enough:
+        if elapsed_s >= 3 * settings.canary_window_s:
+            return Verdict("rollback", f"too little traffic to judge in {elapsed_s:.0f} s: {canary.requests} "
+                                       f"requests on the canary, {rest.requests} on the others "
+                                       f"({settings.canary_min_requests} each needed)")
+        return Verdict("wait", f"{canary.requests} and {rest.requests} requests of "
+                               f"{settings.canary_min_requests} each")
+    worse = []
+    cold_up = canary.cold_share - rest.cold_share
+    if cold_up > settings.canary_cold_margin:
+        p = fisher_greater(canary.cold, canary.requests, rest.cold, rest.requests)
+        if p < settings.canary_alpha:
+            worse.append(f"cold share {canary.cold_share:.1%} against {rest.cold_share:.1%} "
+                         f"({canary.cold}/{canary.requests} against {rest.cold}/{rest.requests}, p={p:.3g})")
+    if rest.cached_share - canary.cached_share > settings.canary_cached_margin:
+        worse.append(f"prompt tokens from cache {canary.cached_share:.1%} against {rest.cached_share:.1%}")
+    if min(canary.requests, rest.requests) >= MIN_P99_REQUESTS:
+        mine, theirs = canary.ttft_p99_ms, rest.ttft_p99_ms
+        if mine is not None and theirs is not None and mine > settings.canary_ttft_ratio * theirs:
+            worse.append(f"TTFT p99 {mine:.1f} ms against {theirs:.1f} ms")
+    if worse:
+        return Verdict("rollback", "worse than the plan served now: " + "; ".join(worse))
+    if elapsed_s >= settings.canary_window_s:
+        return Verdict("promote", f"no worse after {elapsed_s:.0f} s: cold share {canary.cold_share:.1%} against "
+                                  f"{rest.cold_share:.1%}, prompt tokens from cache {canary.cached_share:.1%} "
+                                  f"against {rest.cached_share:.1%} ({canary.requests} and {rest.requests} requests)")
+    return Verdict("wait", f"no worse so far ({elapsed_s:.0f} of {settings.canary_window_s:g} s)")
+
+
+class RequestLogTail:
+    """New complete lines of each instance's request log (``requests-<instance>.jsonl``) since the last read; a
+    rotated file's rest is read from its ``.1`` before the new file."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self._at: dict[str, tuple[int, int]] = {}  # instance -> (inode, offset)
+        self.skipped = 0
+
+    def skip_to_end(self) -> None:
+        """Forget what the logs hold now: only lines written from here on are read."""
+        self._at = {}
+        for instance, path in self._files():
+            st = os.stat(path)
+            self._at[instance] = (st.st_ino, st.st_size)
+
+    def read(self) -> list[tuple[str, RequestRecord]]:
+        out: list[tuple[str, RequestRecord]] = []
+        for instance, path in self._files():
+            try:
+                inode = os.stat(path).st_ino
+            except FileNotFoundError:
+                continue
+            known, offset = self._at.get(instance, (inode, 0))
+            if known != inode:  # rotated: the old file is now .1
+                rotated = path.with_name(path.name + ".1")
+                if rotated.exists() and os.stat(rotated).st_ino == known:
+                    out += self._lines(instance, rotated, offset)[0]
+                offset = 0
+            lines, offset = self._lines(instance, path, offset)
+            out += lines
+            self._at[instance] = (inode, offset)
+        return out
+
+    def _files(self) -> list[tuple[str, Path]]:
+        if not self.directory.is_dir():
+            return []
+        return sorted((p.name[len(LOG_PREFIX):-len(LOG_SUFFIX)], p) for p in self.directory.iterdir()
+                      if p.name.startswith(LOG_PREFIX) and p.name.endswith(LOG_SUFFIX) and p.is_file())
+
+    def _lines(self, instance: str, path: Path, offset: int) -> tuple[list[tuple[str, RequestRecord]], int]:
+        import json
+
+        try:
+            with open(path, "rb") as file:
+                file.seek(offset)
+                raw = file.read(MAX_READ_BYTES)
+        except OSError:
+            return [], offset
+        end = raw.rfind(b"\n") + 1  # NOTE: a torn last line is read once the writer completes it
+        out = []
+        for line in raw[:end].splitlines():
+            try:
+                out.append((instance, RequestRecord.from_json(json.loads(line))))
+            except (ValueError, RecordError, TypeError):
+                self.skipped += 1
+        return out, offset + end
+
+
+class CanaryController:
+    """Starts trials (:meth:`propose`) and judges the running one (:meth:`tick`, every ``interval_s`` on a thread
+    of its own once :meth:`start` is called)."""
+
+    def __init__(self, control_dir: Path, log_dir: Path, settings: SidecarConfig, *, host: str,
+                 history: PlanHistorySettings | None = None, stale_s: float = 30.0,
+                 on_promote: Callable[[Plan], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.control_dir = Path(control_dir)
+        self.settings = settings
+        self.host = host
+        self.history = history
+        self.stale_s = stale_s
+        self.on_promote = on_promote
+        self._clock = clock
+        self._tail = RequestLogTail(log_dir)
+        self._board = PlanStatusBoard(self.control_dir)
+        self._lock = threading.Lock()
+        self._trial: CanaryAssignment | None = None
+        self._applied_at: float | None = None
+        self._sides = (WindowStats(), WindowStats())
+        self._verdicts: list[dict[str, Any]] = []
+        self._counts = {"promoted": 0, "rolled_back": 0}
+        self._last = Verdict("wait", "no trial")
+        self._error = ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -------------------------------------------------------------------------------- starting a trial
+    def instances(self) -> list[str]:
+        """This replica's lora_adapter instances that reported lately, by name."""
+        statuses, _ = self._board.read_all(host=self.host)
+        now = self._clock()
+        return sorted(name for name, status in statuses.items() if now - status.reported_at <= self.stale_s)
+
+    def propose(self, plan: Plan, by: str) -> CanaryAssignment | None:
+        """Put ``plan`` on trial on this replica's last instance; None when the replica has fewer than two
+        instances (nothing to compare with: the caller applies the plan everywhere)."""
+        instances = self.instances()
+        if self.settings.canary_window_s <= 0 or len(instances) < 2:
+            return None
+        canary = start_canary(self.control_dir, plan, host=self.host, instances=instances[-1:],
+                              by=applied_by(by), settings=self.history, now=self._clock())
+        LOGGER.info("canary: plan %s on trial on instance %s of %s (the plan served now stays on %s)",
+                    plan.plan_id, instances[-1], self.host, ", ".join(instances[:-1]))
+        return canary
+
+    # -------------------------------------------------------------------------------- judging it
+    def tick(self) -> Verdict:
+        """Read the logs, judge the running trial, and end it when the verdict says so."""
+        try:
+            return self._tick()
+        except (OSError, PlanError) as exc:
+            with self._lock:
+                self._error = f"{type(exc).__name__}: {exc}"
+            LOGGER.warning("canary: %s", exc)
+            return Verdict("wait", self._error)
+
+    def _tick(self) -> Verdict:
+        canary = read_canary(self.control_dir)
+        now = self._clock()
+        if canary is None or canary.host != self.host:
+            with self._lock:
+                self._trial, self._applied_at, self._error = None, None, ""
+                self._last = Verdict("wait", "no trial" if canary is None else f"the trial runs on {canary.host}")
+            return self._last
+        if canary != self._trial:
+            with self._lock:
+                self._trial, self._applied_at, self._sides = canary, None, (WindowStats(), WindowStats())
+        if self._applied_at is None:
+            if not self._canary_applied(canary):
+                verdict = Verdict("wait", "the canary instance is warming the plan")
+                if now - canary.started_at >= 3 * max(self.settings.canary_window_s, 1.0):
+                    verdict = Verdict("rollback", f"the canary instance did not apply plan {canary.plan_id} within "
+                                                  f"{now - canary.started_at:.0f} s")
+                return self._act(canary, verdict, now)
+            self._tail.skip_to_end()  # NOTE: only requests served once the plan on trial is warm are compared
+            with self._lock:
+                self._applied_at = now
+        assert self._applied_at is not None
+        canary_side, rest = self._sides
+        for instance, record in self._tail.read():
+            if record.ts >= self._applied_at:
+                (canary_side if canary.targets(self.host, instance) else rest).add(record)
+        return self._act(canary, judge(canary_side, rest, now - self._applied_at, self.settings), now)
+
+    def _canary_applied(self, canary: CanaryAssignment) -> bool:
+        statuses, _ = self._board.read_all(host=self.host)
+        mine = [s for name, s in statuses.items() if canary.targets(self.host, name)]
+        return bool(mine) and all(s.plan_id == canary.plan_id and s.state == "applied" for s in mine)
+
+    def _act(self, canary: CanaryAssignment, verdict: Verdict, now: float) -> Verdict:
+        with self._lock:
+            self._last, self._error = verdict, ""
+        if verdict.action == "wait":
+            return verdict
+        promote = verdict.action == "promote"
+        end_canary(self.control_dir, canary, promote=promote, settings=self.history,
+                   by=applied_by("canary promote" if promote else "canary rollback"),
+                   inputs={"verdict": verdict.reason})
+        canary_side, rest = self._sides
+        record = {"plan_id": canary.plan_id, "verdict": "promoted" if promote else "rolled_back",
+                  "reason": verdict.reason, "at": round(now, 3), "started_at": canary.started_at,
+                  "canary": canary_side.summary(), "rest": rest.summary()}
+        with self._lock:
+            self._counts[record["verdict"]] += 1
+            self._verdicts = [record, *self._verdicts][:KEEP_VERDICTS]
+            self._trial, self._applied_at = None, None
+        (LOGGER.info if promote else LOGGER.warning)(
+            "canary: plan %s %s after %.0f s: %s", canary.plan_id, "promoted" if promote else "rolled back",
+            now - canary.started_at, verdict.reason)
+        if promote and self.on_promote is not None:
+            try:
+                self.on_promote(Plan.load(self.control_dir / "plan.json"))
+            except Exception:  # NOTE: the plan is served; only what follows its promotion failed
+                LOGGER.exception("canary: after promoting plan %s", canary.plan_id)
+        return verdict
+
+    # -------------------------------------------------------------------------------- status and thread
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            trial = None
+            if self._trial is not None:
+                canary_side, rest = self._sides
+                trial = {"plan_id": self._trial.plan_id, "instances": list(self._trial.instances),
+                         "started_at": self._trial.started_at, "applied_at": self._applied_at,
+                         "canary": canary_side.summary(), "rest": rest.summary()}
+            return {"window_s": self.settings.canary_window_s, "trial": trial,
+                    "last": dataclasses.asdict(self._last), "verdicts": list(self._verdicts),
+                    "counts": dict(self._counts), "error": self._error}
+
+    def start(self, interval_s: float) -> None:
+        self._thread = threading.Thread(target=self._loop, args=(interval_s,), name="sidecar-canary", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _loop(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            try:
+                self.tick()
+            except Exception:  # NOTE: the next tick tries again; the trial stays as it is
+                LOGGER.exception("canary: judging the trial failed")

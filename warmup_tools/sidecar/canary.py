@@ -13,9 +13,10 @@ controller reads each instance's request log (``requests-<instance>.jsonl`` unde
 - **TTFT p99**: worse when above ``canary_ttft_ratio`` times the rest's, once each side has
   :data:`MIN_P99_REQUESTS` requests (below that a p99 is the maximum).
 
-Nothing is judged before each side has ``canary_min_requests`` requests. A plan that is worse is rolled back at
-once, even inside the window; one that is no worse when ``canary_window_s`` has passed is promoted (made the
-plan of every instance, through the history). A trial that never gets enough traffic, or whose canary never
+Nothing is judged before each side has ``canary_min_requests`` requests. A plan whose cold share is worse is
+rolled back at once, inside the window (the test guards against chance); when ``canary_window_s`` has passed, a
+plan worse by any of the three is rolled back and one no worse is promoted (made the plan of every instance,
+through the history). A trial that never gets enough traffic, or whose canary never
 applies the plan, is rolled back after three windows, saying so. Every verdict is one log line, the last
 ones and the running trial are in ``/status`` (``canary``), and ``/metrics`` counts them.
 """
@@ -126,6 +127,11 @@ def judge(canary: WindowStats, rest: WindowStats, elapsed_s: float, settings: Si
         if p < settings.canary_alpha:
             worse.append(f"cold share {canary.cold_share:.1%} against {rest.cold_share:.1%} "
                          f"({canary.cold}/{canary.requests} against {rest.cold}/{rest.requests}, p={p:.3g})")
+    if worse:
+        return Verdict("rollback", "worse than the plan served now: " + "; ".join(worse))
+    if elapsed_s < settings.canary_window_s:
+        # NOTE: only the tested cold share ends a trial early; a few cold requests move the other two a lot.
+        return Verdict("wait", f"no worse so far ({elapsed_s:.0f} of {settings.canary_window_s:g} s)")
     if rest.cached_share - canary.cached_share > settings.canary_cached_margin:
         worse.append(f"prompt tokens from cache {canary.cached_share:.1%} against {rest.cached_share:.1%}")
     if min(canary.requests, rest.requests) >= MIN_P99_REQUESTS:
@@ -134,11 +140,9 @@ def judge(canary: WindowStats, rest: WindowStats, elapsed_s: float, settings: Si
             worse.append(f"TTFT p99 {mine:.1f} ms against {theirs:.1f} ms")
     if worse:
         return Verdict("rollback", "worse than the plan served now: " + "; ".join(worse))
-    if elapsed_s >= settings.canary_window_s:
-        return Verdict("promote", f"no worse after {elapsed_s:.0f} s: cold share {canary.cold_share:.1%} against "
-                                  f"{rest.cold_share:.1%}, prompt tokens from cache {canary.cached_share:.1%} "
-                                  f"against {rest.cached_share:.1%} ({canary.requests} and {rest.requests} requests)")
-    return Verdict("wait", f"no worse so far ({elapsed_s:.0f} of {settings.canary_window_s:g} s)")
+    return Verdict("promote", f"no worse after {elapsed_s:.0f} s: cold share {canary.cold_share:.1%} against "
+                              f"{rest.cold_share:.1%}, prompt tokens from cache {canary.cached_share:.1%} "
+                              f"against {rest.cached_share:.1%} ({canary.requests} and {rest.requests} requests)")
 
 
 class RequestLogTail:

@@ -119,7 +119,7 @@ def public_status(status: object) -> Any:
 
 def prometheus_text(status: dict[str, object]) -> str:
     """``/status`` as Prometheus exposition text (prometheus-client's own renderer, a private registry)."""
-    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+    from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
     registry = CollectorRegistry()
     registry.register(_TemperatureCollector(dict(status.get("temperature") or {})))
@@ -144,6 +144,19 @@ def prometheus_text(status: dict[str, object]) -> str:
         for adapter, cov in entry["adapters"].items():
             coverage.labels(instance, adapter).set(cov["coverage"])
             short.labels(instance, adapter).set(1 if cov["shortfall"] else 0)
+    canary = status.get("canary")
+    if isinstance(canary, dict):
+        Gauge("warmup_canary_active", "1 while a plan is on trial on a canary instance of this replica",
+              registry=registry).set(1 if canary.get("trial") else 0)
+        verdicts = Counter("warmup_canary_verdicts", "Plans on trial promoted or rolled back since the sidecar "
+                           "started", ["verdict"], registry=registry)
+        for verdict, count in dict(canary.get("counts") or {}).items():
+            verdicts.labels(verdict).inc(count)
+        cold = Gauge("warmup_canary_cold_share", "Cold share of the running trial's requests: the canary "
+                     "instance's and the other instances'", ["side"], registry=registry)
+        for side in ("canary", "rest"):
+            if canary.get("trial"):
+                cold.labels(side).set(canary["trial"][side]["cold_share"])
     for model, health in dict(status.get("models") or {}).items():
         healthy.labels(model).set(1 if health.get("state") == "healthy" else 0)
         probe = health.get("last_probe") or {}

@@ -1,0 +1,207 @@
+"""The canary's verdict: the statistics, the rule, reading the request logs, and a trial from start to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from tests.unit.adapters.test_plan_history import BY, plan_of
+from warmup_tools.adapters.canary import start_canary
+from warmup_tools.adapters.plan_control import AdapterCoverage, PlanStatus, PlanStatusBoard, read_canary
+from warmup_tools.adapters.plan_history import PlanHistory, plan_digest, write_live_plan
+from warmup_tools.common.jsonl import RotatingJsonLines
+from warmup_tools.common.records import RequestRecord
+from warmup_tools.sidecar.canary import (
+    MIN_P99_REQUESTS,
+    CanaryController,
+    RequestLogTail,
+    WindowStats,
+    fisher_greater,
+    judge,
+)
+from warmup_tools.sidecar.config import SidecarConfig
+from warmup_tools.sidecar.endpoints import prometheus_text
+
+SETTINGS = SidecarConfig(canary_window_s=600, canary_min_requests=10)
+
+
+def side(requests, cold, *, prompt=100, cached=80, ttft=10.0):
+    stats = WindowStats()
+    for i in range(requests):
+        stats.add(RequestRecord(ts=float(i), prompt_tokens=prompt, cached_tokens=0 if i < cold else cached,
+                                ttft_ms=ttft))
+    return stats
+
+
+def test_fisher_matches_the_hypergeometric_tail():
+    # 3 of 3 against 0 of 3: only one table is as extreme, of C(6, 3) = 20.
+    assert fisher_greater(3, 3, 0, 3) == pytest.approx(1 / 20)
+    assert fisher_greater(0, 5, 5, 5) == pytest.approx(1.0)
+    # The tail sums to one over every outcome.
+    total = sum(math.comb(4, k) * math.comb(6, 5 - k) for k in range(0, 5)) / math.comb(10, 5)
+    assert fisher_greater(0, 5, 4, 5) == pytest.approx(total)
+    with pytest.raises(ValueError):
+        fisher_greater(4, 3, 0, 3)
+
+
+def test_nothing_is_judged_before_each_side_has_its_requests():
+    long_window = dataclasses.replace(SETTINGS, canary_window_s=10_000)
+    assert judge(side(9, 9), side(50, 0), 10_000, long_window).action == "wait"
+    late = judge(side(9, 0), side(50, 0), 1800, SETTINGS)
+    assert late.action == "rollback" and "too little traffic" in late.reason
+
+
+def test_a_plan_much_colder_is_rolled_back_at_once():
+    verdict = judge(side(12, 11), side(12, 2), 30, SETTINGS)
+    assert verdict.action == "rollback" and "cold share 91.7% against 16.7%" in verdict.reason
+
+
+def test_a_small_difference_in_a_small_window_is_not_enough():
+    # 3 of 10 against 1 of 10: 20 points more, but p = 0.29.
+    assert judge(side(10, 3), side(10, 1), 30, SETTINGS).action == "wait"
+    # Its two cold requests also cost it 16 points of cached tokens: judged at the window's end only.
+    assert judge(side(10, 3), side(10, 1), 600, SETTINGS).action == "rollback"
+    assert judge(side(10, 3, cached=100), side(10, 1, cached=80), 600, SETTINGS).action == "promote"
+
+
+def test_fewer_cached_tokens_or_a_slower_p99_roll_back_at_the_end_of_the_window():
+    assert judge(side(20, 0, cached=50), side(20, 0, cached=80), 30, SETTINGS).action == "wait"
+    fewer = judge(side(20, 0, cached=50), side(20, 0, cached=80), 600, SETTINGS)
+    assert fewer.action == "rollback" and "prompt tokens from cache 50.0% against 80.0%" in fewer.reason
+    n = MIN_P99_REQUESTS
+    slow = judge(side(n, 0, ttft=40.0), side(n, 0, ttft=10.0), 600, SETTINGS)
+    assert slow.action == "rollback" and "TTFT p99" in slow.reason
+    # Below MIN_P99_REQUESTS the p99 is the maximum: not compared.
+    assert judge(side(n - 1, 0, ttft=40.0), side(n - 1, 0, ttft=10.0), 600, SETTINGS).action == "promote"
+
+
+def test_a_plan_no_worse_is_promoted_when_the_window_ends():
+    assert judge(side(20, 2), side(20, 3), 599, SETTINGS).action == "wait"
+    verdict = judge(side(20, 2), side(20, 3), 600, SETTINGS)
+    assert verdict.action == "promote" and "no worse after 600 s" in verdict.reason
+
+
+def records(tenant, *, ts, cold, n):
+    return [RequestRecord(ts=ts + i, tenant=tenant, prompt_tokens=64, cached_tokens=0 if i < cold else 48,
+                          ttft_ms=5.0).to_json() for i in range(n)]
+
+
+def test_the_log_tail_reads_each_line_once_through_rotation_and_torn_lines(tmp_path):
+    log = RotatingJsonLines(tmp_path / "requests-lm_0_0.jsonl", max_bytes=1500, backups=2)
+    tail = RequestLogTail(tmp_path)
+    log.write(records("a", ts=0, cold=0, n=5))
+    assert [r.ts for _, r in tail.read()] == [0, 1, 2, 3, 4]
+    log.write(records("a", ts=10, cold=0, n=12))  # rotates on the way
+    assert (tmp_path / "requests-lm_0_0.jsonl.1").exists()
+    seen = tail.read()
+    assert [r.ts for _, r in seen] == list(range(10, 22)) and {i for i, _ in seen} == {"lm_0_0"}
+    with open(tmp_path / "requests-lm_0_0.jsonl", "ab") as file:
+        file.write(b'{"v":1,"ts":30')  # a line the writer has not finished
+    assert tail.read() == []
+    with open(tmp_path / "requests-lm_0_0.jsonl", "ab") as file:
+        file.write(b',"tenant":"a"}\nnot json\n')
+    assert [r.ts for _, r in tail.read()] == [30] and tail.skipped == 1
+    tail.skip_to_end()
+    log.write(records("a", ts=40, cold=0, n=1))
+    assert [r.ts for _, r in tail.read()] == [40]
+
+
+class Replica:
+    """A control folder and request logs as two lora_adapter instances of replica ``r1`` write them."""
+
+    def __init__(self, root):
+        self.control, self.logs = root / "control", root / "logs"
+        self.board = PlanStatusBoard(self.control)
+        self.writers = {i: RotatingJsonLines(self.logs / f"requests-{i}.jsonl") for i in ("lm_0_0", "lm_0_1")}
+        self.now = 1000.0
+
+    def report(self, instance, plan_id, state="applied"):
+        self.board.report(PlanStatus(instance, plan_id, "control", state, {"base": AdapterCoverage(2, 2)},
+                                     reported_at=self.now, host="r1"))
+
+    def serve(self, instance, *, cold, n):
+        self.writers[instance].write(records("acme", ts=self.now, cold=cold, n=n))
+
+
+def trial(tmp_path, **settings):
+    replica = Replica(tmp_path)
+    good, new = plan_of(0), plan_of(0, 100)
+    write_live_plan(replica.control, good, by=BY)
+    for instance in ("lm_0_0", "lm_0_1"):
+        replica.report(instance, good.plan_id)
+    promoted = []
+    controller = CanaryController(replica.control, replica.logs, dataclasses.replace(SETTINGS, **settings),
+                                  host="r1", clock=lambda: replica.now, on_promote=promoted.append)
+    return replica, controller, good, new, promoted
+
+
+def test_a_trial_that_is_worse_is_rolled_back_with_its_reason_in_status_and_metrics(tmp_path, caplog):
+    replica, controller, good, bad, _ = trial(tmp_path)
+    assert controller.instances() == ["lm_0_0", "lm_0_1"]
+    replica.serve("lm_0_0", cold=1, n=5)  # served before the trial: never counted
+    canary = controller.propose(bad, "test")
+    assert canary.instances == ("lm_0_1",) and read_canary(replica.control) == canary
+    replica.report("lm_0_1", bad.plan_id, "warming")
+    assert controller.tick().reason == "the canary instance is warming the plan"
+    replica.report("lm_0_1", bad.plan_id)
+    replica.now += 1
+    assert controller.tick().action == "wait"
+    replica.now += 1
+    replica.serve("lm_0_1", cold=11, n=12)
+    replica.serve("lm_0_0", cold=2, n=12)
+    replica.now += 60
+    verdict = controller.tick()
+    assert verdict.action == "rollback" and "cold share 91.7% against 16.7%" in verdict.reason
+    assert read_canary(replica.control) is None and PlanHistory(replica.control).current().id == plan_digest(good)
+    status = controller.status()
+    assert status["trial"] is None and status["counts"] == {"promoted": 0, "rolled_back": 1}
+    assert status["verdicts"][0]["verdict"] == "rolled_back" and status["verdicts"][0]["canary"]["requests"] == 12
+    assert "canary: plan" in caplog.text and "rolled back" in caplog.text
+    text = prometheus_text({"canary": status})
+    assert 'warmup_canary_verdicts_total{verdict="rolled_back"} 1.0' in text and "warmup_canary_active 0.0" in text
+
+
+def test_a_trial_no_worse_is_promoted_at_the_end_of_its_window(tmp_path):
+    replica, controller, good, new, promoted = trial(tmp_path)
+    controller.propose(new, "test")
+    replica.report("lm_0_1", new.plan_id)
+    controller.tick()
+    replica.now += 1
+    replica.serve("lm_0_1", cold=2, n=20)
+    replica.serve("lm_0_0", cold=3, n=20)
+    replica.now += 300
+    assert controller.tick().action == "wait"
+    assert prometheus_text({"canary": controller.status()}).count("warmup_canary_active 1.0") == 1
+    replica.now += 300
+    assert controller.tick().action == "promote"
+    assert PlanHistory(replica.control).current().id == plan_digest(new) and read_canary(replica.control) is None
+    assert [p.plan_id for p in promoted] == [new.plan_id]
+
+
+def test_no_canary_on_a_replica_with_one_instance_or_with_the_window_off(tmp_path):
+    replica, controller, _, new, _ = trial(tmp_path)
+    (replica.control / "plan_status").joinpath(sorted(p.name for p in (replica.control / "plan_status").iterdir())[1]
+                                               ).unlink()
+    assert controller.propose(new, "test") is None
+    replica, controller, _, new, _ = trial(tmp_path / "off", canary_window_s=0)
+    assert controller.propose(new, "test") is None
+
+
+def test_a_canary_that_never_applies_its_plan_is_rolled_back(tmp_path):
+    replica, controller, good, new, _ = trial(tmp_path)
+    controller.propose(new, "test")
+    replica.report("lm_0_1", new.plan_id, "warming")
+    replica.now += 1800
+    verdict = controller.tick()
+    assert verdict.action == "rollback" and "did not apply plan" in verdict.reason
+
+
+def test_a_trial_started_elsewhere_or_a_broken_canary_file_is_left_alone(tmp_path):
+    replica, controller, good, new, _ = trial(tmp_path)
+    start_canary(replica.control, new, host="r2", instances=["lm_0_1"], by=BY)
+    assert "the trial runs on r2" in controller.tick().reason and read_canary(replica.control) is not None
+    (replica.control / "canary.json").write_text("{")
+    verdict = controller.tick()
+    assert verdict.action == "wait" and "canary.json" in controller.status()["error"]

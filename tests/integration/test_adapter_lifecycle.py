@@ -81,13 +81,12 @@ def test_adapter_whose_folder_is_missing_fails_with_a_clear_status(triton):
 
 def test_every_instance_of_a_multi_instance_model_ends_in_the_same_state(served_assets, tmp_path):
     """Instances are separate processes: each reconciles the control folder and reports its own state."""
+    from warmup_tools.server.config import set_instance_count
     from warmup_tools.server.process import TritonServer
 
     repo = tmp_path / "repo"
     shutil.copytree(Path(__file__).resolve().parents[2] / "model_repository", repo)
-    config = repo / "lora_adapter" / "config.pbtxt"
-    config.write_text(config.read_text().replace("instance_group [ { count: 1 kind: KIND_CPU } ]",
-                                                 "instance_group [ { count: 2 kind: KIND_CPU } ]"))
+    set_instance_count(repo / "lora_adapter", 2)
     control = tmp_path / "control"
     adapters = served_assets / "adapters"
     shutil.copytree(adapters / "support", adapters / "support-two", dirs_exist_ok=True)

@@ -26,7 +26,7 @@ LOGGER = logging.getLogger("warmup_tools")
 
 
 #: ``plan <action>``: the plan history of a control folder (``plan LOGS...`` makes a plan).
-PLAN_ACTIONS = ("history", "diff", "rollback")
+PLAN_ACTIONS = ("history", "diff", "rollback", "canary")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -417,6 +417,21 @@ def _plan_actions_parser() -> argparse.ArgumentParser:
     back.add_argument("id", nargs="?", help="the plan to go back to (default: the parent of the plan served now)")
     _live_apply_flags(back)
     back.set_defaults(func=_cmd_plan_rollback)
+    canary = actions.add_parser("canary", parents=[control],
+                                help="put a plan on trial on one lora_adapter instance of a replica (the others keep "
+                                     "the plan served now); the replica's sidecar promotes it or rolls it back "
+                                     "(docs/planner.md); --abort ends a trial without promoting it")
+    canary.add_argument("plan", nargs="?", type=Path, help="the plan file to try (checked against the repository)")
+    canary.add_argument("--instance", action="append", default=[], dest="canary_instances",
+                        help="an instance that serves the plan on trial (repeat; default: the replica's last one, "
+                             "of those that report)")
+    canary.add_argument("--replica", default="", help="the replica's name (its replica_name, else its host name; "
+                                                      "default: this host's name)")
+    canary.add_argument("--abort", action="store_true", help="end the running trial: every instance goes back to "
+                                                             "the plan served now")
+    canary.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository",
+                        help="the repository the server runs: the plan is checked against it first")
+    canary.set_defaults(func=_cmd_plan_canary)
     return parser
 
 
@@ -857,6 +872,14 @@ def _cmd_plan_history(args: argparse.Namespace) -> int:
         print("  ".join(cells).rstrip())
     if served is None:
         print(f"(plan.json in {args.control_dir} is not the newest plan of the history)")
+    from warmup_tools.adapters.plan_control import read_canary
+
+    running = read_canary(args.control_dir)
+    if running is not None:
+        where = ", ".join(running.instances) or "every instance"
+        since = datetime.datetime.fromtimestamp(running.started_at, datetime.timezone.utc)
+        print(f"on trial: {running.plan} (plan_id {running.plan_id}) on {where} of {running.host}, since "
+              f"{since:%Y-%m-%d %H:%M:%S} UTC")
     return 0
 
 
@@ -895,6 +918,43 @@ def _cmd_plan_rollback(args: argparse.Namespace) -> int:
     plan, entry = rollback(args.control_dir, args.id, target=target, tokenizer=tokenizer, history=settings)
     print(f"rolled back from plan {entry.inputs.get('rolled_back') or '-'} to {entry.id}")
     return _served(args, plan, entry, target, tokenizer)
+
+
+def _cmd_plan_canary(args: argparse.Namespace) -> int:
+    import socket
+
+    from warmup_tools.adapters.canary import end_canary, start_canary
+    from warmup_tools.adapters.plan_control import PlanStatusBoard, read_canary
+    from warmup_tools.adapters.plan_history import applied_by
+    from warmup_tools.common.errors import ConfigError
+    from warmup_tools.common.plan import Plan
+    from warmup_tools.planning.live import check_plan
+
+    if args.abort:
+        running = read_canary(args.control_dir)
+        if running is None:
+            print(f"no plan on trial in {args.control_dir}")
+            return 1
+        end_canary(args.control_dir, running, promote=False, by=applied_by("plan canary --abort"))
+        print(f"ended the trial of plan {running.plan_id}: every instance serves plan.json again")
+        return 0
+    if args.plan is None:
+        raise ConfigError("name the plan file to try (or --abort)")
+    plan = Plan.load(args.plan)
+    check_plan(plan, args.model_repository)
+    host = args.replica or socket.gethostname()
+    instances = list(args.canary_instances)
+    if not instances:
+        statuses, _ = PlanStatusBoard(args.control_dir).read_all(host=host)
+        if len(statuses) < 2:
+            raise ConfigError(f"replica {host} has {len(statuses)} lora_adapter instance(s) reporting to "
+                              f"{args.control_dir}: a canary needs one to try the plan and one to compare with")
+        instances = sorted(statuses)[-1:]
+    canary = start_canary(args.control_dir, plan, host=host, instances=instances, by=applied_by("plan canary"),
+                          settings=_history_settings(args))
+    print(f"plan {plan.plan_id} on trial on {', '.join(canary.instances)} of {host} (stored as {canary.plan}); "
+          "the sidecar's /status (canary) shows the verdict")
+    return 0
 
 
 def _cmd_parameters(args: argparse.Namespace) -> int:

@@ -104,3 +104,19 @@ def _cast(field: dataclasses.Field, value: Any) -> Any:
         return value
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{field.name}={value!r}: {exc}") from exc
+
+
+def set_instance_count(model_dir: Path, count: int) -> None:
+    """Give the model in ``model_dir`` ``count`` instances: its config.pbtxt's one ``instance_group`` count
+    (instances are separate processes; a canary needs two of lora_adapter). ValueError if it has no single
+    ``instance_group`` with a count."""
+    import re
+
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"an instance count must be a positive integer, not {count!r}")
+    config = Path(model_dir) / "config.pbtxt"
+    text = config.read_text(encoding="utf-8")
+    new, found = re.subn(r"(instance_group\s*\[\s*\{\s*count:\s*)\d+", rf"\g<1>{count}", text)
+    if found != 1:
+        raise ValueError(f"{config} has {found} instance_group counts; expected exactly one")
+    config.write_text(new, encoding="utf-8")

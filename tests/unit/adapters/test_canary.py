@@ -113,3 +113,21 @@ def test_targets():
     one = CanaryAssignment("0" * 16, "p", "r1", ("lm_0_1",), 0.0)
     assert every.targets("r1", "lm_0_0") and not every.targets("r2", "lm_0_0")
     assert one.targets("r1", "lm_0_1") and not one.targets("r1", "lm_0_0")
+
+
+def test_the_cli_shows_and_aborts_a_trial_and_refuses_a_plan_that_does_not_fit(tmp_path, capsys):
+    from warmup_tools.ops.cli import main
+
+    a, b = plan_of(0), plan_of(0, 100)
+    write_live_plan(tmp_path, a, by=BY)
+    assert main(["plan", "canary", "--abort", "--control-dir", str(tmp_path)]) == 1
+    trial = start_canary(tmp_path, b, host="r1", instances=["lm_0_1"], by=BY)
+    assert main(["plan", "history", "--control-dir", str(tmp_path)]) == 0
+    assert f"on trial: {trial.plan} (plan_id {b.plan_id}) on lm_0_1 of r1" in capsys.readouterr().out
+    assert main(["plan", "canary", "--abort", "--control-dir", str(tmp_path)]) == 0
+    assert read_canary(tmp_path) is None and "ended the trial" in capsys.readouterr().out
+    # A plan for another tokenizer and block layout than the repository's is refused before anything is written.
+    b.save(tmp_path / "b.json")
+    assert main(["plan", "canary", str(tmp_path / "b.json"), "--replica", "r1", "--instance", "lm_0_1",
+                 "--control-dir", str(tmp_path)]) == 2
+    assert read_canary(tmp_path) is None

@@ -245,6 +245,22 @@ def _parser() -> argparse.ArgumentParser:
     roll.add_argument("--after-h", type=float, default=3.0,
                       help="hours replayed after a restart at the end of the window (day-1 vs today's stanzas)")
 
+    rollout = which.add_parser("rollout", parents=[assets],
+                               help="the canary on the real-text replay (two lora_adapter instances): a re-planned "
+                                    "plan promoted, another tenant mix's plan rolled back; minutes to each verdict "
+                                    "and each instance's cold share")
+    rollout.add_argument("--seed", type=int, default=0)
+    rollout.add_argument("--requests-per-day", type=int, default=6000)
+    rollout.add_argument("--hours", type=float, default=3.0, help="hours of day 2 to replay")
+    rollout.add_argument("--speedup", type=float, default=60.0, help="replay this many times faster than the trace")
+    rollout.add_argument("--good-at-min", type=float, default=30.0, help="simulated minute of the re-plan's trial")
+    rollout.add_argument("--bad-at-min", type=float, default=90.0, help="simulated minute of the bad plan's trial")
+    rollout.add_argument("--window-min", type=float, help="the canary's window in simulated minutes (default: the "
+                                                          "sidecar's canary_window_s)")
+    rollout.add_argument("--kv-cache-ratio", type=float, default=1.25,
+                         help="each instance's KV cache, in multiples of the day-1 plan's KV bytes")
+    rollout.add_argument("--kv-cache-bytes", type=int, help="each instance's KV cache in bytes (overrides the ratio)")
+
     load = which.add_parser("load", parents=[assets],
                             help="Locust users replay day 2's first hour concurrently, with and without the plan")
     load.add_argument("--users", type=int, default=4)

@@ -75,7 +75,7 @@ class SidecarConfig:
                                             "instances serve before it is promoted (a worse plan is rolled back "
                                             "as soon as it is seen worse); 0: the rolling re-plan applies its "
                                             "plans to every instance at once.", ge=0)
-    canary_min_requests: int = setting(20, "Canary: requests each side (the canary instance, the others) must "
+    canary_min_requests: int = setting(5, "Canary: requests each side (the canary instance, the others) must "
                                            "have served before anything is judged.", ge=1)
     canary_cold_margin: float = setting(0.05, "Canary: the cold share (requests with no cached prompt token) "
                                               "may exceed the other instances' by this much.", ge=0, le=1)
@@ -83,8 +83,9 @@ class SidecarConfig:
                                                 "this much below the other instances'.", ge=0, le=1)
     canary_ttft_ratio: float = setting(1.5, "Canary: TTFT p99 may be this many times the other instances' "
                                             "(compared once each side has 100 requests).", ge=1)
-    canary_alpha: float = setting(0.05, "Canary: the cold share counts as worse only when a one-sided Fisher "
-                                        "exact test puts the difference below this level.", gt=0, le=1)
+    canary_alpha: float = setting(0.01, "Canary: the cold share counts as worse only when a one-sided Fisher "
+                                        "exact test puts the difference below this level (strict: the test is "
+                                        "repeated as requests come).", gt=0, le=1)
 
     def __post_init__(self) -> None:
         check_settings(self)

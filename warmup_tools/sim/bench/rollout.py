@@ -1,0 +1,224 @@
+"""``python -m warmup_tools bench rollout``: a good plan promoted and a bad plan rolled back by the canary.
+
+One run on the real-text traffic (:mod:`warmup_tools.sim.real_traffic`): the day-1 plan is served by a
+repository whose ``lora_adapter`` has two instances, with request logs and a control folder. Day 2's first
+hours are replayed in time order, paced at ``speedup`` times the trace's rate (so that the canary's window, in
+seconds of the clock, covers the simulated minutes it stands for), against the real server, while the sidecar's
+canary controller (:class:`~warmup_tools.sidecar.canary.CanaryController`, the same code and settings the
+sidecar runs, with ``canary_window_s`` divided by ``speedup``) judges after every request:
+
+- at ``good_at_min`` the rolling re-plan (:class:`~warmup_tools.planning.live.RollingPlanner`) plans from day 1
+  and the requests replayed so far and puts its plan on trial on one instance: it should be promoted;
+- at ``bad_at_min`` (or once the first trial is over) a deliberately bad plan goes on trial: the day-1 plan of
+  another tenant mix (the same generator with other tenants and another seed), which warms nothing today's
+  tenants ask for and unpins their hot set on the canary instance: it should be rolled back.
+
+Reported, in simulated minutes of the trace: when each trial started and ended and why, and the cold share
+(``cached_tokens == 0``) of each instance's requests before the bad plan, while it was on trial and after the
+rollback, from the server's own request logs. The replay stands still while a plan is made and while the canary
+instance warms it. The KV cache of each instance is sized at ``kv_cache_ratio`` times the plan's KV bytes
+(``--kv-cache-bytes`` to set it), so that a plan's warm-up competes with what it unpins, as it does on a busy
+server.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence, TextIO
+
+from warmup_tools.adapters.plan_history import write_live_plan
+from warmup_tools.common.jsonl import write_json_lines
+from warmup_tools.common.plan import Plan
+from warmup_tools.common.records import RequestRecord, read_request_log
+from warmup_tools.planning.live import RollingPlanner, wait_applied
+from warmup_tools.server.client import GenerateParams, StreamingClient
+from warmup_tools.server.config import set_instance_count
+from warmup_tools.server.process import TritonServer
+from warmup_tools.sidecar.canary import CanaryController, Verdict
+from warmup_tools.sidecar.config import SidecarConfig
+from warmup_tools.sim.bench.replay import prepare
+
+#: The tenants of the bad plan's traffic: none of them sends a request on day 2.
+OTHER_TENANTS = ("northwind", "contoso", "fabrikam")
+CANARY, OTHER = "lora_adapter_0_1", "lora_adapter_0_0"
+
+
+@dataclasses.dataclass(slots=True)
+class Trial:
+    label: str
+    started_min: float
+    plan_id: str
+    ended_min: float | None = None
+    verdict: str = ""
+    reason: str = ""
+    requests_before_verdict: int = 0
+
+
+def bad_plan(work: Path, repo: Path, env: dict[str, str], *, seed: int, requests_per_day: int, now: float) -> Plan:
+    """The day-1 plan of another tenant mix: the real-text generator with :data:`OTHER_TENANTS`."""
+    from warmup_tools.embedding_cache.embedder import OnnxEmbedder
+    from warmup_tools.planning.select import build_plan
+    from warmup_tools.planning.target import PlanTarget
+    from warmup_tools.sim.real_traffic import RealTrafficConfig, write_real_logs
+
+    config = RealTrafficConfig(seed=seed + 1, requests_per_day=requests_per_day, tenants=OTHER_TENANTS, days=1)
+    day1 = list(read_request_log(write_real_logs(config, work / "other-mix")[:1]))
+    target = PlanTarget.from_repository(repo, {**os.environ, **env})
+    return build_plan(day1, target.load_tokenizer(), OnnxEmbedder(dataclasses.replace(target.embedder, num_threads=2)),
+                      target.default_budgets(), now=now, block_size=target.block_size,
+                      kv_bytes_per_token=target.kv_bytes_per_token, progress=False)
+
+
+def cold_by_instance(logs: Path, sent_wall: Sequence[float], sent_min: Sequence[float],
+                     windows: dict[str, tuple[float, float]]) -> dict[str, dict[str, tuple[int, int]]]:
+    """Per window (simulated minutes, start inclusive) and instance: (cold requests, requests), from the server's
+    request logs; each record is placed at the simulated minute of the request sent just before it arrived."""
+    out: dict[str, dict[str, tuple[int, int]]] = {w: {} for w in windows}
+    for instance in (OTHER, CANARY):
+        for record in read_request_log([p for p in sorted(logs.glob(f"requests-{instance}.jsonl*"))]):
+            index = bisect.bisect_right(sent_wall, record.ts) - 1
+            if index < 0:
+                continue  # the readiness probes' and warm-up's requests are never logged; nothing comes before
+            minute = sent_min[index]
+            for window, (start, end) in windows.items():
+                if start <= minute < end:
+                    cold, total = out[window].get(instance, (0, 0))
+                    out[window][instance] = (cold + ((record.cached_tokens or 0) == 0), total + 1)
+    return out
+
+
+def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours: float = 3.0, speedup: float = 60.0,
+        good_at_min: float = 30.0, bad_at_min: float = 90.0, window_min: float | None = None,
+        kv_cache_ratio: float = 1.25, kv_cache_bytes: int | None = None, out: TextIO = sys.stdout) -> dict[str, Any]:
+    defaults = SidecarConfig()
+    window_min = defaults.canary_window_s / 60 if window_min is None else window_min
+    work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
+    try:
+        repos = prepare(work, assets_dir, seed=seed, requests_per_day=requests_per_day, out=out, traffic="real",
+                        hours=hours)
+        day2_start, records = repos.day2_start, repos.first_hours
+        repo, control, logs, plan_logs = (work / "repo-rollout", work / "control", work / "server-logs",
+                                          work / "plan-logs")
+        shutil.copytree(repos.with_plan, repo)
+        set_instance_count(repo / "lora_adapter", 2)
+        plan_bytes = sum(int(item.get("kv_bytes", 0)) for item in repos.plan.items)
+        cache_bytes = kv_cache_bytes or int(plan_bytes * kv_cache_ratio)
+        env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": str(control),
+               "WARMUP_REQUEST_LOG_DIR": str(logs), "WARMUP_KV_CACHE_BYTES": str(cache_bytes), "WARMUP_REDIS_URL": ""}
+        bad = bad_plan(work, repo, env, seed=seed, requests_per_day=requests_per_day, now=day2_start)
+        out.write(f"day-1 plan {repos.plan.plan_id}: {len(repos.plan.items)} items, {plan_bytes / 2**20:.1f} MiB; "
+                  f"bad plan {bad.plan_id} (tenants {', '.join(OTHER_TENANTS)}): {len(bad.items)} items; KV cache "
+                  f"{cache_bytes / 2**20:.1f} MiB per instance, 2 instances\n")
+        write_live_plan(control, repos.plan, by=("bench rollout", ""))
+        settings = dataclasses.replace(defaults, canary_window_s=window_min * 60 / speedup)
+        controller = CanaryController(control, logs, settings, host=socket.gethostname())
+        planner = RollingPlanner(repo, control, plan_logs, environ={**os.environ, **env}, write_stanzas=False,
+                                 propose=lambda plan: controller.propose(plan, "bench rollout re-plan") is not None)
+        out.write(f"canary: window {window_min:g} simulated min ({settings.canary_window_s:.1f} s at x{speedup:g}), "
+                  f"{settings.canary_min_requests} requests a side, cold margin {settings.canary_cold_margin:.0%} "
+                  f"(alpha {settings.canary_alpha:g}), cached margin {settings.canary_cached_margin:.0%}\n")
+        out.flush()
+        trials, sent_wall, sent_min, lag = _replay(records, day2_start, repo, env, control, controller, planner, bad,
+                                                   repos.day1, plan_logs, speedup, good_at_min, bad_at_min, out)
+        return _report(trials, logs, sent_wall, sent_min, lag, out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _replay(records: Sequence[RequestRecord], day2_start: float, repo: Path, env: dict[str, str], control: Path,
+            controller: CanaryController, planner: RollingPlanner, bad: Plan, day1: Sequence[RequestRecord],
+            plan_logs: Path, speedup: float, good_at_min: float, bad_at_min: float,
+            out: TextIO) -> tuple[list[Trial], list[float], list[float], float]:
+    trials: list[Trial] = []
+    sent_wall: list[float] = []
+    sent_min: list[float] = []
+    worst_lag = 0.0
+    replanned = False
+    with TritonServer(repo, env=env) as server:
+        server.wait_ready(timeout=1800)
+        wait_applied(control, planner_plan_id(control), instances=2, timeout_s=900)
+        with StreamingClient(server.grpc_url) as client:
+            started = time.monotonic()
+            for index, record in enumerate(records):
+                minute = (record.ts - day2_start) / 60
+                running = trials[-1] if trials and trials[-1].ended_min is None else None
+                pause = time.monotonic()
+                if not replanned and minute >= good_at_min:
+                    replanned = True
+                    write_json_lines(plan_logs / "requests.jsonl", [r.to_json() for r in (*day1, *records[:index])])
+                    result = planner.run_once(now=record.ts)
+                    if result.trial == "started":
+                        trials.append(Trial("re-plan (good)", minute, result.plan_id))
+                        wait_applied(control, result.plan_id, instances=1, timeout_s=900)
+                    out.write(f"  +{minute:.1f} min: re-plan {result.previous} -> {result.plan_id}, "
+                              f"{result.added} added, {result.dropped} dropped: "
+                              f"{'on trial' if result.trial else 'applied everywhere'}\n")
+                elif running is None and len(trials) < 2 and trials and minute >= bad_at_min:
+                    canary = controller.propose(bad, "bench rollout (bad plan)")
+                    if canary is not None:
+                        trials.append(Trial("another tenant mix (bad)", minute, bad.plan_id))
+                        wait_applied(control, bad.plan_id, instances=1, timeout_s=900)
+                # NOTE: the trace stands still while a plan is made and warmed (as in bench rolling): on a real
+                # server both run beside the traffic, in seconds of the clock, not of the trace's 60-fold time.
+                started += time.monotonic() - pause
+                due = started + (record.ts - records[0].ts) / speedup
+                now = time.monotonic()
+                if due > now:
+                    time.sleep(due - now)
+                worst_lag = max(worst_lag, now - due)
+                sent_wall.append(time.time())
+                sent_min.append(minute)
+                client.generate(record.prompt, GenerateParams(max_tokens=1, adapter_id=record.adapter or None,
+                                                              tenant_id=record.tenant))
+                verdict = controller.tick()
+                if running is not None and verdict.action != "wait":
+                    _end(running, verdict, minute, index, records, out)
+    return trials, sent_wall, sent_min, worst_lag
+
+
+def planner_plan_id(control: Path) -> str:
+    return Plan.load(control / "plan.json").plan_id
+
+
+def _end(trial: Trial, verdict: Verdict, minute: float, index: int, records: Sequence[RequestRecord],
+         out: TextIO) -> None:
+    trial.ended_min, trial.verdict, trial.reason = minute, verdict.action, verdict.reason
+    out.write(f"  +{minute:.1f} min: {trial.label}: {verdict.action} after {minute - trial.started_min:.1f} "
+              f"simulated min: {verdict.reason}\n")
+    out.flush()
+
+
+def _report(trials: list[Trial], logs: Path, sent_wall: list[float], sent_min: list[float], lag: float,
+            out: TextIO) -> dict[str, Any]:
+    time.sleep(1.5)  # the request logs are written every 0.5 s
+    out.write(f"\nreplayed {len(sent_min)} requests; the pacing fell behind the trace by up to {lag:.1f} s\n")
+    for trial in trials:
+        span = f"{trial.ended_min - trial.started_min:.1f} min" if trial.ended_min is not None else "no verdict"
+        out.write(f"  {trial.label}: on trial at +{trial.started_min:.1f} min, {trial.verdict or 'running'} "
+                  f"({span}): {trial.reason}\n")
+    bad = trials[1] if len(trials) > 1 else None
+    if bad is None or bad.ended_min is None:
+        out.write("the bad plan did not reach a verdict: no windows to compare\n")
+        return {"trials": [dataclasses.asdict(t) for t in trials]}
+    length = 30.0
+    windows = {f"before the bad plan (+{bad.started_min - length:.0f} to +{bad.started_min:.0f} min)":
+               (bad.started_min - length, bad.started_min),
+               f"bad plan on trial (+{bad.started_min:.0f} to +{bad.ended_min:.0f} min)":
+               (bad.started_min, bad.ended_min),
+               f"after the rollback (+{bad.ended_min:.0f} to +{bad.ended_min + length:.0f} min)":
+               (bad.ended_min, bad.ended_min + length)}
+    counts = cold_by_instance(logs, sent_wall, sent_min, windows)
+    out.write(f"\ncold share by instance ({CANARY} is the canary), from the server's request logs:\n")
+    for window, per in counts.items():
+        cells = [f"{name}: {c / n:.1%} ({c}/{n})" if n else f"{name}: -" for name, (c, n) in
+                 ((i, per.get(i, (0, 0))) for i in (CANARY, OTHER))]
+        out.write(f"  {window}: {'; '.join(cells)}\n")
+    return {"trials": [dataclasses.asdict(t) for t in trials], "cold": counts}

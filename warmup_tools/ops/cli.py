@@ -347,9 +347,9 @@ def _parser() -> argparse.ArgumentParser:
     front_bench.add_argument("--max-tokens", type=int, default=32)
     front_bench.add_argument("--lm-threads", type=int, default=1)
     fleet_bench = which.add_parser("fleet", parents=[assets],
-                                   help="the real-text replay through the smg router: 1 replica vs 2 round_robin vs "
-                                        "2 cache_aware; scale-out at +30 min (stanzas only vs snapshot, joined warm); "
-                                        "scale-in with SIGTERM under load")
+                                   help="the real-text replay through the smg router: 1 replica vs 2 with round_robin, "
+                                        "cache_aware, prefix_hash; scale-out at +30 min (stanzas only vs snapshot, "
+                                        "joined warm); scale-in with SIGTERM under load")
     fleet_bench.add_argument("--seed", type=int, default=0)
     fleet_bench.add_argument("--requests-per-day", type=int, default=6000)
     fleet_bench.add_argument("--hours", type=float, default=1.0, help="hours of day 2 replayed")
@@ -358,6 +358,8 @@ def _parser() -> argparse.ArgumentParser:
                              help="simulated minutes of the new replica's requests measured")
     fleet_bench.add_argument("--streams", type=int, default=6, help="concurrent streams during the scale-in")
     fleet_bench.add_argument("--lm-threads", type=int, default=1)
+    fleet_bench.add_argument("--policy", help="the router's policy in the scale-out and scale-in runs (default: "
+                                              "the fleet's default)")
     rec = which.add_parser("recovery", parents=[assets],
                            help="kill the lora_adapter stub beside the sidecar: seconds to /ready 503 and back to "
                                 "200, how requests failed meanwhile, failures after recovery")

@@ -9,12 +9,16 @@ controller reads each instance's request log (``requests-<instance>.jsonl`` unde
 - **cold share** (requests with no prompt token from the KV cache): worse when it is more than
   ``canary_cold_margin`` above the rest's *and* a one-sided Fisher exact test puts the difference below
   ``canary_alpha`` (so that a small window cannot roll back a good plan by chance);
-- **prompt tokens from cache**: worse when the canary's share is more than ``canary_cached_margin`` below;
+- **prompt tokens from cache**: worse when the canary's share is more than ``canary_cached_margin`` below; a
+  one-sided Mann-Whitney U test on each request's uncached share of its prompt (:func:`uncached_greater`)
+  below ``canary_alpha`` makes it worse before the window ends (a plan that unpins the hot set shows in every
+  request's prefill, not only in the requests with nothing cached);
 - **TTFT p99**: worse when above ``canary_ttft_ratio`` times the rest's, once each side has
   :data:`MIN_P99_REQUESTS` requests (below that a p99 is the maximum).
 
-Nothing is judged before each side has ``canary_min_requests`` requests. A plan whose cold share is worse is
-rolled back at once, inside the window (the test guards against chance); when ``canary_window_s`` has passed, a
+Nothing is judged before each side has ``canary_min_requests`` requests. A plan whose cold share or cached
+tokens are worse with the test's confidence is rolled back at once, inside the window (the tests guard against
+chance); when ``canary_window_s`` has passed, a
 plan worse by any of the three is rolled back and one no worse is promoted (made the plan of every instance,
 through the history). A trial that never gets enough traffic, or whose canary never
 applies the plan, is rolled back after three windows, saying so. Every verdict is one log line, the last
@@ -44,7 +48,7 @@ LOGGER = logging.getLogger(__name__)
 #: A TTFT p99 is compared only once each side has this many requests (of fewer, the p99 is the maximum).
 MIN_P99_REQUESTS = 100
 #: TTFT samples kept per side and trial (the counts go on; the p99 is of the first ones).
-MAX_TTFT_SAMPLES = 100_000
+MAX_SAMPLES = 100_000
 #: Verdicts kept for ``/status``.
 KEEP_VERDICTS = 10
 #: Bytes of one request log read per tick at most (the rest is read at the next ticks).
@@ -61,15 +65,20 @@ class WindowStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     ttft_ms: list[float] = dataclasses.field(default_factory=list)
+    #: Each request's share of prompt tokens not from the cache (the first :data:`MAX_SAMPLES`).
+    uncached: list[float] = dataclasses.field(default_factory=list)
 
     def add(self, record: RequestRecord) -> None:
         cached = record.cached_tokens or 0
+        prompt = record.prompt_tokens or 0
         self.requests += 1
         self.cold += cached == 0
-        self.prompt_tokens += record.prompt_tokens or 0
+        self.prompt_tokens += prompt
         self.cached_tokens += cached
-        if record.ttft_ms is not None and len(self.ttft_ms) < MAX_TTFT_SAMPLES:
+        if record.ttft_ms is not None and len(self.ttft_ms) < MAX_SAMPLES:
             self.ttft_ms.append(record.ttft_ms)
+        if prompt > 0 and len(self.uncached) < MAX_SAMPLES:
+            self.uncached.append(1.0 - min(cached, prompt) / prompt)
 
     @property
     def cold_share(self) -> float:
@@ -110,6 +119,22 @@ def fisher_greater(a_hits: int, a_n: int, b_hits: int, b_n: int) -> float:
     return upper / denominator
 
 
+def uncached_greater(canary: list[float], rest: list[float]) -> float:
+    """One-sided Mann-Whitney U test: the probability, with no difference between the sides, of the canary's
+    per-request uncached shares ranking this far above the rest's (1.0 when either side has none)."""
+    if not canary or not rest:
+        return 1.0
+    from scipy.stats import mannwhitneyu  # NOTE: scipy loads in ~0.3 s; only a trial with traffic needs it
+
+    return float(mannwhitneyu(canary, rest, alternative="greater").pvalue)
+
+
+def evidence(canary: WindowStats, rest: WindowStats) -> dict[str, float]:
+    """The two one-sided tests' p-values so far (what an early rollback needs below ``canary_alpha``)."""
+    return {"cold_p": round(fisher_greater(canary.cold, canary.requests, rest.cold, rest.requests), 5),
+            "uncached_p": round(uncached_greater(canary.uncached, rest.uncached), 5)}
+
+
 def judge(canary: WindowStats, rest: WindowStats, elapsed_s: float, settings: SidecarConfig) -> Verdict:
     """The verdict on a trial ``elapsed_s`` after its plan was applied (see the module docstring)."""
     enough = min(canary.requests, rest.requests) >= settings.canary_min_requests
@@ -127,12 +152,18 @@ def judge(canary: WindowStats, rest: WindowStats, elapsed_s: float, settings: Si
         if p < settings.canary_alpha:
             worse.append(f"cold share {canary.cold_share:.1%} against {rest.cold_share:.1%} "
                          f"({canary.cold}/{canary.requests} against {rest.cold}/{rest.requests}, p={p:.3g})")
+    cached_down = rest.cached_share - canary.cached_share
+    if cached_down > settings.canary_cached_margin:
+        p = uncached_greater(canary.uncached, rest.uncached)
+        if p < settings.canary_alpha:
+            worse.append(f"prompt tokens from cache {canary.cached_share:.1%} against {rest.cached_share:.1%} "
+                         f"(per-request uncached shares ranked higher, p={p:.3g})")
     if worse:
         return Verdict("rollback", "worse than the plan served now: " + "; ".join(worse))
     if elapsed_s < settings.canary_window_s:
-        # NOTE: only the tested cold share ends a trial early; a few cold requests move the other two a lot.
+        # NOTE: only the tested measures end a trial early; untested, a few cold requests move them a lot.
         return Verdict("wait", f"no worse so far ({elapsed_s:.0f} of {settings.canary_window_s:g} s)")
-    if rest.cached_share - canary.cached_share > settings.canary_cached_margin:
+    if cached_down > settings.canary_cached_margin:
         worse.append(f"prompt tokens from cache {canary.cached_share:.1%} against {rest.cached_share:.1%}")
     if min(canary.requests, rest.requests) >= MIN_P99_REQUESTS:
         mine, theirs = canary.ttft_p99_ms, rest.ttft_p99_ms
@@ -330,7 +361,8 @@ class CanaryController:
                 canary_side, rest = self._sides
                 trial = {"plan_id": self._trial.plan_id, "instances": list(self._trial.instances),
                          "started_at": self._trial.started_at, "applied_at": self._applied_at,
-                         "canary": canary_side.summary(), "rest": rest.summary()}
+                         "canary": canary_side.summary(), "rest": rest.summary(),
+                         "evidence": evidence(canary_side, rest)}
             return {"window_s": self.settings.canary_window_s, "trial": trial,
                     "last": dataclasses.asdict(self._last), "verdicts": list(self._verdicts),
                     "counts": dict(self._counts), "error": self._error}

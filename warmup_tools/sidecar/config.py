@@ -83,9 +83,11 @@ class SidecarConfig:
                                                 "this much below the other instances'.", ge=0, le=1)
     canary_ttft_ratio: float = setting(1.5, "Canary: TTFT p99 may be this many times the other instances' "
                                             "(compared once each side has 100 requests).", ge=1)
-    canary_alpha: float = setting(0.01, "Canary: the cold share counts as worse only when a one-sided Fisher "
-                                        "exact test puts the difference below this level (strict: the test is "
-                                        "repeated as requests come).", gt=0, le=1)
+    canary_alpha: float = setting(0.01, "Canary: the cold share or the cached tokens count as worse before the "
+                                        "window ends only when a one-sided test (Fisher exact on cold requests, "
+                                        "Mann-Whitney U on each request's uncached share) puts the difference "
+                                        "below this level (strict: the tests are repeated as requests come).",
+                                  gt=0, le=1)
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -20,6 +20,7 @@ from warmup_tools.sidecar.canary import (
     WindowStats,
     fisher_greater,
     judge,
+    uncached_greater,
 )
 from warmup_tools.sidecar.config import SidecarConfig
 from warmup_tools.sidecar.endpoints import prometheus_text
@@ -66,10 +67,39 @@ def test_a_small_difference_in_a_small_window_is_not_enough():
     assert judge(side(10, 3, cached=100), side(10, 1, cached=80), 600, SETTINGS).action == "promote"
 
 
-def test_fewer_cached_tokens_or_a_slower_p99_roll_back_at_the_end_of_the_window():
-    assert judge(side(20, 0, cached=50), side(20, 0, cached=80), 30, SETTINGS).action == "wait"
-    fewer = judge(side(20, 0, cached=50), side(20, 0, cached=80), 600, SETTINGS)
+def cached_per_request(*cached, prompt=100):
+    stats = WindowStats()
+    for i, tokens in enumerate(cached):
+        stats.add(RequestRecord(ts=float(i), prompt_tokens=prompt, cached_tokens=tokens, ttft_ms=10.0))
+    return stats
+
+
+def test_fewer_cached_tokens_in_every_request_roll_back_at_once():
+    # Every canary request prefills half its prompt against a fifth on the others: the rank test sees it early.
+    fewer = judge(side(20, 0, cached=50), side(20, 0, cached=80), 30, SETTINGS)
     assert fewer.action == "rollback" and "prompt tokens from cache 50.0% against 80.0%" in fewer.reason
+    assert "ranked higher" in fewer.reason
+
+
+def test_fewer_cached_tokens_by_chance_wait_for_the_end_of_the_window():
+    # 12 points fewer, from one long prompt prefilled on the canary: not significant, judged at the window's end.
+    canary = cached_per_request(*[90] * 9, 30, 90, 90)
+    rest = cached_per_request(*[90] * 12)
+    canary.add(RequestRecord(ts=99.0, prompt_tokens=400, cached_tokens=90, ttft_ms=10.0))
+    rest.add(RequestRecord(ts=99.0, prompt_tokens=100, cached_tokens=90, ttft_ms=10.0))
+    assert rest.cached_share - canary.cached_share > SETTINGS.canary_cached_margin
+    assert uncached_greater(canary.uncached, rest.uncached) >= SETTINGS.canary_alpha
+    assert judge(canary, rest, 30, SETTINGS).action == "wait"
+    assert judge(canary, rest, 600, SETTINGS).action == "rollback"
+
+
+def test_the_rank_test_is_one_sided():
+    assert uncached_greater([0.5] * 10, [0.2] * 10) < 1e-3
+    assert uncached_greater([0.2] * 10, [0.5] * 10) > 0.99
+    assert uncached_greater([], [0.5]) == 1.0
+
+
+def test_a_slower_p99_rolls_back_at_the_end_of_the_window():
     n = MIN_P99_REQUESTS
     slow = judge(side(n, 0, ttft=40.0), side(n, 0, ttft=10.0), 600, SETTINGS)
     assert slow.action == "rollback" and "TTFT p99" in slow.reason

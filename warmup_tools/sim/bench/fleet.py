@@ -4,10 +4,10 @@ smg router, in front of one replica or two.
 One run, every replica with the day-1 plan's stanzas and one LM thread (docs/benchmarks.md):
 
 1. **Routing.** Day 2's first ``hours`` replayed in order (max_tokens 1, one request at a time) through the
-   router to 1 replica, 2 replicas with ``round_robin`` and 2 with ``cache_aware``: cold share, share of prompt
+   router to 1 replica and to 2 replicas with each of :data:`ROUTING_POLICIES`: cold share, share of prompt
    tokens from the KV cache, TTFT p50/p99, requests per replica; and the router's added TTFT (p50 through
    the router minus straight to the replica, alternating, on the 1-replica fleet).
-2. **Scale-out** at +``scale_out_min`` simulated minutes of the same replay on 2 cache-aware replicas: (a) a
+2. **Scale-out** at +``scale_out_min`` simulated minutes of the same replay on 2 replicas (``policy``): (a) a
    third replica without the snapshot folder whose /health says 200 as soon as tritonserver is READY
    (shipped stanzas only), (b) one restored from the fleet's snapshot folder and joined once warm. Figure:
    TTFT p99 of the requests the new replica serves in its first ``window_min`` simulated minutes over the
@@ -40,6 +40,8 @@ from warmup_tools.fleet.replica import Replica
 from warmup_tools.fleet.settings import FleetSettings
 from warmup_tools.sim.bench.replay import prepare
 
+#: The routing policies compared on two replicas (against one replica alone).
+ROUTING_POLICIES = ("round_robin", "cache_aware", "prefix_hash")
 #: Seconds between the replicas' periodic KV snapshots during the bench (the scale-out restores from them).
 SNAPSHOT_INTERVAL_S = 20
 
@@ -120,8 +122,9 @@ def replay(url: str, records: Sequence[RequestRecord],
 
 def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours: float = 1.0,
         scale_out_min: float = 30.0, window_min: float = 10.0, streams: int = 6, lm_threads: int = 1,
-        out: TextIO = sys.stdout) -> None:
+        policy: str | None = None, out: TextIO = sys.stdout) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    policy = policy or FleetSettings().policy
     work = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
     os.environ["WARMUP_SNAPSHOT_INTERVAL_S"] = str(SNAPSHOT_INTERVAL_S)  # the replicas inherit it
     try:
@@ -134,8 +137,8 @@ def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours:
                                  model_repository=repos.with_plan, assets_dir=assets_dir, lm_threads=lm_threads)
 
         rows = []
-        for label, replicas, policy in (("1 replica", 1, "round_robin"), ("2 replicas, round_robin", 2, "round_robin"),
-                                        ("2 replicas, cache_aware", 2, "cache_aware")):
+        fleets = [("1 replica", 1, "round_robin")] + [(f"2 replicas, {p}", 2, p) for p in ROUTING_POLICIES]
+        for label, replicas, policy in fleets:
             with Fleet(settings(replicas, policy, label.replace(" ", "").replace(",", "-"))) as fleet:
                 answers = replay(fleet.router.url, records)
                 share = "/".join(str(r.requests_taken()) for r in fleet.replicas.values())
@@ -149,12 +152,12 @@ def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours:
                   f"{overhead[0]:.1f} ms through the router, {overhead[1]:.1f} ms straight to the replica: "
                   f"+{overhead[0] - overhead[1]:.1f} ms\n")
         out.flush()
-        scale_rows = [scale_out(settings(2, "cache_aware", f"scale-out-{variant}"), records, repos.day2_start,
+        scale_rows = [scale_out(settings(2, policy, f"scale-out-{variant}"), records, repos.day2_start,
                                 scale_out_min, window_min, restore=variant == "b", out=out)
                       for variant in ("a", "b")]
         out.write("\n" + scale_table(scale_rows) + "\n")
         out.flush()
-        scale_in(settings(2, "cache_aware", "scale-in"), records, streams, out)
+        scale_in(settings(2, policy, "scale-in"), records, streams, out)
     finally:
         os.environ.pop("WARMUP_SNAPSHOT_INTERVAL_S", None)
         shutil.rmtree(work, ignore_errors=True)

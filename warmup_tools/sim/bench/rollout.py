@@ -59,7 +59,9 @@ class Trial:
     ended_min: float | None = None
     verdict: str = ""
     reason: str = ""
-    requests_before_verdict: int = 0
+    #: After each request judged: (simulated minutes on trial, requests a side, cold a side, cached share a side,
+    #: the two tests' p-values).
+    evidence: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
 
 def bad_plan(work: Path, repo: Path, env: dict[str, str], *, seed: int, requests_per_day: int, now: float) -> Plan:
@@ -179,9 +181,19 @@ def _replay(records: Sequence[RequestRecord], day2_start: float, repo: Path, env
                 client.generate(record.prompt, GenerateParams(max_tokens=1, adapter_id=record.adapter or None,
                                                               tenant_id=record.tenant))
                 verdict = controller.tick()
+                trial = controller.status()["trial"]
+                if running is not None and trial is not None and trial.get("applied_at"):
+                    running.evidence.append(_evidence(minute - running.started_min, trial))
                 if running is not None and verdict.action != "wait":
                     _end(running, verdict, minute, index, records, out)
     return trials, sent_wall, sent_min, worst_lag
+
+
+def _evidence(minutes: float, trial: dict[str, Any]) -> dict[str, float]:
+    canary, rest = trial["canary"], trial["rest"]
+    return {"min": round(minutes, 1), "n": canary["requests"], "n_rest": rest["requests"],
+            "cold": canary["cold_share"], "cold_rest": rest["cold_share"], "cached": canary["cached_share"],
+            "cached_rest": rest["cached_share"], **trial["evidence"]}
 
 
 def planner_plan_id(control: Path) -> str:
@@ -204,6 +216,12 @@ def _report(trials: list[Trial], logs: Path, sent_wall: list[float], sent_min: l
         span = f"{trial.ended_min - trial.started_min:.1f} min" if trial.ended_min is not None else "no verdict"
         out.write(f"  {trial.label}: on trial at +{trial.started_min:.1f} min, {trial.verdict or 'running'} "
                   f"({span}): {trial.reason}\n")
+    for trial in trials:
+        out.write(f"\n{trial.label}: the evidence as requests came (simulated minutes on trial; canary / rest)\n")
+        for e in trial.evidence:
+            out.write(f"  +{e['min']:.1f} min: {e['n']}/{e['n_rest']} requests, cold {e['cold']:.0%}/"
+                      f"{e['cold_rest']:.0%}, cached {e['cached']:.0%}/{e['cached_rest']:.0%}, "
+                      f"Fisher p={e['cold_p']:.3g}, rank p={e['uncached_p']:.3g}\n")
     bad = trials[1] if len(trials) > 1 else None
     if bad is None or bad.ended_min is None:
         out.write("the bad plan did not reach a verdict: no windows to compare\n")

@@ -88,7 +88,7 @@ def _serve(app: Callable[[str, str, dict[str, Any] | None], tuple[int, dict[str,
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     return server
 
 
@@ -163,7 +163,7 @@ def test_an_adapter_made_live_later_is_added_and_a_retired_one_removed(parts):
 def test_workers_come_back_after_a_router_restart(parts):
     router, _, membership = parts
     membership.start()
-    _until(lambda: router.urls() == _urls(membership, "base", "support"), "joined")
+    _until(lambda: len(membership.workers) == 2, "joined")  # both registrations answered
     before = set(membership.workers.values())
     router.restart()
     _until(lambda: router.urls() == _urls(membership, "base", "support"), "added again")
@@ -202,3 +202,26 @@ def test_a_router_that_does_not_answer_is_tried_again(parts):
     assert gone._thread.is_alive()
     gone.stop()
     assert not gone._thread.is_alive() and router.workers == {}
+
+
+def test_the_join_command_keeps_the_membership_until_sigterm_then_leaves(parts):
+    import signal
+    import subprocess
+    import sys
+
+    from warmup_tools.server.config import REPO_ROOT
+
+    router, front, membership = parts
+    command = [sys.executable, "-m", "warmup_tools", "join", "--router", membership.router.url,
+               "--replica", membership.replica_url, "--interval-s", "0.05"]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _until(lambda: router.urls() == _urls(membership, "base", "support"), "the join process registered")
+        front.models = ["base", "support", "sql"]
+        _until(lambda: router.urls() == _urls(membership, "base", "support", "sql"), "the new adapter added")
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 0, output
+    assert router.urls() == set() and "left" in output

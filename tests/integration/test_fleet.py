@@ -7,13 +7,16 @@ prompts (the adapter's system prompt, then a chat turn)."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 
 import openai
 import pytest
 
 from tests.waiting import wait_for
-from warmup_tools.demo.prompts import USER_QUESTIONS, demo_prompt
+from warmup_tools.adapters.registry import ControlRegistry
+from warmup_tools.adapters.state import AdapterState
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS, demo_prompt
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -25,7 +28,7 @@ def fleet(served_assets, tmp_path_factory):
     from warmup_tools.fleet.settings import FleetSettings
 
     settings = FleetSettings(replicas=1, policy="cache_aware", port=0, assets_dir=served_assets,
-                             work_dir=tmp_path_factory.mktemp("fleet"))
+                             work_dir=tmp_path_factory.mktemp("fleet"), membership_interval_s=1.0)
     with Fleet(settings) as running:
         running.cold = running.launch()
         yield running
@@ -80,6 +83,32 @@ def test_planned_prefixes_are_warm_on_every_replica_and_unplanned_ones_come_back
     second = _complete(sdk, "support", f"{system}User: Can I order a wedding cake for sixty guests?\nAssistant:")
     assert first.usage.prompt_tokens_details.cached_tokens < first.usage.prompt_tokens
     assert second.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_an_adapter_made_live_after_the_fleet_started_is_routed_and_a_retired_one_is_not(fleet, sdk):
+    _joined(fleet)
+    adapters = fleet.settings.assets_dir / "adapters"
+    shutil.copytree(adapters / "legal", adapters / "legal-late")  # the same weights under a new name
+    registry = ControlRegistry(fleet.control_dir)
+    registry.add("legal-late", [SYSTEM_PROMPTS["legal"]])
+    registry.wait_until("legal-late", AdapterState.LIVE, timeout_s=300)
+    # Each replica's membership sees the adapter in its /v1/models and adds a worker for it.
+    late = {f"{replica.url}/m/legal-late" for replica in fleet.replicas.values()}
+
+    def routed() -> set[str]:
+        return {w["url"] for w in fleet.router.workers() if w.get("status") == "ready"}
+
+    wait_for(lambda: late <= routed(), "a worker for the new adapter on every replica",
+             detail=lambda: f"; the router lists {sorted(routed())}")
+    prompt = demo_prompt("legal", USER_QUESTIONS["legal"][0])
+    answer = sdk.completions.create(model="legal-late", prompt=prompt, max_tokens=8, temperature=0)
+    same_weights = sdk.completions.create(model="legal", prompt=prompt, max_tokens=8, temperature=0)
+    assert answer.model == "legal-late" and answer.choices[0].text == same_weights.choices[0].text
+    registry.retire("legal-late")
+    registry.wait_until("legal-late", AdapterState.RETIRED, timeout_s=120)
+    # Removed: draining (no new request goes to them) or gone.
+    wait_for(lambda: not late & {w["url"] for w in fleet.router.workers() if w.get("status") != "draining"},
+             "the retired adapter's workers removed")
 
 
 def test_a_replica_stopped_under_load_drains_without_a_failed_request(fleet, sdk):

@@ -125,9 +125,9 @@ def test_compose_publishes_only_the_inference_ports_beyond_the_loopback_and_rest
         for port in service.get("ports", []):
             if not port.startswith("127.0.0.1:"):
                 public.add(port)
-        one_shot = name == "secrets" or name.startswith("join-")
+        one_shot = name == "secrets"
         assert service["restart"] in ({"on-failure"} if one_shot else {"unless-stopped", "always"}), name
-        if not one_shot:
+        if not one_shot and "ports" in service:  # a join service has no port: a failure of it is an exit
             assert service["healthcheck"]["test"], name
     assert public == {"8000:8000", "8001:8001", "9000:9000", "30000:30000"}
     args = _sidecar_args(COMPOSE["services"]["triton"]["command"])
@@ -217,21 +217,28 @@ def _flag(command, name):
     return command[command.index(name) + 1]
 
 
-def test_the_router_discovers_the_replica_pods_on_their_front_and_probes_their_health():
+def test_each_replica_pod_keeps_its_own_membership_in_the_router():
     router = _doc("Deployment", "warmup-router")["spec"]["template"]["spec"]
     command = router["containers"][0]["command"]
-    assert command[:2] == ["smg", "launch"] and "--service-discovery" in command
-    replicas = _doc("Deployment")
-    labels = replicas["spec"]["template"]["metadata"]["labels"]
-    key, _, value = _flag(command, "--selector").partition("=")
-    assert labels[key] == value
-    front = {p["name"]: p["containerPort"] for p in replicas["spec"]["template"]["spec"]["containers"][0]["ports"]}
-    assert int(_flag(command, "--service-discovery-port")) == front["openai"]
+    assert command[:2] == ["smg", "launch"] and not any(f.startswith("--service-discovery") for f in command)
     assert _flag(command, "--health-check-endpoint") == "/health"
     assert _flag(command, "--prometheus-port") != _flag(command, "--port")
-    role = _doc("Role", "warmup-router")
-    assert role["rules"][0]["resources"] == ["pods"] and "watch" in role["rules"][0]["verbs"]
-    assert router["serviceAccountName"] == _doc("RoleBinding", "warmup-router")["subjects"][0]["name"]
+    # No service discovery: the router needs no access to the Kubernetes API.
+    assert router.get("automountServiceAccountToken") is False and "serviceAccountName" not in router
+    assert not [doc for _, doc in k8s_docs() if doc["kind"] in ("Role", "RoleBinding", "ServiceAccount")]
+    # Each replica pod runs `join` beside the replica: its own front on localhost, the router by its Service.
+    pod = _doc("Deployment")["spec"]["template"]["spec"]
+    triton, join = pod["containers"][0], next(c for c in pod["containers"] if c["name"] == "join")
+    assert join["command"][:4] == ["python3", "-m", "warmup_tools", "join"]
+    args = _parser().parse_args(join["command"][3:])
+    assert not args.once  # runs until the pod's SIGTERM, then removes its workers
+    front = {p["name"]: p["containerPort"] for p in triton["ports"]}["openai"]
+    assert args.replica == f"http://localhost:{front}"
+    service = _doc("Service", "warmup-router")
+    port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "openai")
+    assert args.router == f"http://{service['metadata']['name']}:{port}" and port == int(_flag(command, "--port"))
+    assert args.health_check_interval_s == int(_flag(command, "--health-check-interval-secs"))
+    assert join["securityContext"]["runAsNonRoot"] is True and "ports" not in join
 
 
 def test_the_grace_period_covers_the_drain_and_the_hpa_scales_the_replicas_on_warm_queue_depth():
@@ -253,7 +260,7 @@ def test_the_grace_period_covers_the_drain_and_the_hpa_scales_the_replicas_on_wa
     assert 'kube_pod_status_ready{condition="true"' in rule["metricsQuery"]  # warming replicas are not Ready
 
 
-def test_compose_runs_two_replicas_behind_the_router_and_joins_each_once_warm():
+def test_compose_runs_two_replicas_behind_the_router_and_keeps_each_ones_membership():
     services = COMPOSE["services"]
     first, second = _sidecar_args(services["triton"]["command"]), _sidecar_args(services["triton-2"]["command"])
     assert first.front_port == second.front_port
@@ -265,5 +272,6 @@ def test_compose_runs_two_replicas_behind_the_router_and_joins_each_once_warm():
     for name in ("join-1", "join-2"):
         args = _parser().parse_args(services[name]["command"][3:])
         assert args.router == f"http://router:{_flag(router, '--port')}"
+        assert not args.once and services[name]["restart"] == "unless-stopped"  # it runs until stopped
         joined.add(args.replica)
     assert joined == {f"http://triton:{first.front_port}", f"http://triton-2:{second.front_port}"}

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import TracebackType
 
 from warmup_tools.common.errors import ServerError
+from warmup_tools.fleet.membership import Membership
 from warmup_tools.fleet.replica import Replica
 from warmup_tools.fleet.router import Router
 from warmup_tools.fleet.settings import FleetSettings
@@ -46,11 +47,16 @@ class Fleet:
         self.control_dir = Path(settings.control_dir or self.work_dir / "control")
         self.snapshot_dir = Path(settings.snapshot_dir or self.work_dir / "snapshots")
         self.router = Router(settings, self.work_dir)
-        #: Replicas that run, by name, in the order they started; ``worker_ids``: the router's workers of each
-        #: replica that joined (one per model it serves).
+        #: Replicas that run, by name, in the order they started; ``memberships``: of each replica that joined,
+        #: its workers in the router, kept in step with the models it serves by a thread of its own.
         self.replicas: dict[str, Replica] = {}
-        self.worker_ids: dict[str, list[str]] = {}
+        self.memberships: dict[str, Membership] = {}
         self._started = 0
+
+    @property
+    def worker_ids(self) -> dict[str, list[str]]:
+        """The router's workers of each replica that joined (one per model it serves now)."""
+        return {name: list(m.workers.values()) for name, m in self.memberships.items()}
 
     def start(self) -> None:
         """The router, then ``replicas`` replicas started together, each added to the router once warm."""
@@ -78,7 +84,8 @@ class Fleet:
         return self._launch(restore=restore, warm_gate=warm_gate)
 
     def join(self, replica: Replica) -> None:
-        """Add ``replica`` to the router once its /health says 200."""
+        """Add ``replica`` to the router once its /health says 200; from then on its membership follows the
+        models it serves (an adapter made live is added, one retired removed)."""
         self._join(replica)
 
     def scale_in(self, name: str) -> Departure:
@@ -93,6 +100,9 @@ class Fleet:
         except ServerError as exc:  # the router already gone: stop the replicas anyway
             LOGGER.warning("fleet stop: %s", exc)
         finally:
+            for membership in self.memberships.values():
+                membership.stop()
+            self.memberships.clear()
             for replica in list(self.replicas.values()):
                 replica.stop()
             self.replicas.clear()
@@ -105,8 +115,9 @@ class Fleet:
         """Out of the router, then SIGTERM to every one of ``names`` together, then wait for each."""
         before = {name: self.replicas[name].snapshots() for name in names}
         for name in names:
-            for worker_id in self.worker_ids.pop(name, []):
-                self.router.remove(worker_id)
+            membership = self.memberships.pop(name, None)
+            if membership is not None:
+                membership.stop()  # its workers draining or gone
         for name in names:
             self.replicas[name].process.send(signal.SIGTERM)
         departures = []
@@ -128,7 +139,12 @@ class Fleet:
 
     def _join(self, replica: Replica) -> None:
         replica.wait_warm()
-        self.worker_ids[replica.name] = self.router.join(replica.url, replica.models())
+        membership = self.memberships[replica.name] = Membership(replica.url, self.router,
+                                                                 self.settings.membership_interval_s)
+        membership.sync()  # NOTE: its workers registered before this returns, as callers expect
+        if not membership.workers:
+            raise ServerError(f"replica {replica.name} did not join the router (its /health no longer says 200)")
+        membership.start()
         LOGGER.info("replica %s joined the router at %s", replica.name, replica.url)
 
     def __enter__(self) -> "Fleet":

@@ -1,9 +1,9 @@
 """The ``smg`` router (Shepherd Model Gateway, pinned in pyproject.toml) in front of the replicas' OpenAI fronts.
 
-It starts with no worker: the fleet adds a replica through smg's worker API (``POST /workers``) once that
-replica's ``/health`` says warm, and removes it (``DELETE /workers/{id}``: no new request goes to it) before
-the replica is sent SIGTERM. smg's own health checks probe the same ``/health`` meanwhile, so a replica that
-stops being warm leaves rotation too."""
+It starts with no worker: a replica's membership (membership.py) adds it through smg's worker API
+(``POST /workers``) once that replica's ``/health`` says warm, and removes it (``DELETE /workers/{id}``: no new
+request goes to it) before the replica is sent SIGTERM. smg's own health checks probe the same ``/health``
+meanwhile, so a replica that stops being warm leaves rotation too."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from warmup_tools.common.errors import ServerError
 from warmup_tools.fleet.process import Child
@@ -33,10 +33,6 @@ class RouterClient:
         self.url = url.rstrip("/")
         self.health_check_interval_s = health_check_interval_s
         self.process = process
-
-    def join(self, replica_url: str, models: Sequence[str]) -> list[str]:
-        """Register ``replica_url`` once per model it serves (``<replica_url>/m/<model>``): the worker ids."""
-        return [self.add(f"{replica_url.rstrip('/')}/m/{model}", model) for model in models]
 
     # ------------------------------------------------------------------------------------- workers
     def workers(self) -> list[dict[str, Any]]:

@@ -40,6 +40,10 @@ class FleetSettings:
                                            "gives up on it.", gt=0)
     health_check_interval_s: int = setting(2, "Seconds between the router's probes of each replica's /health (a "
                                               "replica that stops being warm leaves rotation).", ge=1, le=300)
+    membership_interval_s: float = setting(5.0, "Seconds between two looks of a replica's membership at its /v1/models "
+                                                "and the router's workers: a worker added for an adapter made live, "
+                                                "removed for one retired, added again after a router restart (also "
+                                                "`join --interval-s`).", gt=0, le=3600)
     drain_grace_s: float = setting(0.0, "A replica's drain_grace_s: the fleet takes a replica out of the router "
                                         "before it sends SIGTERM, so none is needed.", ge=0, le=600)
     stop_timeout_s: float = setting(600.0, "The longest wait for a replica to drain, write its snapshot and exit "

@@ -85,11 +85,19 @@ def _parser() -> argparse.ArgumentParser:
     fleet.add_argument("--lm-threads", type=int, help="torch threads of each replica's LM (default 1)")
     fleet.set_defaults(func=_cmd_fleet)
 
-    join = sub.add_parser("join", help="add a running replica to a running smg router once its /health says warm "
-                                       "(one worker per model it serves; compose runs it per replica)")
+    join = sub.add_parser("join", help="keep a running replica's membership in a running smg router until SIGTERM: "
+                                       "one worker per model it serves once its /health says warm, added and "
+                                       "removed as adapters go live and retire, added again after a router "
+                                       "restart, all removed at SIGTERM (compose and each Kubernetes pod run it)")
     join.add_argument("--router", required=True, help="the router's base URL, e.g. http://router:30000")
     join.add_argument("--replica", required=True, help="the replica's OpenAI front, e.g. http://triton:9000")
-    join.add_argument("--timeout-s", type=float, default=1800.0, help="how long to wait for the replica to be warm")
+    join.add_argument("--interval-s", type=float,
+                      help="seconds between two looks at the replica's models and the router's workers "
+                           "(default: the fleet's membership_interval_s)")
+    join.add_argument("--once", action="store_true",
+                      help="register once the replica is warm, then exit (no updates, no removal at exit)")
+    join.add_argument("--timeout-s", type=float, default=1800.0,
+                      help="with --once: how long to wait for the replica to be warm")
     join.add_argument("--health-check-interval-s", type=int, default=5,
                       help="seconds between the router's probes of the replica's /health")
     join.set_defaults(func=_cmd_join)
@@ -690,11 +698,15 @@ def fleet_settings(args: argparse.Namespace) -> "FleetSettings":
     """The fleet's settings: defaults, ``--fleet-config``, ``WARMUP_FLEET_<FIELD>`` variables, then flags."""
     from warmup_tools.fleet.settings import FleetSettings
 
-    env = {"WARMUP_" + k[len("WARMUP_FLEET_"):]: v for k, v in os.environ.items() if k.startswith("WARMUP_FLEET_")}
     flags = {name: getattr(args, name) for name in ("replicas", "policy", "host", "port", "prometheus_port",
                                                     "work_dir", "control_dir", "snapshot_dir", "model_repository",
                                                     "assets_dir", "lm_threads")}
-    return load_config(FleetSettings, args.fleet_config, flags, env=env)
+    return load_config(FleetSettings, args.fleet_config, flags, env=_fleet_env())
+
+
+def _fleet_env() -> dict[str, str]:
+    """``WARMUP_FLEET_<FIELD>`` variables, named as load_config reads them."""
+    return {"WARMUP_" + k[len("WARMUP_FLEET_"):]: v for k, v in os.environ.items() if k.startswith("WARMUP_FLEET_")}
 
 
 def _cmd_fleet(args: argparse.Namespace) -> int:
@@ -725,13 +737,25 @@ def _unload_for_exit(sidecar: Any, timeout_s: float) -> None:
 
 
 def _cmd_join(args: argparse.Namespace) -> int:
-    from warmup_tools.fleet.replica import served_models, wait_warm
+    from warmup_tools.fleet.membership import Membership
+    from warmup_tools.fleet.replica import wait_warm
     from warmup_tools.fleet.router import RouterClient
+    from warmup_tools.fleet.settings import FleetSettings
 
-    wait_warm(args.replica, args.timeout_s)
-    models = served_models(args.replica)
-    ids = RouterClient(args.router, args.health_check_interval_s).join(args.replica, models)
-    print(f"{args.replica} joined {args.router}: {len(ids)} worker(s), models {', '.join(models)}")
+    settings = load_config(FleetSettings, None, {"membership_interval_s": args.interval_s}, env=_fleet_env())
+    interval = settings.membership_interval_s
+    membership = Membership(args.replica, RouterClient(args.router, args.health_check_interval_s), interval)
+    if args.once:
+        wait_warm(args.replica, args.timeout_s)
+        membership.sync()
+        workers = membership.workers
+        print(f"{args.replica} joined {args.router}: {len(workers)} worker(s), models {', '.join(workers)}")
+        return 0
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: membership.stop())  # run() leaves the router, then returns
+    print(f"keeping {args.replica} in {args.router} (a look every {interval:g} s) until SIGTERM", flush=True)
+    membership.run()
+    print(f"{args.replica} left {args.router}", flush=True)
     return 0
 
 

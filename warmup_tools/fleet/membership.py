@@ -1,0 +1,158 @@
+"""A replica's membership in the smg router, kept up to date: one worker per model the replica serves while its
+``/health`` says warm, none once it leaves.
+
+One loop serves the local fleet (a thread per replica), compose (``python -m warmup_tools join``, a service
+per replica) and Kubernetes (a ``join`` container in each replica pod)::
+
+    membership = Membership("http://127.0.0.1:9000", RouterClient("http://router:30000", 5), interval_s=5)
+    membership.start()   # or run() in this thread until stop() (SIGTERM)
+    ...
+    membership.stop()    # every worker deregistered (draining or gone), then the loop returns
+
+Every ``interval_s`` it reads the replica's ``/v1/models`` (the base model and each live adapter) and the
+router's ``GET /workers``, then:
+
+- adds a worker ``<replica>/m/<model>`` for a model served and not registered (an adapter made live later; a
+  router that restarted and lost every worker), only while the replica's ``/health`` says 200;
+- removes the worker of a model no longer served (a retired adapter), whatever ``/health`` says.
+
+It never removes a worker because ``/health`` fails: smg's own health checks take a replica that stops being
+warm out of rotation, and put it back once it is warm again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from warmup_tools.common.errors import ServerError
+from warmup_tools.fleet.replica import http_status, served_models
+from warmup_tools.fleet.router import RouterClient
+
+LOGGER = logging.getLogger(__name__)
+
+#: The longest wait between two looks while the replica has not joined yet (it joins soon after it is warm).
+_JOINING_POLL_S = 1.0
+
+
+class Membership:
+    """The router's workers of one replica (``replica_url``: its OpenAI front), kept in step with what it serves."""
+
+    def __init__(self, replica_url: str, router: RouterClient, interval_s: float) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self.replica_url = replica_url.rstrip("/")
+        self.router = router
+        self.interval_s = interval_s
+        self._workers: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._running = False
+
+    @property
+    def workers(self) -> dict[str, str]:
+        """Its workers now: model -> the router's worker id."""
+        with self._lock:
+            return dict(self._workers)
+
+    def worker_url(self, model: str) -> str:
+        return f"{self.replica_url}/m/{model}"
+
+    def sync(self) -> None:
+        """One look: workers added for the models served (when warm), removed for the models no longer served.
+
+        ServerError when the router does not answer or does not take a change (the next look tries again)."""
+        warm = http_status(f"{self.replica_url}/health") == 200
+        try:
+            models = served_models(self.replica_url)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # the front does not answer (yet)
+            if warm:
+                raise ServerError(f"{self.replica_url}/v1/models: {exc}") from None
+            return
+        listed = {str(w.get("id")): w for w in self.router.workers()}
+        by_url = {str(w.get("url")): worker_id for worker_id, w in listed.items() if w.get("status") != "draining"}
+        with self._lock:
+            mine = dict(self._workers)
+        for model, worker_id in mine.items():
+            if model not in models:
+                if worker_id in listed:
+                    self.router.remove(worker_id)
+                LOGGER.info("%s: model %s no longer served; its worker removed", self.replica_url, model)
+                self._forget(model)
+            elif worker_id not in listed:  # the router restarted (or someone removed it): added again below
+                LOGGER.warning("%s: the router no longer lists the worker of %s", self.replica_url, model)
+                self._forget(model)
+        for model in models:
+            if self._stopping.is_set():
+                return
+            if model in self.workers:
+                continue
+            url = self.worker_url(model)
+            if url in by_url:  # NOTE: registered by an earlier run of this loop (a join container that restarted)
+                self._remember(model, by_url[url])
+            elif warm:
+                self._remember(model, self.router.add(url, model))
+                LOGGER.info("%s: worker added for model %s", self.replica_url, model)
+
+    def run(self) -> None:
+        """Look every ``interval_s`` until :meth:`stop`, then leave the router (:meth:`leave`)."""
+        self._running = True
+        try:
+            while not self._stopping.is_set():
+                try:
+                    self.sync()
+                except ServerError as exc:
+                    LOGGER.warning("%s: %s", self.replica_url, exc)
+                wait = self.interval_s if self.workers else min(self.interval_s, _JOINING_POLL_S)
+                self._stopping.wait(wait)
+        finally:
+            self.leave()
+            self._running = False
+
+    def start(self) -> None:
+        """:meth:`run` in a thread of its own."""
+        self._thread = threading.Thread(target=self.run, name=f"membership {self.replica_url}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the loop and leave the router. From another thread than :meth:`run`'s, returns once it left; from
+        its own (a signal handler), :meth:`run` leaves and returns soon after."""
+        self._stopping.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        elif not self._running:  # no loop (never started, or :meth:`sync` called alone): leave here
+            self.leave()
+
+    def leave(self) -> None:
+        """Deregister every worker of the replica and wait until the router lists each draining or gone: no new
+        request is routed to the replica after this returns (unless the router does not answer: logged)."""
+        mine = self.workers
+        if not mine:
+            return
+        try:
+            listed = {str(w.get("id")) for w in self.router.workers()}
+        except ServerError as exc:
+            LOGGER.warning("%s: cannot leave the router: %s", self.replica_url, exc)
+            return
+        for model, worker_id in mine.items():
+            try:
+                if worker_id in listed:
+                    self.router.remove(worker_id)
+                self._forget(model)
+            except ServerError as exc:
+                LOGGER.warning("%s: worker of %s not removed: %s", self.replica_url, model, exc)
+        LOGGER.info("%s left the router", self.replica_url)
+
+    # ---------------------------------------------------------------------------------- helpers
+    def _remember(self, model: str, worker_id: str) -> None:
+        with self._lock:
+            self._workers[model] = worker_id
+
+    def _forget(self, model: str) -> None:
+        with self._lock:
+            self._workers.pop(model, None)
+
+    def __repr__(self) -> str:
+        return f"Membership({self.replica_url!r}, workers={self.workers!r})"
+

@@ -31,6 +31,8 @@ RECORD_KEYS = ("v", "ts", "tenant", "adapter", "prompt_digest", "prompt", "promp
                "ttft_ms", "output_tokens", "cluster", "template")
 #: A key written after those only when the record has it: a chat request's role spans.
 ROLES_KEY = "roles"
+#: A key written only when the record has it: the cached prompt tokens that came from the plan's pinned blocks.
+PLANNED_KEY = "planned_tokens"
 #: A rendered conversation's role spans, as the OpenAI front sends them (the request parameter
 #: ``chat_roles``) and the log keeps them: at most this many spans, roles of at most 16 characters.
 MAX_ROLE_SPANS = 64
@@ -63,17 +65,21 @@ class RequestRecord:
     #: A chat request's role structure: ``((role, start, end), ...)``, the characters of ``prompt`` (the
     #: rendered conversation) each message became; None for a raw prompt.
     roles: tuple[tuple[str, int, int], ...] | None = None
+    #: Of ``cached_tokens``, those from KV blocks the warm-up plan pinned (None: not recorded).
+    planned_tokens: int | None = None
 
     @classmethod
     def served(cls, *, ts: float, tenant: str, adapter: str | None, prompt: str | None, prompt_tokens: int,
                cached_tokens: int, ttft_ms: float, output_tokens: int, cluster: int, redact: bool,
-               digest_key: bytes = b"", roles: tuple[tuple[str, int, int], ...] | None = None) -> RequestRecord:
+               digest_key: bytes = b"", roles: tuple[tuple[str, int, int], ...] | None = None,
+               planned_tokens: int | None = None) -> RequestRecord:
         """The record of a request ``lora_adapter`` served (the prompt dropped when ``redact``; the digest
         keyed with ``digest_key`` in trust mode)."""
         return cls(ts=round(ts, 3), tenant=tenant, adapter=adapter or "",
                    prompt_digest=prompt_digest(prompt, digest_key) if prompt is not None else None,
                    prompt=None if redact else prompt, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
-                   ttft_ms=round(ttft_ms, 2), output_tokens=output_tokens, cluster=cluster, roles=roles or None)
+                   ttft_ms=round(ttft_ms, 2), output_tokens=output_tokens, cluster=cluster, roles=roles or None,
+                   planned_tokens=planned_tokens)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RequestRecord:
@@ -101,6 +107,7 @@ class RequestRecord:
             cluster=_optional(data, "cluster", int),
             template=None if data.get("template") is None else str(data["template"]),
             roles=_roles(data.get(ROLES_KEY)),
+            planned_tokens=_optional(data, PLANNED_KEY, int),
         )
 
     def to_json(self, *, with_template: bool = False) -> dict[str, Any]:
@@ -115,6 +122,8 @@ class RequestRecord:
             out[key] = value
         if self.roles is not None:
             out[ROLES_KEY] = [list(span) for span in self.roles]
+        if self.planned_tokens is not None:
+            out[PLANNED_KEY] = self.planned_tokens
         return out
 
 

@@ -58,10 +58,16 @@ class PrefixMatch:
 
     hashes: tuple[BlockHash, ...]
     block_size: int
+    #: How many of the matched blocks the active warm-up plan pins (the rest are live traffic's, evictable).
+    planned: int = 0
 
     @property
     def num_tokens(self) -> int:
         return len(self.hashes) * self.block_size
+
+    @property
+    def planned_tokens(self) -> int:
+        return self.planned * self.block_size
 
     def __len__(self) -> int:
         return len(self.hashes)

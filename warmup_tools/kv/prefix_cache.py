@@ -102,6 +102,7 @@ class PrefixCache:
         now = self._clock()
         with self._lock:
             matched: list[BlockHash] = []
+            planned = 0
             for block_hash in hashes:
                 block = self._blocks.get(block_hash)
                 if block is None:
@@ -110,6 +111,7 @@ class PrefixCache:
                     self.stats.cross_tenant_hits += 1
                     break
                 matched.append(block_hash)
+                planned += block.plan_id is not None
                 block.hits += 1
                 block.last_access = now
                 block.ref_count += 1
@@ -117,7 +119,7 @@ class PrefixCache:
             self.stats.lookups += 1
             self.stats.query_blocks += len(hashes)
             self.stats.hit_blocks += len(matched)
-            return PrefixMatch(tuple(matched), self.block_size)
+            return PrefixMatch(tuple(matched), self.block_size, planned)
 
     def release(self, match: PrefixMatch) -> None:
         with self._lock:

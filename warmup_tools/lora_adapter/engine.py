@@ -72,6 +72,8 @@ class GenerationStep:
     output_tokens: int
     finished: bool
     finish_reason: str = ""
+    #: Of ``cached_tokens``, those from blocks the active warm-up plan pins.
+    planned_tokens: int = 0
     #: Seconds from the start of the request to this step.
     elapsed: float = 0.0
 

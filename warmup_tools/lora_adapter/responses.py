@@ -64,7 +64,8 @@ class ResponseSink:
             req = self.request
             self.request_log.log(RequestRecord.served(
                 ts=self.arrived, tenant=req.tenant, adapter=req.adapter, prompt=self.prompt_text,
-                prompt_tokens=step.prompt_tokens, cached_tokens=step.cached_tokens, ttft_ms=self._ttft_ms,
+                prompt_tokens=step.prompt_tokens, cached_tokens=step.cached_tokens,
+                planned_tokens=step.planned_tokens, ttft_ms=self._ttft_ms,
                 output_tokens=step.output_tokens, cluster=req.cluster_id, redact=self.redact,
                 digest_key=self.digest_key, roles=self.roles if self.prompt_text is not None else None))
 

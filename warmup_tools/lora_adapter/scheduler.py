@@ -142,6 +142,8 @@ class Sequence:
     num_computed: int = 0
     #: Prompt tokens served from the cache at first admission (-1: not yet admitted).
     cached_tokens: int = -1
+    #: Of those, the tokens from blocks the active warm-up plan pins.
+    planned_tokens: int = 0
     output_tokens: int = 0
     match: PrefixMatch | None = None
     stored_blocks: int = 0
@@ -518,6 +520,7 @@ class Scheduler:
         seq.stored_blocks = 0 if seq.request.is_warmup else len(match or ())
         if seq.cached_tokens < 0:
             seq.cached_tokens = cached
+            seq.planned_tokens = match.planned_tokens if match else 0
         if match is not None and len(match) < seq.usable_blocks:
             seq.flight_key = seq.hashes[len(match)]
             self._inflight[seq.flight_key] = seq.seq_id
@@ -775,7 +778,7 @@ class Scheduler:
             text += seq.detok.flush()
         step = GenerationStep(
             text=text, token_id=token, prompt_tokens=seq.prompt_len, cached_tokens=seq.cached_tokens,
-            output_tokens=seq.output_tokens, finished=finished,
+            planned_tokens=seq.planned_tokens, output_tokens=seq.output_tokens, finished=finished,
             finish_reason=("stop" if is_eos else "length") if finished else "",
             elapsed=time.perf_counter() - seq.start)
         adapter = seq.request.adapter or ""

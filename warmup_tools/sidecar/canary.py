@@ -13,6 +13,12 @@ controller reads each instance's request log (``requests-<instance>.jsonl`` unde
   one-sided Mann-Whitney U test on each request's uncached share of its prompt (:func:`uncached_greater`)
   below ``canary_alpha`` makes it worse before the window ends (a plan that unpins the hot set shows in every
   request's prefill, not only in the requests with nothing cached);
+- **prompt tokens from the plan** (the cached tokens that came from blocks the instance's plan pins, which
+  ``lora_adapter`` logs as ``planned_tokens``): worse, at once, when the canary's share is more than
+  ``canary_cached_margin`` below the rest's with the same rank test below ``canary_alpha``. This is the leading
+  signal: a plan that does not hold today's hot prefixes shows it from the first requests, while the blocks
+  the old plan pinned still sit unpinned in the canary's cache and keep its cached share up until they are
+  evicted;
 - **TTFT p99**: worse when above ``canary_ttft_ratio`` times the rest's, once each side has
   :data:`MIN_P99_REQUESTS` requests (below that a p99 is the maximum).
 
@@ -67,6 +73,11 @@ class WindowStats:
     ttft_ms: list[float] = dataclasses.field(default_factory=list)
     #: Each request's share of prompt tokens not from the cache (the first :data:`MAX_SAMPLES`).
     uncached: list[float] = dataclasses.field(default_factory=list)
+    #: The prompt tokens of the requests whose log says how many came from the plan's pinned blocks, those
+    #: tokens, and each such request's share of prompt tokens *not* from them.
+    planned_prompt_tokens: int = 0
+    planned_tokens: int = 0
+    unplanned: list[float] = dataclasses.field(default_factory=list)
 
     def add(self, record: RequestRecord) -> None:
         cached = record.cached_tokens or 0
@@ -79,6 +90,12 @@ class WindowStats:
             self.ttft_ms.append(record.ttft_ms)
         if prompt > 0 and len(self.uncached) < MAX_SAMPLES:
             self.uncached.append(1.0 - min(cached, prompt) / prompt)
+        if prompt > 0 and record.planned_tokens is not None:
+            planned = min(record.planned_tokens, prompt)
+            self.planned_prompt_tokens += prompt
+            self.planned_tokens += planned
+            if len(self.unplanned) < MAX_SAMPLES:
+                self.unplanned.append(1.0 - planned / prompt)
 
     @property
     def cold_share(self) -> float:
@@ -89,6 +106,11 @@ class WindowStats:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
+    def planned_share(self) -> float | None:
+        """The share of prompt tokens served from the plan's pinned blocks (None: the logs do not say)."""
+        return self.planned_tokens / self.planned_prompt_tokens if self.planned_prompt_tokens else None
+
+    @property
     def ttft_p99_ms(self) -> float | None:
         if not self.ttft_ms:
             return None
@@ -97,8 +119,11 @@ class WindowStats:
 
     def summary(self) -> dict[str, Any]:
         p99 = self.ttft_p99_ms
+        planned = self.planned_share
         return {"requests": self.requests, "cold_share": round(self.cold_share, 4),
-                "cached_share": round(self.cached_share, 4), "ttft_p99_ms": None if p99 is None else round(p99, 2)}
+                "cached_share": round(self.cached_share, 4),
+                "planned_share": None if planned is None else round(planned, 4),
+                "ttft_p99_ms": None if p99 is None else round(p99, 2)}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -132,7 +157,8 @@ def uncached_greater(canary: list[float], rest: list[float]) -> float:
 def evidence(canary: WindowStats, rest: WindowStats) -> dict[str, float]:
     """The two one-sided tests' p-values so far (what an early rollback needs below ``canary_alpha``)."""
     return {"cold_p": round(fisher_greater(canary.cold, canary.requests, rest.cold, rest.requests), 5),
-            "uncached_p": round(uncached_greater(canary.uncached, rest.uncached), 5)}
+            "uncached_p": round(uncached_greater(canary.uncached, rest.uncached), 5),
+            "unplanned_p": round(uncached_greater(canary.unplanned, rest.unplanned), 5)}
 
 
 def judge(canary: WindowStats, rest: WindowStats, elapsed_s: float, settings: SidecarConfig) -> Verdict:
@@ -158,6 +184,12 @@ def judge(canary: WindowStats, rest: WindowStats, elapsed_s: float, settings: Si
         if p < settings.canary_alpha:
             worse.append(f"prompt tokens from cache {canary.cached_share:.1%} against {rest.cached_share:.1%} "
                          f"(per-request uncached shares ranked higher, p={p:.3g})")
+    mine, theirs = canary.planned_share, rest.planned_share
+    if mine is not None and theirs is not None and theirs - mine > settings.canary_cached_margin:
+        p = uncached_greater(canary.unplanned, rest.unplanned)
+        if p < settings.canary_alpha:
+            worse.append(f"prompt tokens from the plan's pinned blocks {mine:.1%} against {theirs:.1%} "
+                         f"(per-request shares ranked lower, p={p:.3g})")
     if worse:
         return Verdict("rollback", "worse than the plan served now: " + "; ".join(worse))
     if elapsed_s < settings.canary_window_s:

@@ -17,6 +17,16 @@ def test_served_record_round_trips_and_redaction_drops_the_text():
     assert "prompt" not in hidden.to_json() and hidden.prompt_digest == rec.prompt_digest
 
 
+def test_planned_tokens_are_written_only_when_known():
+    rec = RequestRecord.served(ts=1, tenant="acme", adapter="sql", prompt="hello", prompt_tokens=48,
+                               cached_tokens=32, ttft_ms=1, output_tokens=2, cluster=-1, redact=False,
+                               planned_tokens=16)
+    assert rec.to_json()["planned_tokens"] == 16 and RequestRecord.from_json(rec.to_json()) == rec
+    older = dict(rec.to_json())
+    del older["planned_tokens"]
+    assert RequestRecord.from_json(older).planned_tokens is None
+
+
 def test_the_log_reader_skips_bad_records_naming_their_line(tmp_path):
     path = tmp_path / "requests-x.jsonl"
     lines = [{"ts": 1.0, "tenant": "a", "prompt": "p"},             # no "v": an older log, version 1

@@ -33,6 +33,21 @@ def test_move_plan_repins_kept_blocks_and_unpins_dropped_ones():
     assert cache.resident(kept + added, "plan-b") == 4
 
 
+def test_a_match_counts_the_blocks_the_active_plan_pins():
+    cache = PrefixCache(budget_bytes=20 * block_bytes(), block_size=BS, live_reserve=0.0)
+    planned = warm(cache, list(range(1, 9)), "plan-a")
+    tokens = list(range(1, 9)) + list(range(300, 308))
+    live = block_hashes(tokens, BS, SCOPE)
+    cache.store(live, kv_for(tokens))  # the plan's two blocks, then two of live traffic's
+    match = cache.match(live)
+    assert (len(match), match.planned, match.planned_tokens) == (4, 2, 2 * BS)
+    cache.release(match)
+    cache.move_plan("plan-b", set())  # a plan that keeps none of them: resident still, pinned no more
+    match = cache.match(planned)
+    assert (len(match), match.planned) == (2, 0)
+    cache.release(match)
+
+
 def test_resident_counts_only_cached_blocks():
     cache = PrefixCache(budget_bytes=20 * block_bytes(), block_size=BS)
     hashes = warm(cache, list(range(1, 9)), None)

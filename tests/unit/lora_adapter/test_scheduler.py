@@ -243,6 +243,7 @@ def test_warm_up_stays_out_of_live_prefills_and_takes_small_chunks_while_live_tr
     scheduler.submit(GenerateRequest(warm_ids, "sql", "default", True, SamplingParams(max_tokens=2)), again)
     drain(scheduler)
     assert again.steps[0].cached_tokens == (len(warm_ids) - 1) // 16 * 16
+    assert again.steps[0].planned_tokens == again.steps[0].cached_tokens  # all of it from the plan's pins
     # Quiet for live_quiet_s: warm-up takes whole steps.
     now[0] = 1.0
     scheduler.submit_warm("legal", engine.encode(SYSTEM_PROMPTS["legal"]))

@@ -93,6 +93,31 @@ def test_fewer_cached_tokens_by_chance_wait_for_the_end_of_the_window():
     assert judge(canary, rest, 600, SETTINGS).action == "rollback"
 
 
+def planned_per_request(*planned, prompt=100, cached=90):
+    stats = WindowStats()
+    for i, tokens in enumerate(planned):
+        stats.add(RequestRecord(ts=float(i), prompt_tokens=prompt, cached_tokens=cached, ttft_ms=10.0,
+                                planned_tokens=tokens))
+    return stats
+
+
+def test_a_plan_that_does_not_hold_the_traffic_is_rolled_back_before_its_cache_goes_cold():
+    # The old plan's blocks still sit unpinned in the canary's cache (cached 90% on both sides), but none of
+    # the canary's requests hit a block its plan pins: rolled back on five requests a side.
+    canary, rest = planned_per_request(0, 0, 0, 0, 0), planned_per_request(80, 80, 64, 80, 48)
+    verdict = judge(canary, rest, 30, dataclasses.replace(SETTINGS, canary_min_requests=5))
+    assert verdict.action == "rollback" and "plan's pinned blocks 0.0% against 70.4%" in verdict.reason
+    # The same shares from one request a side more on one and less on the other: not enough to say.
+    assert judge(planned_per_request(0, 80, 64, 80, 48), rest, 30,
+                 dataclasses.replace(SETTINGS, canary_min_requests=5)).action == "wait"
+
+
+def test_logs_without_planned_tokens_are_judged_on_the_rest():
+    canary, rest = side(10, 0), side(10, 0)
+    assert canary.planned_share is None and canary.summary()["planned_share"] is None
+    assert judge(canary, rest, 600, SETTINGS).action == "promote"
+
+
 def test_the_rank_test_is_one_sided():
     assert uncached_greater([0.5] * 10, [0.2] * 10) < 1e-3
     assert uncached_greater([0.2] * 10, [0.5] * 10) > 0.99

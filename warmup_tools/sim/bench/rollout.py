@@ -193,7 +193,8 @@ def _evidence(minutes: float, trial: dict[str, Any]) -> dict[str, float]:
     canary, rest = trial["canary"], trial["rest"]
     return {"min": round(minutes, 1), "n": canary["requests"], "n_rest": rest["requests"],
             "cold": canary["cold_share"], "cold_rest": rest["cold_share"], "cached": canary["cached_share"],
-            "cached_rest": rest["cached_share"], **trial["evidence"]}
+            "cached_rest": rest["cached_share"], "planned": canary["planned_share"] or 0.0,
+            "planned_rest": rest["planned_share"] or 0.0, **trial["evidence"]}
 
 
 def planner_plan_id(control: Path) -> str:
@@ -220,8 +221,9 @@ def _report(trials: list[Trial], logs: Path, sent_wall: list[float], sent_min: l
         out.write(f"\n{trial.label}: the evidence as requests came (simulated minutes on trial; canary / rest)\n")
         for e in trial.evidence:
             out.write(f"  +{e['min']:.1f} min: {e['n']}/{e['n_rest']} requests, cold {e['cold']:.0%}/"
-                      f"{e['cold_rest']:.0%}, cached {e['cached']:.0%}/{e['cached_rest']:.0%}, "
-                      f"Fisher p={e['cold_p']:.3g}, rank p={e['uncached_p']:.3g}\n")
+                      f"{e['cold_rest']:.0%}, cached {e['cached']:.0%}/{e['cached_rest']:.0%}, from the plan "
+                      f"{e['planned']:.0%}/{e['planned_rest']:.0%}; p: cold {e['cold_p']:.2g}, cached "
+                      f"{e['uncached_p']:.2g}, from the plan {e['unplanned_p']:.2g}\n")
     bad = trials[1] if len(trials) > 1 else None
     if bad is None or bad.ended_min is None:
         out.write("the bad plan did not reach a verdict: no windows to compare\n")

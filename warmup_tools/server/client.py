@@ -307,6 +307,26 @@ def metric_sum(samples: dict[tuple[str, frozenset], float], name: str, **labels:
     return sum(v for (n, lbl), v in samples.items() if n == name and wanted <= lbl)
 
 
+def end_stream(client: Any, timeout_s: float = 5.0) -> None:
+    """End a tritonclient gRPC client's stream whose requests are all answered: close the request side and let
+    the server end the call with OK; cancel it (:func:`cancel_stream`) only if it has not ended in ``timeout_s``.
+
+    NOTE: tritonserver 2.51 does not always let go of a decoupled model's request whose call is cancelled just
+    after its FINAL response, and the model then never unloads (docs/fleet.md)."""
+    stream = getattr(client, "_stream", None)
+    handler = getattr(stream, "_handler", None)
+    queue_ = getattr(stream, "_request_queue", None)
+    if stream is None or handler is None or queue_ is None:
+        cancel_stream(client)
+        return
+    queue_.put(None)  # the end of the requests: the server ends the call once its responses are out
+    handler.join(timeout_s)
+    if handler.is_alive():
+        cancel_stream(client)
+        return
+    client.stop_stream()  # the call is over: this only drops the client's handle on it
+
+
 def cancel_stream(client: Any) -> None:
     """Stop a tritonclient gRPC client's stream with gRPC cancellation of every request still on it.
 

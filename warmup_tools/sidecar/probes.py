@@ -19,7 +19,7 @@ from typing import Any, Callable, Union
 import numpy as np
 
 from warmup_tools.common.records import PROBE_TENANT
-from warmup_tools.server.client import cancel_stream
+from warmup_tools.server.client import cancel_stream, end_stream
 from warmup_tools.sidecar.health import ProbeResult
 
 #: A probe of one model: returns a :class:`ProbeResult`, never raises for a failed request.
@@ -98,9 +98,10 @@ class TritonProbes:
         from tritonclient.utils import InferenceServerException
 
         responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
-        # NOTE: a fresh stream per probe, closed with cancel_requests=True, so a probe that timed out can
-        # never deliver its late responses to the next probe.
+        # NOTE: a fresh stream per probe, cancelled unless its final response came, so a probe that timed out
+        # can never deliver its late responses to the next probe.
         self._client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        answered = False
         try:
             self._client.async_stream_infer(model, inputs, request_id=uuid.uuid4().hex,
                                             enable_empty_final_response=True)
@@ -115,9 +116,13 @@ class TritonProbes:
                         str(error))
                 final = result.get_response().parameters.get("triton_final_response")
                 if final is not None and final.bool_param:
+                    answered = True
                     return
         finally:
-            cancel_stream(self._client)  # NOTE: not stop_stream(cancel_requests=True): that leaks a thread
+            if answered:
+                end_stream(self._client, self.timeout_s)
+            else:
+                cancel_stream(self._client)  # NOTE: not stop_stream(cancel_requests=True): that leaks a thread
 
 
 def _probe_requests(tenant: bytes, tenant_key: str | None = None,

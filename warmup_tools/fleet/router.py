@@ -99,7 +99,8 @@ class Router(RouterClient):
         interval = settings.health_check_interval_s
         argv = [_smg(), "launch", "--host", host, "--port", str(self.port),
                 "--prometheus-host", host, "--prometheus-port", str(self.prometheus_port),
-                "--policy", settings.policy, "--health-check-endpoint", "/health",
+                "--policy", settings.policy, "--cache-threshold", str(settings.cache_threshold),
+                "--health-check-endpoint", "/health",
                 "--health-check-interval-secs", str(interval), "--health-failure-threshold", "1",
                 "--health-success-threshold", "1", "--log-level", "warn"]
         super().__init__(self.url, interval, Child("router", argv, {"PATH": str(Path(sys.executable).parent),

@@ -21,6 +21,10 @@ class FleetSettings:
     replicas: int = setting(2, "Replicas started at once (each: tritonserver, its sidecar and its OpenAI front).",
                             ge=1, le=16)
     policy: str = setting("cache_aware", "The router's policy (smg --policy).", choices=POLICIES)
+    cache_threshold: float = setting(0.3, "cache_aware: the share of a request's text that must match what a "
+                                          "replica was sent before for the router to send it there again "
+                                          "(smg --cache-threshold; below it, the replica with the least cached "
+                                          "text).", ge=0, le=1)
     host: str = setting("127.0.0.1", "Address the router, the replicas' fronts and their servers listen on.")
     port: int = setting(30000, "Port of the router's OpenAI API (0: any free port).", ge=0, le=65535)
     prometheus_port: int = setting(0, "Port of the router's Prometheus metrics (0: any free port; smg's own "

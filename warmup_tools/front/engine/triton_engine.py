@@ -239,7 +239,7 @@ class TritonEngine:
             responses = self._client.stream_infer(requests(), stream_timeout=self.timeout_s)
         except InferenceServerException as exc:
             raise _engine_error(exc) from None
-        ended = finished = False
+        ended = False
         try:
             async for result, error in responses:
                 if error is not None:
@@ -250,12 +250,13 @@ class TritonEngine:
                 # usage is the last response's, and this loop runs once per token.
                 fields = ({name: int(result.as_numpy(name).reshape(-1)[0]) for name in _COUNTERS}
                           if reason else {})
-                finished = bool(reason)
+                if reason:
+                    # NOTE: the call is ended before the last chunk is handed on: a consumer that stops at the
+                    # last chunk never resumes this generator, whose close would then cancel the call.
+                    ended = await _end_cleanly(responses)
                 yield GenerateChunk(text, finish_reason=reason, **fields)
-                if finished:
+                if reason:
                     break
-            if finished:
-                ended = await _end_cleanly(responses)
         except InferenceServerException as exc:
             raise _engine_error(exc) from None
         except asyncio.CancelledError:
@@ -407,10 +408,9 @@ async def _end_cleanly(responses: Any) -> bool:
     """Read a finished generation's call to its end (the server ends it with OK once its last response is
     out and the request stream is closed): whether it ended in :data:`STREAM_END_TIMEOUT_S`.
 
-    NOTE: tritonserver 2.51 does not always let go of a decoupled model's request whose call is cancelled just
-    after its FINAL response: the model then never unloads (measured: a replica's lora_adapter was not
-    unloaded at its exit after 60 one-token completions with cache hits, 4 runs of 4; ended this way, 3 of 3
-    unloaded in about 2 s), so its exit snapshot was never written."""
+    NOTE: tritonserver 2.51 does not let go of a decoupled model's request whose call is cancelled just after
+    its FINAL response: the model then never unloads, and a replica's exit snapshot is never written
+    (docs/fleet.md, "Leaving without losing a request")."""
 
     async def rest() -> None:
         async for _ in responses:

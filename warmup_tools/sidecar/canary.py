@@ -22,10 +22,10 @@ controller reads each instance's request log (``requests-<instance>.jsonl`` unde
 - **TTFT p99**: worse when above ``canary_ttft_ratio`` times the rest's, once each side has
   :data:`MIN_P99_REQUESTS` requests (below that a p99 is the maximum).
 
-Nothing is judged before each side has ``canary_min_requests`` requests. A plan whose cold share or cached
-tokens are worse with the test's confidence is rolled back at once, inside the window (the tests guard against
-chance); when ``canary_window_s`` has passed, a
-plan worse by any of the three is rolled back and one no worse is promoted (made the plan of every instance,
+Nothing is judged before each side has ``canary_min_requests`` requests. A plan whose cold share, cached
+tokens or tokens from the plan are worse with the tests' confidence is rolled back at once, inside the
+window (the tests guard against chance); when ``canary_window_s`` has passed, a plan worse by cold share,
+cached tokens or TTFT p99 is rolled back and one no worse is promoted (made the plan of every instance,
 through the history). A trial that never gets enough traffic, or whose canary never
 applies the plan, is rolled back after three windows, saying so. Every verdict is one log line, the last
 ones and the running trial are in ``/status`` (``canary``), and ``/metrics`` counts them.
@@ -155,7 +155,8 @@ def uncached_greater(canary: list[float], rest: list[float]) -> float:
 
 
 def evidence(canary: WindowStats, rest: WindowStats) -> dict[str, float]:
-    """The two one-sided tests' p-values so far (what an early rollback needs below ``canary_alpha``)."""
+    """The one-sided tests' p-values so far (what an early rollback needs below ``canary_alpha``): cold share,
+    per-request uncached share, per-request share not from the plan's pinned blocks."""
     return {"cold_p": round(fisher_greater(canary.cold, canary.requests, rest.cold, rest.requests), 5),
             "uncached_p": round(uncached_greater(canary.uncached, rest.uncached), 5),
             "unplanned_p": round(uncached_greater(canary.unplanned, rest.unplanned), 5)}

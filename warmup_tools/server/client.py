@@ -311,8 +311,8 @@ def end_stream(client: Any, timeout_s: float = 5.0) -> None:
     """End a tritonclient gRPC client's stream whose requests are all answered: close the request side and let
     the server end the call with OK; cancel it (:func:`cancel_stream`) only if it has not ended in ``timeout_s``.
 
-    NOTE: tritonserver 2.51 does not always let go of a decoupled model's request whose call is cancelled just
-    after its FINAL response, and the model then never unloads (docs/fleet.md)."""
+    NOTE: see docs/fleet.md, "Leaving without losing a request": tritonserver 2.51 keeps a decoupled model
+    loaded when a request's call is cancelled just after its FINAL response."""
     stream = getattr(client, "_stream", None)
     handler = getattr(stream, "_handler", None)
     queue_ = getattr(stream, "_request_queue", None)

@@ -246,17 +246,17 @@ class TritonEngine:
                     raise _engine_error(error)
                 text = result.as_numpy("text_output").reshape(-1)[0].decode("utf-8", errors="replace")
                 reason = result.as_numpy("finish_reason").reshape(-1)[0].decode("utf-8")
+                if not reason:
+                    yield GenerateChunk(text)
+                    continue
                 # NOTE: the counters are read from the last response only (each read parses the tensor): the
                 # usage is the last response's, and this loop runs once per token.
-                fields = ({name: int(result.as_numpy(name).reshape(-1)[0]) for name in _COUNTERS}
-                          if reason else {})
-                if reason:
-                    # NOTE: the call is ended before the last chunk is handed on: a consumer that stops at the
-                    # last chunk never resumes this generator, whose close would then cancel the call.
-                    ended = await _end_cleanly(responses)
+                fields = {name: int(result.as_numpy(name).reshape(-1)[0]) for name in _COUNTERS}
+                # NOTE: the call is ended before the last chunk is handed on: a consumer that stops at the last
+                # chunk never resumes this generator, whose close would then cancel the call.
+                ended = await _end_cleanly(responses)
                 yield GenerateChunk(text, finish_reason=reason, **fields)
-                if reason:
-                    break
+                break
         except InferenceServerException as exc:
             raise _engine_error(exc) from None
         except asyncio.CancelledError:

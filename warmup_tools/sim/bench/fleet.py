@@ -140,8 +140,8 @@ def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours:
 
         rows = []
         fleets = [("1 replica", 1, "round_robin")] + [(f"2 replicas, {p}", 2, p) for p in ROUTING_POLICIES]
-        for label, replicas, policy in fleets:
-            with Fleet(settings(replicas, policy, label.replace(" ", "").replace(",", "-"))) as fleet:
+        for label, replicas, routing in fleets:
+            with Fleet(settings(replicas, routing, label.replace(" ", "").replace(",", "-"))) as fleet:
                 answers = replay(fleet.router.url, records)
                 share = "/".join(str(r.requests_taken()) for r in fleet.replicas.values())
                 rows.append(figures(label, answers, share))

@@ -185,7 +185,7 @@ def _replay(records: Sequence[RequestRecord], day2_start: float, repo: Path, env
                 if running is not None and trial is not None and trial.get("applied_at"):
                     running.evidence.append(_evidence(minute - running.started_min, trial))
                 if running is not None and verdict.action != "wait":
-                    _end(running, verdict, minute, index, records, out)
+                    _end(running, verdict, minute, out)
     return trials, sent_wall, sent_min, worst_lag
 
 
@@ -201,8 +201,7 @@ def planner_plan_id(control: Path) -> str:
     return Plan.load(control / "plan.json").plan_id
 
 
-def _end(trial: Trial, verdict: Verdict, minute: float, index: int, records: Sequence[RequestRecord],
-         out: TextIO) -> None:
+def _end(trial: Trial, verdict: Verdict, minute: float, out: TextIO) -> None:
     trial.ended_min, trial.verdict, trial.reason = minute, verdict.action, verdict.reason
     out.write(f"  +{minute:.1f} min: {trial.label}: {verdict.action} after {minute - trial.started_min:.1f} "
               f"simulated min: {verdict.reason}\n")

@@ -365,6 +365,8 @@ def _parser() -> argparse.ArgumentParser:
     fleet_bench.add_argument("--window-min", type=float, default=10.0,
                              help="simulated minutes of the new replica's requests measured")
     fleet_bench.add_argument("--streams", type=int, default=6, help="concurrent streams during the scale-in")
+    fleet_bench.add_argument("--users", type=int, default=4,
+                             help="concurrent clients replaying the traffic in order in the routing runs")
     fleet_bench.add_argument("--lm-threads", type=int, default=1)
     fleet_bench.add_argument("--policy", help="the router's policy in the scale-out and scale-in runs (default: "
                                               "the fleet's default)")

@@ -3,10 +3,13 @@ smg router, in front of one replica or two.
 
 One run, every replica with the day-1 plan's stanzas and one LM thread (docs/benchmarks.md):
 
-1. **Routing.** Day 2's first ``hours`` replayed in order (max_tokens 1, one request at a time) through the
-   router to 1 replica and to 2 replicas with each of :data:`ROUTING_POLICIES`: cold share, share of prompt
+1. **Routing.** Day 2's first ``hours`` replayed in order (max_tokens 1) by ``users`` concurrent clients through
+   the router to 1 replica and to 2 replicas with each of :data:`ROUTING_POLICIES`: cold share, share of prompt
    tokens from the KV cache, TTFT p50/p99, requests per replica; and the router's added TTFT (p50 through
-   the router minus straight to the replica, alternating, on the 1-replica fleet).
+   the router minus straight to the replica, alternating, on the 1-replica fleet). Several clients, because a
+   router balances on the requests each replica has in flight: one request at a time leaves every replica at
+   zero, and smg's ``cache_aware`` then sends every request that matches no replica to the first one in its
+   list (its least-loaded replica, on a tie), which makes the split a matter of which replica that is.
 2. **Scale-out** at +``scale_out_min`` simulated minutes of the same replay on 2 replicas (``policy``): (a) a
    third replica without the snapshot folder whose /health says 200 as soon as tritonserver is READY
    (shipped stanzas only), (b) one restored from the fleet's snapshot folder and joined once warm. Figure:
@@ -28,6 +31,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
@@ -111,20 +115,32 @@ def send(client: httpx.Client, url: str, record: RequestRecord, max_tokens: int 
                   int(usage.get("prompt_tokens", 0)))
 
 
-def replay(url: str, records: Sequence[RequestRecord],
-           on_record: Callable[[RequestRecord], None] = lambda r: None) -> list[Answer]:
-    """``records`` in order, one at a time, through ``url``; ``on_record`` runs before each one is sent."""
-    answers = []
-    with httpx.Client(timeout=600) as client:
-        for record in records:
-            on_record(record)
-            answers.append(send(client, url, record))
-    return answers
+def replay(url: str, records: Sequence[RequestRecord], users: int = 1,
+           sender: Callable[[httpx.Client, str, RequestRecord], Answer] = send) -> list[Answer]:
+    """``records`` through ``url`` by ``users`` clients, each sending the next record not yet sent as soon as
+    its previous one has ended (so they go out in order, at most ``users`` at once); answers in record order."""
+    answers: list[Answer | None] = [None] * len(records)
+    order = iter(range(len(records)))
+    lock = threading.Lock()
+
+    def user() -> None:
+        with httpx.Client(timeout=600) as client:
+            while True:
+                with lock:
+                    i = next(order, None)
+                if i is None:
+                    return
+                answers[i] = sender(client, url, records[i])
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, users)) as pool:
+        for future in [pool.submit(user) for _ in range(max(1, users))]:
+            future.result()
+    return [a for a in answers if a is not None]
 
 
 def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours: float = 1.0,
         scale_out_min: float = 30.0, window_min: float = 10.0, streams: int = 6, lm_threads: int = 1,
-        policy: str | None = None, out: TextIO = sys.stdout) -> None:
+        policy: str | None = None, users: int = 4, out: TextIO = sys.stdout) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     policy = policy or FleetSettings().policy
     work = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
@@ -142,10 +158,10 @@ def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours:
         fleets = [("1 replica", 1, "round_robin")] + [(f"2 replicas, {p}", 2, p) for p in ROUTING_POLICIES]
         for label, replicas, routing in fleets:
             with Fleet(settings(replicas, routing, label.replace(" ", "").replace(",", "-"))) as fleet:
-                answers = replay(fleet.router.url, records)
+                answers = replay(fleet.router.url, records, users)
                 share = "/".join(str(r.requests_taken()) for r in fleet.replicas.values())
                 rows.append(figures(label, answers, share))
-                out.write(f"  {label}: {len(answers)} requests replayed\n")
+                out.write(f"  {label}: {len(answers)} requests replayed by {users} clients\n")
                 out.flush()
                 if replicas == 1:
                     overhead = router_overhead(fleet, next(r for r in records if r.prompt))

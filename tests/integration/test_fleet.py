@@ -83,6 +83,16 @@ def test_planned_prefixes_are_warm_on_every_replica_and_unplanned_ones_come_back
     second = _complete(sdk, "support", f"{system}User: Can I order a wedding cake for sixty guests?\nAssistant:")
     assert first.usage.prompt_tokens_details.cached_tokens < first.usage.prompt_tokens
     assert second.usage.prompt_tokens_details.cached_tokens > 0
+    # Each replica logs into its own folder of the fleet's shared log folder, where the planner reads them all.
+    from warmup_tools.common.jsonl import ReadStats
+    from warmup_tools.common.records import log_files, read_request_log
+
+    def logged():
+        records = list(read_request_log(log_files(fleet.request_log_dir), ReadStats()))
+        return len(records) >= 5 and {p.parent.name for p in log_files(fleet.request_log_dir)}
+
+    folders = wait_for(logged, "the five requests in the fleet's request logs")
+    assert folders <= set(fleet.replicas) and not list(fleet.request_log_dir.glob("*.jsonl"))
 
 
 @pytest.fixture()

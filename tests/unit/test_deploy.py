@@ -56,6 +56,9 @@ def test_the_pod_probes_the_sidecar_and_its_ports_match_the_command():
     assert ports == {"http": args.http_port, "grpc": args.grpc_port, "metrics": args.metrics_port,
                      "sidecar": args.sidecar_port, "openai": args.front_port}
     assert args.front and args.front_host == "0.0.0.0"  # the sidecar starts the OpenAI front beside tritonserver
+    # Every pod logs into its own folder of the shared (ReadWriteMany) log volume.
+    logs = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "logs")
+    assert str(args.fleet_log_dir) == logs
     # Ready = the front's /health: warm (the sidecar's /ready) and not draining.
     assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "openai"}
     assert container["startupProbe"]["httpGet"]["path"] == "/ready"
@@ -82,6 +85,7 @@ def test_compose_runs_the_sidecar_in_trust_mode_with_generated_secrets():
     args = _sidecar_args(triton["command"])
     assert f"127.0.0.1:{args.sidecar_port}:{args.sidecar_port}" in triton["ports"]
     assert f"localhost:{args.sidecar_port}/ready" in " ".join(triton["healthcheck"]["test"])
+    assert any(v.endswith(f":{args.fleet_log_dir}") for v in triton["volumes"])  # one folder per replica
     snapshot_dir = triton["environment"]["WARMUP_SNAPSHOT_DIR"]
     assert any(v.endswith(f":{snapshot_dir}") for v in triton["volumes"])
     # Trust mode: every file the models and the sidecar read comes from the volume the secrets service fills.

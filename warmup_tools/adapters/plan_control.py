@@ -338,6 +338,12 @@ class PlanStatusBoard:
                 found[status.instance] = status
         return found, skipped
 
+    def hosts(self, since: float) -> list[str]:
+        """The replicas (hosts) with an instance that reported at or after ``since``, by name (an unnamed host's
+        reports are left out)."""
+        statuses, _ = self.read_all()
+        return sorted({s.host for s in statuses.values() if s.host and s.reported_at >= since})
+
     def wait_for(self, plan_id: str, *, instances: int | None = None, timeout_s: float = 600.0,
                  poll_s: float = 0.5, since: float = 0.0) -> dict[str, PlanStatus]:
         """Wait until instances report ``plan_id`` applied (at least ``instances``, or every instance that

@@ -128,16 +128,18 @@ class RequestRecord:
 
 
 def log_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
-    """``paths`` with every folder replaced by the request logs in it: ``*.jsonl``, ``*.jsonl.gz`` and the
-    rotated ``*.jsonl.N`` files (oldest first, so records come roughly in time order)."""
+    """``paths`` with every folder replaced by the request logs in it and in its subfolders one level down (a
+    fleet's log folder holds one per replica): ``*.jsonl``, ``*.jsonl.gz`` and the rotated ``*.jsonl.N`` files
+    (oldest first, so records come roughly in time order)."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     out: list[Path] = []
     for path in map(Path, paths):
         if not path.is_dir():
             out.append(path)
             continue
-        found = [p for p in path.iterdir() if p.is_file() and _log_rank(p.name) is not None]
-        out += sorted(found, key=lambda p: (p.name.split(".jsonl")[0], -_log_rank(p.name)))
+        for folder in [path, *sorted(p for p in path.iterdir() if p.is_dir())]:
+            found = [p for p in folder.iterdir() if p.is_file() and _log_rank(p.name) is not None]
+            out += sorted(found, key=lambda p: (p.name.split(".jsonl")[0], -_log_rank(p.name)))
     return out
 
 

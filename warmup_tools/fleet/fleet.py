@@ -46,6 +46,8 @@ class Fleet:
         self.work_dir = Path(settings.work_dir or self._tmp.name)  # type: ignore[union-attr]
         self.control_dir = Path(settings.control_dir or self.work_dir / "control")
         self.snapshot_dir = Path(settings.snapshot_dir or self.work_dir / "snapshots")
+        #: Every replica's request logs, in a subfolder named after it.
+        self.request_log_dir = Path(settings.request_log_dir or self.work_dir / "requests")
         self.router = Router(settings, self.work_dir)
         #: Replicas that run, by name, in the order they started; ``memberships``: of each replica that joined,
         #: its workers in the router, kept in step with the models it serves by a thread of its own.
@@ -60,7 +62,7 @@ class Fleet:
 
     def start(self) -> None:
         """The router, then ``replicas`` replicas started together, each added to the router once warm."""
-        for folder in (self.work_dir, self.control_dir, self.snapshot_dir):
+        for folder in (self.work_dir, self.control_dir, self.snapshot_dir, self.request_log_dir):
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             self.router.start()
@@ -132,7 +134,8 @@ class Fleet:
     def _launch(self, restore: bool = True, warm_gate: bool = True) -> Replica:
         self._started += 1
         replica = Replica(f"r{self._started}", self.settings, self.work_dir, self.control_dir,
-                          self.snapshot_dir if restore else None, warm_gate=warm_gate)
+                          self.snapshot_dir if restore else None, warm_gate=warm_gate,
+                          request_log_dir=self.request_log_dir)
         self.replicas[replica.name] = replica
         replica.start()
         return replica

@@ -1,5 +1,5 @@
 """One replica: ``python -m warmup_tools sidecar`` (tritonserver, the sidecar and the OpenAI front) in a child
-process on free ports, sharing the fleet's control and snapshot folders under a name of its own."""
+process on free ports, sharing the fleet's control, snapshot and request log folders under a name of its own."""
 
 from __future__ import annotations
 
@@ -26,9 +26,10 @@ class Replica:
     ``/ready``: every model healthy and the planned hot set resident), :meth:`stop` drains it (SIGTERM)."""
 
     def __init__(self, name: str, settings: FleetSettings, work_dir: Path, control_dir: Path,
-                 snapshot_dir: Path | None, *, warm_gate: bool = True) -> None:
+                 snapshot_dir: Path | None, *, warm_gate: bool = True, request_log_dir: Path | None = None) -> None:
         """``snapshot_dir`` None: no KV snapshots (neither restored nor written); ``warm_gate`` False: /health
-        says 200 once tritonserver is READY, without waiting for the planned hot set (coverage threshold 0)."""
+        says 200 once tritonserver is READY, without waiting for the planned hot set (coverage threshold 0);
+        ``request_log_dir``: the fleet's shared log folder (the replica logs into ``<it>/<name>/``)."""
         self.name = name
         self.settings = settings
         self.snapshot_dir = snapshot_dir
@@ -45,6 +46,8 @@ class Replica:
                 "--ready-timeout-s", str(settings.warm_timeout_s)]
         if snapshot_dir is not None:
             argv += ["--snapshot-dir", str(snapshot_dir)]
+        if request_log_dir is not None:
+            argv += ["--fleet-log-dir", str(request_log_dir)]
         if not warm_gate:
             argv += ["--coverage-threshold", "0"]
         if settings.model_repository is not None:

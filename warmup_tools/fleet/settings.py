@@ -35,6 +35,11 @@ class FleetSettings:
                                              "plan, each replica's coverage reports); empty: <work_dir>/control.")
     snapshot_dir: Path | None = setting(None, "KV snapshot folder every replica shares: a new replica restores "
                                               "from it, a leaving one writes to it; empty: <work_dir>/snapshots.")
+    request_log_dir: Path | None = setting(None, "Request log folder every replica shares, one subfolder per "
+                                                 "replica (<replica_name>/requests-<instance>.jsonl): the planner "
+                                                 "and the re-plan read them all, and a plan on trial on one replica "
+                                                 "is judged against the others' (the sidecar's fleet_log_dir); "
+                                                 "empty: <work_dir>/requests.")
     model_repository: Path | None = setting(None, "The model repository every replica serves; empty: the "
                                                   "package's model_repository/.")
     assets_dir: Path | None = setting(None, "The LM, embedder and adapters (WARMUP_ASSETS_DIR); empty: .assets/.")

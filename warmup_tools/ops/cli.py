@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from warmup_tools.common.errors import WarmupToolsError
 from warmup_tools.server.config import REPO_ROOT, ServeConfig, load_config
@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     fleet.add_argument("--host")
     fleet.add_argument("--port", type=int, help="port of the router's OpenAI API (default 30000; 0: any free)")
     fleet.add_argument("--prometheus-port", type=int, help="port of the router's metrics (default: any free)")
-    for name in ("work-dir", "control-dir", "snapshot-dir", "model-repository", "assets-dir"):
+    for name in ("work-dir", "control-dir", "snapshot-dir", "request-log-dir", "model-repository", "assets-dir"):
         fleet.add_argument(f"--{name}", type=Path)
     fleet.add_argument("--lm-threads", type=int, help="torch threads of each replica's LM (default 1)")
     fleet.set_defaults(func=_cmd_fleet)
@@ -343,6 +343,9 @@ def _parser() -> argparse.ArgumentParser:
                          help="re-plan from the request logs every so many seconds and apply it live (default 0: off)")
     sidecar.add_argument("--replan-log-dir", type=Path, help="the request logs to re-plan from (request_log_dir)")
     sidecar.add_argument("--replan-since-h", type=float, help="hours of logs each re-plan reads (default 6)")
+    sidecar.add_argument("--fleet-log-dir", type=Path,
+                         help="a fleet's shared request log folder: lora_adapter logs into its subfolder named "
+                              "after the replica, the re-plan reads them all, a replica canary compares them")
     _stub_death_flags(sidecar)
     _front_flags(sidecar, beside=True)
     sidecar.set_defaults(func=_cmd_sidecar)
@@ -446,7 +449,8 @@ def _plan_actions_parser() -> argparse.ArgumentParser:
     _live_apply_flags(back)
     back.set_defaults(func=_cmd_plan_rollback)
     canary = actions.add_parser("canary", parents=[control],
-                                help="put a plan on trial on one lora_adapter instance of a replica (the others keep "
+                                help="put a plan on trial on one lora_adapter instance of a replica, or with "
+                                     "--replica alone on every instance of that replica of a fleet (the others keep "
                                      "the plan served now); the replica's sidecar promotes it or rolls it back "
                                      "(docs/planner.md); --abort ends a trial without promoting it")
     canary.add_argument("plan", nargs="?", type=Path, help="the plan file to try (checked against the repository)")
@@ -454,7 +458,8 @@ def _plan_actions_parser() -> argparse.ArgumentParser:
                         help="an instance that serves the plan on trial (repeat; default: the replica's last one, "
                              "of those that report)")
     canary.add_argument("--replica", default="", help="the replica's name (its replica_name, else its host name; "
-                                                      "default: this host's name)")
+                                                      "default: this host's name); without --instance: every "
+                                                      "instance of it, judged against the fleet's other replicas")
     canary.add_argument("--abort", action="store_true", help="end the running trial: every instance goes back to "
                                                              "the plan served now")
     canary.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository",
@@ -637,12 +642,13 @@ def _stop_on_signals() -> _Stop:
     return stop
 
 
-def _server(config: ServeConfig, **options: Any) -> Any:
+def _server(config: ServeConfig, env: Mapping[str, str] | None = None, **options: Any) -> Any:
     from warmup_tools.server.process import ServerPorts, TritonServer
 
     return TritonServer(config.model_repository,
                         ports=ServerPorts(config.http_port, config.grpc_port, config.metrics_port),
-                        env=config.server_env(), log_path=config.log_file, log_verbose=config.log_verbose,
+                        env={**config.server_env(), **(env or {})}, log_path=config.log_file,
+                        log_verbose=config.log_verbose,
                         host=config.host, exit_timeout_s=config.exit_timeout_s, **options)
 
 
@@ -669,21 +675,29 @@ def sidecar_config(args: argparse.Namespace) -> "SidecarConfig":
              "probe_timeout_s": args.probe_timeout_s, "failures_to_recover": args.failures_to_recover,
              "recovery_timeout_s": args.recovery_timeout_s, "coverage_threshold": args.coverage_threshold,
              "replan_interval_s": args.replan_interval_s, "replan_log_dir": args.replan_log_dir,
-             "replan_since_h": args.replan_since_h, "on_stub_death": args.on_stub_death,
+             "replan_since_h": args.replan_since_h, "fleet_log_dir": args.fleet_log_dir,
+             "on_stub_death": args.on_stub_death,
              "restart_grace_s": args.restart_grace_s}
     return load_config(SidecarConfig, args.sidecar_config, flags, env={})
 
 
 def _cmd_sidecar(args: argparse.Namespace) -> int:
+    import socket
+
     from warmup_tools.server.process import RepositoryKey
-    from warmup_tools.sidecar.app import Sidecar
+    from warmup_tools.sidecar.app import Sidecar, replica_log_dir
 
     config = _serve_config(args)
     sidecar_settings = sidecar_config(args)
+    env = {}
+    if sidecar_settings.fleet_log_dir is not None:
+        # NOTE: in a fleet the replica's request_log_dir follows from the shared folder and its name: one source.
+        mine = replica_log_dir(sidecar_settings, config.replica_name or socket.gethostname())
+        env["WARMUP_REQUEST_LOG_DIR"] = str(Path(mine).resolve())  # type: ignore[arg-type]
     stop = _stop_on_signals()
     # NOTE: the key is generated here and handed to the sidecar object only: clients of the server
     # cannot load or unload models, the sidecar can.
-    with _server(config, explicit_model_control=True, repository_key=RepositoryKey.generate()) as server:
+    with _server(config, env, explicit_model_control=True, repository_key=RepositoryKey.generate()) as server:
         # The sidecar answers from the start, so a startupProbe sees 503 with the reason while models load.
         with Sidecar(sidecar_settings, server.http_url, server.grpc_url, server.repository_key,
                      config.model_repository, control_dir=config.control_dir, server=server,
@@ -701,8 +715,8 @@ def fleet_settings(args: argparse.Namespace) -> "FleetSettings":
     from warmup_tools.fleet.settings import FleetSettings
 
     flags = {name: getattr(args, name) for name in ("replicas", "policy", "host", "port", "prometheus_port",
-                                                    "work_dir", "control_dir", "snapshot_dir", "model_repository",
-                                                    "assets_dir", "lm_threads")}
+                                                    "work_dir", "control_dir", "snapshot_dir", "request_log_dir",
+                                                    "model_repository", "assets_dir", "lm_threads")}
     return load_config(FleetSettings, args.fleet_config, flags, env=_fleet_env())
 
 
@@ -988,15 +1002,26 @@ def _cmd_plan_canary(args: argparse.Namespace) -> int:
     check_plan(plan, args.model_repository)
     host = args.replica or socket.gethostname()
     instances = list(args.canary_instances)
-    if not instances:
-        statuses, _ = PlanStatusBoard(args.control_dir).read_all(host=host)
+    board = PlanStatusBoard(args.control_dir)
+    if args.replica and not instances:
+        # A whole replica, judged by its sidecar against the replicas that report (docs/planner.md).
+        from warmup_tools.sidecar.config import SidecarConfig
+
+        replicas = board.hosts(since=time.time() - SidecarConfig().coverage_stale_s)
+        if host not in replicas or len(replicas) < 2:
+            raise ConfigError(f"replicas reporting to {args.control_dir} lately: {', '.join(replicas) or 'none'}; "
+                              f"a trial on replica {host} needs it and another one to compare with "
+                              "(or name --instance)")
+    elif not instances:
+        statuses, _ = board.read_all(host=host)
         if len(statuses) < 2:
             raise ConfigError(f"replica {host} has {len(statuses)} lora_adapter instance(s) reporting to "
                               f"{args.control_dir}: a canary needs one to try the plan and one to compare with")
         instances = sorted(statuses)[-1:]
     canary = start_canary(args.control_dir, plan, host=host, instances=instances, by=applied_by("plan canary"),
                           settings=_history_settings(args))
-    print(f"plan {plan.plan_id} on trial on {', '.join(canary.instances)} of {host} (stored as {canary.plan}); "
+    print(f"plan {plan.plan_id} on trial on {', '.join(canary.instances) or 'every instance'} of {host} (stored as "
+          f"{canary.plan}); "
           "the sidecar's /status (canary) shows the verdict")
     return 0
 

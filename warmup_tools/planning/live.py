@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from warmup_tools.adapters.canary import CanaryError
 from warmup_tools.adapters.plan_control import PLAN_FILE, PlanStatus, PlanStatusBoard, read_canary
 from warmup_tools.adapters.plan_history import (
     HistoryEntry,
@@ -113,7 +114,8 @@ class ReplanResult:
     seconds: float
     at: float
     #: "" (applied to every instance, or nothing to apply), ``started`` (the plan went on trial on a canary
-    #: instance: it is applied everywhere once promoted) or ``waiting`` (a plan was on trial: no re-plan).
+    #: instance: it is applied everywhere once promoted), ``waiting`` (a plan was on trial: no re-plan) or
+    #: ``replica <name>`` (in a fleet, that replica's sidecar re-plans: this one planned nothing).
     trial: str = ""
 
 
@@ -127,9 +129,12 @@ class RollingPlanner:
     def __init__(self, model_repository: Path, control_dir: Path, log_dir: Path, *, since_s: float = 6 * 3600,
                  environ: Mapping[str, str] | None = None, write_stanzas: bool = True,
                  now: Callable[[], float | None] = lambda: None, history: PlanHistorySettings | None = None,
-                 propose: Callable[[Plan], bool] | None = None) -> None:
+                 propose: Callable[[Plan], bool] | None = None, defer: Callable[[], str] | None = None) -> None:
         """``propose``: puts a new plan on trial (a canary) and says whether it did; its stanzas are written when
-        it is promoted (:meth:`write_stanzas_of`). Without it, or when it did not, the plan goes to every instance."""
+        it is promoted (:meth:`write_stanzas_of`). Without it, or when it did not, the plan goes to every instance;
+        when it raises :class:`~warmup_tools.adapters.canary.CanaryError` (a trial started meanwhile), nothing is
+        applied. ``defer``: in a fleet, the other replica that re-plans for it ("" : this one); a run then plans
+        nothing."""
         self.model_repository = Path(model_repository)
         self.control_dir = Path(control_dir)
         self.log_dir = Path(log_dir)
@@ -139,6 +144,7 @@ class RollingPlanner:
         self._now = now
         self.history = history
         self._propose = propose
+        self._defer = defer
         self._tools: tuple[PlanTarget, Any, Any] | None = None
 
     def run_once(self, now: float | None = None) -> ReplanResult:
@@ -155,6 +161,13 @@ class RollingPlanner:
                         time.time() - running.started_at)
             return ReplanResult(running.plan_id, None, 0, 0, 0, 0, False, time.perf_counter() - started, time.time(),
                                 "waiting")
+        elsewhere = self._defer() if self._defer is not None else ""
+        if elsewhere:
+            LOGGER.debug("re-plan skipped: replica %s re-plans for the fleet", elsewhere)
+            served = served_plan(self.control_dir)
+            served_id = served.plan_id if served is not None else ""
+            return ReplanResult(served_id, served_id or None, 0, 0, 0, 0, False, time.perf_counter() - started,
+                                time.time(), f"replica {elsewhere}")
         target, tokenizer, embedder = self._load()
         stats = ReadStats()
         records = list(read_request_log(log_files([self.log_dir]), stats))
@@ -174,7 +187,12 @@ class RollingPlanner:
         changes = plan.summary.get("changes") or {}
         applied = previous is None or plan.plan_id != previous.plan_id
         trial = ""
-        if applied and previous is not None and self._propose is not None and self._propose(plan):
+        try:
+            proposed = applied and previous is not None and self._propose is not None and self._propose(plan)
+        except CanaryError as exc:
+            LOGGER.info("re-plan not tried: %s", exc)
+            proposed, applied, trial = False, False, "waiting"
+        if proposed:
             applied, trial = False, "started"
         elif applied:
             apply_plan(plan, self.control_dir, target=target, tokenizer=tokenizer, via="sidecar re-plan",

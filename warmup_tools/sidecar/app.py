@@ -67,25 +67,28 @@ class Sidecar:
                                stub_death=self._facts)
         self.replanner: Replanner | None = None
         self.canary: CanaryController | None = None
-        if control_dir is not None and config.replan_log_dir is not None:
+        host = replica_name or socket.gethostname()
+        log_dir = replica_log_dir(config, host)
+        if control_dir is not None and log_dir is not None:
             from warmup_tools.adapters.plan_history import PlanHistorySettings
             from warmup_tools.server.config import load_config
 
             history = load_config(PlanHistorySettings)
             # NOTE: a plan on trial is judged whoever started it (the re-plan below, or `plan canary`).
-            self.canary = CanaryController(Path(control_dir), config.replan_log_dir, config,
-                                           host=replica_name or socket.gethostname(), history=history,
-                                           stale_s=config.coverage_stale_s)
+            self.canary = CanaryController(Path(control_dir), log_dir, config, host=host, history=history,
+                                           stale_s=config.coverage_stale_s, fleet_log_dir=config.fleet_log_dir)
             self.monitor.sections["canary"] = self.canary.status
         if config.replan_interval_s > 0:
-            if control_dir is None or model_repository is None or self.canary is None:
+            if control_dir is None or model_repository is None or self.canary is None or log_dir is None:
                 raise ConfigError("the rolling re-plan needs the control folder and the model repository")
             from warmup_tools.planning.live import RollingPlanner
 
             canary = self.canary
-            planner = RollingPlanner(model_repository, control_dir, config.replan_log_dir,
+            # NOTE: a fleet serves one plan.json: it is planned from every replica's logs, by one sidecar.
+            planner = RollingPlanner(model_repository, control_dir, config.fleet_log_dir or log_dir,
                                      since_s=config.replan_since_h * 3600, history=history,
-                                     propose=lambda plan: canary.propose(plan, "sidecar re-plan") is not None)
+                                     propose=lambda plan: canary.propose(plan, "sidecar re-plan") is not None,
+                                     defer=lambda: "" if canary.proposer() == host else canary.proposer())
             canary.on_promote = planner.write_stanzas_of
             self.replanner = Replanner(planner.run_once, config.replan_interval_s)
             self.monitor.sections["replan"] = self.replanner.status
@@ -146,6 +149,18 @@ class Sidecar:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+def replica_log_dir(config: SidecarConfig, replica: str) -> Path | None:
+    """This replica's request logs (lora_adapter's ``request_log_dir``): ``replan_log_dir``, else in a fleet the
+    subfolder of ``fleet_log_dir`` named after the replica; ConfigError when both are set and disagree."""
+    if config.fleet_log_dir is None:
+        return config.replan_log_dir
+    mine = Path(config.fleet_log_dir) / replica
+    if config.replan_log_dir is not None and Path(config.replan_log_dir) != mine:
+        raise ConfigError(f"replan_log_dir {config.replan_log_dir} is not this replica's folder of fleet_log_dir "
+                          f"({mine})")
+    return mine
 
 
 def _probe_credentials(environ: Mapping[str, str], key: RepositoryKey | None = None,

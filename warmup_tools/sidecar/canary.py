@@ -1,10 +1,33 @@
 """The canary's verdict: a plan on trial against the plan the other instances serve, judged from the request logs.
 
 A plan on trial (``canary.json``: :mod:`warmup_tools.adapters.canary`) is served by one lora_adapter instance of
-this replica; the others serve ``plan.json``. Triton spreads the replica's requests over its instances in turn,
-so both sides see the same traffic. From the moment the canary instance reports the plan applied, the
-controller reads each instance's request log (``requests-<instance>.jsonl`` under the replica's
-``request_log_dir``) and compares, canary against the rest:
+this replica, or, in a fleet, by every instance of one replica; the others serve ``plan.json``.
+
+**One instance.** Triton spreads the replica's requests over its instances in turn, so both sides see the same
+traffic. From the moment the canary instance reports the plan applied, the controller reads each instance's
+request log (``requests-<instance>.jsonl`` under the replica's ``request_log_dir``) and compares, canary against
+the rest (below).
+
+**A whole replica** (``canary.json`` names a replica and no instance; judged by that replica's sidecar). Every
+replica logs into its own subfolder of the fleet's shared log folder (``fleet_log_dir/<replica_name>/``). The
+canary side is this replica's logs, the rest the logs of the replicas that reported to the control folder's
+status board when the trial's plan was applied (a replica that left is not read; one that joins during the trial
+is not either: it has no baseline). The router does not give replicas the same traffic: behind ``cache_aware``
+each tenant's prefixes stick to one replica, so one replica may serve the tenants with long shared system prompts
+and another the one-off prompts, and their cold shares differ by tens of points under the same plan. A direct
+comparison would roll back a good plan tried on the colder replica, and promote a bad one tried on the warmer.
+So each measure is a **difference of differences**: the canary replica's change from its own baseline (its
+requests of the ``canary_window_s`` before the trial started) less the other replicas' change over the same
+time. The tenant mix each replica gets is stable from one window to the next (the stickiness that makes the
+replicas differ keeps each one's mix steady), so it cancels out of each replica's change, and a drift of the
+whole traffic (the hour of the day) cancels out of the difference. The early tests become one-sided z-tests on
+the difference of differences (:func:`rise_greater`: of the cold share, and of the mean per-request uncached
+share and share not from the plan), and TTFT p99 compares the ratios to each side's own baseline
+(:func:`judge_replica`). The price is variance (four samples instead of two): a trial needs a baseline of
+``canary_min_requests`` on each side, or it is rolled back at once, saying so. Round-robin routing needs no
+baseline, but the difference of differences holds under it too, so one rule serves every policy.
+
+The measures, canary against the rest:
 
 - **cold share** (requests with no prompt token from the KV cache): worse when it is more than
   ``canary_cold_margin`` above the rest's *and* a one-sided Fisher exact test puts the difference below
@@ -164,14 +187,9 @@ def evidence(canary: WindowStats, rest: WindowStats) -> dict[str, float]:
 
 def judge(canary: WindowStats, rest: WindowStats, elapsed_s: float, settings: SidecarConfig) -> Verdict:
     """The verdict on a trial ``elapsed_s`` after its plan was applied (see the module docstring)."""
-    enough = min(canary.requests, rest.requests) >= settings.canary_min_requests
-    if not enough:
-        if elapsed_s >= 3 * settings.canary_window_s:
-            return Verdict("rollback", f"too little traffic to judge in {elapsed_s:.0f} s: {canary.requests} "
-                                       f"requests on the canary, {rest.requests} on the others "
-                                       f"({settings.canary_min_requests} each needed)")
-        return Verdict("wait", f"{canary.requests} and {rest.requests} requests of "
-                               f"{settings.canary_min_requests} each")
+    waiting = _too_little(canary, rest, elapsed_s, settings)
+    if waiting is not None:
+        return waiting
     worse = []
     cold_up = canary.cold_share - rest.cold_share
     if cold_up > settings.canary_cold_margin:
@@ -209,6 +227,120 @@ def judge(canary: WindowStats, rest: WindowStats, elapsed_s: float, settings: Si
                               f"against {rest.cached_share:.1%} ({canary.requests} and {rest.requests} requests)")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Moments:
+    """A per-request measure on one side: its mean, its variance and the requests."""
+
+    mean: float
+    var: float
+    n: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> Moments:
+        n = len(values)
+        mean = sum(values) / n if n else 0.0
+        return cls(mean, sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0, n)
+
+    @classmethod
+    def share(cls, hits: int, n: int) -> Moments:
+        p = hits / n if n else 0.0
+        return cls(p, p * (1.0 - p), n)
+
+
+def rise_greater(canary: Moments, canary_before: Moments, rest: Moments, rest_before: Moments) -> float:
+    """One-sided z-test on a difference of differences: the probability, with the plan making no difference,
+    of the canary's measure rising this much more than the rest's since before the trial (normal approximation;
+    each side's own baseline takes out the traffic mix the router gives it)."""
+    parts = (canary, canary_before, rest, rest_before)
+    if any(m.n == 0 for m in parts):
+        return 1.0
+    rise = (canary.mean - canary_before.mean) - (rest.mean - rest_before.mean)
+    var = sum(m.var / m.n for m in parts)
+    if var <= 0.0:
+        return 0.0 if rise > 0 else 1.0
+    return 0.5 * math.erfc(rise / math.sqrt(2.0 * var))
+
+
+def replica_evidence(canary: WindowStats, rest: WindowStats, before: tuple[WindowStats, WindowStats]
+                     ) -> dict[str, float]:
+    """:func:`evidence` for a trial on a whole replica: the difference-of-differences tests' p-values."""
+    (c0, r0), p = before, rise_greater
+    return {"cold_p": round(p(*_cold(canary, c0, rest, r0)), 5),
+            "uncached_p": round(p(*(Moments.of(s.uncached) for s in (canary, c0, rest, r0))), 5),
+            "unplanned_p": round(p(*(Moments.of(s.unplanned) for s in (canary, c0, rest, r0))), 5)}
+
+
+def judge_replica(canary: WindowStats, rest: WindowStats, before: tuple[WindowStats, WindowStats],
+                  elapsed_s: float, settings: SidecarConfig) -> Verdict:
+    """The verdict on a trial on a whole replica: as :func:`judge`, but each measure is the canary replica's
+    change since before the trial less the other replicas' change over the same time (``before``: each side's
+    last ``canary_window_s`` before the trial started), so that a replica the router gives colder tenants is
+    not taken for a worse plan (see the module docstring)."""
+    waiting = _too_little(canary, rest, elapsed_s, settings)
+    if waiting is not None:
+        return waiting
+    c0, r0 = before
+    sides = (canary, c0, rest, r0)
+
+    def moved(name: str, value: Callable[[WindowStats], float]) -> str:
+        return (f"{name} {value(c0):.1%} -> {value(canary):.1%} on {canary.requests} requests of the canary "
+                f"replica, {value(r0):.1%} -> {value(rest):.1%} on {rest.requests} of the others")
+
+    worse = []
+    cold_up = (canary.cold_share - c0.cold_share) - (rest.cold_share - r0.cold_share)
+    if cold_up > settings.canary_cold_margin:
+        p = rise_greater(*_cold(canary, c0, rest, r0))
+        if p < settings.canary_alpha:
+            worse.append(f"{moved('cold share', lambda s: s.cold_share)} (p={p:.3g})")
+    cached_down = (c0.cached_share - canary.cached_share) - (r0.cached_share - rest.cached_share)
+    if cached_down > settings.canary_cached_margin:
+        p = rise_greater(*(Moments.of(s.uncached) for s in sides))
+        if p < settings.canary_alpha:
+            worse.append(f"{moved('prompt tokens from cache', lambda s: s.cached_share)} (p={p:.3g})")
+    planned = [s.planned_share for s in sides]
+    if all(x is not None for x in planned):
+        mine, mine_before, theirs, theirs_before = planned  # type: ignore[misc]
+        if (mine_before - mine) - (theirs_before - theirs) > settings.canary_cached_margin:
+            p = rise_greater(*(Moments.of(s.unplanned) for s in sides))
+            if p < settings.canary_alpha:
+                name = "prompt tokens from the plan's pinned blocks"
+                worse.append(f"{moved(name, lambda s: s.planned_share or 0.0)} (p={p:.3g})")
+    if worse:
+        return Verdict("rollback", "worse than the plan served now: " + "; ".join(worse))
+    if elapsed_s < settings.canary_window_s:
+        return Verdict("wait", f"no worse so far ({elapsed_s:.0f} of {settings.canary_window_s:g} s)")
+    if cached_down > settings.canary_cached_margin:
+        worse.append(moved("prompt tokens from cache", lambda s: s.cached_share))
+    if min(s.requests for s in sides) >= MIN_P99_REQUESTS:
+        p99 = [s.ttft_p99_ms for s in sides]
+        if all(x is not None and x > 0 for x in p99):
+            mine, mine_before, theirs, theirs_before = p99  # type: ignore[misc]
+            if mine / mine_before > settings.canary_ttft_ratio * (theirs / theirs_before):
+                worse.append(f"TTFT p99 {mine_before:.1f} -> {mine:.1f} ms on the canary replica, "
+                             f"{theirs_before:.1f} -> {theirs:.1f} ms on the others")
+    if worse:
+        return Verdict("rollback", "worse than the plan served now: " + "; ".join(worse))
+    return Verdict("promote", f"no worse after {elapsed_s:.0f} s: "
+                              f"{moved('cold share', lambda s: s.cold_share)}; "
+                              f"{moved('prompt tokens from cache', lambda s: s.cached_share)}")
+
+
+def _too_little(canary: WindowStats, rest: WindowStats, elapsed_s: float, settings: SidecarConfig
+                ) -> Verdict | None:
+    """The verdict while a side has fewer than ``canary_min_requests`` requests (None: enough to judge)."""
+    if min(canary.requests, rest.requests) >= settings.canary_min_requests:
+        return None
+    if elapsed_s >= 3 * settings.canary_window_s:
+        return Verdict("rollback", f"too little traffic to judge in {elapsed_s:.0f} s: {canary.requests} "
+                                   f"requests on the canary, {rest.requests} on the others "
+                                   f"({settings.canary_min_requests} each needed)")
+    return Verdict("wait", f"{canary.requests} and {rest.requests} requests of {settings.canary_min_requests} each")
+
+
+def _cold(*sides: WindowStats) -> list[Moments]:
+    return [Moments.share(s.cold, s.requests) for s in sides]
+
+
 class RequestLogTail:
     """New complete lines of each instance's request log (``requests-<instance>.jsonl``) since the last read; a
     rotated file's rest is read from its ``.1`` before the new file."""
@@ -243,13 +375,33 @@ class RequestLogTail:
             self._at[instance] = (inode, offset)
         return out
 
+    def recent(self, since: float, until: float) -> list[RequestRecord]:
+        """The records stamped in ``[since, until)`` among the last :data:`MAX_READ_BYTES` of each log (with the
+        end of its rotated ``.1`` when the log is shorter): a trial's baseline, read once, never the whole log."""
+        out: list[RequestRecord] = []
+        for instance, path in self._files():
+            budget = MAX_READ_BYTES
+            for file in (path, path.with_name(path.name + ".1")):
+                try:
+                    size = os.stat(file).st_size
+                except FileNotFoundError:
+                    break
+                start = max(0, size - budget)
+                lines, _ = self._lines(instance, file, start, skip_partial=start > 0)
+                out += [r for _, r in lines if since <= r.ts < until]
+                budget -= size - start
+                if budget <= 0:
+                    break
+        return out
+
     def _files(self) -> list[tuple[str, Path]]:
         if not self.directory.is_dir():
             return []
         return sorted((p.name[len(LOG_PREFIX):-len(LOG_SUFFIX)], p) for p in self.directory.iterdir()
                       if p.name.startswith(LOG_PREFIX) and p.name.endswith(LOG_SUFFIX) and p.is_file())
 
-    def _lines(self, instance: str, path: Path, offset: int) -> tuple[list[tuple[str, RequestRecord]], int]:
+    def _lines(self, instance: str, path: Path, offset: int, *, skip_partial: bool = False
+               ) -> tuple[list[tuple[str, RequestRecord]], int]:
         import json
 
         try:
@@ -259,8 +411,9 @@ class RequestLogTail:
         except OSError:
             return [], offset
         end = raw.rfind(b"\n") + 1  # NOTE: a torn last line is read once the writer completes it
+        begin = raw.find(b"\n") + 1 if skip_partial else 0  # a read from the middle starts at a line's start
         out = []
-        for line in raw[:end].splitlines():
+        for line in raw[begin:end].splitlines():
             try:
                 out.append((instance, RequestRecord.from_json(json.loads(line))))
             except (ValueError, RecordError, TypeError):
@@ -270,25 +423,33 @@ class RequestLogTail:
 
 class CanaryController:
     """Starts trials (:meth:`propose`) and judges the running one (:meth:`tick`, every ``interval_s`` on a thread
-    of its own once :meth:`start` is called)."""
+    of its own once :meth:`start` is called).
+
+    ``log_dir``: this replica's request logs; ``fleet_log_dir``: a fleet's, one subfolder per replica (``log_dir``
+    is the one named ``host``), which a trial on a whole replica needs to compare with the other replicas."""
 
     def __init__(self, control_dir: Path, log_dir: Path, settings: SidecarConfig, *, host: str,
                  history: PlanHistorySettings | None = None, stale_s: float = 30.0,
                  on_promote: Callable[[Plan], None] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, fleet_log_dir: Path | None = None) -> None:
         self.control_dir = Path(control_dir)
         self.settings = settings
         self.host = host
         self.history = history
         self.stale_s = stale_s
         self.on_promote = on_promote
+        self.fleet_log_dir = Path(fleet_log_dir) if fleet_log_dir is not None else None
         self._clock = clock
-        self._tail = RequestLogTail(log_dir)
+        self._log_dir = Path(log_dir)
+        self._tails = {host: RequestLogTail(log_dir)}
         self._board = PlanStatusBoard(self.control_dir)
         self._lock = threading.Lock()
         self._trial: CanaryAssignment | None = None
         self._applied_at: float | None = None
         self._sides = (WindowStats(), WindowStats())
+        #: A trial on a whole replica: each side's window before the trial, and the replicas compared with.
+        self._before: tuple[WindowStats, WindowStats] | None = None
+        self._others: tuple[str, ...] = ()
         self._verdicts: list[dict[str, Any]] = []
         self._counts = {"promoted": 0, "rolled_back": 0}
         self._last = Verdict("wait", "no trial")
@@ -303,11 +464,33 @@ class CanaryController:
         now = self._clock()
         return sorted(name for name, status in statuses.items() if now - status.reported_at <= self.stale_s)
 
+    def replicas(self) -> list[str]:
+        """The fleet's replicas that reported lately, by name (none without ``fleet_log_dir``)."""
+        if self.fleet_log_dir is None:
+            return []
+        return self._board.hosts(since=self._clock() - self.stale_s)
+
+    def proposer(self) -> str:
+        """The replica whose sidecar re-plans for the fleet: the first by name of those that reported lately (this
+        one when it is alone or not in a fleet). NOTE: every sidecar reads the same board, so they agree; one that
+        disagrees for a moment (a replica joining) is stopped by the history's lock on ``canary.json``."""
+        return min(self.replicas(), default=self.host)
+
     def propose(self, plan: Plan, by: str) -> CanaryAssignment | None:
-        """Put ``plan`` on trial on this replica's last instance; None when the replica has fewer than two
-        instances (nothing to compare with: the caller applies the plan everywhere)."""
+        """Put ``plan`` on trial: on this whole replica when two or more replicas of the fleet report (judged
+        against the others), else on this replica's last instance; None when there is nothing to compare with
+        (the caller applies the plan everywhere). :class:`CanaryError` when a trial is running already."""
+        if self.settings.canary_window_s <= 0:
+            return None
+        replicas = self.replicas()
+        if len(replicas) >= 2 and self.host in replicas:
+            canary = start_canary(self.control_dir, plan, host=self.host, by=applied_by(by), settings=self.history,
+                                  now=self._clock())
+            LOGGER.info("canary: plan %s on trial on every instance of replica %s (the plan served now stays on "
+                        "%s)", plan.plan_id, self.host, ", ".join(r for r in replicas if r != self.host))
+            return canary
         instances = self.instances()
-        if self.settings.canary_window_s <= 0 or len(instances) < 2:
+        if len(instances) < 2:
             return None
         canary = start_canary(self.control_dir, plan, host=self.host, instances=instances[-1:],
                               by=applied_by(by), settings=self.history, now=self._clock())
@@ -337,22 +520,68 @@ class CanaryController:
         if canary != self._trial:
             with self._lock:
                 self._trial, self._applied_at, self._sides = canary, None, (WindowStats(), WindowStats())
+                self._before, self._others = None, ()
+                self._tails = {self.host: self._tails[self.host]}
+        whole = not canary.instances
         if self._applied_at is None:
+            if whole and self.fleet_log_dir is None:
+                return self._act(canary, Verdict("rollback", "a trial on every instance of a replica is judged "
+                                                             "against the other replicas' request logs, and this "
+                                                             "sidecar has no fleet_log_dir"), now)
             if not self._canary_applied(canary):
                 verdict = Verdict("wait", "the canary instance is warming the plan")
                 if now - canary.started_at >= 3 * max(self.settings.canary_window_s, 1.0):
                     verdict = Verdict("rollback", f"the canary instance did not apply plan {canary.plan_id} within "
                                                   f"{now - canary.started_at:.0f} s")
                 return self._act(canary, verdict, now)
-            self._tail.skip_to_end()  # NOTE: only requests served once the plan on trial is warm are compared
+            if whole:
+                verdict = self._compare_with_the_fleet(canary)
+                if verdict is not None:
+                    return self._act(canary, verdict, now)
+            for tail in self._tails.values():
+                tail.skip_to_end()  # NOTE: only requests served once the plan on trial is warm are compared
             with self._lock:
                 self._applied_at = now
         assert self._applied_at is not None
         canary_side, rest = self._sides
-        for instance, record in self._tail.read():
-            if record.ts >= self._applied_at:
-                (canary_side if canary.targets(self.host, instance) else rest).add(record)
-        return self._act(canary, judge(canary_side, rest, now - self._applied_at, self.settings), now)
+        for replica, tail in self._tails.items():
+            for instance, record in tail.read():
+                if record.ts < self._applied_at:
+                    continue
+                if whole:
+                    (canary_side if replica == self.host else rest).add(record)
+                elif replica == self.host:
+                    (canary_side if canary.targets(self.host, instance) else rest).add(record)
+        elapsed = now - self._applied_at
+        if whole and self._before is not None:
+            return self._act(canary, judge_replica(canary_side, rest, self._before, elapsed, self.settings), now)
+        return self._act(canary, judge(canary_side, rest, elapsed, self.settings), now)
+
+    def _compare_with_the_fleet(self, canary: CanaryAssignment) -> Verdict | None:
+        """At the start of a trial on this whole replica: the replicas to compare with (those reporting now whose
+        logs are in ``fleet_log_dir``: a replica that left is not read, one that joins later has no baseline and
+        is not either) and each side's baseline, the ``canary_window_s`` before the trial started. A rollback
+        verdict when there is no other replica or no baseline to judge against."""
+        assert self.fleet_log_dir is not None
+        others = tuple(r for r in self.replicas() if r != self.host and (self.fleet_log_dir / r).is_dir())
+        if not others:
+            return Verdict("rollback", "no other replica reports with request logs under "
+                                       f"{self.fleet_log_dir}: nothing to compare a whole replica with")
+        tails = {self.host: self._tails[self.host]}
+        tails.update({r: RequestLogTail(self.fleet_log_dir / r) for r in others})
+        since = canary.started_at - self.settings.canary_window_s
+        before = (WindowStats(), WindowStats())
+        for replica, tail in tails.items():
+            for record in tail.recent(since, canary.started_at):
+                before[replica != self.host].add(record)
+        need = self.settings.canary_min_requests
+        if min(before[0].requests, before[1].requests) < need:
+            return Verdict("rollback", f"no baseline to judge a whole replica against: {before[0].requests} requests "
+                                       f"on {self.host} and {before[1].requests} on {', '.join(others)} in the "
+                                       f"{self.settings.canary_window_s:g} s before the trial ({need} each needed)")
+        with self._lock:
+            self._tails, self._before, self._others = tails, before, others
+        return None
 
     def _canary_applied(self, canary: CanaryAssignment) -> bool:
         statuses, _ = self._board.read_all(host=self.host)
@@ -372,10 +601,14 @@ class CanaryController:
         record = {"plan_id": canary.plan_id, "verdict": "promoted" if promote else "rolled_back",
                   "reason": verdict.reason, "at": round(now, 3), "started_at": canary.started_at,
                   "canary": canary_side.summary(), "rest": rest.summary()}
+        if self._before is not None:
+            record["replicas"] = list(self._others)
+            record["before"] = {"canary": self._before[0].summary(), "rest": self._before[1].summary()}
         with self._lock:
             self._counts[record["verdict"]] += 1
             self._verdicts = [record, *self._verdicts][:KEEP_VERDICTS]
-            self._trial, self._applied_at = None, None
+            self._trial, self._applied_at, self._before, self._others = None, None, None, ()
+            self._tails = {self.host: self._tails[self.host]}
         (LOGGER.info if promote else LOGGER.warning)(
             "canary: plan %s %s after %.0f s: %s", canary.plan_id, "promoted" if promote else "rolled back",
             now - canary.started_at, verdict.reason)
@@ -395,7 +628,11 @@ class CanaryController:
                 trial = {"plan_id": self._trial.plan_id, "instances": list(self._trial.instances),
                          "started_at": self._trial.started_at, "applied_at": self._applied_at,
                          "canary": canary_side.summary(), "rest": rest.summary(),
-                         "evidence": evidence(canary_side, rest)}
+                         "evidence": (evidence(canary_side, rest) if self._before is None
+                                      else replica_evidence(canary_side, rest, self._before))}
+                if self._before is not None:
+                    trial["replicas"] = list(self._others)
+                    trial["before"] = {"canary": self._before[0].summary(), "rest": self._before[1].summary()}
             return {"window_s": self.settings.canary_window_s, "trial": trial,
                     "last": dataclasses.asdict(self._last), "verdicts": list(self._verdicts),
                     "counts": dict(self._counts), "error": self._error}

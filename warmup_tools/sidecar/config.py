@@ -70,6 +70,12 @@ class SidecarConfig:
                                             "for the next start; 0: off.", ge=0)
     replan_log_dir: Path | None = setting(None, "The request logs the rolling re-plan and the canary read "
                                                 "(lora_adapter's request_log_dir).")
+    fleet_log_dir: Path | None = setting(None, "A fleet's request log folder, shared by every replica: each "
+                                               "replica's lora_adapter logs into the subfolder named after its "
+                                               "replica_name (else its host name), which is then this sidecar's "
+                                               "replan_log_dir; the rolling re-plan reads every subfolder, and a "
+                                               "plan on trial on a whole replica is judged against the other "
+                                               "replicas' logs; empty: no fleet.")
     replan_since_h: float = setting(6.0, "Hours of request logs each re-plan reads.", gt=0)
     canary_window_s: float = setting(600.0, "Canary: seconds a plan on trial is compared with the plan the other "
                                             "instances serve before it is promoted (a worse plan is rolled back "
@@ -91,7 +97,8 @@ class SidecarConfig:
 
     def __post_init__(self) -> None:
         check_settings(self)
-        if self.replan_interval_s and self.replan_log_dir is None:
-            raise ConfigError("replan_interval_s is set but replan_log_dir (the request logs) is not")
+        if self.replan_interval_s and self.replan_log_dir is None and self.fleet_log_dir is None:
+            raise ConfigError("replan_interval_s is set but neither replan_log_dir nor fleet_log_dir (the request "
+                              "logs) is")
         if not self.models:
             raise ConfigError("models must name at least one model")

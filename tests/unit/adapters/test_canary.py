@@ -131,3 +131,30 @@ def test_the_cli_shows_and_aborts_a_trial_and_refuses_a_plan_that_does_not_fit(t
     assert main(["plan", "canary", str(tmp_path / "b.json"), "--replica", "r1", "--instance", "lm_0_1",
                  "--control-dir", str(tmp_path)]) == 2
     assert read_canary(tmp_path) is None
+
+
+def test_the_cli_puts_a_plan_on_a_whole_replica_when_named_without_instances(tmp_path, capsys, monkeypatch):
+    import time
+
+    from warmup_tools.adapters.plan_control import AdapterCoverage, PlanStatus, PlanStatusBoard
+    from warmup_tools.ops.cli import main
+
+    monkeypatch.setattr("warmup_tools.planning.live.check_plan", lambda plan, repository: None)
+    a, b = plan_of(0), plan_of(0, 100)
+    write_live_plan(tmp_path, a, by=BY)
+    b.save(tmp_path / "b.json")
+    board = PlanStatusBoard(tmp_path)
+
+    def report(host):
+        for instance in ("lm_0_0", "lm_0_1"):
+            board.report(PlanStatus(instance, a.plan_id, "control", "applied", {"base": AdapterCoverage(1, 1)},
+                                    reported_at=time.time(), host=host))
+
+    args = ["plan", "canary", str(tmp_path / "b.json"), "--replica", "r1", "--control-dir", str(tmp_path)]
+    report("r1")
+    assert main(args) == 2 and read_canary(tmp_path) is None
+    assert "another one to compare with" in capsys.readouterr().err
+    report("r2")
+    assert main(args) == 0
+    assert read_canary(tmp_path).instances == () and read_canary(tmp_path).host == "r1"
+    assert "on trial on every instance of r1" in capsys.readouterr().out

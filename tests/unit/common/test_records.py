@@ -50,6 +50,12 @@ def test_log_folders_expand_to_current_and_rotated_logs_oldest_first(tmp_path):
     assert log_files(single) == [single]
     assert [p.name for p in log_files([tmp_path])] == [
         "other.jsonl.gz", "requests.jsonl.2", "requests.jsonl.1", "requests.jsonl"]
+    # A fleet's log folder: one subfolder per replica, read after the folder's own logs.
+    for replica in ("r2", "r1"):
+        (tmp_path / replica).mkdir()
+        (tmp_path / replica / "requests-lm_0_0.jsonl").write_text("")
+    assert [str(p.relative_to(tmp_path)) for p in log_files(tmp_path)][-2:] == [
+        "r1/requests-lm_0_0.jsonl", "r2/requests-lm_0_0.jsonl"]
 
 
 def test_a_keyed_prompt_digest_differs_per_key_and_from_the_plain_one():

@@ -57,6 +57,9 @@ def test_a_replica_is_the_sidecar_command_with_its_own_name_and_the_shared_folde
     cold = Replica("r8", settings, tmp_path, tmp_path / "control", None, warm_gate=False)
     cold_args = _parser().parse_args(cold.process.argv[3:])
     assert cold_args.snapshot_dir is None and cold_args.coverage_threshold == 0
+    assert args.fleet_log_dir is None
+    logged = Replica("r9", settings, tmp_path, tmp_path / "control", None, request_log_dir=tmp_path / "requests")
+    assert _parser().parse_args(logged.process.argv[3:]).fleet_log_dir == tmp_path / "requests"
 
 
 def test_a_process_is_known_by_its_pid_and_start_time(tmp_path):

@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from tests.unit.planning.test_plan_stanzas import REPO
+from warmup_tools.adapters.canary import CanaryError
 from warmup_tools.adapters.plan_control import LivePlan
 from warmup_tools.adapters.plan_history import PlanHistory
 from warmup_tools.common.jsonl import write_json_lines
@@ -142,3 +143,26 @@ def test_a_re_plan_over_logs_with_no_usable_record_keeps_the_served_plan(replann
     assert status["error"] == (f"PlanError: no request record of the last 6 h in the logs under {logs} (2 bad "
                                "lines skipped): nothing to plan from; the plan served now stays")
     assert served_state(repo, control) == before and served_plan(control).items == served.items
+
+
+def test_in_a_fleet_one_replica_re_plans_from_every_replica_s_logs_and_a_trial_started_meanwhile_wins(tmp_path, env):
+    repo, control, logs = tmp_path / "repo", tmp_path / "control", tmp_path / "requests"
+    shutil.copytree(REPO, repo)
+    (logs / "r1").mkdir(parents=True)
+    write_json_lines(logs / "r1" / "requests-lm_0_0.jsonl", records(OLD, NOW - 100, 20))
+    clock = [NOW]
+    elsewhere = RollingPlanner(repo, control, logs, environ=env, now=lambda: clock[0], defer=lambda: "r1")
+    deferred = elsewhere.run_once()
+    assert deferred.trial == "replica r1" and not deferred.applied and served_plan(control) is None
+    first = RollingPlanner(repo, control, logs, environ=env, now=lambda: clock[0]).run_once()
+    assert first.applied and first.records == 20  # the replica's subfolder of the fleet's log folder
+
+    def taken(plan):
+        raise CanaryError("plan x is on trial already")
+
+    (logs / "r2").mkdir()
+    write_json_lines(logs / "r2" / "requests-lm_0_0.jsonl", records(NEW, NOW - 50, 20))
+    racing = RollingPlanner(repo, control, logs, environ=env, now=lambda: clock[0], propose=taken)
+    result = racing.run_once()
+    assert result.trial == "waiting" and not result.applied and result.records == 40
+    assert served_plan(control).plan_id == first.plan_id

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from tests.unit.adapters.test_plan_history import BY, plan_of
-from warmup_tools.adapters.canary import start_canary
+from warmup_tools.adapters.canary import CanaryError, end_canary, start_canary
 from warmup_tools.adapters.plan_control import AdapterCoverage, PlanStatus, PlanStatusBoard, read_canary
 from warmup_tools.adapters.plan_history import PlanHistory, plan_digest, write_live_plan
 from warmup_tools.common.jsonl import RotatingJsonLines
@@ -16,10 +16,13 @@ from warmup_tools.common.records import RequestRecord
 from warmup_tools.sidecar.canary import (
     MIN_P99_REQUESTS,
     CanaryController,
+    Moments,
     RequestLogTail,
     WindowStats,
     fisher_greater,
     judge,
+    judge_replica,
+    rise_greater,
     uncached_greater,
 )
 from warmup_tools.sidecar.config import SidecarConfig
@@ -260,3 +263,180 @@ def test_a_trial_started_elsewhere_or_a_broken_canary_file_is_left_alone(tmp_pat
     (replica.control / "canary.json").write_text("{")
     verdict = controller.tick()
     assert verdict.action == "wait" and "canary.json" in controller.status()["error"]
+
+
+# ------------------------------------------------------------------------------- a trial on a whole replica
+def test_a_replica_the_router_gives_colder_tenants_is_judged_on_its_change_not_its_level():
+    # Before and during the trial, r1's tenants are colder than r2's by 40 points: the plan changed nothing.
+    before = (side(40, 20), side(40, 4))
+    assert judge(side(40, 20), side(40, 4), 600, SETTINGS).action == "rollback"  # what a direct comparison says
+    verdict = judge_replica(side(40, 20), side(40, 4), before, 600, SETTINGS)
+    assert verdict.action == "promote" and "cold share 50.0% -> 50.0%" in verdict.reason
+    # The same replica 35 points colder than its own baseline while the others did not move: rolled back early.
+    worse = judge_replica(side(40, 34), side(40, 4), before, 30, SETTINGS)
+    assert worse.action == "rollback" and "cold share 50.0% -> 85.0% on 40 requests of the canary" in worse.reason
+    # Every side colder by the same amount (the traffic changed, not the plan): no worse.
+    assert judge_replica(side(40, 34), side(40, 18), before, 600, SETTINGS).action == "promote"
+
+
+def test_the_difference_of_differences_test_is_one_sided_and_needs_every_side():
+    flat, up = Moments.share(10, 100), Moments.share(40, 100)
+    assert rise_greater(up, flat, flat, flat) < 1e-4
+    assert rise_greater(flat, up, flat, flat) > 0.99
+    assert rise_greater(up, flat, flat, Moments.share(0, 0)) == 1.0
+
+
+class FleetLogs:
+    """A fleet's control folder and shared request log folder as replicas r1, r2 (and more) write them, two
+    lora_adapter instances each."""
+
+    def __init__(self, root, replicas=("r1", "r2")):
+        self.control, self.logs = root / "control", root / "requests"
+        self.board = PlanStatusBoard(self.control)
+        self.writers = {}
+        self.now = 500.0
+        for replica in replicas:
+            for instance in ("lm_0_0", "lm_0_1"):
+                self.writers[replica, instance] = RotatingJsonLines(self.logs / replica / f"requests-{instance}.jsonl")
+
+    def report(self, replica, plan_id, state="applied"):
+        for instance in ("lm_0_0", "lm_0_1"):
+            self.board.report(PlanStatus(instance, plan_id, "control", state, {"base": AdapterCoverage(2, 2)},
+                                         reported_at=self.now, host=replica))
+
+    def serve(self, replica, *, cold, n):
+        """``n`` requests of which ``cold`` cold, spread over the replica's two instances."""
+        half = n // 2
+        self.writers[replica, "lm_0_0"].write(records("acme", ts=self.now, cold=min(cold, half), n=half))
+        self.writers[replica, "lm_0_1"].write(records("acme", ts=self.now, cold=max(0, cold - half), n=n - half))
+
+    def controller(self, host, **settings):
+        promoted = []
+        controller = CanaryController(self.control, self.logs / host, dataclasses.replace(SETTINGS, **settings),
+                                      host=host, clock=lambda: self.now, on_promote=promoted.append,
+                                      fleet_log_dir=self.logs)
+        return controller, promoted
+
+
+def fleet_trial(tmp_path, *, canary_before, rest_before, replicas=("r1", "r2")):
+    """r1 and r2 serve plan ``good`` with the cold requests given (of 20 each) before the trial; r1 proposes
+    ``new``, which goes on trial on all of r1, applied 500 s after that baseline."""
+    fleet = FleetLogs(tmp_path, replicas)
+    good, new = plan_of(0), plan_of(0, 100)
+    write_live_plan(fleet.control, good, by=BY)
+    fleet.serve("r1", cold=canary_before, n=20)
+    fleet.serve("r2", cold=rest_before, n=20)
+    fleet.now = 1000.0
+    for replica in ("r1", "r2"):
+        fleet.report(replica, good.plan_id)
+    controller, promoted = fleet.controller("r1")
+    canary = controller.propose(new, "test")
+    assert canary.host == "r1" and canary.instances == ()
+    fleet.report("r1", new.plan_id)
+    assert controller.tick().action == "wait"
+    return fleet, controller, good, new, promoted
+
+
+def test_the_proposal_goes_to_a_whole_replica_when_two_report_and_only_the_first_replica_proposes(tmp_path):
+    fleet = FleetLogs(tmp_path, ("r1", "r2"))
+    fleet.now = 1000.0
+    fleet.report("r2", "p")
+    first, _ = fleet.controller("r1")
+    second, _ = fleet.controller("r2")
+    # r1 not reporting yet: r2 re-plans, on one of its instances (it is the only replica it sees).
+    assert second.proposer() == "r2" and second.replicas() == ["r2"]
+    new = plan_of(0, 100)
+    assert second.propose(new, "test").instances == ("lm_0_1",)
+    end_canary(fleet.control, read_canary(fleet.control), promote=False, by=BY)
+    fleet.report("r1", "p")
+    assert first.proposer() == second.proposer() == "r1"
+    assert first.propose(new, "test").instances == ()
+    # A second proposal meanwhile (a sidecar that has not seen r1 yet, or `plan canary`) fails cleanly.
+    with pytest.raises(CanaryError, match="on trial already"):
+        second.propose(plan_of(0, 200), "test")
+    # Replicas that stopped reporting are not counted: r1 alone again proposes on an instance.
+    fleet.now += 60
+    fleet.report("r1", "p")
+    end_canary(fleet.control, read_canary(fleet.control), promote=False, by=BY)
+    assert first.replicas() == ["r1"] and first.propose(new, "test").instances == ("lm_0_1",)
+
+
+def test_a_whole_replica_no_worse_than_its_baseline_is_promoted_though_colder_than_the_others(tmp_path):
+    fleet, controller, good, new, promoted = fleet_trial(tmp_path, canary_before=10, rest_before=2)
+    fleet.now += 1
+    fleet.serve("r1", cold=10, n=20)
+    fleet.serve("r2", cold=2, n=20)
+    fleet.now += 300
+    assert controller.tick().action == "wait"
+    status = controller.status()["trial"]
+    assert status["replicas"] == ["r2"] and status["before"]["canary"]["cold_share"] == 0.5
+    assert status["canary"]["requests"] == 20 and status["rest"]["requests"] == 20
+    fleet.now += 300
+    verdict = controller.tick()
+    assert verdict.action == "promote", verdict.reason
+    assert PlanHistory(fleet.control).current().id == plan_digest(new) and read_canary(fleet.control) is None
+    assert [p.plan_id for p in promoted] == [new.plan_id]
+    assert controller.status()["verdicts"][0]["before"]["rest"]["cold_share"] == 0.1
+
+
+def test_a_whole_replica_colder_than_its_baseline_is_rolled_back_at_once(tmp_path):
+    fleet, controller, good, bad, _ = fleet_trial(tmp_path, canary_before=2, rest_before=2)
+    fleet.now += 1
+    fleet.serve("r1", cold=18, n=20)
+    fleet.serve("r2", cold=2, n=20)
+    fleet.now += 30
+    verdict = controller.tick()
+    assert verdict.action == "rollback" and "cold share 10.0% -> 90.0%" in verdict.reason
+    assert read_canary(fleet.control) is None and PlanHistory(fleet.control).current().id == plan_digest(good)
+    assert controller.status()["counts"] == {"promoted": 0, "rolled_back": 1}
+
+
+def test_a_replica_that_left_is_not_read_for_a_new_trial(tmp_path):
+    # r3 served (cold) before the trial, then left: it no longer reports, and its logs stay in the folder.
+    fleet = FleetLogs(tmp_path, ("r1", "r2", "r3"))
+    fleet.serve("r3", cold=20, n=20)
+    fleet.report("r3", "old")
+    fleet, controller, good, new, _ = fleet_trial(tmp_path, canary_before=2, rest_before=2,
+                                                  replicas=("r1", "r2", "r3"))
+    fleet.now += 1
+    fleet.serve("r1", cold=2, n=20)
+    fleet.serve("r2", cold=2, n=20)
+    fleet.serve("r3", cold=20, n=20)  # were it read, the others would look colder and the canary better
+    fleet.now += 600
+    assert controller.tick().action == "promote"
+    verdict = controller.status()["verdicts"][0]
+    assert verdict["replicas"] == ["r2"] and verdict["rest"]["requests"] == 20
+    assert verdict["before"]["rest"]["requests"] == 20
+
+
+def test_a_whole_replica_without_a_baseline_or_another_replica_is_rolled_back_saying_why(tmp_path):
+    fleet = FleetLogs(tmp_path)
+    fleet.serve("r1", cold=0, n=4)  # 4 requests a side before the trial, of canary_min_requests 10
+    fleet.serve("r2", cold=0, n=4)
+    fleet.now = 1000.0
+    write_live_plan(fleet.control, plan_of(0), by=BY)
+    for replica in ("r1", "r2"):
+        fleet.report(replica, plan_of(0).plan_id)
+    controller, _ = fleet.controller("r1")
+    new = plan_of(0, 100)
+    controller.propose(new, "test")
+    fleet.report("r1", new.plan_id)
+    verdict = controller.tick()
+    assert verdict.action == "rollback" and "no baseline" in verdict.reason and "4 requests on r1" in verdict.reason
+    assert read_canary(fleet.control) is None
+    # `plan canary --replica r1` on a sidecar with no fleet log folder: nothing to compare with.
+    start_canary(fleet.control, new, host="r1", by=BY, now=fleet.now)
+    alone = CanaryController(fleet.control, fleet.logs / "r1", SETTINGS, host="r1", clock=lambda: fleet.now)
+    verdict = alone.tick()
+    assert verdict.action == "rollback" and "fleet_log_dir" in verdict.reason
+
+
+def test_a_fleet_replica_s_own_logs_are_its_folder_of_the_fleet_log_folder(tmp_path):
+    from warmup_tools.common.errors import ConfigError
+    from warmup_tools.sidecar.app import replica_log_dir
+
+    assert replica_log_dir(SidecarConfig(replan_log_dir=tmp_path), "r1") == tmp_path
+    fleet = SidecarConfig(fleet_log_dir=tmp_path)
+    assert replica_log_dir(fleet, "r1") == tmp_path / "r1"
+    with pytest.raises(ConfigError, match="not this replica's folder"):
+        replica_log_dir(dataclasses.replace(fleet, replan_log_dir=tmp_path / "r2"), "r1")

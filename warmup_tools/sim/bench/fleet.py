@@ -12,10 +12,10 @@ One run, every replica with the day-1 plan's stanzas and one LM thread (docs/ben
    list (its least-loaded replica, on a tie), which makes the split a matter of which replica that is.
 2. **Scale-out** at +``scale_out_min`` simulated minutes of the same replay on 2 replicas (``policy``): (a) a
    third replica without the snapshot folder whose /health says 200 as soon as tritonserver is READY
-   (shipped stanzas only), (b) one restored from the fleet's snapshot folder and joined once warm. Figure:
-   TTFT p99 of the requests the new replica serves in its first ``window_min`` simulated minutes over the
-   fleet's p99 before the event (requests are attributed exactly: the replay is sequential and the new
-   replica's request counter is read around each one).
+   (shipped stanzas only), (b) one restored from the fleet's snapshot folder and joined once warm; the replay
+   by ``users`` clients throughout. Figure: TTFT p99 of the requests the new replica serves in its first
+   ``window_min`` simulated minutes over the fleet's p99 before the event, both from the replicas' request
+   logs (``lora_adapter``'s TTFT, from the request's arrival there).
 3. **Scale-in.** ``streams`` concurrent streamed requests, one replica stopped with SIGTERM while they run:
    failed requests (goal 0) and whether its snapshot was written.
 """
@@ -38,7 +38,7 @@ from typing import Callable, Sequence, TextIO
 
 import httpx
 
-from warmup_tools.common.records import RequestRecord
+from warmup_tools.common.records import RequestRecord, log_files, read_request_log
 from warmup_tools.fleet.fleet import Fleet
 from warmup_tools.fleet.replica import Replica
 from warmup_tools.fleet.settings import FleetSettings
@@ -171,7 +171,7 @@ def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours:
                   f"replica; median of the paired differences {overhead[2]:+.1f} ms\n")
         out.flush()
         scale_rows = [scale_out(settings(2, policy, f"scale-out-{variant}"), records, repos.day2_start,
-                                scale_out_min, window_min, restore=variant == "b", out=out)
+                                scale_out_min, window_min, restore=variant == "b", out=out, users=users)
                       for variant in ("a", "b")]
         out.write("\n" + scale_table(scale_rows) + "\n")
         out.flush()
@@ -219,29 +219,33 @@ class ScaleOut:
 
 
 def scale_out(settings: FleetSettings, records: Sequence[RequestRecord], day2_start: float, at_min: float,
-              window_min: float, *, restore: bool, out: TextIO) -> ScaleOut:
+              window_min: float, *, restore: bool, out: TextIO, users: int = 1) -> ScaleOut:
     """Replay on 2 replicas; at ``at_min`` add a third (``restore``: from the snapshot folder, joined when warm;
-    else without snapshots, joined at READY) and attribute each request of its first ``window_min`` to it or not."""
+    else without snapshots, joined at READY) and replay its first ``window_min``, both by ``users`` clients.
+
+    The figures come from the replicas' own request logs (``lora_adapter``'s TTFT from the request's arrival,
+    its cached tokens), read once the fleet has stopped: the new replica's log holds exactly the requests it
+    served, and every replica's records before the join give the fleet's p99 before the event."""
     at, end = day2_start + at_min * 60, day2_start + (at_min + window_min) * 60
     before = [r for r in records if r.ts < at]
     window = [r for r in records if at <= r.ts < end]
     variant = "(b) snapshot, joined warm" if restore else "(a) stanzas only, joined at READY"
     with Fleet(settings) as fleet:
-        answers = replay(fleet.router.url, before)
+        replay(fleet.router.url, before, users)
         started = time.perf_counter()
+        joined_at = time.time()
         new = fleet.launch(restore=restore, warm_gate=restore)
         fleet.join(new)
         join_s = time.perf_counter() - started
-        mine = []
-        with httpx.Client(timeout=600) as client:
-            for record in window:
-                count = new.requests_taken()
-                answer = send(client, fleet.router.url, record)
-                if new.requests_taken() > count:
-                    mine.append(answer)
+        replay(fleet.router.url, window, users)
+        logs = fleet.request_log_dir
+    # NOTE: read after the fleet stopped: each replica's request log writer has flushed and closed.
+    served_before = [r.ttft_ms for r in read_request_log(log_files(logs))
+                     if r.ts < joined_at and r.ttft_ms is not None]
+    mine = [Answer(r.ts, r.ttft_ms or 0.0, r.cached_tokens or 0, r.prompt_tokens or 0)
+            for r in read_request_log(log_files(logs / new.name))]
     stats = figures(variant, mine)
-    result = ScaleOut(variant, p99([a.ttft_ms for a in answers if not a.error]), len(mine), stats.ttft_p99_ms,
-                      stats.cold_share, join_s)
+    result = ScaleOut(variant, p99(served_before), len(mine), stats.ttft_p99_ms, stats.cold_share, join_s)
     out.write(f"  scale-out {variant}: joined after {join_s:.0f} s; {len(mine)} of {len(window)} window requests "
               f"went to it\n")
     out.flush()

@@ -80,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     fleet.add_argument("--host")
     fleet.add_argument("--port", type=int, help="port of the router's OpenAI API (default 30000; 0: any free)")
     fleet.add_argument("--prometheus-port", type=int, help="port of the router's metrics (default: any free)")
-    for name in ("work-dir", "control-dir", "snapshot-dir", "request-log-dir", "model-repository", "assets-dir"):
+    for name in ("work-dir", "control-dir", "snapshot-dir", "request-log-dir", "sidecar-config", "model-repository",
+                 "assets-dir"):
         fleet.add_argument(f"--{name}", type=Path)
     fleet.add_argument("--lm-threads", type=int, help="torch threads of each replica's LM (default 1)")
     fleet.set_defaults(func=_cmd_fleet)
@@ -716,7 +717,7 @@ def fleet_settings(args: argparse.Namespace) -> "FleetSettings":
 
     flags = {name: getattr(args, name) for name in ("replicas", "policy", "host", "port", "prometheus_port",
                                                     "work_dir", "control_dir", "snapshot_dir", "request_log_dir",
-                                                    "model_repository", "assets_dir", "lm_threads")}
+                                                    "sidecar_config", "model_repository", "assets_dir", "lm_threads")}
     return load_config(FleetSettings, args.fleet_config, flags, env=_fleet_env())
 
 

@@ -633,7 +633,7 @@ class CanaryController:
                 if self._before is not None:
                     trial["replicas"] = list(self._others)
                     trial["before"] = {"canary": self._before[0].summary(), "rest": self._before[1].summary()}
-            return {"window_s": self.settings.canary_window_s, "trial": trial,
+            return {"window_s": self.settings.canary_window_s, "judging": self._thread is not None, "trial": trial,
                     "last": dataclasses.asdict(self._last), "verdicts": list(self._verdicts),
                     "counts": dict(self._counts), "error": self._error}
 

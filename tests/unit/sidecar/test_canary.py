@@ -440,3 +440,20 @@ def test_a_fleet_replica_s_own_logs_are_its_folder_of_the_fleet_log_folder(tmp_p
     assert replica_log_dir(fleet, "r1") == tmp_path / "r1"
     with pytest.raises(ConfigError, match="not this replica's folder"):
         replica_log_dir(dataclasses.replace(fleet, replan_log_dir=tmp_path / "r2"), "r1")
+
+
+def test_a_replica_s_canary_is_built_from_its_sidecar_settings_and_judges_only_once_started(tmp_path):
+    from warmup_tools.common.errors import ConfigError
+    from warmup_tools.sidecar.app import replica_canary
+
+    config = SidecarConfig(fleet_log_dir=tmp_path / "requests", coverage_stale_s=12.0)
+    canary = replica_canary(config, tmp_path / "control", "r2")
+    assert (canary.host, canary.fleet_log_dir, canary.stale_s) == ("r2", tmp_path / "requests", 12.0)
+    assert canary.status()["judging"] is False  # a sidecar with canary_judge false never starts it
+    canary.start(60.0)
+    try:
+        assert canary.status()["judging"] is True
+    finally:
+        canary.stop()
+    with pytest.raises(ConfigError, match="request logs"):
+        replica_canary(SidecarConfig(), tmp_path / "control", "r1")

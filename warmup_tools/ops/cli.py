@@ -269,6 +269,9 @@ def _parser() -> argparse.ArgumentParser:
     rollout.add_argument("--kv-cache-ratio", type=float, default=1.25,
                          help="each instance's KV cache, in multiples of the day-1 plan's KV bytes")
     rollout.add_argument("--kv-cache-bytes", type=int, help="each instance's KV cache in bytes (overrides the ratio)")
+    rollout.add_argument("--fleet", action="store_true",
+                         help="two replicas behind the smg router, the plans on trial on a whole replica, judged "
+                              "against the other one; each replica's cold share")
 
     load = which.add_parser("load", parents=[assets],
                             help="Locust users replay day 2's first hour concurrently, with and without the plan")

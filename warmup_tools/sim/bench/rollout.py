@@ -208,7 +208,7 @@ def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours:
             controller = stage.controller
             planner = RollingPlanner(repo, control, plan_logs, environ={**os.environ, **env}, write_stanzas=False,
                                      propose=lambda plan: controller.propose(plan, "bench rollout re-plan") is not None)
-            out.write(f"canary: on {stage.unit} {controller.host if fleet else CANARY}; window {window_min:g} "
+            out.write(f"canary: on {stage.unit} {next(iter(stage.logs))}; window {window_min:g} "
                       f"simulated min ({settings.canary_window_s:.1f} s at x{speedup:g}), "
                       f"{settings.canary_min_requests} requests a side, cold margin {settings.canary_cold_margin:.0%} "
                       f"(alpha {settings.canary_alpha:g}), cached margin {settings.canary_cached_margin:.0%}\n")
@@ -223,10 +223,13 @@ def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours:
 @contextlib.contextmanager
 def _server_stage(work: Path, repo: Path, assets_dir: Path, env: dict[str, str], settings: SidecarConfig,
                   clock: ReplayClock) -> Iterator[Stage]:
-    """One server whose ``lora_adapter`` has two instances; the canary is :data:`CANARY`."""
+    """One server whose ``lora_adapter`` has two instances, both with the served plan applied; the canary is
+    :data:`CANARY`."""
     control, logs = Path(env["WARMUP_CONTROL_DIR"]), Path(env["WARMUP_REQUEST_LOG_DIR"])
     with TritonServer(repo, env=env) as server:
         server.wait_ready(timeout=1800)
+        # NOTE: before the client: a gRPC stream left idle while the instances warm is closed by the server.
+        wait_applied(control, planner_plan_id(control), instances=2, timeout_s=900)
         with StreamingClient(server.grpc_url) as client:
             def send(record: RequestRecord) -> str:
                 client.generate(record.prompt, GenerateParams(max_tokens=1, adapter_id=record.adapter or None,
@@ -242,8 +245,9 @@ def _server_stage(work: Path, repo: Path, assets_dir: Path, env: dict[str, str],
 @contextlib.contextmanager
 def _fleet_stage(work: Path, repo: Path, assets_dir: Path, env: dict[str, str], settings: SidecarConfig,
                  clock: ReplayClock) -> Iterator[Stage]:
-    """Two replicas behind the router, sharing the control and request log folders; the canary is the whole
-    replica :data:`CANARY_REPLICA`, judged by the controller its sidecar would build, and by it alone."""
+    """Two replicas behind the router, sharing the control and request log folders, both with the served plan
+    applied; the canary is the whole replica :data:`CANARY_REPLICA`, judged by the controller its sidecar would
+    build, and by it alone."""
     import logging
 
     import httpx
@@ -271,6 +275,7 @@ def _fleet_stage(work: Path, repo: Path, assets_dir: Path, env: dict[str, str], 
                 if canary.get("judging") is not False:
                     raise ServerError(f"replica {name}'s sidecar judges trials itself (canary: {canary}): its "
                                       f"settings ({sidecar}) did not reach it")
+            wait_applied(control, planner_plan_id(control), instances=2, timeout_s=900)
             controller = replica_canary(dataclasses.replace(settings, fleet_log_dir=logs), control, CANARY_REPLICA,
                                         clock)
             yield Stage(lambda record: send(client, fleet.router.url, record).error, controller,
@@ -294,7 +299,6 @@ def _replay(records: Sequence[RequestRecord], day2_start: float, stage: Stage, c
     replayed = Replayed()
     trials, controller = replayed.trials, stage.controller
     replanned = False
-    wait_applied(control, planner_plan_id(control), instances=2, timeout_s=900)
     started = time.monotonic()
     for index, record in enumerate(records):
         minute = (record.ts - day2_start) / 60

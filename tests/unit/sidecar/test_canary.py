@@ -279,6 +279,20 @@ def test_a_replica_the_router_gives_colder_tenants_is_judged_on_its_change_not_i
     assert judge_replica(side(40, 34), side(40, 18), before, 600, SETTINGS).action == "promote"
 
 
+def test_a_replica_is_not_rolled_back_at_the_end_of_its_window_by_the_others_recovering_from_a_cold_baseline():
+    # r1 served as before (10% -> 15% cold of 20 requests: chance); r2's baseline was an unlucky 30% cold window
+    # that came back to 10%. The difference of differences exceeds the cached-token margin (20 points against 10)
+    # on the others' swing alone, and no test comes near its level (p about 0.06): the plan is no worse.
+    before = (side(20, 2), side(20, 6))
+    canary, rest = side(20, 3), side(20, 2)
+    assert rise_greater(*(Moments.of(s.uncached) for s in (canary, before[0], rest, before[1]))) > 0.05
+    verdict = judge_replica(canary, rest, before, 600, SETTINGS)
+    assert verdict.action == "promote", verdict.reason
+    # The canary itself 20 points worse than its baseline, the others steady: rolled back, early, by the test.
+    worse = judge_replica(side(20, 12), side(20, 6), before, 30, SETTINGS)
+    assert worse.action == "rollback" and "prompt tokens from cache" in worse.reason
+
+
 def test_the_difference_of_differences_test_is_one_sided_and_needs_every_side():
     flat, up = Moments.share(10, 100), Moments.share(40, 100)
     assert rise_greater(up, flat, flat, flat) < 1e-4

@@ -50,6 +50,8 @@ class Replica:
             argv += ["--fleet-log-dir", str(request_log_dir)]
         if not warm_gate:
             argv += ["--coverage-threshold", "0"]
+        if settings.sidecar_config is not None:
+            argv += ["--sidecar-config", str(settings.sidecar_config)]
         if settings.model_repository is not None:
             argv += ["--model-repository", str(settings.model_repository)]
         if settings.assets_dir is not None:

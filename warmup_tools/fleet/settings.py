@@ -40,6 +40,10 @@ class FleetSettings:
                                                  "and the re-plan read them all, and a plan on trial on one replica "
                                                  "is judged against the others' (the sidecar's fleet_log_dir); "
                                                  "empty: <work_dir>/requests.")
+    sidecar_config: Path | None = setting(None, "JSON file of sidecar settings (SidecarConfig fields) every "
+                                                "replica's sidecar reads (its --sidecar-config); the folders and "
+                                                "ports the fleet gives each replica override it; empty: the "
+                                                "sidecar's defaults.")
     model_repository: Path | None = setting(None, "The model repository every replica serves; empty: the "
                                                   "package's model_repository/.")
     assets_dir: Path | None = setting(None, "The LM, embedder and adapters (WARMUP_ASSETS_DIR); empty: .assets/.")

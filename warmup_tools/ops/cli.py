@@ -80,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     fleet.add_argument("--host")
     fleet.add_argument("--port", type=int, help="port of the router's OpenAI API (default 30000; 0: any free)")
     fleet.add_argument("--prometheus-port", type=int, help="port of the router's metrics (default: any free)")
-    for name in ("work-dir", "control-dir", "snapshot-dir", "request-log-dir", "model-repository", "assets-dir"):
+    for name in ("work-dir", "control-dir", "snapshot-dir", "request-log-dir", "sidecar-config", "model-repository",
+                 "assets-dir"):
         fleet.add_argument(f"--{name}", type=Path)
     fleet.add_argument("--lm-threads", type=int, help="torch threads of each replica's LM (default 1)")
     fleet.set_defaults(func=_cmd_fleet)
@@ -268,6 +269,9 @@ def _parser() -> argparse.ArgumentParser:
     rollout.add_argument("--kv-cache-ratio", type=float, default=1.25,
                          help="each instance's KV cache, in multiples of the day-1 plan's KV bytes")
     rollout.add_argument("--kv-cache-bytes", type=int, help="each instance's KV cache in bytes (overrides the ratio)")
+    rollout.add_argument("--fleet", action="store_true",
+                         help="two replicas behind the smg router, the plans on trial on a whole replica, judged "
+                              "against the other one; each replica's cold share")
 
     load = which.add_parser("load", parents=[assets],
                             help="Locust users replay day 2's first hour concurrently, with and without the plan")
@@ -716,7 +720,7 @@ def fleet_settings(args: argparse.Namespace) -> "FleetSettings":
 
     flags = {name: getattr(args, name) for name in ("replicas", "policy", "host", "port", "prometheus_port",
                                                     "work_dir", "control_dir", "snapshot_dir", "request_log_dir",
-                                                    "model_repository", "assets_dir", "lm_threads")}
+                                                    "sidecar_config", "model_repository", "assets_dir", "lm_threads")}
     return load_config(FleetSettings, args.fleet_config, flags, env=_fleet_env())
 
 

@@ -70,13 +70,8 @@ class Sidecar:
         host = replica_name or socket.gethostname()
         log_dir = replica_log_dir(config, host)
         if control_dir is not None and log_dir is not None:
-            from warmup_tools.adapters.plan_history import PlanHistorySettings
-            from warmup_tools.server.config import load_config
-
-            history = load_config(PlanHistorySettings)
             # NOTE: a plan on trial is judged whoever started it (the re-plan below, or `plan canary`).
-            self.canary = CanaryController(Path(control_dir), log_dir, config, host=host, history=history,
-                                           stale_s=config.coverage_stale_s, fleet_log_dir=config.fleet_log_dir)
+            self.canary = replica_canary(config, Path(control_dir), host)
             self.monitor.sections["canary"] = self.canary.status
         if config.replan_interval_s > 0:
             if control_dir is None or model_repository is None or self.canary is None or log_dir is None:
@@ -86,7 +81,7 @@ class Sidecar:
             canary = self.canary
             # NOTE: a fleet serves one plan.json: it is planned from every replica's logs, by one sidecar.
             planner = RollingPlanner(model_repository, control_dir, config.fleet_log_dir or log_dir,
-                                     since_s=config.replan_since_h * 3600, history=history,
+                                     since_s=config.replan_since_h * 3600, history=canary.history,
                                      propose=lambda plan: canary.propose(plan, "sidecar re-plan") is not None,
                                      defer=lambda: "" if canary.proposer() == host else canary.proposer())
             canary.on_promote = planner.write_stanzas_of
@@ -104,7 +99,7 @@ class Sidecar:
         self.monitor.start()
         if self.replanner is not None:
             self.replanner.start()
-        if self.canary is not None:
+        if self.canary is not None and self.config.canary_judge:
             self.canary.start(self.config.probe_interval_s)
 
     def unload_for_exit(self, model: str = "lora_adapter", timeout_s: float = 60.0) -> bool:
@@ -149,6 +144,20 @@ class Sidecar:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+def replica_canary(config: SidecarConfig, control_dir: Path, host: str,
+                   clock: Callable[[], float] = time.time) -> CanaryController:
+    """The canary controller of replica ``host``'s sidecar: its request logs (:func:`replica_log_dir`, which must
+    be set), the fleet's when in one, the plan history's settings (``WARMUP_PLAN_HISTORY_KEEP``)."""
+    from warmup_tools.adapters.plan_history import PlanHistorySettings
+    from warmup_tools.server.config import load_config
+
+    log_dir = replica_log_dir(config, host)
+    if log_dir is None:
+        raise ConfigError("the canary reads the request logs: set replan_log_dir or fleet_log_dir")
+    return CanaryController(Path(control_dir), log_dir, config, host=host, history=load_config(PlanHistorySettings),
+                            stale_s=config.coverage_stale_s, clock=clock, fleet_log_dir=config.fleet_log_dir)
 
 
 def replica_log_dir(config: SidecarConfig, replica: str) -> Path | None:

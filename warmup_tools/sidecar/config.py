@@ -94,6 +94,10 @@ class SidecarConfig:
                                         "Mann-Whitney U on each request's uncached share) puts the difference "
                                         "below this level (strict: the tests are repeated as requests come).",
                                   gt=0, le=1)
+    canary_judge: bool = setting(True, "Canary: this sidecar judges a plan on trial on its replica (promotes or "
+                                       "rolls it back); false: it never ends a trial, something else judges it "
+                                       "(`bench rollout --fleet` drives the verdict itself, on the replay's "
+                                       "clock).")
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -57,9 +57,21 @@ def test_a_replica_is_the_sidecar_command_with_its_own_name_and_the_shared_folde
     cold = Replica("r8", settings, tmp_path, tmp_path / "control", None, warm_gate=False)
     cold_args = _parser().parse_args(cold.process.argv[3:])
     assert cold_args.snapshot_dir is None and cold_args.coverage_threshold == 0
-    assert args.fleet_log_dir is None
+    assert args.fleet_log_dir is None and args.sidecar_config is None
     logged = Replica("r9", settings, tmp_path, tmp_path / "control", None, request_log_dir=tmp_path / "requests")
     assert _parser().parse_args(logged.process.argv[3:]).fleet_log_dir == tmp_path / "requests"
+
+
+def test_the_fleet_s_sidecar_settings_reach_every_replica_s_sidecar(tmp_path):
+    from warmup_tools.ops.cli import sidecar_config
+
+    settings_file = tmp_path / "sidecar.json"
+    settings_file.write_text('{"canary_judge": false, "probe_interval_s": 1.5}')
+    replica = Replica("r1", FleetSettings(sidecar_config=settings_file), tmp_path, tmp_path / "control", None,
+                      request_log_dir=tmp_path / "requests")
+    config = sidecar_config(_parser().parse_args(replica.process.argv[3:]))
+    assert (config.canary_judge, config.probe_interval_s) == (False, 1.5)
+    assert config.fleet_log_dir == tmp_path / "requests"  # the fleet's folders are its own flags
 
 
 def test_a_process_is_known_by_its_pid_and_start_time(tmp_path):

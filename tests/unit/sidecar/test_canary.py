@@ -279,6 +279,20 @@ def test_a_replica_the_router_gives_colder_tenants_is_judged_on_its_change_not_i
     assert judge_replica(side(40, 34), side(40, 18), before, 600, SETTINGS).action == "promote"
 
 
+def test_a_replica_is_not_rolled_back_at_the_end_of_its_window_by_the_others_recovering_from_a_cold_baseline():
+    # r1 served as before (10% -> 15% cold of 20 requests: chance); r2's baseline was an unlucky 30% cold window
+    # that came back to 10%. The difference of differences exceeds the cached-token margin (20 points against 10)
+    # on the others' swing alone, and no test comes near its level (p about 0.06): the plan is no worse.
+    before = (side(20, 2), side(20, 6))
+    canary, rest = side(20, 3), side(20, 2)
+    assert rise_greater(*(Moments.of(s.uncached) for s in (canary, before[0], rest, before[1]))) > 0.05
+    verdict = judge_replica(canary, rest, before, 600, SETTINGS)
+    assert verdict.action == "promote", verdict.reason
+    # The canary itself 20 points worse than its baseline, the others steady: rolled back, early, by the test.
+    worse = judge_replica(side(20, 12), side(20, 6), before, 30, SETTINGS)
+    assert worse.action == "rollback" and "prompt tokens from cache" in worse.reason
+
+
 def test_the_difference_of_differences_test_is_one_sided_and_needs_every_side():
     flat, up = Moments.share(10, 100), Moments.share(40, 100)
     assert rise_greater(up, flat, flat, flat) < 1e-4
@@ -440,3 +454,20 @@ def test_a_fleet_replica_s_own_logs_are_its_folder_of_the_fleet_log_folder(tmp_p
     assert replica_log_dir(fleet, "r1") == tmp_path / "r1"
     with pytest.raises(ConfigError, match="not this replica's folder"):
         replica_log_dir(dataclasses.replace(fleet, replan_log_dir=tmp_path / "r2"), "r1")
+
+
+def test_a_replica_s_canary_is_built_from_its_sidecar_settings_and_judges_only_once_started(tmp_path):
+    from warmup_tools.common.errors import ConfigError
+    from warmup_tools.sidecar.app import replica_canary
+
+    config = SidecarConfig(fleet_log_dir=tmp_path / "requests", coverage_stale_s=12.0)
+    canary = replica_canary(config, tmp_path / "control", "r2")
+    assert (canary.host, canary.fleet_log_dir, canary.stale_s) == ("r2", tmp_path / "requests", 12.0)
+    assert canary.status()["judging"] is False  # a sidecar with canary_judge false never starts it
+    canary.start(60.0)
+    try:
+        assert canary.status()["judging"] is True
+    finally:
+        canary.stop()
+    with pytest.raises(ConfigError, match="request logs"):
+        replica_canary(SidecarConfig(), tmp_path / "control", "r1")

@@ -19,22 +19,36 @@ rollback, from the server's own request logs. The replay stands still while a pl
 instance warms it. The KV cache of each instance is sized at ``kv_cache_ratio`` times the plan's KV bytes
 (``--kv-cache-bytes`` to set it), so that a plan's warm-up competes with what it unpins, as it does on a busy
 server.
+
+``fleet=True`` (``--fleet``): the same run on a whole replica of a fleet. Two replicas (one ``lora_adapter``
+instance and one LM thread each) behind the smg router (the fleet's default policy), sharing the control and
+request log folders, each with the day-1 plan; the requests go through the router, and the plans go on trial on
+every instance of replica :data:`CANARY_REPLICA` (the replica whose sidecar re-plans for a fleet: the first by
+name), judged against the other replica by difference of differences. The controller is the one that replica's
+sidecar builds (:func:`~warmup_tools.sidecar.app.replica_canary`), ticked by the bench after every request; the
+replicas' sidecars are told not to judge (``canary_judge`` false), so that a trial has one judge. A trial is
+stamped with the moment the replay stopped for it (:class:`ReplayClock`): the whole replica's baseline is the
+``canary_window_s`` of traffic replayed just before, not the seconds of the clock spent making the plan.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import socket
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, Callable, Iterator, Mapping, Sequence, TextIO
 
 from warmup_tools.adapters.plan_history import write_live_plan
+from warmup_tools.common.errors import ServerError
 from warmup_tools.common.jsonl import write_json_lines
 from warmup_tools.common.plan import Plan
 from warmup_tools.common.records import RequestRecord, read_request_log
@@ -42,6 +56,7 @@ from warmup_tools.planning.live import RollingPlanner, wait_applied
 from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.config import set_instance_count
 from warmup_tools.server.process import TritonServer
+from warmup_tools.sidecar.app import replica_canary
 from warmup_tools.sidecar.canary import CanaryController, Verdict
 from warmup_tools.sidecar.config import SidecarConfig
 from warmup_tools.sim.bench.replay import prepare
@@ -49,6 +64,9 @@ from warmup_tools.sim.bench.replay import prepare
 #: The tenants of the bad plan's traffic: none of them sends a request on day 2.
 OTHER_TENANTS = ("northwind", "contoso", "fabrikam")
 CANARY, OTHER = "lora_adapter_0_1", "lora_adapter_0_0"
+#: ``--fleet``: the replica the plans are tried on (the fleet's sidecars re-plan from the first by name, on itself)
+#: and the other one.
+CANARY_REPLICA, OTHER_REPLICA = "r1", "r2"
 
 
 @dataclasses.dataclass(slots=True)
@@ -62,6 +80,20 @@ class Trial:
     #: After each request judged: (simulated minutes on trial, requests a side, cold a side, cached share a side,
     #: the two tests' p-values).
     evidence: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    #: A trial on a whole replica: each side's requests in the window before the trial (its baseline).
+    baseline: str = ""
+
+
+@dataclasses.dataclass(slots=True)
+class Replayed:
+    """What a replay came to: the trials, each request's wall time and simulated minute as sent, how far the pacing
+    fell behind, and the errors of the requests that failed."""
+
+    trials: list[Trial] = dataclasses.field(default_factory=list)
+    sent_wall: list[float] = dataclasses.field(default_factory=list)
+    sent_min: list[float] = dataclasses.field(default_factory=list)
+    worst_lag: float = 0.0
+    failed: list[str] = dataclasses.field(default_factory=list)
 
 
 def bad_plan(work: Path, repo: Path, env: dict[str, str], *, seed: int, requests_per_day: int, now: float) -> Plan:
@@ -79,27 +111,76 @@ def bad_plan(work: Path, repo: Path, env: dict[str, str], *, seed: int, requests
                       kv_bytes_per_token=target.kv_bytes_per_token, progress=False)
 
 
-def cold_by_instance(logs: Path, sent_wall: Sequence[float], sent_min: Sequence[float],
-                     windows: dict[str, tuple[float, float]]) -> dict[str, dict[str, tuple[int, int]]]:
-    """Per window (simulated minutes, start inclusive) and instance: (cold requests, requests), from the server's
-    request logs; each record is placed at the simulated minute of the request sent just before it arrived."""
+@dataclasses.dataclass(slots=True)
+class Stage:
+    """Where the replay goes: how one request is sent (its error, or ""), the controller that judges the trials,
+    and the request logs of each side (the canary first: an instance, or a replica of a fleet)."""
+
+    send: Callable[[RequestRecord], str]
+    controller: CanaryController
+    logs: dict[str, Callable[[], list[Path]]]
+    unit: str
+
+
+class ReplayClock:
+    """The wall clock, held at the moment the replay stopped while it stands still (a plan made, then warmed): a
+    trial proposed meanwhile starts when the trace stopped, so that the window before it (a whole replica's
+    baseline) is the traffic replayed just before, not the seconds of the clock spent making the plan."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self.held: float | None = None
+
+    def __call__(self) -> float:
+        return self.held if self.held is not None else self._clock()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[float]:
+        self.held = self._clock()
+        try:
+            yield self.held
+        finally:
+            self.held = None
+
+
+def cold_by_side(logs: Mapping[str, Sequence[Path]], sent_wall: Sequence[float], sent_min: Sequence[float],
+                 windows: dict[str, tuple[float, float]]) -> dict[str, dict[str, tuple[int, int]]]:
+    """Per window (simulated minutes, start inclusive) and side (an instance or a replica: its request log files):
+    (cold requests, requests); each record is placed at the simulated minute of the request sent just before it
+    arrived."""
     out: dict[str, dict[str, tuple[int, int]]] = {w: {} for w in windows}
-    for instance in (OTHER, CANARY):
-        for record in read_request_log([p for p in sorted(logs.glob(f"requests-{instance}.jsonl*"))]):
+    for side, paths in logs.items():
+        for record in read_request_log(sorted(paths)):
             index = bisect.bisect_right(sent_wall, record.ts) - 1
             if index < 0:
                 continue  # the readiness probes' and warm-up's requests are never logged; nothing comes before
             minute = sent_min[index]
             for window, (start, end) in windows.items():
                 if start <= minute < end:
-                    cold, total = out[window].get(instance, (0, 0))
-                    out[window][instance] = (cold + ((record.cached_tokens or 0) == 0), total + 1)
+                    cold, total = out[window].get(side, (0, 0))
+                    out[window][side] = (cold + ((record.cached_tokens or 0) == 0), total + 1)
     return out
+
+
+def goals(trials: Sequence[Trial], limit_min: float = 5.0) -> list[str]:
+    """One line per trial: the re-plan promoted or not, the bad plan rolled back within ``limit_min`` or not."""
+    lines = []
+    for trial, wanted in zip(trials, ("promote", "rollback")):
+        if trial.ended_min is None:
+            lines.append(f"{trial.label}: no verdict (goal: {wanted}): **not met**")
+            continue
+        took = trial.ended_min - trial.started_min
+        met = trial.verdict == wanted and (wanted == "promote" or took <= limit_min)
+        within = f" within {limit_min:g} simulated min" if wanted == "rollback" else ""
+        lines.append(f"{trial.label}: {trial.verdict} after {took:.1f} simulated min (goal: {wanted}{within}): "
+                     f"{'met' if met else '**not met**'}")
+    return lines
 
 
 def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours: float = 3.0, speedup: float = 60.0,
         good_at_min: float = 30.0, bad_at_min: float = 90.0, window_min: float | None = None,
-        kv_cache_ratio: float = 1.25, kv_cache_bytes: int | None = None, out: TextIO = sys.stdout) -> dict[str, Any]:
+        kv_cache_ratio: float = 1.25, kv_cache_bytes: int | None = None, fleet: bool = False,
+        out: TextIO = sys.stdout) -> dict[str, Any]:
     defaults = SidecarConfig()
     window_min = defaults.canary_window_s / 60 if window_min is None else window_min
     work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
@@ -110,7 +191,7 @@ def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours:
         repo, control, logs, plan_logs = (work / "repo-rollout", work / "control", work / "server-logs",
                                           work / "plan-logs")
         shutil.copytree(repos.with_plan, repo)
-        set_instance_count(repo / "lora_adapter", 2)
+        set_instance_count(repo / "lora_adapter", 1 if fleet else 2)
         plan_bytes = sum(int(item.get("kv_bytes", 0)) for item in repos.plan.items)
         cache_bytes = kv_cache_bytes or int(plan_bytes * kv_cache_ratio)
         env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": str(control),
@@ -118,75 +199,149 @@ def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours:
         bad = bad_plan(work, repo, env, seed=seed, requests_per_day=requests_per_day, now=day2_start)
         out.write(f"day-1 plan {repos.plan.plan_id}: {len(repos.plan.items)} items, {plan_bytes / 2**20:.1f} MiB; "
                   f"bad plan {bad.plan_id} (tenants {', '.join(OTHER_TENANTS)}): {len(bad.items)} items; KV cache "
-                  f"{cache_bytes / 2**20:.1f} MiB per instance, 2 instances\n")
+                  f"{cache_bytes / 2**20:.1f} MiB per instance, "
+                  f"{'2 replicas of 1 instance' if fleet else '2 instances'}\n")
         write_live_plan(control, repos.plan, by=("bench rollout", ""))
         settings = dataclasses.replace(defaults, canary_window_s=window_min * 60 / speedup)
-        controller = CanaryController(control, logs, settings, host=socket.gethostname())
-        planner = RollingPlanner(repo, control, plan_logs, environ={**os.environ, **env}, write_stanzas=False,
-                                 propose=lambda plan: controller.propose(plan, "bench rollout re-plan") is not None)
-        out.write(f"canary: window {window_min:g} simulated min ({settings.canary_window_s:.1f} s at x{speedup:g}), "
-                  f"{settings.canary_min_requests} requests a side, cold margin {settings.canary_cold_margin:.0%} "
-                  f"(alpha {settings.canary_alpha:g}), cached margin {settings.canary_cached_margin:.0%}\n")
-        out.flush()
-        trials, sent_wall, sent_min, lag = _replay(records, day2_start, repo, env, control, controller, planner, bad,
-                                                   repos.day1, plan_logs, speedup, good_at_min, bad_at_min, out)
-        return _report(trials, logs, sent_wall, sent_min, lag, out)
+        clock = ReplayClock()
+        with (_fleet_stage if fleet else _server_stage)(work, repo, assets_dir, env, settings, clock) as stage:
+            controller = stage.controller
+            planner = RollingPlanner(repo, control, plan_logs, environ={**os.environ, **env}, write_stanzas=False,
+                                     propose=lambda plan: controller.propose(plan, "bench rollout re-plan") is not None)
+            out.write(f"canary: on {stage.unit} {next(iter(stage.logs))}; window {window_min:g} "
+                      f"simulated min ({settings.canary_window_s:.1f} s at x{speedup:g}), "
+                      f"{settings.canary_min_requests} requests a side, cold margin {settings.canary_cold_margin:.0%} "
+                      f"(alpha {settings.canary_alpha:g}), cached margin {settings.canary_cached_margin:.0%}\n")
+            out.flush()
+            replayed = _replay(records, day2_start, stage, control, planner, bad, repos.day1, plan_logs, speedup,
+                               good_at_min, bad_at_min, clock, out)
+        return _report(replayed, {side: files() for side, files in stage.logs.items()}, stage.unit, out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _replay(records: Sequence[RequestRecord], day2_start: float, repo: Path, env: dict[str, str], control: Path,
-            controller: CanaryController, planner: RollingPlanner, bad: Plan, day1: Sequence[RequestRecord],
-            plan_logs: Path, speedup: float, good_at_min: float, bad_at_min: float,
-            out: TextIO) -> tuple[list[Trial], list[float], list[float], float]:
-    trials: list[Trial] = []
-    sent_wall: list[float] = []
-    sent_min: list[float] = []
-    worst_lag = 0.0
-    replanned = False
+@contextlib.contextmanager
+def _server_stage(work: Path, repo: Path, assets_dir: Path, env: dict[str, str], settings: SidecarConfig,
+                  clock: ReplayClock) -> Iterator[Stage]:
+    """One server whose ``lora_adapter`` has two instances, both with the served plan applied; the canary is
+    :data:`CANARY`."""
+    control, logs = Path(env["WARMUP_CONTROL_DIR"]), Path(env["WARMUP_REQUEST_LOG_DIR"])
     with TritonServer(repo, env=env) as server:
         server.wait_ready(timeout=1800)
+        # NOTE: before the client: a gRPC stream left idle while the instances warm is closed by the server.
         wait_applied(control, planner_plan_id(control), instances=2, timeout_s=900)
         with StreamingClient(server.grpc_url) as client:
-            started = time.monotonic()
-            for index, record in enumerate(records):
-                minute = (record.ts - day2_start) / 60
-                running = trials[-1] if trials and trials[-1].ended_min is None else None
-                pause = time.monotonic()
-                if not replanned and minute >= good_at_min:
-                    replanned = True
-                    write_json_lines(plan_logs / "requests.jsonl", [r.to_json() for r in (*day1, *records[:index])])
-                    result = planner.run_once(now=record.ts)
-                    if result.trial == "started":
-                        trials.append(Trial("re-plan (good)", minute, result.plan_id))
-                        wait_applied(control, result.plan_id, instances=1, timeout_s=900)
-                    out.write(f"  +{minute:.1f} min: re-plan {result.previous} -> {result.plan_id}, "
-                              f"{result.added} added, {result.dropped} dropped: "
-                              f"{'on trial' if result.trial else 'applied everywhere'}\n")
-                elif running is None and len(trials) < 2 and trials and minute >= bad_at_min:
-                    canary = controller.propose(bad, "bench rollout (bad plan)")
-                    if canary is not None:
-                        trials.append(Trial("another tenant mix (bad)", minute, bad.plan_id))
-                        wait_applied(control, bad.plan_id, instances=1, timeout_s=900)
-                # NOTE: the trace stands still while a plan is made and warmed (as in bench rolling): on a real
-                # server both run beside the traffic, in seconds of the clock, not of the trace's 60-fold time.
-                started += time.monotonic() - pause
-                due = started + (record.ts - records[0].ts) / speedup
-                now = time.monotonic()
-                if due > now:
-                    time.sleep(due - now)
-                worst_lag = max(worst_lag, now - due)
-                sent_wall.append(time.time())
-                sent_min.append(minute)
+            def send(record: RequestRecord) -> str:
                 client.generate(record.prompt, GenerateParams(max_tokens=1, adapter_id=record.adapter or None,
                                                               tenant_id=record.tenant))
-                verdict = controller.tick()
-                trial = controller.status()["trial"]
-                if running is not None and trial is not None and trial.get("applied_at"):
-                    running.evidence.append(_evidence(minute - running.started_min, trial))
-                if running is not None and verdict.action != "wait":
-                    _end(running, verdict, minute, out)
-    return trials, sent_wall, sent_min, worst_lag
+                return ""
+
+            controller = replica_canary(dataclasses.replace(settings, replan_log_dir=logs), control,
+                                        socket.gethostname(), clock)
+            yield Stage(send, controller, {i: _globber(logs, f"requests-{i}.jsonl*") for i in (CANARY, OTHER)},
+                        "instance")
+
+
+@contextlib.contextmanager
+def _fleet_stage(work: Path, repo: Path, assets_dir: Path, env: dict[str, str], settings: SidecarConfig,
+                 clock: ReplayClock) -> Iterator[Stage]:
+    """Two replicas behind the router, sharing the control and request log folders, both with the served plan
+    applied; the canary is the whole replica :data:`CANARY_REPLICA`, judged by the controller its sidecar would
+    build, and by it alone."""
+    import logging
+
+    import httpx
+
+    from warmup_tools.fleet.fleet import Fleet
+    from warmup_tools.fleet.settings import FleetSettings
+    from warmup_tools.sim.bench.fleet import send
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    control, logs = Path(env["WARMUP_CONTROL_DIR"]), Path(env["WARMUP_REQUEST_LOG_DIR"])
+    sidecar = work / "sidecar.json"
+    sidecar.write_text(json.dumps({"canary_judge": False}), encoding="utf-8")
+    # NOTE: the replicas inherit the KV cache size; their folders and assets are the fleet's settings.
+    inherited = {name: env[name] for name in ("WARMUP_KV_CACHE_BYTES", "WARMUP_REDIS_URL")}
+    saved = {name: os.environ.get(name) for name in inherited}
+    os.environ.update(inherited)
+    try:
+        settings_of_fleet = FleetSettings(replicas=2, port=0, work_dir=work / "fleet", control_dir=control,
+                                          request_log_dir=logs, sidecar_config=sidecar, model_repository=repo,
+                                          assets_dir=assets_dir, lm_threads=1)
+        with Fleet(settings_of_fleet) as fleet, httpx.Client(timeout=600) as client:
+            for name, replica in fleet.replicas.items():
+                with urllib.request.urlopen(f"{replica.sidecar_url}/status", timeout=10) as response:
+                    canary = json.load(response).get("canary") or {}
+                if canary.get("judging") is not False:
+                    raise ServerError(f"replica {name}'s sidecar judges trials itself (canary: {canary}): its "
+                                      f"settings ({sidecar}) did not reach it")
+            wait_applied(control, planner_plan_id(control), instances=2, timeout_s=900)
+            controller = replica_canary(dataclasses.replace(settings, fleet_log_dir=logs), control, CANARY_REPLICA,
+                                        clock)
+            yield Stage(lambda record: send(client, fleet.router.url, record).error, controller,
+                        {r: _globber(logs / r, "requests-*.jsonl*") for r in (CANARY_REPLICA, OTHER_REPLICA)},
+                        "replica")
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _globber(folder: Path, pattern: str) -> Callable[[], list[Path]]:
+    return lambda: sorted(folder.glob(pattern))
+
+
+def _replay(records: Sequence[RequestRecord], day2_start: float, stage: Stage, control: Path,
+            planner: RollingPlanner, bad: Plan, day1: Sequence[RequestRecord], plan_logs: Path, speedup: float,
+            good_at_min: float, bad_at_min: float, clock: ReplayClock, out: TextIO) -> Replayed:
+    replayed = Replayed()
+    trials, controller = replayed.trials, stage.controller
+    replanned = False
+    started = time.monotonic()
+    for index, record in enumerate(records):
+        minute = (record.ts - day2_start) / 60
+        running = trials[-1] if trials and trials[-1].ended_min is None else None
+        pause = time.monotonic()
+        with clock.hold():
+            if not replanned and minute >= good_at_min:
+                replanned = True
+                write_json_lines(plan_logs / "requests.jsonl", [r.to_json() for r in (*day1, *records[:index])])
+                result = planner.run_once(now=record.ts)
+                if result.trial == "started":
+                    trials.append(Trial("re-plan (good)", minute, result.plan_id))
+                    wait_applied(control, result.plan_id, instances=1, timeout_s=900)
+                out.write(f"  +{minute:.1f} min: re-plan {result.previous} -> {result.plan_id}, "
+                          f"{result.added} added, {result.dropped} dropped: "
+                          f"{'on trial' if result.trial else 'applied everywhere'}\n")
+            elif running is None and len(trials) < 2 and trials and minute >= bad_at_min:
+                canary = controller.propose(bad, "bench rollout (bad plan)")
+                if canary is not None:
+                    trials.append(Trial("another tenant mix (bad)", minute, bad.plan_id))
+                    wait_applied(control, bad.plan_id, instances=1, timeout_s=900)
+        # NOTE: the trace stands still while a plan is made and warmed (as in bench rolling): on a real
+        # server both run beside the traffic, in seconds of the clock, not of the trace's 60-fold time.
+        started += time.monotonic() - pause
+        due = started + (record.ts - records[0].ts) / speedup
+        now = time.monotonic()
+        if due > now:
+            time.sleep(due - now)
+        replayed.worst_lag = max(replayed.worst_lag, now - due)
+        replayed.sent_wall.append(time.time())
+        replayed.sent_min.append(minute)
+        error = stage.send(record)
+        if error:
+            replayed.failed.append(error)
+        verdict = controller.tick()
+        trial = controller.status()["trial"]
+        if running is not None and trial is not None and trial.get("applied_at"):
+            running.evidence.append(_evidence(minute - running.started_min, trial))
+            if trial.get("before") and not running.baseline:
+                running.baseline = _baseline(trial)
+        if running is not None and verdict.action != "wait":
+            _end(running, verdict, minute, out)
+    return replayed
 
 
 def _evidence(minutes: float, trial: dict[str, Any]) -> dict[str, float]:
@@ -195,6 +350,13 @@ def _evidence(minutes: float, trial: dict[str, Any]) -> dict[str, float]:
             "cold": canary["cold_share"], "cold_rest": rest["cold_share"], "cached": canary["cached_share"],
             "cached_rest": rest["cached_share"], "planned": canary["planned_share"] or 0.0,
             "planned_rest": rest["planned_share"] or 0.0, **trial["evidence"]}
+
+
+def _baseline(trial: dict[str, Any]) -> str:
+    before = trial["before"]
+    return "; ".join(f"{side} {s['requests']} requests, cold {s['cold_share']:.0%}, cached {s['cached_share']:.0%}, "
+                     f"from the plan {s['planned_share'] or 0.0:.0%}"
+                     for side, s in (("canary", before["canary"]), (", ".join(trial["replicas"]), before["rest"])))
 
 
 def planner_plan_id(control: Path) -> str:
@@ -208,21 +370,25 @@ def _end(trial: Trial, verdict: Verdict, minute: float, out: TextIO) -> None:
     out.flush()
 
 
-def _report(trials: list[Trial], logs: Path, sent_wall: list[float], sent_min: list[float], lag: float,
-            out: TextIO) -> dict[str, Any]:
-    time.sleep(1.5)  # the request logs are written every 0.5 s
-    out.write(f"\nreplayed {len(sent_min)} requests; the pacing fell behind the trace by up to {lag:.1f} s\n")
+def _report(replayed: Replayed, logs: dict[str, list[Path]], unit: str, out: TextIO) -> dict[str, Any]:
+    trials, failed = replayed.trials, replayed.failed
+    out.write(f"\nreplayed {len(replayed.sent_min)} requests"
+              + (f" ({len(failed)} failed: {'; '.join(failed[:3])})" if failed else "")
+              + f"; the pacing fell behind the trace by up to {replayed.worst_lag:.1f} s\n")
     for trial in trials:
         span = f"{trial.ended_min - trial.started_min:.1f} min" if trial.ended_min is not None else "no verdict"
         out.write(f"  {trial.label}: on trial at +{trial.started_min:.1f} min, {trial.verdict or 'running'} "
                   f"({span}): {trial.reason}\n")
     for trial in trials:
         out.write(f"\n{trial.label}: the evidence as requests came (simulated minutes on trial; canary / rest)\n")
+        if trial.baseline:
+            out.write(f"  baseline (the window before the trial): {trial.baseline}\n")
         for e in trial.evidence:
             out.write(f"  +{e['min']:.1f} min: {e['n']}/{e['n_rest']} requests, cold {e['cold']:.0%}/"
                       f"{e['cold_rest']:.0%}, cached {e['cached']:.0%}/{e['cached_rest']:.0%}, from the plan "
                       f"{e['planned']:.0%}/{e['planned_rest']:.0%}; p: cold {e['cold_p']:.2g}, cached "
                       f"{e['uncached_p']:.2g}, from the plan {e['unplanned_p']:.2g}\n")
+    out.write("\n" + "\n".join(goals(trials)) + "\n")
     bad = trials[1] if len(trials) > 1 else None
     if bad is None or bad.ended_min is None:
         out.write("the bad plan did not reach a verdict: no windows to compare\n")
@@ -234,10 +400,11 @@ def _report(trials: list[Trial], logs: Path, sent_wall: list[float], sent_min: l
                (bad.started_min, bad.ended_min),
                f"after the rollback (+{bad.ended_min:.0f} to +{bad.ended_min + length:.0f} min)":
                (bad.ended_min, bad.ended_min + length)}
-    counts = cold_by_instance(logs, sent_wall, sent_min, windows)
-    out.write(f"\ncold share by instance ({CANARY} is the canary), from the server's request logs:\n")
+    counts = cold_by_side(logs, replayed.sent_wall, replayed.sent_min, windows)
+    canary = next(iter(logs))
+    out.write(f"\ncold share by {unit} ({canary} is the canary), from the request logs:\n")
     for window, per in counts.items():
         cells = [f"{name}: {c / n:.1%} ({c}/{n})" if n else f"{name}: -" for name, (c, n) in
-                 ((i, per.get(i, (0, 0))) for i in (CANARY, OTHER))]
+                 ((side, per.get(side, (0, 0))) for side in logs)]
         out.write(f"  {window}: {'; '.join(cells)}\n")
     return {"trials": [dataclasses.asdict(t) for t in trials], "cold": counts}

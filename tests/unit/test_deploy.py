@@ -279,3 +279,15 @@ def test_compose_runs_two_replicas_behind_the_router_and_keeps_each_ones_members
         assert not args.once and services[name]["restart"] == "unless-stopped"  # it runs until stopped
         joined.add(args.replica)
     assert joined == {f"http://triton:{first.front_port}", f"http://triton-2:{second.front_port}"}
+
+
+def test_the_routers_of_compose_and_kubernetes_route_as_the_local_fleet_does():
+    from warmup_tools.fleet.settings import FleetSettings
+
+    fleet = FleetSettings()
+    compose = COMPOSE["services"]["router"]["command"]
+    k8s = _doc("Deployment", "warmup-router")["spec"]["template"]["spec"]["containers"][0]["command"]
+    for command in (compose, k8s):
+        assert _flag(command, "--policy") == fleet.policy
+        assert int(_flag(command, "--balance-abs-threshold")) == fleet.balance_abs_threshold
+        assert float(_flag(command, "--balance-rel-threshold")) == fleet.balance_rel_threshold

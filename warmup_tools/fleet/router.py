@@ -100,6 +100,8 @@ class Router(RouterClient):
         argv = [_smg(), "launch", "--host", host, "--port", str(self.port),
                 "--prometheus-host", host, "--prometheus-port", str(self.prometheus_port),
                 "--policy", settings.policy, "--cache-threshold", str(settings.cache_threshold),
+                "--balance-abs-threshold", str(settings.balance_abs_threshold),
+                "--balance-rel-threshold", str(settings.balance_rel_threshold),
                 "--health-check-endpoint", "/health",
                 "--health-check-interval-secs", str(interval), "--health-failure-threshold", "1",
                 "--health-success-threshold", "1", "--log-level", "warn"]

@@ -25,6 +25,13 @@ class FleetSettings:
                                           "replica was sent before for the router to send it there again "
                                           "(smg --cache-threshold; below it, the replica with the least cached "
                                           "text).", ge=0, le=1)
+    balance_abs_threshold: int = setting(1, "cache_aware: a request whose prefix a replica holds goes to the "
+                                             "least-loaded replica instead when that replica has this many "
+                                             "requests in flight more than the fleet's mean (smg "
+                                             "--balance-abs-threshold; smg's default, 64, never spills on a "
+                                             "small fleet: docs/fleet.md).", ge=0)
+    balance_rel_threshold: float = setting(1.2, "cache_aware: ... and more than this multiple of the mean (smg "
+                                                "--balance-rel-threshold).", ge=1)
     host: str = setting("127.0.0.1", "Address the router, the replicas' fronts and their servers listen on.")
     port: int = setting(30000, "Port of the router's OpenAI API (0: any free port).", ge=0, le=65535)
     prometheus_port: int = setting(0, "Port of the router's Prometheus metrics (0: any free port; smg's own "

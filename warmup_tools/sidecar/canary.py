@@ -231,7 +231,10 @@ def judge(canary: WindowStats, rest: WindowStats, elapsed_s: float, settings: Si
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Moments:
-    """A per-request measure on one side: its mean, its variance and the requests."""
+    """A per-request measure in [0, 1] on one side: its mean, its variance and the requests, each estimated with
+    one pseudo-request at 0 and one at 1 added (Agresti and Caffo's adjustment for a difference of proportions:
+    a side of five requests all cold, or all alike, would otherwise have no variance, and the z-test a p-value
+    of 1e-18). A side with no request stays empty (``n`` 0)."""
 
     mean: float
     var: float
@@ -239,14 +242,19 @@ class Moments:
 
     @classmethod
     def of(cls, values: list[float]) -> Moments:
-        n = len(values)
-        mean = sum(values) / n if n else 0.0
-        return cls(mean, sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0, n)
+        if not values:
+            return cls(0.0, 0.0, 0)
+        padded = [*values, 0.0, 1.0]
+        n = len(padded)
+        mean = sum(padded) / n
+        return cls(mean, sum((v - mean) ** 2 for v in padded) / (n - 1), n)
 
     @classmethod
     def share(cls, hits: int, n: int) -> Moments:
-        p = hits / n if n else 0.0
-        return cls(p, p * (1.0 - p), n)
+        if n <= 0:
+            return cls(0.0, 0.0, 0)
+        p = (hits + 1) / (n + 2)
+        return cls(p, p * (1.0 - p), n + 2)
 
 
 def rise_greater(canary: Moments, canary_before: Moments, rest: Moments, rest_before: Moments) -> float:

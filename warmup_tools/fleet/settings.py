@@ -30,7 +30,8 @@ class FleetSettings:
                                              "requests in flight more than the fleet's mean (smg "
                                              "--balance-abs-threshold; smg's default, 64, never spills on a "
                                              "small fleet: docs/fleet.md).", ge=0)
-    balance_rel_threshold: float = setting(1.2, "cache_aware: ... and more than this multiple of the mean (smg "
+    balance_rel_threshold: float = setting(1.2, "cache_aware: the same spill also needs that replica's requests "
+                                                "in flight above this multiple of the fleet's mean (smg "
                                                 "--balance-rel-threshold).", ge=1)
     host: str = setting("127.0.0.1", "Address the router, the replicas' fronts and their servers listen on.")
     port: int = setting(30000, "Port of the router's OpenAI API (0: any free port).", ge=0, le=65535)

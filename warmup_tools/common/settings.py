@@ -15,8 +15,10 @@ Engines, schedulers and services take these objects and keep no defaults of thei
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
 import types
 import typing
 from pathlib import Path
@@ -242,3 +244,19 @@ def markdown_table(rows: Sequence[ParameterRow], shipped: Mapping[str, str] | No
             cells.append("not set" if value is None else f"`{value}`" if value else "empty")
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def environ_overrides(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` set in this process's environment for the block (the settings of the processes it starts,
+    which inherit them); each variable's previous value, or its absence, is put back after."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

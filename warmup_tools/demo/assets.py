@@ -22,7 +22,6 @@ import copy
 import hashlib
 import json
 import logging
-import os
 import random
 import shutil
 import tempfile
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from warmup_tools.common.digests import stable_seed
+from warmup_tools.common.settings import environ_overrides
 
 __all__ = [
     "DEFAULT_ASSETS_DIR",
@@ -223,23 +223,16 @@ def _build_environment() -> Iterator[None]:
     Every model is loaded from a local folder; ``HF_HUB_OFFLINE`` is a second guard (it only
     fully applies if ``huggingface_hub`` was not imported before).
     """
-    overrides = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    saved = {key: os.environ.get(key) for key in overrides}
-    os.environ.update(overrides)
-    from transformers.utils import logging as hf_logging
+    with environ_overrides({"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}):
+        from transformers.utils import logging as hf_logging
 
-    bars_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if bars_enabled:
-            hf_logging.enable_progress_bar()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        bars_enabled = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            yield
+        finally:
+            if bars_enabled:
+                hf_logging.enable_progress_bar()
 
 
 def _minilm_model_dir() -> Path:

@@ -83,7 +83,7 @@ class Sidecar:
             planner = RollingPlanner(model_repository, control_dir, config.fleet_log_dir or log_dir,
                                      since_s=config.replan_since_h * 3600, history=canary.history,
                                      propose=lambda plan: canary.propose(plan, "sidecar re-plan") is not None,
-                                     defer=lambda: "" if canary.proposer() == host else canary.proposer())
+                                     defer=lambda: "" if (first := canary.proposer()) == host else first)
             canary.on_promote = planner.write_stanzas_of
             self.replanner = Replanner(planner.run_once, config.replan_interval_s)
             self.monitor.sections["replan"] = self.replanner.status

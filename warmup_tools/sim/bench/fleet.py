@@ -26,7 +26,6 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
-import os
 import shutil
 import statistics
 import sys
@@ -39,6 +38,7 @@ from typing import Callable, Sequence, TextIO
 import httpx
 
 from warmup_tools.common.records import RequestRecord, log_files, read_request_log
+from warmup_tools.common.settings import environ_overrides
 from warmup_tools.fleet.fleet import Fleet
 from warmup_tools.fleet.replica import Replica
 from warmup_tools.fleet.settings import FleetSettings
@@ -148,40 +148,39 @@ def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     policy = policy or FleetSettings().policy
     work = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
-    os.environ["WARMUP_SNAPSHOT_INTERVAL_S"] = str(SNAPSHOT_INTERVAL_S)  # the replicas inherit it
     try:
-        repos = prepare(work, assets_dir, seed=seed, requests_per_day=requests_per_day, out=out, traffic="real",
-                        hours=hours)
-        records = repos.first_hours
+        with environ_overrides({"WARMUP_SNAPSHOT_INTERVAL_S": str(SNAPSHOT_INTERVAL_S)}):  # the replicas inherit it
+            repos = prepare(work, assets_dir, seed=seed, requests_per_day=requests_per_day, out=out, traffic="real",
+                            hours=hours)
+            records = repos.first_hours
 
-        def settings(replicas: int, policy: str, name: str) -> FleetSettings:
-            return FleetSettings(replicas=replicas, policy=policy, port=0, work_dir=work / name,
-                                 model_repository=repos.with_plan, assets_dir=assets_dir, lm_threads=lm_threads)
+            def settings(replicas: int, policy: str, name: str) -> FleetSettings:
+                return FleetSettings(replicas=replicas, policy=policy, port=0, work_dir=work / name,
+                                     model_repository=repos.with_plan, assets_dir=assets_dir, lm_threads=lm_threads)
 
-        rows = []
-        fleets = [("1 replica", 1, "round_robin")] + [(f"2 replicas, {p}", 2, p) for p in ROUTING_POLICIES]
-        for label, replicas, routing in fleets:
-            with Fleet(settings(replicas, routing, label.replace(" ", "").replace(",", "-"))) as fleet:
-                answers = replay(fleet.router.url, records, users)
-                share = "/".join(str(r.requests_taken()) for r in fleet.replicas.values())
-                rows.append(figures(label, answers, share))
-                out.write(f"  {label}: {len(answers)} requests replayed by {users} clients\n")
-                out.flush()
-                if replicas == 1:
-                    overhead = router_overhead(fleet, next(r for r in records if r.prompt))
-        out.write("\n" + table(rows) + "\n")
-        out.write(f"\nrouter overhead (1 replica, one cached request {overhead[3]} times each way, alternating): "
-                  f"TTFT p50 {overhead[0]:.1f} ms through the router, {overhead[1]:.1f} ms straight to the "
-                  f"replica; median of the paired differences {overhead[2]:+.1f} ms\n")
-        out.flush()
-        scale_rows = [scale_out(settings(2, policy, f"scale-out-{variant}"), records, repos.day2_start,
-                                scale_out_min, window_min, restore=variant == "b", out=out, users=users)
-                      for variant in ("a", "b")]
-        out.write("\n" + scale_table(scale_rows) + "\n")
-        out.flush()
-        scale_in(settings(2, policy, "scale-in"), records, streams, out)
+            rows = []
+            fleets = [("1 replica", 1, "round_robin")] + [(f"2 replicas, {p}", 2, p) for p in ROUTING_POLICIES]
+            for label, replicas, routing in fleets:
+                with Fleet(settings(replicas, routing, label.replace(" ", "").replace(",", "-"))) as fleet:
+                    answers = replay(fleet.router.url, records, users)
+                    share = "/".join(str(r.requests_taken()) for r in fleet.replicas.values())
+                    rows.append(figures(label, answers, share))
+                    out.write(f"  {label}: {len(answers)} requests replayed by {users} clients\n")
+                    out.flush()
+                    if replicas == 1:
+                        overhead = router_overhead(fleet, next(r for r in records if r.prompt))
+            out.write("\n" + table(rows) + "\n")
+            out.write(f"\nrouter overhead (1 replica, one cached request {overhead[3]} times each way, alternating): "
+                      f"TTFT p50 {overhead[0]:.1f} ms through the router, {overhead[1]:.1f} ms straight to the "
+                      f"replica; median of the paired differences {overhead[2]:+.1f} ms\n")
+            out.flush()
+            scale_rows = [scale_out(settings(2, policy, f"scale-out-{variant}"), records, repos.day2_start,
+                                    scale_out_min, window_min, restore=variant == "b", out=out, users=users)
+                          for variant in ("a", "b")]
+            out.write("\n" + scale_table(scale_rows) + "\n")
+            out.flush()
+            scale_in(settings(2, policy, "scale-in"), records, streams, out)
     finally:
-        os.environ.pop("WARMUP_SNAPSHOT_INTERVAL_S", None)
         shutil.rmtree(work, ignore_errors=True)
 
 

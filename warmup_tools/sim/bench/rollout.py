@@ -52,6 +52,7 @@ from warmup_tools.common.errors import ServerError
 from warmup_tools.common.jsonl import write_json_lines
 from warmup_tools.common.plan import Plan
 from warmup_tools.common.records import RequestRecord, read_request_log
+from warmup_tools.common.settings import environ_overrides
 from warmup_tools.planning.live import RollingPlanner, wait_applied
 from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.config import set_instance_count
@@ -262,9 +263,7 @@ def _fleet_stage(work: Path, repo: Path, assets_dir: Path, env: dict[str, str], 
     sidecar.write_text(json.dumps({"canary_judge": False}), encoding="utf-8")
     # NOTE: the replicas inherit the KV cache size; their folders and assets are the fleet's settings.
     inherited = {name: env[name] for name in ("WARMUP_KV_CACHE_BYTES", "WARMUP_REDIS_URL")}
-    saved = {name: os.environ.get(name) for name in inherited}
-    os.environ.update(inherited)
-    try:
+    with environ_overrides(inherited):
         settings_of_fleet = FleetSettings(replicas=2, port=0, work_dir=work / "fleet", control_dir=control,
                                           request_log_dir=logs, sidecar_config=sidecar, model_repository=repo,
                                           assets_dir=assets_dir, lm_threads=1)
@@ -281,12 +280,6 @@ def _fleet_stage(work: Path, repo: Path, assets_dir: Path, env: dict[str, str], 
             yield Stage(lambda record: send(client, fleet.router.url, record).error, controller,
                         {r: _globber(logs / r, "requests-*.jsonl*") for r in (CANARY_REPLICA, OTHER_REPLICA)},
                         "replica")
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _globber(folder: Path, pattern: str) -> Callable[[], list[Path]]:

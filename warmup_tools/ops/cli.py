@@ -356,7 +356,8 @@ def _parser() -> argparse.ArgumentParser:
     front_bench = which.add_parser("front", parents=[assets],
                                    help="through the OpenAI front, per pipeline: its added TTFT and tokens/s against "
                                         "generate_stream at 1 and 8 streams; a stream abandoned at its first token")
-    front_bench.add_argument("--disconnects", type=int, default=7)
+    front_bench.add_argument("--disconnects", type=int, default=7,
+                             help="streams abandoned at their first token, per pipeline (0: skip)")
     front_bench.add_argument("--requests", type=int, default=40,
                              help="requests each way per level for the front's added TTFT and tokens/s (0: skip)")
     front_bench.add_argument("--max-tokens", type=int, default=32)

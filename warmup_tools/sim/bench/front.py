@@ -76,6 +76,8 @@ def run(assets_dir: Path, *, disconnects: int = 7, requests: int = 40, max_token
                                   f"{cost['front_tps']:.1f}, generate_stream {cost['generate_tps']:.1f} "
                                   f"({ratio:+.1f}%)\n")
                         out.flush()
+                if not disconnects:
+                    continue
                 wait_idle()
                 baseline = [_next_ttft(client) for _ in range(disconnects)]
                 drops, after, ttfts, still = [], [], [], 0

@@ -45,7 +45,10 @@ The measures, canary against the rest:
 - **TTFT p99**: worse when above ``canary_ttft_ratio`` times the rest's, once each side has
   :data:`MIN_P99_REQUESTS` requests (below that a p99 is the maximum).
 
-Nothing is judged before each side has ``canary_min_requests`` requests. A plan whose cold share, cached
+Nothing is judged before each side has ``canary_min_requests`` requests; on a whole replica the early tests start
+when the canary replica has them and the others have one (their requests since the trial began only estimate the
+fleet's drift, and the test's variance counts how little a few of them say), and promotion still needs them on
+each side. A plan whose cold share, cached
 tokens or tokens from the plan are worse with the tests' confidence is rolled back at once, inside the
 window (the tests guard against chance); when ``canary_window_s`` has passed, a plan worse by cold share,
 cached tokens or TTFT p99 is rolled back and one no worse is promoted (made the plan of every instance,
@@ -286,7 +289,14 @@ def judge_replica(canary: WindowStats, rest: WindowStats, before: tuple[WindowSt
     change since before the trial less the other replicas' change over the same time (``before``: each side's
     last ``canary_window_s`` before the trial started), so that a replica the router gives colder tenants is
     not taken for a worse plan (see the module docstring)."""
-    waiting = _too_little(canary, rest, elapsed_s, settings)
+    # NOTE: the early tests need canary_min_requests on the canary replica but one request of the others: their
+    # requests since the trial began only estimate the fleet's drift, and how little that estimate knows is in
+    # the test's variance (with the pseudo-requests, a side of one request has a variance near its largest and a
+    # mean pulled toward one half). Under no difference the rate of p < alpha per look stays below alpha however
+    # few requests the others have (tests/unit/sidecar/test_canary.py), so waiting for their fifth request bought
+    # no safety and delayed the rollback of a bad plan by minutes at low traffic. Promotion still needs
+    # canary_min_requests on each side.
+    waiting = _too_little(canary, rest, elapsed_s, settings, rest_need=1)
     if waiting is not None:
         return waiting
     c0, r0 = before
@@ -319,6 +329,9 @@ def judge_replica(canary: WindowStats, rest: WindowStats, before: tuple[WindowSt
         return Verdict("rollback", "worse than the plan served now: " + "; ".join(worse))
     if elapsed_s < settings.canary_window_s:
         return Verdict("wait", f"no worse so far ({elapsed_s:.0f} of {settings.canary_window_s:g} s)")
+    waiting = _too_little(canary, rest, elapsed_s, settings)
+    if waiting is not None:
+        return waiting
     # NOTE: no untested cached-token margin here, unlike judge(): a difference of differences of four windows of
     # a few dozen requests moves by more than the margin by chance (the others' baseline alone, an unlucky cold
     # window that comes back, rolled back a re-plan under which the canary replica had not moved); the tests above
@@ -337,16 +350,20 @@ def judge_replica(canary: WindowStats, rest: WindowStats, before: tuple[WindowSt
                               f"{moved('prompt tokens from cache', lambda s: s.cached_share)}")
 
 
-def _too_little(canary: WindowStats, rest: WindowStats, elapsed_s: float, settings: SidecarConfig
-                ) -> Verdict | None:
-    """The verdict while a side has fewer than ``canary_min_requests`` requests (None: enough to judge)."""
-    if min(canary.requests, rest.requests) >= settings.canary_min_requests:
+def _too_little(canary: WindowStats, rest: WindowStats, elapsed_s: float, settings: SidecarConfig, *,
+                rest_need: int | None = None) -> Verdict | None:
+    """The verdict while the canary has fewer than ``canary_min_requests`` requests or the rest fewer than
+    ``rest_need`` (default the same; None: enough to judge)."""
+    need = settings.canary_min_requests
+    rest_need = need if rest_need is None else rest_need
+    if canary.requests >= need and rest.requests >= rest_need:
         return None
     if elapsed_s >= 3 * settings.canary_window_s:
         return Verdict("rollback", f"too little traffic to judge in {elapsed_s:.0f} s: {canary.requests} "
                                    f"requests on the canary, {rest.requests} on the others "
-                                   f"({settings.canary_min_requests} each needed)")
-    return Verdict("wait", f"{canary.requests} and {rest.requests} requests of {settings.canary_min_requests} each")
+                                   f"({need} each needed)")
+    return Verdict("wait", f"{canary.requests} and {rest.requests} requests of {need} on the canary and "
+                           f"{rest_need} on the others")
 
 
 def _cold(*sides: WindowStats) -> list[Moments]:

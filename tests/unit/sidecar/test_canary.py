@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 
 import pytest
 
@@ -308,6 +309,40 @@ def test_a_few_requests_all_alike_are_not_taken_for_certainty():
     assert 1e-6 < p < 0.01
     assert rise_greater(*(Moments.of(v) for v in ([1.0] * 5, [0.0] * 5, [0.0] * 5, [0.0] * 5))) > 1e-6
     assert Moments.of([]).n == 0 and Moments.share(0, 0).n == 0
+
+
+def test_a_replica_s_early_tests_need_one_request_of_the_others_and_stay_below_alpha_by_chance():
+    # The canary replica's tokens from the plan fall from 85% to 0 on its first ten requests; the others have
+    # four since the trial began (they had a quiet spell): rolled back now, not at their fifth request.
+    def planned(requests, share):
+        stats = WindowStats()
+        for i in range(requests):
+            stats.add(RequestRecord(ts=float(i), prompt_tokens=100, cached_tokens=90,
+                                    planned_tokens=round(100 * share), ttft_ms=10.0))
+        return stats
+
+    settings = dataclasses.replace(SETTINGS, canary_min_requests=5)
+    before = (planned(20, 0.85), planned(20, 0.85))
+    worse = judge_replica(planned(10, 0.0), planned(4, 0.85), before, 60, settings)
+    assert worse.action == "rollback" and "pinned blocks" in worse.reason
+    assert judge_replica(planned(10, 0.0), WindowStats(), before, 60, settings).action == "wait"
+    assert judge_replica(planned(4, 0.0), planned(20, 0.85), before, 60, settings).action == "wait"
+    # Promotion still needs canary_min_requests on each side.
+    assert judge_replica(planned(10, 0.85), planned(4, 0.85), before, 600, settings).action == "wait"
+    assert judge_replica(planned(10, 0.85), planned(5, 0.85), before, 600, settings).action == "promote"
+    # With no difference (each side keeps its own cold rate), the share of looks whose test falls below alpha
+    # stays below alpha however few requests the others have since the trial began (seeded: deterministic).
+    rng = random.Random(7)
+
+    def drawn(p, n):
+        return Moments.share(sum(rng.random() < p for _ in range(n)), n)
+
+    for canary_p, rest_p in ((0.1, 0.15), (0.1, 0.4), (0.6, 0.6), (0.8, 0.5)):
+        for rest_n in (1, 2, 4):
+            looks = 2000
+            hits = sum(rise_greater(drawn(canary_p, 5), drawn(canary_p, 20), drawn(rest_p, rest_n),
+                                    drawn(rest_p, 20)) < settings.canary_alpha for _ in range(looks))
+            assert hits / looks < settings.canary_alpha, (canary_p, rest_p, rest_n, hits)
 
 
 class FleetLogs:

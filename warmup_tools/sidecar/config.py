@@ -82,7 +82,9 @@ class SidecarConfig:
                                             "as soon as it is seen worse); 0: the rolling re-plan applies its "
                                             "plans to every instance at once.", ge=0)
     canary_min_requests: int = setting(5, "Canary: requests each side (the canary instance, the others) must "
-                                           "have served before anything is judged.", ge=1)
+                                           "have served before anything is judged; on a whole replica of a "
+                                           "fleet, the early tests start when the canary replica has them and "
+                                           "the other replicas one (promotion needs them on each side).", ge=1)
     canary_cold_margin: float = setting(0.05, "Canary: the cold share (requests with no cached prompt token) "
                                               "may exceed the other instances' by this much.", ge=0, le=1)
     canary_cached_margin: float = setting(0.10, "Canary: the share of prompt tokens from the KV cache may fall "

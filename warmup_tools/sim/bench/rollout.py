@@ -211,7 +211,9 @@ def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours:
                                      propose=lambda plan: controller.propose(plan, "bench rollout re-plan") is not None)
             out.write(f"canary: on {stage.unit} {next(iter(stage.logs))}; window {window_min:g} "
                       f"simulated min ({settings.canary_window_s:.1f} s at x{speedup:g}), "
-                      f"{settings.canary_min_requests} requests a side, cold margin {settings.canary_cold_margin:.0%} "
+                      f"{settings.canary_min_requests} requests a side"
+                      f"{' (the early tests: on the canary, and 1 on the other replica)' if fleet else ''}, "
+                      f"cold margin {settings.canary_cold_margin:.0%} "
                       f"(alpha {settings.canary_alpha:g}), cached margin {settings.canary_cached_margin:.0%}\n")
             out.flush()
             replayed = _replay(records, day2_start, stage, control, planner, bad, repos.day1, plan_logs, speedup,

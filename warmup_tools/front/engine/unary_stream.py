@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import grpc
 import numpy as np
@@ -32,10 +32,13 @@ LOGGER = logging.getLogger(__name__)
 Tensor = tuple[str, str, np.ndarray]
 
 
-def infer_request(model: str, request_id: str, inputs: Sequence[Tensor],
-                  outputs: Sequence[str] = ()) -> service_pb2.ModelInferRequest:
-    """The protobuf of one inference; BYTES tensors are length-prefixed as Triton expects."""
+def infer_request(model: str, request_id: str, inputs: Sequence[Tensor], outputs: Sequence[str] = (), *,
+                  parameters: Mapping[str, str] | None = None) -> service_pb2.ModelInferRequest:
+    """The protobuf of one inference (string ``parameters`` for the request); BYTES tensors are length-prefixed
+    as Triton expects."""
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    for key, value in (parameters or {}).items():
+        request.parameters[key].string_param = value
     for name, datatype, array in inputs:
         request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
         if datatype == "BYTES":  # NOTE: a 0-d object array holding the length-prefixed bytes (empty: size 0)

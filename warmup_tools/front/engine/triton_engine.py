@@ -1,13 +1,19 @@
-"""The engine on tritonserver: gRPC streaming with ``tritonclient.grpc.aio``, Triton's /metrics and readiness.
+"""The engine on tritonserver: gRPC on ``grpc.aio`` (requests built by :mod:`~warmup_tools.front.engine.protocol`),
+Triton's /metrics and readiness.
 
 A request takes one of two paths (``pipeline``):
 
-* ``composing`` (the default): ``tokenizer_cache`` and ``embedding_cache`` as unary inferences (multiplexed
-  over one long-lived stream, :mod:`~warmup_tools.front.engine.unary_stream`), then a gRPC stream to
-  ``lora_adapter``: the steps the ensemble runs, in the same order with the same inputs. Closing that stream
-  (a client gone, a stop string) cancels the request inside ``lora_adapter``'s scheduler.
-* ``ensemble``: one gRPC stream to ``ensemble``. Triton 2.51 checks an ensemble request for cancellation
-  between steps only, so a cancelled stream's generation runs on to ``max_tokens`` (docs/openai.md).
+* ``composing`` (the default): ``tokenizer_cache`` and ``embedding_cache`` as unary inferences (``ModelInfer``),
+  then a stream to ``lora_adapter``: the steps the ensemble runs, in the same order with the same inputs.
+  Cancelling that stream (a client gone, a stop string) cancels the request inside ``lora_adapter``'s scheduler.
+* ``ensemble``: one stream to ``ensemble``. Triton 2.51 checks an ensemble request for cancellation between
+  steps only, so a cancelled stream's generation runs on to ``max_tokens`` (docs/openai.md).
+
+NOTE: every request is a gRPC call of its own. The unary inferences once shared one long-lived
+``ModelStreamInfer`` stream (one write and one read each, matched by request id): with generation streams to
+``lora_adapter`` running beside it, tritonserver 2.51 crashed (SIGSEGV in ``TRITONBACKEND_ResponseSend``, from the
+Python backend) within 60 rounds of 8 concurrent requests in three runs of three, where separate calls ran 240
+rounds without one (docs/openai.md, "Cancellation").
 
 The model state (adapters and their lifecycle states), the load signals and the readiness come from a
 background task that reads tritonserver's /metrics (and the sidecar's /ready) every ``poll_interval_s``: a
@@ -39,7 +45,7 @@ from warmup_tools.front.engine.engine import (
     ModelState,
     Readiness,
 )
-from warmup_tools.front.engine.unary_stream import Tensor, UnaryError, UnaryStream, infer_request
+from warmup_tools.front.engine.protocol import Tensor, infer_request
 
 LOGGER = logging.getLogger(__name__)
 
@@ -124,6 +130,7 @@ def _identity(request: GenerateInput) -> list[Tensor]:
 
 #: Triton's bidirectional streaming method, which a generation calls as a server-streaming one (below).
 STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
+INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
 
 #: As tritonclient sets them: a message is bounded by the front's own request limits, not by gRPC's 4 MB default.
@@ -145,7 +152,7 @@ class TritonEngine:
         self.poll_interval_s = poll_interval_s
         self._client: grpcaio.InferenceServerClient | None = None
         self._channel: grpc.aio.Channel | None = None
-        self._unary: UnaryStream | None = None
+        self._infer: grpc.aio.UnaryUnaryMultiCallable | None = None
         self._generate: grpc.aio.UnaryStreamMultiCallable | None = None
         self._http: aiohttp.ClientSession | None = None
         self._poller: asyncio.Task | None = None
@@ -160,7 +167,9 @@ class TritonEngine:
         # NOTE: a grpc.aio channel belongs to the event loop it was made on: made here, on uvicorn's.
         self._client = grpcaio.InferenceServerClient(self.grpc_url)
         self._channel = grpc.aio.insecure_channel(self.grpc_url, options=_CHANNEL_OPTIONS)
-        self._unary = UnaryStream(self._channel)
+        self._infer = self._channel.unary_unary(
+            INFER_METHOD, request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+            response_deserializer=service_pb2.ModelInferResponse.FromString)
         # NOTE: a generation sends one request and half-closes: called as server-streaming, gRPC sends the call's
         # headers, its one message and the half-close in one batch, where the bidirectional call (tritonclient's
         # stream_infer) takes three, each a socket write and a wake-up of gRPC's poller thread: about 0.4 ms of
@@ -181,8 +190,6 @@ class TritonEngine:
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
-        if self._unary is not None:
-            await self._unary.close()
         if self._channel is not None:
             await self._channel.close()
         if self._http is not None:
@@ -208,28 +215,38 @@ class TritonEngine:
 
     async def _composing_inputs(self, request: GenerateInput) -> list[Tensor]:
         """``tokenizer_cache`` then ``embedding_cache``, as the ensemble runs them; the ``lora_adapter`` inputs."""
-        assert self._unary is not None
         identity = _identity(request)
         first: list[Tensor] = [("text_input", "BYTES", _bytes(request.prompt))]
         if request.tenant:
             first.append(("tenant_id", "BYTES", _bytes(request.tenant)))
         if request.tenant_key:
             first.append(("tenant_key", "BYTES", _bytes(request.tenant_key)))
-        try:
-            tokens = await self._unary.infer("tokenizer_cache", first, timeout_s=self.timeout_s)
-            ids = tokens.as_numpy("input_ids")
-            token = tokens.as_numpy("tenant_token").reshape(-1)[0].decode("utf-8")
-            second: list[Tensor] = [("text_input", "BYTES", _bytes(request.prompt)),
-                                    ("prompt_tokens", "INT32", tokens.as_numpy("input_length")),
-                                    ("tenant_token", "BYTES", _bytes(token)), *identity]
-            # NOTE: cluster_id only, as the ensemble asks for it: the embedding itself is 384 floats nobody reads.
-            cluster = (await self._unary.infer("embedding_cache", second, ("cluster_id",),
-                                               timeout_s=self.timeout_s)).as_numpy("cluster_id")
-        except UnaryError as exc:
-            raise EngineError(classify(str(exc)), str(exc)) from None
+        tokens = await self._unary("tokenizer_cache", first)
+        ids = tokens.as_numpy("input_ids")
+        token = tokens.as_numpy("tenant_token").reshape(-1)[0].decode("utf-8")
+        second: list[Tensor] = [("text_input", "BYTES", _bytes(request.prompt)),
+                                ("prompt_tokens", "INT32", tokens.as_numpy("input_length")),
+                                ("tenant_token", "BYTES", _bytes(token)), *identity]
+        # NOTE: cluster_id only, as the ensemble asks for it: the embedding itself is 384 floats nobody reads.
+        cluster = (await self._unary("embedding_cache", second, ("cluster_id",))).as_numpy("cluster_id")
         return [("input_ids", "INT32", ids), ("cluster_id", "INT32", cluster),
                 _text("text_input", request.prompt), _text("tenant_token", token),
                 *identity, *_sampling_inputs(request)]
+
+    async def _unary(self, model: str, inputs: list[Tensor], outputs: tuple[str, ...] = ()) -> InferResult:
+        """``model``'s answer to one inference; its error as :class:`EngineError` (the kind from its message
+        and gRPC status)."""
+        assert self._infer is not None, "start() first"
+        try:
+            response = await self._infer(infer_request(model, "", inputs, outputs), timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            code, message = exc.code(), exc.details() or ""
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise EngineError("timeout", f"no answer from {model} within {self.timeout_s:g} s") from None
+            if code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in message.lower():
+                raise EngineError("unavailable", "tritonserver is not reachable") from None
+            raise EngineError(classify(message, str(code)), message) from None
+        return InferResult(response)
 
     async def _stream(self, model: str, inputs: list[Tensor],
                       parameters: dict[str, str] | None) -> AsyncIterator[GenerateChunk]:
@@ -261,6 +278,7 @@ class TritonEngine:
         except grpc.RpcError as exc:  # the stream broke: the server went away, or the deadline passed
             if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise EngineError("timeout", f"no answer from tritonserver within {self.timeout_s:g} s") from None
+            LOGGER.warning("the generation stream to %s (%s) failed: %s", self.grpc_url, model, exc)
             raise EngineError("unavailable", "the stream to tritonserver failed; retry") from None
         finally:
             # NOTE: cancelling the gRPC call cancels the request in tritonserver (on the composing path

@@ -348,7 +348,7 @@ class TritonEngine:
         assert self._client is not None and self._channel is not None
         try:
             if await self._client.is_server_ready(client_timeout=5):
-                # NOTE: the shared stream of unary inferences has a channel of its own: it must connect too.
+                # NOTE: the inference calls go on a channel of their own (not tritonclient's): it must connect too.
                 await asyncio.wait_for(self._channel.channel_ready(), 5)
                 return Readiness(True)
         except (InferenceServerException, asyncio.TimeoutError):

@@ -9,11 +9,10 @@ A request takes one of two paths (``pipeline``):
 * ``ensemble``: one stream to ``ensemble``. Triton 2.51 checks an ensemble request for cancellation between
   steps only, so a cancelled stream's generation runs on to ``max_tokens`` (docs/openai.md).
 
-NOTE: every request is a gRPC call of its own. The unary inferences once shared one long-lived
-``ModelStreamInfer`` stream (one write and one read each, matched by request id): with generation streams to
-``lora_adapter`` running beside it, tritonserver 2.51 crashed (SIGSEGV in ``TRITONBACKEND_ResponseSend``, from the
-Python backend) within 60 rounds of 8 concurrent requests in three runs of three, where separate calls ran 240
-rounds without one (docs/openai.md, "Cancellation").
+NOTE: every request is a gRPC call of its own, never one of many on a shared ``ModelStreamInfer`` stream (which
+would save a call's set-up per unary inference): with generation streams to ``lora_adapter`` running beside such a
+stream, tritonserver 2.51 crashes (SIGSEGV in ``TRITONBACKEND_ResponseSend``, from the Python backend) within 60
+rounds of 8 concurrent requests, where separate calls ran 240 rounds without one (docs/openai.md, "Cancellation").
 
 The model state (adapters and their lifecycle states), the load signals and the readiness come from a
 background task that reads tritonserver's /metrics (and the sidecar's /ready) every ``poll_interval_s``: a

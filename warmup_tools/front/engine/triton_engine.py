@@ -92,9 +92,8 @@ def classify(message: str, status: str | None = None) -> str:
     return "invalid" if status is None else "internal"
 
 
-def _engine_error(exc: InferenceServerException) -> EngineError:
-    message = exc.message() or str(exc)
-    status = exc.status()
+def _engine_error(message: str, status: str) -> EngineError:
+    """The :class:`EngineError` of a failed gRPC call (its details and status, ``StatusCode.X``)."""
     if status == "StatusCode.UNAVAILABLE" and "failed to connect" in message.lower():
         return EngineError("unavailable", "tritonserver is not reachable")
     return EngineError(classify(message, status), message)
@@ -198,7 +197,7 @@ class TritonEngine:
 
     # --------------------------------------------------------------------------------- generation
     async def generate(self, request: GenerateInput) -> AsyncIterator[GenerateChunk]:
-        assert self._client is not None, "start() first"
+        assert self._generate is not None, "start() first"
         parameters = ({ROLES_PARAMETER: json.dumps([list(span) for span in request.roles], separators=(",", ":"))}
                       if request.roles else None)
         if self.pipeline == "ensemble":
@@ -239,17 +238,14 @@ class TritonEngine:
         try:
             response = await self._infer(infer_request(model, "", inputs, outputs), timeout=self.timeout_s)
         except grpc.aio.AioRpcError as exc:
-            code, message = exc.code(), exc.details() or ""
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise EngineError("timeout", f"no answer from {model} within {self.timeout_s:g} s") from None
-            if code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in message.lower():
-                raise EngineError("unavailable", "tritonserver is not reachable") from None
-            raise EngineError(classify(message, str(code)), message) from None
+            raise _engine_error(exc.details() or "", str(exc.code())) from None
         return InferResult(response)
 
     async def _stream(self, model: str, inputs: list[Tensor],
                       parameters: dict[str, str] | None) -> AsyncIterator[GenerateChunk]:
-        assert self._generate is not None
+        assert self._generate is not None, "start() first"
         responses = self._generate(infer_request(model, "", inputs, parameters=parameters), timeout=self.timeout_s)
         ended = False
         try:
@@ -270,8 +266,6 @@ class TritonEngine:
                 ended = await _end_cleanly(responses)
                 yield GenerateChunk(text, finish_reason=reason, **fields)
                 break
-        except InferenceServerException as exc:
-            raise _engine_error(exc) from None
         except asyncio.CancelledError:
             raise
         except grpc.RpcError as exc:  # the stream broke: the server went away, or the deadline passed
@@ -432,6 +426,6 @@ async def _end_cleanly(responses: Any) -> bool:
 
     try:
         await asyncio.wait_for(rest(), STREAM_END_TIMEOUT_S)
-    except (asyncio.TimeoutError, grpc.RpcError, InferenceServerException):
+    except (asyncio.TimeoutError, grpc.RpcError):
         return False
     return True

@@ -361,7 +361,7 @@ def _too_little(canary: WindowStats, rest: WindowStats, elapsed_s: float, settin
     if elapsed_s >= 3 * settings.canary_window_s:
         return Verdict("rollback", f"too little traffic to judge in {elapsed_s:.0f} s: {canary.requests} "
                                    f"requests on the canary, {rest.requests} on the others "
-                                   f"({need} each needed)")
+                                   f"({need} on the canary and {rest_need} on the others needed)")
     return Verdict("wait", f"{canary.requests} and {rest.requests} requests of {need} on the canary and "
                            f"{rest_need} on the others")
 

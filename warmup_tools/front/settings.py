@@ -38,8 +38,8 @@ class FrontSettings:
                                          "disconnect reaches the engine) or the ensemble.", choices=PIPELINES)
     max_body_bytes: int = setting(1 << 20, "Largest request body; a larger one is answered 413 before it is read "
                                            "whole.", ge=1024, le=64 << 20)
-    max_header_bytes: int = setting(64 << 10, "Largest request line and headers together; more is refused by the "
-                                              "HTTP parser.", ge=4096, le=1 << 20)
+    max_header_bytes: int = setting(64 << 10, "Largest request line and headers together; more is answered 431 "
+                                              "and the connection closed.", ge=4096, le=1 << 20)
     max_messages: int = setting(256, "Messages one chat request may hold.", ge=1, le=4096)
     max_prompt_bytes: int = setting(256 << 10, "Largest prompt (a rendered conversation or a completion prompt) "
                                                "in UTF-8 bytes, as tokenizer_cache takes it; more is 413.",

@@ -14,7 +14,9 @@ that alternates between rounds (so both ends of a round see the same machine loa
   holds (the front's model list is refreshed in the background; its ``/health`` re-reads readiness), what an HTTP
   server costs before any work.
 
-It prints each one's TTFT (or response time) p25 and p50 in ms, and each front's p50 less generate_stream's.
+It prints each one's TTFT (or response time) p25 and p50 in ms, and each front's p50 less generate_stream's; then
+the front's CPU time per streamed request (its process's user and system time over ``ROUNDS`` more requests; one
+token each, so the figure is what a request costs the front beyond its tokens).
 Figures: docs/benchmarks.md ("The front's added TTFT").
 """
 
@@ -136,6 +138,12 @@ def main(rounds: int) -> None:
                     print(f"{pipeline:9s} front less generate_stream (p50): {added:+.2f} ms; grpc less "
                           f"generate_stream: {transport:+.2f} ms; /v1/models/base less /v2/health/ready: "
                           f"{http:+.2f} ms", flush=True)
+                    before = front.cpu_seconds()
+                    for _ in range(rounds):
+                        ways["front"]()
+                    cpu_ms = (front.cpu_seconds() - before) / rounds * 1000
+                    print(f"{pipeline:9s} the front's CPU per streamed request: {cpu_ms:.2f} ms ({rounds} requests, "
+                          "/proc)", flush=True)
         finally:
             ensemble.close()
 

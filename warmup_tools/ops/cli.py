@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:  # NOTE: httpx logs every request at INFO: a benchmark's figures would drown in them
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except WarmupToolsError as exc:
@@ -356,7 +358,7 @@ def _parser() -> argparse.ArgumentParser:
     front_bench = which.add_parser("front", parents=[assets],
                                    help="through the OpenAI front, per pipeline: its added TTFT and tokens/s against "
                                         "generate_stream at 1 and 8 streams; a stream abandoned at its first token")
-    front_bench.add_argument("--disconnects", type=int, default=7,
+    front_bench.add_argument("--disconnects", type=int, default=11,
                              help="streams abandoned at their first token, per pipeline (0: skip)")
     front_bench.add_argument("--requests", type=int, default=40,
                              help="requests each way per level for the front's added TTFT and tokens/s (0: skip)")

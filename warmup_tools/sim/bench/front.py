@@ -11,8 +11,9 @@ abandons ``disconnects`` streamed chat completions (``max_tokens`` 200, adapter 
 by closing the HTTP connection, and measures: how long the running-sequences gauge takes to drop to 0 after
 the close (read every 10 ms, for at most 2 s; the figure includes one scrape), the TTFT of the next request,
 sent at once (beside the abandoned stream if it still runs), against the same request with no abandoned
-stream, and how many tokens the abandoned stream generated after the close. Before each abandon the instance
-is idle (the gauge at 0). Figures: docs/benchmarks.md.
+stream (sent, with the instance idle, just before each abandon: the two alternate), and how many tokens the
+abandoned stream generated after the close. Before each abandon the instance is idle (the gauge at 0).
+Figures: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ DRAIN_S = 120.0
 DROP_WAIT_S = 2.0
 
 
-def run(assets_dir: Path, *, disconnects: int = 7, requests: int = 40, max_tokens: int = 32, lm_threads: int = 1,
+def run(assets_dir: Path, *, disconnects: int = 11, requests: int = 40, max_tokens: int = 32, lm_threads: int = 1,
         out: TextIO = sys.stdout) -> dict:
     import httpx
 
@@ -78,10 +79,10 @@ def run(assets_dir: Path, *, disconnects: int = 7, requests: int = 40, max_token
                         out.flush()
                 if not disconnects:
                     continue
-                wait_idle()
-                baseline = [_next_ttft(client) for _ in range(disconnects)]
-                drops, after, ttfts, still = [], [], [], 0
+                baseline, drops, after, ttfts, still = [], [], [], [], 0
                 for i in range(disconnects):
+                    wait_idle()
+                    baseline.append(_next_ttft(client))  # undisturbed, next to each disturbed one (the machine drifts)
                     wait_idle()
                     closed_at, tokens_at_close = _abandon(front.url, i, gauges)
                     while gauges()[0] > 0 and time.monotonic() - closed_at < DROP_WAIT_S:
@@ -111,23 +112,33 @@ def run(assets_dir: Path, *, disconnects: int = 7, requests: int = 40, max_token
 
 
 class _Front:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, pid: int) -> None:
         self.url = url
+        self.pid = pid
+
+    def cpu_seconds(self) -> float:
+        """The front process's CPU time so far (user and system, from /proc)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
-def _front_process(server: TritonServer, assets_dir: Path, pipeline: str) -> Iterator[_Front]:
+def _front_process(server: TritonServer, assets_dir: Path, pipeline: str,
+                   checkout: Path | None = None) -> Iterator[_Front]:
     """``python -m warmup_tools front`` in a process of its own, as a deployment runs it beside tritonserver
     (in this process its event loop would share the interpreter with the benchmark's clients); stopped with
-    SIGINT, then SIGKILL after 10 s."""
+    SIGINT, then SIGKILL after 10 s. ``checkout``: the package of another checkout of the project instead of
+    this one (run from there, so that it is the one imported)."""
     import httpx
 
     port = free_port()
     command = [sys.executable, "-m", "warmup_tools", "front", "--front-port", str(port), "--pipeline", pipeline,
                "--triton-grpc-url", server.grpc_url, "--triton-metrics-url", server.metrics_url,
                "--model-repository", str(server.model_repository)]
-    process = subprocess.Popen(command, env={**os.environ, "WARMUP_ASSETS_DIR": str(assets_dir)},
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, "WARMUP_ASSETS_DIR": str(assets_dir)}
+    if checkout is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(checkout), env.get("PYTHONPATH"))))
+    process = subprocess.Popen(command, env=env, cwd=checkout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
@@ -140,7 +151,7 @@ def _front_process(server: TritonServer, assets_dir: Path, pipeline: str) -> Ite
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the front did not start: {' '.join(command)}")
             time.sleep(0.2)
-        yield _Front(url)
+        yield _Front(url, process.pid)
     finally:
         process.send_signal(signal.SIGINT)
         try:

@@ -2,8 +2,9 @@
 head, which llhttp does not have.
 
 Why not uvicorn's h11 protocol, which has such a bound (``h11_max_incomplete_event_size``): h11 parses in pure
-Python; on the development machine httptools saved about 0.3 ms of TTFT and 0.6 ms of the front's CPU per streamed
-request (docs/benchmarks.md, "The front's added TTFT").
+Python. On the development machine httptools and uvloop together took 0.5 to 0.7 ms off the TTFT p50 of a streamed
+request and 0.4 to 0.8 ms off the front's CPU per request (``scripts/front_ab.py``; docs/benchmarks.md, "The
+front's added TTFT").
 """
 
 from __future__ import annotations

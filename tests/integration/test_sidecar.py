@@ -142,6 +142,10 @@ def test_a_stream_in_flight_on_a_killed_lora_adapter_stub_ends_with_an_error_ins
         assert CLIENT_TIMEOUT_MESSAGE not in inflight.error, inflight.error
         assert ended_after_s < DEADLINE_S, f"it ended only {ended_after_s:.0f}s after the kill: {inflight.error}"
 
+        # NOTE: the stream may end before the sidecar's next probe saw the dead stub, with /ready still 200 from
+        # before the kill: wait for the restart to be recorded (it stays), then for /ready.
+        wait_for(lambda: get_json(sidecar.url + "/status")["last_recovery"] is not None,
+                 "the sidecar to record its restart of tritonserver", server)
         wait_for(lambda: ready_status(sidecar.url) == 200, "/ready to come back after the restart", server)
         status = get_json(sidecar.url + "/status")
         assert status["last_recovery"]["model"] == "tritonserver" and status["last_recovery"]["ok"], status

@@ -31,10 +31,8 @@ from typing import Any, AsyncIterator
 import aiohttp
 import grpc
 import numpy as np
-import tritonclient.grpc.aio as grpcaio
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import InferResult, service_pb2
-from tritonclient.utils import InferenceServerException
 
 from warmup_tools.front.engine.engine import (
     EngineError,
@@ -129,6 +127,7 @@ def _identity(request: GenerateInput) -> list[Tensor]:
 #: Triton's bidirectional streaming method, which a generation calls as a server-streaming one (below).
 STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+READY_METHOD = "/inference.GRPCInferenceService/ServerReady"
 
 
 #: As tritonclient sets them: a message is bounded by the front's own request limits, not by gRPC's 4 MB default.
@@ -148,10 +147,10 @@ class TritonEngine:
         self.kv_capacity_bytes = kv_capacity_bytes
         self.timeout_s = timeout_s
         self.poll_interval_s = poll_interval_s
-        self._client: grpcaio.InferenceServerClient | None = None
         self._channel: grpc.aio.Channel | None = None
         self._infer: grpc.aio.UnaryUnaryMultiCallable | None = None
         self._generate: grpc.aio.UnaryStreamMultiCallable | None = None
+        self._ready_call: grpc.aio.UnaryUnaryMultiCallable | None = None
         self._http: aiohttp.ClientSession | None = None
         self._poller: asyncio.Task | None = None
         self._models = ModelState({})
@@ -163,7 +162,6 @@ class TritonEngine:
     # --------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         # NOTE: a grpc.aio channel belongs to the event loop it was made on: made here, on uvicorn's.
-        self._client = grpcaio.InferenceServerClient(self.grpc_url)
         self._channel = grpc.aio.insecure_channel(self.grpc_url, options=_CHANNEL_OPTIONS)
         self._infer = self._channel.unary_unary(
             INFER_METHOD, request_serializer=service_pb2.ModelInferRequest.SerializeToString,
@@ -176,11 +174,14 @@ class TritonEngine:
         self._generate = self._channel.unary_stream(
             STREAM_METHOD, request_serializer=service_pb2.ModelInferRequest.SerializeToString,
             response_deserializer=service_pb2.ModelStreamInferResponse.FromString)
+        self._ready_call = self._channel.unary_unary(
+            READY_METHOD, request_serializer=service_pb2.ServerReadyRequest.SerializeToString,
+            response_deserializer=service_pb2.ServerReadyResponse.FromString)
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         self._refresh_lock = asyncio.Lock()
         try:  # NOTE: connects the channel now, not on the first request (whose TTFT would pay for it)
-            await self._client.is_server_ready(client_timeout=5)
-        except InferenceServerException:
+            await self._server_ready()
+        except grpc.aio.AioRpcError:
             pass  # not up yet: the poller and the first request will connect
         self._poller = asyncio.create_task(self._poll(), name="front-poll")
 
@@ -192,8 +193,6 @@ class TritonEngine:
             await self._channel.close()
         if self._http is not None:
             await self._http.close()
-        if self._client is not None:
-            await self._client.close()
 
     # --------------------------------------------------------------------------------- generation
     async def generate(self, request: GenerateInput) -> AsyncIterator[GenerateChunk]:
@@ -320,33 +319,27 @@ class TritonEngine:
                 async with self._http.get(f"{self.sidecar_url}/ready") as response:
                     body = await response.text()
                     if response.status == 200:
-                        channels = await self._channel_ready()
-                        return Readiness(True, **_temperature(body)) if channels.ready else channels
+                        if await self._server_ready():
+                            return Readiness(True, **_temperature(body))
+                        return Readiness(False, "the front's connection to tritonserver is not up yet")
                     try:
                         reason = str(json.loads(body).get("reason", body))
                     except (ValueError, AttributeError):
                         reason = body
                     return Readiness(False, f"the replica is not ready: {reason[:300]}")
-            assert self._client is not None
-            ready = await self._client.is_server_ready(client_timeout=5)
-            return Readiness(bool(ready), "" if ready else "tritonserver is not ready")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, InferenceServerException) as exc:
+            ready = await self._server_ready()
+            return Readiness(ready, "" if ready else "tritonserver is not ready")
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, grpc.aio.AioRpcError) as exc:
             LOGGER.debug("readiness not read: %s", exc)
             return Readiness(False, "the replica is not reachable yet")
 
-    async def _channel_ready(self) -> Readiness:
-        """Whether this front's own gRPC channel reaches tritonserver. NOTE: a channel made before tritonserver
-        listened is in reconnect backoff for a while after the server is up; until it connects, requests would
-        fail with "failed to connect", so the front is not ready before its channel is."""
-        assert self._client is not None and self._channel is not None
-        try:
-            if await self._client.is_server_ready(client_timeout=5):
-                # NOTE: the inference calls go on a channel of their own (not tritonclient's): it must connect too.
-                await asyncio.wait_for(self._channel.channel_ready(), 5)
-                return Readiness(True)
-        except (InferenceServerException, asyncio.TimeoutError):
-            pass
-        return Readiness(False, "the front's connection to tritonserver is not up yet")
+    async def _server_ready(self) -> bool:
+        """tritonserver's ``ServerReady``, on the channel the inferences use (raises ``AioRpcError`` when it does not
+        reach the server). NOTE: a channel made before tritonserver listened is in reconnect backoff for a while
+        after the server is up; until it connects, requests fail with "failed to connect", so readiness is asked on
+        that channel: the front is not ready before its channel is."""
+        assert self._ready_call is not None, "start() first"
+        return bool((await self._ready_call(service_pb2.ServerReadyRequest(), timeout=5)).ready)
 
     async def _get_text(self, url: str) -> str:
         assert self._http is not None

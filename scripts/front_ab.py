@@ -18,7 +18,12 @@ import sys
 from pathlib import Path
 
 import httpx
-from front_floor import PROMPT, first_event_ms  # scripts/, this script's folder
+from front_floor import (  # scripts/, this script's folder
+    UNMEASURED_CALLS,
+    front_ttft_ms,
+    generate_stream_ttft_ms,
+    interleaved,
+)
 
 from warmup_tools.demo.assets import ensure_demo_assets
 from warmup_tools.server.config import REPO_ROOT
@@ -34,24 +39,12 @@ def main(other: Path, rounds: int, pipeline: str) -> None:
         server.wait_ready(timeout=600)
         fronts = {"this checkout": stack.enter_context(_front_process(server, Path(assets.root), pipeline)),
                   str(other): stack.enter_context(_front_process(server, Path(assets.root), pipeline, checkout=other))}
-        ways = {name: (lambda url=front.url: first_event_ms(
-                    client, f"{url}/v1/completions",
-                    {"model": "support", "prompt": PROMPT, "max_tokens": 1, "stream": True},
-                    lambda data: data["choices"] and data["choices"][0]["text"]))
-                for name, front in fronts.items()}
-        ways["generate_stream"] = lambda: first_event_ms(
-            client, f"http://{server.http_url}/v2/models/ensemble/generate_stream",
-            {"text_input": PROMPT, "max_tokens": 1, "stream": True, "adapter_id": "support"},
-            lambda data: data.get("text_output"))
-        for way in ways.values():  # one-off costs
-            way(), way()
-        times: dict[str, list[float]] = {name: [] for name in ways}
+        ways = {name: (lambda url=front.url: front_ttft_ms(client, url)) for name, front in fronts.items()}
+        ways["generate_stream"] = lambda: generate_stream_ttft_ms(client, server.http_url)
         cpu = {name: front.cpu_seconds() for name, front in fronts.items()}
-        names = list(ways)
-        for i in range(rounds):
-            for name in names if i % 2 else names[::-1]:
-                times[name].append(ways[name]())
-        cpu = {name: (front.cpu_seconds() - cpu[name]) / rounds * 1000 for name, front in fronts.items()}
+        times = interleaved(ways, rounds)
+        requests = rounds + UNMEASURED_CALLS  # the CPU time covers the unmeasured calls too
+        cpu = {name: (front.cpu_seconds() - cpu[name]) / requests * 1000 for name, front in fronts.items()}
         base = statistics.median(times["generate_stream"])
         for name, values in times.items():
             p50 = statistics.median(values)

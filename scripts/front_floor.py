@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import grpc
 import httpx
@@ -98,6 +99,38 @@ class GrpcEnsemble:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
+def front_ttft_ms(client: httpx.Client, front_url: str) -> float:
+    """A streamed one-token ``/v1/completions`` of :data:`PROMPT` (adapter ``support``) through a front."""
+    return first_event_ms(client, f"{front_url}/v1/completions",
+                          {"model": "support", "prompt": PROMPT, "max_tokens": 1, "stream": True},
+                          lambda data: data["choices"] and data["choices"][0]["text"])
+
+
+def generate_stream_ttft_ms(client: httpx.Client, triton_http: str) -> float:
+    """The same request on tritonserver's ``/v2/models/ensemble/generate_stream``."""
+    return first_event_ms(client, f"http://{triton_http}/v2/models/ensemble/generate_stream",
+                          {"text_input": PROMPT, "max_tokens": 1, "stream": True, "adapter_id": "support"},
+                          lambda data: data.get("text_output"))
+
+
+#: Unmeasured calls of each way before :func:`interleaved` measures (one-off costs).
+UNMEASURED_CALLS = 2
+
+
+def interleaved(ways: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Each way's figures over ``rounds`` rounds, one at a time, the order reversed every other round (so both
+    ends of a round see the same machine load), after :data:`UNMEASURED_CALLS` unmeasured calls each."""
+    for way in ways.values():
+        for _ in range(UNMEASURED_CALLS):
+            way()
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    names = list(ways)
+    for i in range(rounds):
+        for name in names if i % 2 else names[::-1]:
+            times[name].append(ways[name]())
+    return times
+
+
 def main(rounds: int) -> None:
     assets = ensure_demo_assets(REPO_ROOT / ".assets")
     env = {"WARMUP_ASSETS_DIR": str(assets.root), "WARMUP_CONTROL_DIR": "", "WARMUP_LM_THREADS": "1"}
@@ -108,26 +141,14 @@ def main(rounds: int) -> None:
             for pipeline in PIPELINES:
                 with _front_process(server, Path(assets.root), pipeline) as front:
                     ways = {
-                        "front": lambda: first_event_ms(
-                            client, f"{front.url}/v1/completions",
-                            {"model": "support", "prompt": PROMPT, "max_tokens": 1, "stream": True},
-                            lambda data: data["choices"] and data["choices"][0]["text"]),
-                        "generate_stream": lambda: first_event_ms(
-                            client, f"http://{server.http_url}/v2/models/ensemble/generate_stream",
-                            {"text_input": PROMPT, "max_tokens": 1, "stream": True, "adapter_id": "support"},
-                            lambda data: data.get("text_output")),
+                        "front": lambda: front_ttft_ms(client, front.url),
+                        "generate_stream": lambda: generate_stream_ttft_ms(client, server.http_url),
                         "grpc": ensemble.ttft_ms,
                         "front /v1/models/base": lambda: get_ms(client, f"{front.url}/v1/models/base"),
                         "tritonserver /v2/health/ready": lambda: get_ms(client, f"http://{server.http_url}"
                                                                                 "/v2/health/ready"),
                     }
-                    for way in ways.values():  # one-off costs
-                        way(), way()
-                    times: dict[str, list[float]] = {name: [] for name in ways}
-                    names = list(ways)
-                    for i in range(rounds):
-                        for name in names if i % 2 else names[::-1]:
-                            times[name].append(ways[name]())
+                    times = interleaved(ways, rounds)
                     p50 = {name: statistics.median(values) for name, values in times.items()}
                     for name, values in times.items():
                         print(f"{pipeline:9s} {name:30s} p25 {statistics.quantiles(values, n=4)[0]:6.2f} ms  "

@@ -172,7 +172,7 @@ def test_deploy_secrets_makes_owner_only_files_once_and_every_deployment_its_own
     files = make_deployment_secrets(tmp_path / "a", redis_conf_dir=tmp_path / "conf")
     made = sorted(p.name for p in files.folder.iterdir())
     assert made == ["deployment.secret", "load_tenant.key", "probe_tenant.key", "redis.password", "redis.url",
-                    "tenant_keys.json"]
+                    "router_control.key", "tenant_keys.json"]
     assert stat.S_IMODE(files.folder.stat().st_mode) == 0o700
     assert {stat.S_IMODE(p.stat().st_mode) for p in [*files.folder.iterdir(), tmp_path / "conf" / "redis.conf"]} == {
         0o600}
@@ -188,6 +188,8 @@ def test_deploy_secrets_makes_owner_only_files_once_and_every_deployment_its_own
     other = make_deployment_secrets(tmp_path / "b")
     assert other.redis_password.read_bytes() != files.redis_password.read_bytes()
     assert other.deployment_secret.read_bytes() != files.deployment_secret.read_bytes()
+    assert other.router_key.read_bytes() != files.router_key.read_bytes()
+    assert len(files.read_key(files.router_key)) >= 64
 
 
 def test_prometheus_scrapes_triton_and_the_sidecar_where_compose_serves_them():

@@ -143,7 +143,8 @@ class Fleet:
     def _join(self, replica: Replica) -> None:
         replica.wait_warm()
         membership = self.memberships[replica.name] = Membership(replica.url, self.router,
-                                                                 self.settings.membership_interval_s)
+                                                                 self.settings.membership_interval_s,
+                                                                 replica_key=replica.key)
         membership.sync()  # NOTE: its workers registered before this returns, as callers expect
         if not membership.workers:
             raise ServerError(f"replica {replica.name} did not join the router (its /health no longer says 200)")

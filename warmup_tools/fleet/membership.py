@@ -4,13 +4,14 @@
 One loop serves the local fleet (a thread per replica), compose (``python -m warmup_tools join``, a service
 per replica) and Kubernetes (a ``join`` container in each replica pod)::
 
-    membership = Membership("http://127.0.0.1:9000", RouterClient("http://router:30000", 5), interval_s=5)
+    router = RouterClient("http://router:30000", 5, control_key=router_key)   # trust mode: the router's key
+    membership = Membership("http://127.0.0.1:9000", router, interval_s=5, replica_key=probe_key)
     membership.start()   # or run() in this thread until stop() (SIGTERM)
     ...
     membership.stop()    # every worker deregistered (draining or gone), then the loop returns
 
-Every ``interval_s`` it reads the replica's ``/v1/models`` (the base model and each live adapter) and the
-router's ``GET /workers``, then:
+Every ``interval_s`` it reads the replica's ``/v1/models`` (the base model and each live adapter; in trust mode
+with ``replica_key``, a tenant key: the deployment's probe tenant's) and the router's ``GET /workers``, then:
 
 - adds a worker ``<replica>/m/<model>`` for a model served and not registered (an adapter made live later; a
   router that restarted and lost every worker), only while the replica's ``/health`` says 200;
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import urllib.error
 
 from warmup_tools.common.errors import ServerError
 from warmup_tools.fleet.replica import http_status, served_models
@@ -38,11 +40,13 @@ _JOINING_POLL_S = 1.0
 class Membership:
     """The router's workers of one replica (``replica_url``: its OpenAI front), kept in step with what it serves."""
 
-    def __init__(self, replica_url: str, router: RouterClient, interval_s: float) -> None:
+    def __init__(self, replica_url: str, router: RouterClient, interval_s: float, *,
+                 replica_key: str | None = None) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         self.replica_url = replica_url.rstrip("/")
         self.router = router
+        self.replica_key = replica_key
         self.interval_s = interval_s
         self._workers: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -65,7 +69,14 @@ class Membership:
         ServerError when the router does not answer or does not take a change (the next look tries again)."""
         warm = http_status(f"{self.replica_url}/health") == 200
         try:
-            models = served_models(self.replica_url)
+            models = served_models(self.replica_url, self.replica_key)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 401:  # NOTE: a front in trust mode lists its models to a tenant key only
+                raise ServerError(f"{self.replica_url}/v1/models answers 401: the replica runs trust mode and takes "
+                                  "the probe tenant's key from the deployment's secrets (join --secrets-dir)") from None
+            if warm:
+                raise ServerError(f"{self.replica_url}/v1/models: {exc}") from None
+            return
         except (OSError, ValueError, KeyError, TypeError) as exc:  # the front does not answer (yet)
             if warm:
                 raise ServerError(f"{self.replica_url}/v1/models: {exc}") from None

@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
+from warmup_tools.common.deployment import DeploymentSecrets
 from warmup_tools.common.errors import ServerError
 from warmup_tools.fleet.process import Child
 from warmup_tools.fleet.settings import FleetSettings
@@ -62,6 +63,13 @@ class Replica:
         env["WARMUP_LM_THREADS"] = str(settings.lm_threads)
         env["WARMUP_FRONT_DRAIN_GRACE_S"] = str(settings.drain_grace_s)
         env["WARMUP_FRONT_DRAIN_TIMEOUT_S"] = str(settings.stop_timeout_s)
+        #: Trust mode: the probe tenant's key, which reads the front's /v1/models and /metrics (None: open mode).
+        self.key: str | None = None
+        if settings.secrets_dir is not None:
+            secrets = DeploymentSecrets(settings.secrets_dir)
+            # NOTE: no Redis runs beside a local fleet: the secrets' Redis URL is for compose's redis service.
+            env.update(secrets.replica_environment(redis=False))
+            self.key = secrets.read_key(secrets.probe_key)
         self.process = Child(name, argv, env, work_dir / f"{name}.log", cwd=REPO_ROOT)
 
     def start(self) -> None:
@@ -72,20 +80,23 @@ class Replica:
         return http_status(f"{self.url}/health")
 
     def models(self) -> list[str]:
-        return served_models(self.url)
+        return served_models(self.url, self.key)
 
     def requests_taken(self) -> int:
         """Generation requests the replica's front took so far (its ``warmup_front_requests_total``)."""
-        samples = scrape_metrics(f"{self.url}/metrics", prefix="warmup_front_requests")
-        return int(metric_sum(samples, "warmup_front_requests_total"))
+        return int(metric_sum(self._front_metrics(), "warmup_front_requests_total"))
 
     def in_flight(self) -> int:
         """Generation requests in flight through the replica's front now (0 when it does not answer)."""
         try:
-            samples = scrape_metrics(f"{self.url}/metrics", prefix="warmup_front_requests")
+            samples = self._front_metrics()
         except (OSError, ValueError):
             return 0
         return int(metric_sum(samples, "warmup_front_requests_in_flight"))
+
+    def _front_metrics(self) -> dict[tuple[str, frozenset], float]:
+        headers = {"Authorization": f"Bearer {self.key}"} if self.key else None
+        return scrape_metrics(f"{self.url}/metrics", prefix="warmup_front_requests", headers=headers)
 
     def wait_warm(self, timeout_s: float | None = None) -> None:
         try:
@@ -107,9 +118,12 @@ class Replica:
         return {p.name: p.stat().st_mtime for p in self.snapshot_dir.glob(f"*_{self.name}.manifest.json")}
 
 
-def served_models(front_url: str) -> list[str]:
-    """The models a front serves now (``GET /v1/models``): the base model and each live adapter."""
-    with urllib.request.urlopen(f"{front_url}/v1/models", timeout=10) as response:
+def served_models(front_url: str, key: str | None = None) -> list[str]:
+    """The models a front serves now (``GET /v1/models``): the base model and each live adapter. ``key``: a tenant
+    key (a front in trust mode answers 401 without one)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    request = urllib.request.Request(f"{front_url}/v1/models", headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
         return [str(m["id"]) for m in json.load(response)["data"]]
 
 

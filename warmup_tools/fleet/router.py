@@ -3,7 +3,13 @@
 It starts with no worker: a replica's membership (membership.py) adds it through smg's worker API
 (``POST /workers``) once that replica's ``/health`` says warm, and removes it (``DELETE /workers/{id}``: no new
 request goes to it) before the replica is sent SIGTERM. smg's own health checks probe the same ``/health``
-meanwhile, so a replica that stops being warm leaves rotation too."""
+meanwhile, so a replica that stops being warm leaves rotation too.
+
+smg serves its worker API on the same port as ``/v1/*``. With a control-plane key (trust mode: the deployment's
+``router_control.key``, :class:`~warmup_tools.common.deployment.DeploymentSecrets`) it answers 401 to a worker
+API call without ``Authorization: Bearer <key>``, and ``/v1/*`` is unchanged. :func:`smg_argv` is the one
+definition of the router's command line: ``warmup_tools fleet`` runs it, and so does ``warmup_tools router``,
+which compose and Kubernetes run."""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from warmup_tools.common.deployment import DeploymentSecrets
 from warmup_tools.common.errors import ServerError
 from warmup_tools.fleet.process import Child
 from warmup_tools.fleet.settings import FleetSettings
@@ -29,10 +36,13 @@ WORKER_JOB_TIMEOUT_S = 120.0
 class RouterClient:
     """A client of a running smg's worker API (``url``: its OpenAI port)."""
 
-    def __init__(self, url: str, health_check_interval_s: int, process: Child | None = None) -> None:
+    def __init__(self, url: str, health_check_interval_s: int, process: Child | None = None, *,
+                 control_key: str | None = None) -> None:
+        """``control_key``: the router's control-plane key (None: a router started without one)."""
         self.url = url.rstrip("/")
         self.health_check_interval_s = health_check_interval_s
         self.process = process
+        self._control_key = control_key
 
     # ------------------------------------------------------------------------------------- workers
     def workers(self) -> list[dict[str, Any]]:
@@ -75,8 +85,10 @@ class RouterClient:
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"} if data else {})
+        headers = {"Content-Type": "application/json"} if data else {}
+        if self._control_key is not None:
+            headers["Authorization"] = f"Bearer {self._control_key}"
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
                 return json.loads(response.read() or b"{}")
@@ -96,17 +108,11 @@ class Router(RouterClient):
         self.prometheus_port = settings.prometheus_port or free_port(host)
         self.url = f"http://{host if host not in ('0.0.0.0', '::') else '127.0.0.1'}:{self.port}"
         self.metrics_url = f"http://127.0.0.1:{self.prometheus_port}/metrics"
-        interval = settings.health_check_interval_s
-        argv = [_smg(), "launch", "--host", host, "--port", str(self.port),
-                "--prometheus-host", host, "--prometheus-port", str(self.prometheus_port),
-                "--policy", settings.policy, "--cache-threshold", str(settings.cache_threshold),
-                "--balance-abs-threshold", str(settings.balance_abs_threshold),
-                "--balance-rel-threshold", str(settings.balance_rel_threshold),
-                "--health-check-endpoint", "/health",
-                "--health-check-interval-secs", str(interval), "--health-failure-threshold", "1",
-                "--health-success-threshold", "1", "--log-level", "warn"]
-        super().__init__(self.url, interval, Child("router", argv, {"PATH": str(Path(sys.executable).parent),
-                                                                  "HOME": str(work_dir)}, work_dir / "router.log"))
+        key = control_key(settings)
+        argv = smg_argv(settings, port=self.port, prometheus_port=self.prometheus_port, control_key=key)
+        super().__init__(self.url, settings.health_check_interval_s,
+                         Child("router", argv, {"PATH": str(Path(sys.executable).parent), "HOME": str(work_dir)},
+                               work_dir / "router.log"), control_key=key)
 
     def start(self, timeout_s: float = 60.0) -> None:
         self.process.start()
@@ -124,6 +130,37 @@ class Router(RouterClient):
 
     def stop(self) -> None:
         self.process.stop(signal.SIGTERM, 30.0)
+
+
+#: The id, name and role smg gives the control-plane key (``--control-plane-api-keys id:name:role:key``).
+_CONTROL_KEY_ID = "warmup-control:warmup join:admin"
+
+
+def smg_argv(settings: FleetSettings, *, port: int, prometheus_port: int, control_key: str | None) -> list[str]:
+    """The router's command line: ``smg launch`` with the fleet's policy, thresholds and health checks, its worker
+    API behind ``control_key`` (None: open, for a fleet in open mode on the loopback)."""
+    argv = [_smg(), "launch", "--host", settings.host, "--port", str(port),
+            "--prometheus-host", settings.host, "--prometheus-port", str(prometheus_port),
+            "--policy", settings.policy, "--cache-threshold", str(settings.cache_threshold),
+            "--balance-abs-threshold", str(settings.balance_abs_threshold),
+            "--balance-rel-threshold", str(settings.balance_rel_threshold),
+            "--health-check-endpoint", "/health",
+            "--health-check-interval-secs", str(settings.health_check_interval_s),
+            "--health-failure-threshold", "1", "--health-success-threshold", "1",
+            "--shutdown-grace-period-secs", str(round(settings.router_shutdown_grace_s)), "--log-level", "warn"]
+    if control_key is not None:
+        # NOTE: smg 1.13 takes the key only on its command line (no variable, no file): it is visible to the
+        # processes of the router's own container, which is why the router runs alone in its container or pod.
+        argv += ["--control-plane-api-keys", f"{_CONTROL_KEY_ID}:{control_key}"]
+    return argv
+
+
+def control_key(settings: FleetSettings) -> str | None:
+    """The router's control-plane key in trust mode (``secrets_dir``), None in open mode."""
+    if settings.secrets_dir is None:
+        return None
+    secrets = DeploymentSecrets(settings.secrets_dir)
+    return secrets.read_key(secrets.router_key)
 
 
 def _smg() -> str:

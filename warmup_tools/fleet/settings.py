@@ -52,6 +52,11 @@ class FleetSettings:
                                                 "replica's sidecar reads (its --sidecar-config); the folders and "
                                                 "ports the fleet gives each replica override it; empty: the "
                                                 "sidecar's defaults.")
+    secrets_dir: Path | None = setting(None, "Trust mode: the deployment's secrets folder (made by `warmup_tools "
+                                             "deploy-secrets`). Every replica reads its deployment secret, tenant "
+                                             "keys and probe tenant's key from it, the router's worker API takes its "
+                                             "router_control.key, and each replica's membership reads the replica's "
+                                             "/v1/models with the probe tenant's key; empty: open mode.")
     model_repository: Path | None = setting(None, "The model repository every replica serves; empty: the "
                                                   "package's model_repository/.")
     assets_dir: Path | None = setting(None, "The LM, embedder and adapters (WARMUP_ASSETS_DIR); empty: .assets/.")
@@ -61,6 +66,9 @@ class FleetSettings:
                                            "gives up on it.", gt=0)
     health_check_interval_s: int = setting(2, "Seconds between the router's probes of each replica's /health (a "
                                               "replica that stops being warm leaves rotation).", ge=1, le=300)
+    router_shutdown_grace_s: float = setting(400.0, "The longest the router waits at SIGTERM for the requests it "
+                                                    "forwards to finish (smg --shutdown-grace-period-secs).",
+                                             ge=0, le=3600)
     membership_interval_s: float = setting(5.0, "Seconds between two looks of a replica's membership at its /v1/models "
                                                 "and the router's workers: a worker added for an adapter made live, "
                                                 "removed for one retired, added again after a router restart (also "

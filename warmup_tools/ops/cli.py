@@ -85,8 +85,19 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("work-dir", "control-dir", "snapshot-dir", "request-log-dir", "sidecar-config", "model-repository",
                  "assets-dir"):
         fleet.add_argument(f"--{name}", type=Path)
+    _secrets_flag(fleet)
     fleet.add_argument("--lm-threads", type=int, help="torch threads of each replica's LM (default 1)")
     fleet.set_defaults(func=_cmd_fleet)
+
+    router = sub.add_parser("router", help="run the smg router of a fleet (what compose and Kubernetes run): the "
+                                           "fleet's policy, thresholds and health checks, its worker API behind the "
+                                           "deployment's router_control.key in trust mode")
+    router.add_argument("--fleet-config", type=Path, help="JSON file of FleetSettings fields (docs/parameters.md)")
+    router.add_argument("--host")
+    router.add_argument("--port", type=int, help="port of the router's OpenAI API (default 30000)")
+    router.add_argument("--prometheus-port", type=int, help="port of the router's metrics (default 29000)")
+    _secrets_flag(router)
+    router.set_defaults(func=_cmd_router)
 
     join = sub.add_parser("join", help="keep a running replica's membership in a running smg router until SIGTERM: "
                                        "one worker per model it serves once its /health says warm, added and "
@@ -94,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
                                        "restart, all removed at SIGTERM (compose and each Kubernetes pod run it)")
     join.add_argument("--router", required=True, help="the router's base URL, e.g. http://router:30000")
     join.add_argument("--replica", required=True, help="the replica's OpenAI front, e.g. http://triton:9000")
+    _secrets_flag(join)
     join.add_argument("--interval-s", type=float,
                       help="seconds between two looks at the replica's models and the router's workers "
                            "(default: the fleet's membership_interval_s)")
@@ -101,8 +113,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="register once the replica is warm, then exit (no updates, no removal at exit)")
     join.add_argument("--timeout-s", type=float, default=1800.0,
                       help="with --once: how long to wait for the replica to be warm")
-    join.add_argument("--health-check-interval-s", type=int, default=5,
-                      help="seconds between the router's probes of the replica's /health")
+    join.add_argument("--health-check-interval-s", type=int,
+                      help="seconds between the router's probes of the replica's /health (default: the fleet's "
+                           "health_check_interval_s)")
     join.set_defaults(func=_cmd_join)
 
     assets = sub.add_parser("assets", help="build the demo model assets (LM, tokenizer, adapters, embedder)")
@@ -721,10 +734,17 @@ def fleet_settings(args: argparse.Namespace) -> "FleetSettings":
     """The fleet's settings: defaults, ``--fleet-config``, ``WARMUP_FLEET_<FIELD>`` variables, then flags."""
     from warmup_tools.fleet.settings import FleetSettings
 
-    flags = {name: getattr(args, name) for name in ("replicas", "policy", "host", "port", "prometheus_port",
-                                                    "work_dir", "control_dir", "snapshot_dir", "request_log_dir",
-                                                    "sidecar_config", "model_repository", "assets_dir", "lm_threads")}
-    return load_config(FleetSettings, args.fleet_config, flags, env=_fleet_env())
+    names = ("replicas", "policy", "host", "port", "prometheus_port", "work_dir", "control_dir", "snapshot_dir",
+             "request_log_dir", "sidecar_config", "model_repository", "assets_dir", "lm_threads", "secrets_dir",
+             "membership_interval_s", "health_check_interval_s")
+    flags = {name: getattr(args, name, None) for name in names}
+    return load_config(FleetSettings, getattr(args, "fleet_config", None), flags, env=_fleet_env())
+
+
+def _secrets_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--secrets-dir", type=Path,
+                        help="trust mode: the deployment's secrets folder, as `deploy-secrets` makes it (default: "
+                             "WARMUP_FLEET_SECRETS_DIR; neither: open mode)")
 
 
 def _fleet_env() -> dict[str, str]:
@@ -759,15 +779,32 @@ def _unload_for_exit(sidecar: Any, timeout_s: float) -> None:
           f"lora_adapter was not unloaded within {timeout_s:g} s", flush=True)
 
 
+def _cmd_router(args: argparse.Namespace) -> int:
+    from warmup_tools.fleet.router import control_key, smg_argv
+
+    settings = fleet_settings(args)
+    argv = smg_argv(settings, port=settings.port or 30000, prometheus_port=settings.prometheus_port or 29000,
+                    control_key=control_key(settings))
+    print(f"smg {settings.policy} router on {settings.host}:{settings.port or 30000}, worker API "
+          + ("behind the deployment's control-plane key" if settings.secrets_dir else "open (open mode)"), flush=True)
+    os.execv(argv[0], argv)  # NOTE: smg takes this process's place: signals reach it, its exit is ours
+
+
 def _cmd_join(args: argparse.Namespace) -> int:
+    from warmup_tools.common.deployment import DeploymentSecrets
     from warmup_tools.fleet.membership import Membership
     from warmup_tools.fleet.replica import wait_warm
-    from warmup_tools.fleet.router import RouterClient
-    from warmup_tools.fleet.settings import FleetSettings
+    from warmup_tools.fleet.router import RouterClient, control_key
 
-    settings = load_config(FleetSettings, None, {"membership_interval_s": args.interval_s}, env=_fleet_env())
+    args.membership_interval_s = args.interval_s
+    settings = fleet_settings(args)
     interval = settings.membership_interval_s
-    membership = Membership(args.replica, RouterClient(args.router, args.health_check_interval_s), interval)
+    replica_key = None
+    if settings.secrets_dir is not None:
+        secrets = DeploymentSecrets(settings.secrets_dir)
+        replica_key = secrets.read_key(secrets.probe_key)
+    router = RouterClient(args.router, settings.health_check_interval_s, control_key=control_key(settings))
+    membership = Membership(args.replica, router, interval, replica_key=replica_key)
     if args.once:
         wait_warm(args.replica, args.timeout_s)
         membership.sync()

@@ -2,51 +2,24 @@
 
 What compose's one-shot ``secrets`` service runs before the stack starts (Kubernetes takes the same files
 from a Secret): the deployment secret and the tenant keys file the models read, the probe tenant's key
-the sidecar sends, a random Redis password with the URL that carries it, and Redis's own config with that
-password. Run again, it keeps every file it finds, so a restart never changes a key.
+the sidecar sends (the ``join`` processes also read the replicas' ``/v1/models`` with it), the router's
+control-plane key (smg's worker API answers 401 without it; only the router and ``join`` read it), a random
+Redis password with the URL that carries it, and Redis's own config with that password. Run again, it keeps
+every file it finds, so a restart never changes a key.
+
+The files' names, and the variables that point a replica at them, are in
+:class:`~warmup_tools.common.deployment.DeploymentSecrets`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
+from warmup_tools.common.deployment import DeploymentSecrets
 from warmup_tools.common.files import read_or_create_secret, write_atomic
 from warmup_tools.common.records import PROBE_TENANT
 from warmup_tools.triton.trust import add_tenant_key
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class DeploymentSecrets:
-    """Where the files are (their names are what compose and the k8s Secret mount)."""
-
-    folder: Path
-
-    @property
-    def deployment_secret(self) -> Path:
-        return self.folder / "deployment.secret"
-
-    @property
-    def tenant_keys(self) -> Path:
-        return self.folder / "tenant_keys.json"
-
-    @property
-    def probe_key(self) -> Path:
-        return self.folder / "probe_tenant.key"
-
-    @property
-    def load_key(self) -> Path:
-        """The key of tenant ``default``, for the load generator."""
-        return self.folder / "load_tenant.key"
-
-    @property
-    def redis_password(self) -> Path:
-        return self.folder / "redis.password"
-
-    @property
-    def redis_url(self) -> Path:
-        return self.folder / "redis.url"
 
 
 def make_deployment_secrets(folder: Path, *, redis_host: str = "redis", redis_port: int = 6379,
@@ -60,6 +33,7 @@ def make_deployment_secrets(folder: Path, *, redis_host: str = "redis", redis_po
             # NOTE: the key is shown once and only its hash is kept in the keys file; the sidecar and the load
             # generator need the key itself, so it goes in its own owner-only file.
             write_atomic(key_file, add_tenant_key(files.tenant_keys, files.deployment_secret, tenant) + "\n")
+    read_or_create_secret(files.router_key)
     password = read_or_create_secret(files.redis_password).decode()
     write_atomic(files.redis_url, f"redis://:{password}@{redis_host}:{redis_port}/0\n")
     if redis_conf_dir is not None:

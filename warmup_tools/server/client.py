@@ -287,12 +287,17 @@ def _error_text(body: str) -> str:
         return body
 
 
-def scrape_metrics(metrics_url: str, prefix: str = "warmup_") -> dict[tuple[str, frozenset], float]:
-    """Samples from Triton's /metrics whose name starts with ``prefix``: ``{(name, labels): value}``."""
+def scrape_metrics(metrics_url: str, prefix: str = "warmup_",
+                   headers: dict[str, str] | None = None) -> dict[tuple[str, frozenset], float]:
+    """Samples from a Prometheus /metrics whose name starts with ``prefix``: ``{(name, labels): value}``.
+
+    An answer other than 200 raises ``requests.HTTPError`` (an OSError)."""
     import requests
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = requests.get(metrics_url, timeout=10).text
+    response = requests.get(metrics_url, timeout=10, headers=headers)
+    response.raise_for_status()
+    text = response.text
     samples: dict[tuple[str, frozenset], float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

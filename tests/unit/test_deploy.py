@@ -23,7 +23,8 @@ def k8s_docs():
 
 
 def _doc(kind: str, name: str = "triton-warmup"):
-    """The manifest of ``kind`` named ``name`` (the replicas' by default; the router's are warmup-router)."""
+    """The manifest of ``kind`` named ``name`` (the replicas' by default, a StatefulSet; the router's are
+    warmup-router)."""
     return next(doc for _, doc in k8s_docs() if doc["kind"] == kind and doc["metadata"]["name"] == name)
 
 
@@ -35,7 +36,7 @@ def test_every_manifest_validates_against_the_kubernetes_schemas(name, doc):
 
 def test_the_validator_does_catch_a_broken_manifest():
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
-    deployment = _doc("Deployment")
+    deployment = _doc("StatefulSet")
     broken = copy.deepcopy(deployment)
     broken["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "eight thousand"
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -48,7 +49,7 @@ def _sidecar_args(command):
 
 
 def test_the_pod_probes_the_sidecar_and_its_ports_match_the_command():
-    deployment = _doc("Deployment")
+    deployment = _doc("StatefulSet")
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     args = _sidecar_args(container["command"])
@@ -79,8 +80,8 @@ def test_the_pod_probes_the_sidecar_and_its_ports_match_the_command():
 
 def test_compose_runs_the_sidecar_in_trust_mode_with_generated_secrets():
     services = COMPOSE["services"]
-    assert set(services) == {"secrets", "triton", "triton-2", "router", "join-1", "join-2", "redis", "prometheus",
-                             "grafana", "locust"}
+    assert set(services) == {"secrets", "triton", "triton-2", "router", "gateway", "join-1", "join-2", "redis",
+                             "prometheus", "grafana", "locust"}
     triton = services["triton"]
     args = _sidecar_args(triton["command"])
     assert f"127.0.0.1:{args.sidecar_port}:{args.sidecar_port}" in triton["ports"]
@@ -134,13 +135,15 @@ def test_compose_publishes_only_the_inference_ports_beyond_the_loopback_and_rest
         if not one_shot and "ports" in service:  # a join service has no port: a failure of it is an exit
             assert service["healthcheck"]["test"], name
     assert public == {"8000:8000", "8001:8001", "9000:9000", "30000:30000"}
+    # 30000 is the gateway's, which passes the OpenAI API only; the router (and its worker API) is not published.
+    assert "30000:30000" in COMPOSE["services"]["gateway"]["ports"] and "ports" not in COMPOSE["services"]["router"]
     args = _sidecar_args(COMPOSE["services"]["triton"]["command"])
     assert args.front and f"{args.front_port}:{args.front_port}" in public
     assert "ports" not in COMPOSE["services"]["redis"]
 
 
 def test_the_pod_runs_trust_mode_from_a_secret_and_the_service_exposes_inference_only():
-    deployment = _doc("Deployment")
+    deployment = _doc("StatefulSet")
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     env = {e["name"]: e for e in container["env"]}
@@ -223,17 +226,30 @@ def _flag(command, name):
     return command[command.index(name) + 1]
 
 
+def _router_argv(command):
+    """What a deployment's router command runs: ``warmup_tools router``'s smg command line."""
+    from warmup_tools.fleet.router import control_key, smg_argv
+    from warmup_tools.ops.cli import fleet_settings
+
+    assert command[:4] == ["python3", "-m", "warmup_tools", "router"]
+    args = _parser().parse_args(command[3:])
+    settings = fleet_settings(args)
+    assert str(settings.secrets_dir) == "/run/warmup"  # trust mode: the worker API behind the control-plane key
+    key = "k" * 64
+    return smg_argv(settings, port=settings.port, prometheus_port=settings.prometheus_port, control_key=key)
+
+
 def test_each_replica_pod_keeps_its_own_membership_in_the_router():
     router = _doc("Deployment", "warmup-router")["spec"]["template"]["spec"]
-    command = router["containers"][0]["command"]
-    assert command[:2] == ["smg", "launch"] and not any(f.startswith("--service-discovery") for f in command)
+    command = _router_argv(router["containers"][0]["command"])
+    assert not any(f.startswith("--service-discovery") for f in command)
     assert _flag(command, "--health-check-endpoint") == "/health"
     assert _flag(command, "--prometheus-port") != _flag(command, "--port")
     # No service discovery: the router needs no access to the Kubernetes API.
     assert router.get("automountServiceAccountToken") is False and "serviceAccountName" not in router
     assert not [doc for _, doc in k8s_docs() if doc["kind"] in ("Role", "RoleBinding", "ServiceAccount")]
     # Each replica pod runs `join` beside the replica: its own front on localhost, the router by its Service.
-    pod = _doc("Deployment")["spec"]["template"]["spec"]
+    pod = _doc("StatefulSet")["spec"]["template"]["spec"]
     triton, join = pod["containers"][0], next(c for c in pod["containers"] if c["name"] == "join")
     assert join["command"][:4] == ["python3", "-m", "warmup_tools", "join"]
     args = _parser().parse_args(join["command"][3:])
@@ -243,18 +259,94 @@ def test_each_replica_pod_keeps_its_own_membership_in_the_router():
     service = _doc("Service", "warmup-router")
     port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "openai")
     assert args.router == f"http://{service['metadata']['name']}:{port}" and port == int(_flag(command, "--port"))
-    assert args.health_check_interval_s == int(_flag(command, "--health-check-interval-secs"))
     assert join["securityContext"]["runAsNonRoot"] is True and "ports" not in join
+
+
+def _secret_files(pod, container, mount_path):
+    """The files of the trust Secret a container sees under ``mount_path``."""
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == mount_path)
+    secret = next(v for v in pod["volumes"] if v["name"] == mount["name"])["secret"]
+    assert secret["secretName"] == "triton-warmup-trust" and mount["readOnly"] is True
+    return {item["path"] for item in secret["items"]} if "items" in secret else None
+
+
+def test_the_shipped_fleets_run_trust_mode_from_one_definition_of_the_secrets():
+    """compose, Kubernetes and ``warmup_tools fleet`` name the same files, mounted at the same place, set the same
+    variables on the replicas, and give the router and ``join`` the keys they read."""
+    from warmup_tools.common.deployment import MOUNT, DeploymentSecrets
+
+    secrets = DeploymentSecrets(MOUNT)
+    pod = _doc("StatefulSet")["spec"]["template"]["spec"]
+    triton, join = pod["containers"][0], next(c for c in pod["containers"] if c["name"] == "join")
+    k8s_env = {e["name"]: e.get("value") for e in triton["env"]}
+    compose = COMPOSE["services"]
+    for name in ("triton", "triton-2"):
+        env = compose[name]["environment"]
+        assert {k: v for k, v in env.items() if k in secrets.replica_environment()} == secrets.replica_environment()
+    # Kubernetes takes the Redis URL from its own Secret (WARMUP_REDIS_URL), the rest from the trust files.
+    expected = secrets.replica_environment(redis=False)
+    assert {k: v for k, v in k8s_env.items() if k in expected} == expected
+    assert _secret_files(pod, triton, str(MOUNT)) is None  # the whole Secret
+    assert _secret_files(pod, join, str(MOUNT)) == {secrets.router_key.name, secrets.probe_key.name}
+    router_pod = _doc("Deployment", "warmup-router")["spec"]["template"]["spec"]
+    assert _secret_files(router_pod, router_pod["containers"][0], str(MOUNT)) == {secrets.router_key.name}
+    for pod_spec in (pod, router_pod):  # users other than root read the keys through the pod's group
+        assert pod_spec["securityContext"]["fsGroup"] == 1000
+    # The operator's `kubectl create secret` line names every file deploy-secrets makes for the cluster.
+    instructions = (ROOT / "deploy" / "k8s" / "statefulset.yaml").read_text()
+    for path in (secrets.deployment_secret, secrets.tenant_keys, secrets.probe_key, secrets.router_key):
+        assert f"--from-file=./trust/{path.name}" in instructions
+    # compose: the router and each join read the secrets volume where deploy-secrets wrote it.
+    volume = next(v.split(":")[0] for v in compose["secrets"]["volumes"] if v.split(":")[1] == str(MOUNT))
+    for name in ("router", "join-1", "join-2", "triton", "triton-2"):
+        assert f"{volume}:{MOUNT}:ro" in compose[name]["volumes"], name
+    for name in ("join-1", "join-2"):
+        assert _parser().parse_args(compose[name]["command"][3:]).secrets_dir == MOUNT
+    assert _parser().parse_args(join["command"][3:]).secrets_dir == MOUNT
+
+
+def test_the_replicas_of_compose_and_kubernetes_run_one_sidecar_command_under_stable_names():
+    compose = COMPOSE["services"]
+    pod = _doc("StatefulSet")["spec"]["template"]["spec"]
+    assert compose["triton"]["command"] == compose["triton-2"]["command"] == pod["containers"][0]["command"]
+    # A replica's name is its host name: fixed in compose, the StatefulSet's pod name in Kubernetes.
+    assert {compose["triton"]["hostname"], compose["triton-2"]["hostname"]} == {"triton-1", "triton-2"}
+    statefulset = _doc("StatefulSet")
+    headless = _doc("Service", statefulset["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"] == statefulset["spec"]["selector"]["matchLabels"]
+    assert _doc("HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]["kind"] == "StatefulSet"
+
+
+def test_the_routers_worker_api_is_not_reachable_from_outside():
+    """compose publishes the gateway, which passes /v1/ only; Kubernetes exposes /v1 only through its Ingress and
+    admits the router's port from the ingress controller and the replica pods only."""
+    conf = (ROOT / "deploy" / "gateway" / "nginx.conf").read_text()
+    proxied = re.findall(r"location\s+([^{]+?)\s*\{[^}]*proxy_pass", conf)
+    assert proxied == ["/v1/"] and conf.count("proxy_pass") == 1
+    assert "server router:30000;" in conf
+    assert "./deploy/gateway/nginx.conf:/etc/nginx/nginx.conf:ro" in COMPOSE["services"]["gateway"]["volumes"]
+    ingress = _doc("Ingress", "warmup-router")
+    paths = [p for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]]
+    assert [(p["path"], p["pathType"]) for p in paths] == [("/v1", "Prefix")]
+    assert _doc("Service", "warmup-router")["spec"].get("type", "ClusterIP") == "ClusterIP"
+    policy = _doc("NetworkPolicy", "warmup-router")
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "warmup-router"}
+    by_port = {p["port"]: rule["from"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert set(by_port) == {30000, 29000} and all(by_port.values())  # every port names who may connect
+    sources = by_port[30000]
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}} in sources
+    assert {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "triton-warmup"}}} in sources
 
 
 def test_the_grace_period_covers_the_drain_and_the_hpa_scales_the_replicas_on_warm_queue_depth():
     from warmup_tools.server.config import ServeConfig
 
-    pod = _doc("Deployment")["spec"]["template"]["spec"]
+    pod = _doc("StatefulSet")["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     drain = float(env["WARMUP_FRONT_DRAIN_GRACE_S"]) + float(env["WARMUP_FRONT_DRAIN_TIMEOUT_S"])
     assert pod["terminationGracePeriodSeconds"] >= drain + ServeConfig().exit_timeout_s
-    router = _doc("Deployment", "warmup-router")["spec"]["template"]["spec"]["containers"][0]["command"]
+    router = _router_argv(_doc("Deployment", "warmup-router")["spec"]["template"]["spec"]["containers"][0]["command"])
     # the replicas fail /health for longer than the router takes to notice
     assert float(env["WARMUP_FRONT_DRAIN_GRACE_S"]) > float(_flag(router, "--health-check-interval-secs"))
     hpa = _doc("HorizontalPodAutoscaler")
@@ -272,8 +364,8 @@ def test_compose_runs_two_replicas_behind_the_router_and_keeps_each_ones_members
     assert first.front_port == second.front_port
     assert services["triton-2"]["volumes"] == services["triton"]["volumes"]  # one control and snapshot folder
     assert services["triton"]["stop_grace_period"] == services["triton-2"]["stop_grace_period"]
-    router = services["router"]["command"]
-    assert router[:2] == ["smg", "launch"] and _flag(router, "--health-check-endpoint") == "/health"
+    router = _router_argv(services["router"]["command"])
+    assert _flag(router, "--health-check-endpoint") == "/health"
     joined = set()
     for name in ("join-1", "join-2"):
         args = _parser().parse_args(services[name]["command"][3:])
@@ -283,13 +375,15 @@ def test_compose_runs_two_replicas_behind_the_router_and_keeps_each_ones_members
     assert joined == {f"http://triton:{first.front_port}", f"http://triton-2:{second.front_port}"}
 
 
-def test_the_routers_of_compose_and_kubernetes_route_as_the_local_fleet_does():
+def test_the_routers_of_compose_and_kubernetes_run_the_local_fleets_command_line():
+    """Both run ``warmup_tools router``, whose smg command line is the one ``warmup_tools fleet`` runs: the same
+    settings give the same flags, and neither deployment restates a router flag."""
+    from warmup_tools.fleet.router import smg_argv
     from warmup_tools.fleet.settings import FleetSettings
 
-    fleet = FleetSettings()
     compose = COMPOSE["services"]["router"]["command"]
     k8s = _doc("Deployment", "warmup-router")["spec"]["template"]["spec"]["containers"][0]["command"]
-    for command in (compose, k8s):
-        assert _flag(command, "--policy") == fleet.policy
-        assert int(_flag(command, "--balance-abs-threshold")) == fleet.balance_abs_threshold
-        assert float(_flag(command, "--balance-rel-threshold")) == fleet.balance_rel_threshold
+    assert compose == k8s
+    local = smg_argv(FleetSettings(host="0.0.0.0"), port=30000, prometheus_port=29000, control_key="k" * 64)
+    assert _router_argv(compose) == local
+    assert not {"--policy", "--cache-threshold", "--balance-abs-threshold", "--health-check-interval-secs"} & set(k8s)

@@ -1,0 +1,151 @@
+"""The fleet in trust mode, run as compose and Kubernetes ship it: keys made by ``deploy-secrets``, the router
+started by ``warmup_tools router`` with the deployment's control-plane key, each replica a ``warmup_tools
+sidecar`` in trust mode, and each replica's membership a ``warmup_tools join`` process. A tenant's request with
+its key is routed and served warm, a wrong key gets 401, nobody without the control-plane key can add or remove
+a worker, and a replica killed and started again takes requests again."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+
+import openai
+import pytest
+
+from tests.waiting import wait_for
+from warmup_tools.common.deployment import DeploymentSecrets
+from warmup_tools.demo.prompts import USER_QUESTIONS, demo_prompt
+from warmup_tools.fleet.process import Child
+from warmup_tools.fleet.replica import Replica
+from warmup_tools.fleet.router import RouterClient
+from warmup_tools.fleet.settings import FleetSettings
+from warmup_tools.server.config import REPO_ROOT
+from warmup_tools.server.process import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
+
+
+def _cli(*argv: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "warmup_tools", *argv], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def shipped(served_assets, tmp_path_factory):
+    """deploy-secrets, the router, two trust-mode replicas and one join process each, as compose runs them."""
+    work = tmp_path_factory.mktemp("trust-fleet")
+    secrets = DeploymentSecrets(work / "secrets")
+    _cli("deploy-secrets", "--dir", str(secrets.folder))
+    settings = FleetSettings(port=free_port("127.0.0.1"), prometheus_port=free_port("127.0.0.1"),
+                             secrets_dir=secrets.folder, assets_dir=served_assets, work_dir=work,
+                             health_check_interval_s=1, membership_interval_s=1.0)
+    router_url = f"http://127.0.0.1:{settings.port}"
+    env = {"PATH": f"{sys.executable.rsplit('/', 1)[0]}:/usr/bin:/bin", "HOME": str(work)}
+    router = Child("router", [sys.executable, "-m", "warmup_tools", "router", "--host", "127.0.0.1",
+                              "--port", str(settings.port), "--prometheus-port", str(settings.prometheus_port),
+                              "--secrets-dir", str(secrets.folder)], {**env, "PYTHONPATH": str(REPO_ROOT)},
+                   work / "router.log", cwd=REPO_ROOT)
+    control = RouterClient(router_url, 1, router, control_key=secrets.read_key(secrets.router_key))
+    replicas = [Replica(f"r{i}", settings, work, work / "control", work / "snapshots",
+                        request_log_dir=work / "requests") for i in (1, 2)]
+    joins = [Child(f"join-{r.name}", [sys.executable, "-m", "warmup_tools", "join", "--router", router_url,
+                                      "--replica", r.url, "--secrets-dir", str(secrets.folder), "--interval-s", "1"],
+                   {**env, "PYTHONPATH": str(REPO_ROOT)}, work / f"join-{r.name}.log", cwd=REPO_ROOT)
+             for r in replicas]
+    try:
+        router.start()
+        wait_for(lambda: _status(f"{router_url}/liveness") == 200, "the router answers", detail=router.log_tail)
+        for replica in replicas:
+            replica.start()
+        for join in joins:
+            join.start()
+        for replica in replicas:
+            replica.wait_warm()
+        wait_for(lambda: _joined(control, replicas), "both replicas joined",
+                 detail=lambda: "\n".join(j.log_tail() for j in joins))
+        yield secrets, control, replicas
+    finally:
+        for join in joins:
+            join.stop(signal.SIGTERM, 60)
+        for replica in replicas:
+            replica.stop()
+        router.stop(signal.SIGTERM, 30)
+
+
+def _status(url: str, method: str = "GET", body: dict | None = None, key: str | None = None) -> int:
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(url, data=json.dumps(body).encode() if body else None, method=method,
+                                     headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+def _joined(control: RouterClient, replicas: list[Replica]) -> bool:
+    """Whether the router routes every model each replica serves to it."""
+    ready = {w["url"] for w in control.workers() if w.get("status") == "ready"}
+    return ready == {f"{r.url}/m/{model}" for r in replicas for model in r.models()}
+
+
+def _sdk(url: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+
+
+def test_a_tenant_with_its_key_is_routed_and_served_warm(shipped):
+    secrets, control, _ = shipped
+    with _sdk(control.url, secrets.read_key(secrets.load_key)) as sdk:  # tenant `default`, what Locust sends
+        answer = sdk.completions.create(model="support", max_tokens=4,
+                                        prompt=demo_prompt("support", USER_QUESTIONS["support"][0]))
+    assert answer.usage.prompt_tokens_details.cached_tokens > 0  # the planned system prompt was warm
+
+
+def test_a_wrong_or_missing_key_gets_401_through_the_router(shipped):
+    secrets, control, _ = shipped
+    with _sdk(control.url, "sk-not-a-tenant-key") as sdk, pytest.raises(openai.AuthenticationError):
+        sdk.completions.create(model="support", max_tokens=4, prompt="Hello")
+    body = {"model": "support", "prompt": "Hello", "max_tokens": 4}
+    assert _status(f"{control.url}/v1/completions", "POST", body) == 401
+    # The router's own key is not a tenant's.
+    assert _status(f"{control.url}/v1/completions", "POST", body,
+                   key=secrets.read_key(secrets.router_key)) == 401
+
+
+def test_nobody_without_the_control_key_adds_or_removes_a_worker(shipped):
+    secrets, control, replicas = shipped
+    before = control.workers()
+    attacker = {"url": "http://127.0.0.1:9/m/support", "runtime_type": "generic", "models": [{"id": "support"}]}
+    for key in (None, secrets.read_key(secrets.load_key), secrets.read_key(secrets.probe_key)):
+        assert _status(f"{control.url}/workers", "POST", attacker, key=key) == 401
+        assert _status(f"{control.url}/workers/{before[0]['id']}", "DELETE", key=key) == 401
+        assert _status(f"{control.url}/workers", key=key) == 401  # nor lists the replicas' internal URLs
+    assert sorted(w["id"] for w in control.workers()) == sorted(w["id"] for w in before)
+
+
+def test_a_replica_killed_and_started_again_takes_requests_again(shipped):
+    secrets, control, replicas = shipped
+    victim = replicas[0]
+    victim.process.stop(signal.SIGKILL, 0)  # the whole replica: sidecar, tritonserver, stubs, front
+    victim.start()
+    victim.wait_warm()
+    wait_for(lambda: _joined(control, replicas), "the restarted replica is in rotation again")
+    # New prefixes: behind cache_aware, each goes to the worker with the least cached text, so they alternate.
+    with _sdk(control.url, secrets.read_key(secrets.load_key)) as sdk:
+        def routed_there() -> bool:
+            sdk.completions.create(model="support", max_tokens=2, prompt=f"{uuid.uuid4().hex} is an order number. "
+                                                                         "Where is my parcel?")
+            return victim.requests_taken() > 0
+
+        wait_for(routed_there, "a request routed to the restarted replica", poll_s=0)

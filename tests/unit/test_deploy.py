@@ -228,7 +228,7 @@ def _flag(command, name):
 
 def _router_argv(command):
     """What a deployment's router command runs: ``warmup_tools router``'s smg command line."""
-    from warmup_tools.fleet.router import control_key, smg_argv
+    from warmup_tools.fleet.router import smg_argv
     from warmup_tools.ops.cli import fleet_settings
 
     assert command[:4] == ["python3", "-m", "warmup_tools", "router"]

@@ -43,7 +43,8 @@ class FakeRouter:
 
     def handle(self, method: str, path: str, body: dict[str, Any] | None,
                authorization: str | None = None) -> tuple[int, dict[str, Any]]:
-        if path.startswith("/workers") and self.control_key is not None and authorization != f"Bearer {self.control_key}":
+        locked = self.control_key is not None and authorization != f"Bearer {self.control_key}"
+        if path.startswith("/workers") and locked:
             return 401, {"error": "Unauthorized"}  # smg 1.13 with --control-plane-api-keys
         with self.lock:
             if method == "GET" and path == "/workers":

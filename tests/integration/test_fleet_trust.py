@@ -149,3 +149,19 @@ def test_a_replica_killed_and_started_again_takes_requests_again(shipped):
             return victim.requests_taken() > 0
 
         wait_for(routed_there, "a request routed to the restarted replica", poll_s=0)
+
+
+def test_warmup_tools_fleet_with_a_secrets_dir_runs_the_same_trust_mode(shipped, served_assets, tmp_path):
+    """``warmup_tools fleet --secrets-dir`` (the Fleet class: in-process memberships) routes in trust mode too."""
+    from warmup_tools.fleet.fleet import Fleet
+
+    secrets, _, _ = shipped
+    settings = FleetSettings(replicas=1, port=0, secrets_dir=secrets.folder, assets_dir=served_assets,
+                             work_dir=tmp_path, membership_interval_s=1.0)
+    with Fleet(settings) as fleet:
+        assert fleet.worker_ids  # joined: its membership read /v1/models with the probe tenant's key
+        with _sdk(fleet.router.url, secrets.read_key(secrets.load_key)) as sdk:
+            answer = sdk.completions.create(model="support", max_tokens=2,
+                                            prompt=demo_prompt("support", USER_QUESTIONS["support"][1]))
+        assert answer.usage.prompt_tokens_details.cached_tokens > 0
+        assert _status(f"{fleet.router.url}/workers") == 401

@@ -2,17 +2,20 @@
 
 The control folder (``desired.json``, ``plan.json``, the status files) is written by the operator's CLI
 and by the instances, but whoever can write the folder can put anything there, and every instance and the
-sidecar re-read it while serving. :func:`json.loads` recurses once per nesting level, so a file of
-100,000 ``[`` raises ``RecursionError``, which no ``except ValueError`` catches. Here the nesting depth
-is measured first, without recursion, on the file's bytes with its strings taken out, and every failure
-is a :class:`~warmup_tools.common.errors.FileFormatError` that names the file and the cause.
+sidecar re-read it while serving. The parser is :func:`json.loads` (C, linear in the file's size); it
+recurses once per nesting level and raises ``RecursionError`` on a file of 100,000 ``[``, which no
+``except ValueError`` catches: here that is a format error too, and a document that parsed is then measured,
+without recursion, against :data:`MAX_DEPTH`. Every failure is a
+:class:`~warmup_tools.common.errors.FileFormatError` that names the file and the cause.
+
+NOTE: no regular expression or other scan runs over the raw bytes first: a pre-scan that skipped strings with
+a backtracking pattern took exponential time on one unclosed quote, holding the GIL of every thread of the
+process that read the file.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
-import re
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -21,12 +24,6 @@ from warmup_tools.common.errors import FileFormatError
 #: Deepest nesting a control file may have. The formats need 4 (document, adapters or items, one entry,
 #: its list); the margin is for formats that grow, not for documents that recurse.
 MAX_DEPTH = 32
-
-#: A JSON string with its escapes (``"a \\" b"``): brackets inside strings do not nest.
-_STRING = re.compile(rb'"(?:[^"\\]+|\\.)*"', re.DOTALL)
-_BRACKETS = b"[]{}"
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in _BRACKETS)
-_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
 def read_capped(file: BinaryIO, max_bytes: int, what: str) -> bytes:
@@ -37,11 +34,18 @@ def read_capped(file: BinaryIO, max_bytes: int, what: str) -> bytes:
     return raw
 
 
-def nesting_depth(raw: bytes) -> int:
-    """How deep the arrays and objects of a JSON text nest (0 for a scalar), in linear time, no recursion."""
-    skeleton = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
-    # NOTE: map, accumulate and max all run in C: a 16 MiB file of brackets costs well under a second.
-    return max(itertools.accumulate(map(_STEP.__getitem__, skeleton)), default=0)
+def nesting_depth(value: Any) -> int:
+    """How deep the arrays and objects of a parsed JSON value nest (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            node = node.values()
+        elif not isinstance(node, list):
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in node if isinstance(child, (dict, list)))
+    return deepest
 
 
 def loads_bounded(raw: bytes, what: str, *, max_depth: int = MAX_DEPTH) -> Any:
@@ -53,15 +57,17 @@ def loads_bounded(raw: bytes, what: str, *, max_depth: int = MAX_DEPTH) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise FileFormatError(f"{what}: not JSON (not UTF-8 at byte {exc.start})") from None
-    depth = nesting_depth(raw)
-    if depth > max_depth:
-        raise FileFormatError(f"{what}: nested {depth} levels deep, more than the {max_depth} allowed")
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise FileFormatError(f"{what}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-    except RecursionError:  # NOTE: not reachable below MAX_DEPTH; kept so no parser error can escape
-        raise FileFormatError(f"{what}: nested too deep to parse") from None
+    except RecursionError:
+        raise FileFormatError(f"{what}: nested deeper than the parser's recursion limit, more than the "
+                              f"{max_depth} levels allowed") from None
+    depth = nesting_depth(value)
+    if depth > max_depth:
+        raise FileFormatError(f"{what}: nested {depth} levels deep, more than the {max_depth} allowed")
+    return value
 
 
 def read_json_bounded(path: Path, *, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:

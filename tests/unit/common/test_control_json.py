@@ -2,9 +2,12 @@
 
 import io
 import json
+import subprocess
+import sys
 
 import pytest
 
+from tests.waiting import HANG_S
 from warmup_tools.common.control_json import MAX_DEPTH, loads_bounded, nesting_depth, read_capped, read_json_bounded
 from warmup_tools.common.errors import FileFormatError
 
@@ -13,9 +16,10 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
 
 @pytest.mark.parametrize("text, depth", [
     ('1', 0), ('[]', 1), ('{"a": [1, {"b": []}]}', 4), ('["[[[[", "}}]]\\"[["]', 1), ('{"k\\\\": [[]]}', 3),
+    ('[[], [[[]]], {}]', 4),
 ])
-def test_the_depth_counts_brackets_outside_strings_only(text, depth):
-    assert nesting_depth(text.encode()) == depth
+def test_the_depth_counts_arrays_and_objects_not_brackets_inside_strings(text, depth):
+    assert nesting_depth(json.loads(text)) == depth
     assert loads_bounded(text.encode(), "x.json") == json.loads(text)
 
 
@@ -23,10 +27,34 @@ def test_a_deeply_nested_document_is_a_format_error_not_a_recursion_error():
     with pytest.raises(RecursionError):
         json.loads(DEEP)  # what the plain parser does with it
     for raw in (DEEP, b'{"a":' * 100_000 + b"1" + b"}" * 100_000, b"[" * 100_000):
-        with pytest.raises(FileFormatError, match=r"desired\.json: nested 100000 levels deep, more than the 32"):
+        with pytest.raises(FileFormatError, match=r"desired\.json: nested deeper .*more than the 32 levels allowed"):
             loads_bounded(raw, "desired.json")
-    assert nesting_depth(b"[" * MAX_DEPTH + b"]" * MAX_DEPTH) == MAX_DEPTH
-    loads_bounded(b"[" * MAX_DEPTH + b"]" * MAX_DEPTH, "x")
+    for depth in (MAX_DEPTH + 1, 500):  # below the parser's limit: parsed, then measured
+        with pytest.raises(FileFormatError, match=rf"x: nested {depth} levels deep, more than the 32 allowed"):
+            loads_bounded(b"[" * depth + b"]" * depth, "x")
+    assert loads_bounded(b"[" * MAX_DEPTH + b"]" * MAX_DEPTH, "x") is not None
+
+
+def _parse_in_a_child(raw: bytes) -> str:
+    """What loads_bounded makes of ``raw``, from another process that a hang cannot take the suite down with: a
+    bound only a hang reaches (a backtracking scan of one unclosed quote took minutes), not a speed check."""
+    code = ("import sys\nfrom warmup_tools.common.control_json import loads_bounded\n"
+            "from warmup_tools.common.errors import FileFormatError\n"
+            "try:\n    loads_bounded(sys.stdin.buffer.read(), 'desired.json')\n    print('parsed')\n"
+            "except FileFormatError as exc:\n    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], input=raw, capture_output=True, timeout=HANG_S)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.decode().strip()
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"adapters": {"sql": {"path": "' + b"a" * 40,            # one unclosed quote, 40 characters after it
+    b'{"adapters": {"sql": {"path": "' + b"a/" * (8 << 20),    # and 16 MiB after it
+    b'["' + b'\\"' * (5 << 20),                               # 15 MiB of escaped quotes, never closed
+    b'"' + b'\\' * (8 << 20),                                 # 16 MiB of escaped backslashes
+])
+def test_an_unterminated_string_is_refused_without_hanging_the_reader(raw):
+    assert _parse_in_a_child(raw).startswith("desired.json: not valid JSON (Unterminated string")
 
 
 @pytest.mark.parametrize("raw, cause", [

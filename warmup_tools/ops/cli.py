@@ -148,9 +148,10 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--redis-uid", type=int, help="owner of redis.conf (the Redis image's user)")
     init.set_defaults(func=_cmd_deploy_secrets)
 
-    plan = sub.add_parser("plan", help="decide what to warm from request logs; writes a versioned plan. Also "
-                                       "`plan history`, `plan diff A B`, `plan rollback [ID]`: the plans a control "
-                                       "folder served (`plan history --help`)")
+    plan_help = ("decide what to warm from request logs; writes a versioned plan. Also `plan history`, `plan diff "
+                 "A B`, `plan rollback [ID]`: the plans a control folder served, and `plan canary`: a plan on trial "
+                 "on one instance or replica, promoted or rolled back by the sidecar (each has its own --help)")
+    plan = sub.add_parser("plan", help=plan_help, description=plan_help)
     plan.add_argument("logs", nargs="+", type=Path,
                       help="request logs (.jsonl, .jsonl.gz, rotated .jsonl.N) or folders holding them")
     plan.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "plan.json")

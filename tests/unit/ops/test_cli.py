@@ -78,3 +78,13 @@ def test_sidecar_flags_and_config_file_feed_one_config(tmp_path):
     file.write_text(json.dumps({"probe_intervall_s": 5}))
     with pytest.raises(ConfigError, match="unknown key"):
         sidecar_config(args)
+
+
+def test_plan_help_names_every_plan_action(capsys):
+    from warmup_tools.ops.cli import PLAN_ACTIONS
+
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for action in PLAN_ACTIONS:
+        assert f"plan {action}" in text, action

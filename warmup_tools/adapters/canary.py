@@ -83,6 +83,8 @@ def end_canary(control_dir: Path, canary: CanaryAssignment, *, promote: bool, by
     with history._locked():
         _check_running(history, canary)
         (history.control_dir / CANARY_FILE).unlink()
+        if not promote:  # NOTE: else the trials rolled back would pile up in plans/ until the next promotion
+            history._drop_unused(canary.plan)
     return entry
 
 

@@ -203,6 +203,14 @@ class PlanHistory:
             write_atomic(path, plan.to_json() + "\n")
         return plan_id
 
+    def _drop_unused(self, plan_id: str) -> None:
+        """Remove stored plan ``plan_id`` unless the history names it (a plan rolled back from its trial); the caller
+        holds the lock."""
+        entries = self._read()
+        wanted = {e.id for e in entries} | {e.parent for e in entries[-1:] if e.parent}
+        if plan_id not in wanted and _is_id(plan_id):
+            (self.folder / f"{plan_id}.json").unlink(missing_ok=True)
+
     def _write(self, entries: list[HistoryEntry]) -> None:
         keep = self.settings.plan_history_keep
         entries = entries[-keep:]

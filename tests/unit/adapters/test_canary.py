@@ -83,6 +83,24 @@ def test_the_history_bound_keeps_the_plan_on_trial(tmp_path):
     assert (tmp_path / HISTORY_DIR / f"{trial.plan}.json").exists()
 
 
+def test_trials_rolled_back_leave_no_plan_file_behind(tmp_path):
+    settings = PlanHistorySettings(plan_history_keep=2)
+    served = plan_of(0)
+    write_live_plan(tmp_path, served, by=BY, settings=settings)
+    for start in range(1, 101):
+        trial = start_canary(tmp_path, plan_of(start), host="r1", by=BY, settings=settings)
+        assert (tmp_path / HISTORY_DIR / f"{trial.plan}.json").exists()
+        end_canary(tmp_path, trial, promote=False, by=BY, settings=settings)
+    stored = {p.stem for p in (tmp_path / HISTORY_DIR).glob("*.json")} - {"history"}
+    assert stored == {plan_digest(served)}  # the served plan only; 100 rolled-back trials left nothing
+    assert PlanHistory(tmp_path, settings).load_stored(plan_digest(served)) == served
+    # A trial of a plan the history still names (served before) keeps its file when rolled back.
+    write_live_plan(tmp_path, plan_of(200), by=BY, settings=settings)
+    trial = start_canary(tmp_path, served, host="r1", by=BY, settings=settings)
+    end_canary(tmp_path, trial, promote=False, by=BY, settings=settings)
+    assert PlanHistory(tmp_path, settings).load_stored(plan_digest(served)) == served
+
+
 @pytest.mark.parametrize("change", [
     {"format": 2}, {"plan": "../../etc/passwd"}, {"plan_id": ""}, {"instances": "lm_0_1"},
     {"instances": ["a b"]}, {"host": "r/1"}, {"started_at": "now"}, {"started_at": float("nan")}, {"extra": 1},

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import socket
 import threading
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from warmup_tools.adapters.plan_control import (
 )
 from warmup_tools.adapters.state import AdapterLifecycle, AdapterState
 from warmup_tools.common.errors import KVBudgetError
+from warmup_tools.common.names import replica_name
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.hashing import BlockHash
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
@@ -85,7 +85,7 @@ class PlanKeeper:
                  clock: Callable[[], float] = time.time, host: str | None = None) -> None:
         """``host``: the replica the reports name (default the host name)."""
         self.engine = engine
-        self.host = host or socket.gethostname()
+        self.host = replica_name(host)
         self.lifecycle = lifecycle
         self.instance = instance
         self._warm = warm

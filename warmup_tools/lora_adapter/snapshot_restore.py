@@ -32,7 +32,6 @@ import dataclasses
 import logging
 import math
 import random
-import socket
 import time
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -40,6 +39,7 @@ from typing import Callable, TypeVar
 import torch
 
 from warmup_tools.common.digests import tokenizer_fingerprint
+from warmup_tools.common.names import replica_name
 from warmup_tools.kv.blocks import BlockSource, CachedBlock
 from warmup_tools.kv.config import KVShape
 from warmup_tools.kv.hashing import NONE_HASH, CacheScope
@@ -95,7 +95,7 @@ class SnapshotRestorer:
         self.config = config
         self.folder = Path(config.folder)
         self.plan_id = plan_id
-        self.name = snapshot_name(instance, host or socket.gethostname())
+        self.name = snapshot_name(instance, replica_name(host))
         self.identity = engine_identity(engine)
         self._run = run_on_engine or (lambda fn: fn())
         self._log = log or LOGGER.warning

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from warmup_tools.common.errors import WarmupToolsError
+from warmup_tools.common.names import replica_name
 from warmup_tools.server.config import REPO_ROOT, ServeConfig, load_config
 
 if TYPE_CHECKING:
@@ -703,7 +704,6 @@ def sidecar_config(args: argparse.Namespace) -> "SidecarConfig":
 
 
 def _cmd_sidecar(args: argparse.Namespace) -> int:
-    import socket
 
     from warmup_tools.server.process import RepositoryKey
     from warmup_tools.sidecar.app import Sidecar, replica_log_dir
@@ -713,7 +713,7 @@ def _cmd_sidecar(args: argparse.Namespace) -> int:
     env = {}
     if sidecar_settings.fleet_log_dir is not None:
         # NOTE: in a fleet the replica's request_log_dir follows from the shared folder and its name: one source.
-        mine = replica_log_dir(sidecar_settings, config.replica_name or socket.gethostname())
+        mine = replica_log_dir(sidecar_settings, replica_name(config.replica_name))
         env["WARMUP_REQUEST_LOG_DIR"] = str(Path(mine).resolve())  # type: ignore[arg-type]
     stop = _stop_on_signals()
     # NOTE: the key is generated here and handed to the sidecar object only: clients of the server
@@ -1024,7 +1024,6 @@ def _cmd_plan_rollback(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan_canary(args: argparse.Namespace) -> int:
-    import socket
 
     from warmup_tools.adapters.canary import end_canary, start_canary
     from warmup_tools.adapters.plan_control import PlanStatusBoard, read_canary
@@ -1045,7 +1044,7 @@ def _cmd_plan_canary(args: argparse.Namespace) -> int:
         raise ConfigError("name the plan file to try (or --abort)")
     plan = Plan.load(args.plan)
     check_plan(plan, args.model_repository)
-    host = args.replica or socket.gethostname()
+    host = replica_name(args.replica)
     instances = list(args.canary_instances)
     board = PlanStatusBoard(args.control_dir)
     if args.replica and not instances:

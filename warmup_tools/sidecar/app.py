@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable, Mapping
 
 from warmup_tools.common.errors import ConfigError, ServerError
+from warmup_tools.common.names import replica_name as checked_replica_name
 from warmup_tools.server.process import RepositoryKey, TritonServer
 from warmup_tools.sidecar.canary import CanaryController
 from warmup_tools.sidecar.config import SidecarConfig
@@ -67,7 +67,7 @@ class Sidecar:
                                stub_death=self._facts)
         self.replanner: Replanner | None = None
         self.canary: CanaryController | None = None
-        host = replica_name or socket.gethostname()
+        host = checked_replica_name(replica_name)
         log_dir = replica_log_dir(config, host)
         if control_dir is not None and log_dir is not None:
             # NOTE: a plan on trial is judged whoever started it (the re-plan below, or `plan canary`).

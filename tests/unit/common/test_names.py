@@ -1,0 +1,27 @@
+"""A replica's name is one safe path component wherever it comes from: a setting, a flag or the host name."""
+
+import pytest
+
+from warmup_tools.common.errors import ConfigError
+from warmup_tools.common.names import MAX_NAME_BYTES, replica_name
+
+
+@pytest.mark.parametrize("name", ["r1", "triton-warmup-0", "host.example.com", "A_b-9"])
+def test_a_safe_name_is_kept(name):
+    assert replica_name(name) == name
+
+
+@pytest.mark.parametrize("name", [".", "..", "../r1", "r1/..", "/etc", "-r", ".hidden", "a b", "é",
+                                  "x" * (MAX_NAME_BYTES + 1)])
+def test_a_name_that_is_not_one_safe_path_component_is_refused(name):
+    with pytest.raises(ConfigError, match="cannot name a folder or file"):
+        replica_name(name)
+
+
+def test_the_host_name_is_checked_too(monkeypatch):
+    monkeypatch.setattr("socket.gethostname", lambda: "..")
+    with pytest.raises(ConfigError, match="the host name"):
+        replica_name(None)
+    monkeypatch.setattr("socket.gethostname", lambda: "pod-7")
+    assert replica_name("") == "pod-7"
+

@@ -16,23 +16,46 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from warmup_tools.front.errors import OpenAIError
 
 
-def bounded_httptools(max_head_bytes: int) -> type[HttpToolsProtocol]:
+def bounded_httptools(max_head_bytes: int, head_timeout_s: float = 10.0) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol (``uvicorn.Config(http=...)``) that answers 431 and closes the connection when a
-    request's line and headers are larger than ``max_head_bytes``.
+    request's line and headers are larger than ``max_head_bytes``, and 408 when they have not all arrived
+    ``head_timeout_s`` after the connection started or the next request's first byte (uvicorn's keep-alive timeout
+    only runs between requests, after a response: a connection that never finishes its first head held its
+    descriptor for ever).
 
     Two counts: the parsed line and headers (exact, checked as the parser hands each over), and, while a head is
     incomplete, the raw bytes received (the parser holds a header's pieces until its end, so a 10 MB header is
     refused once ``max_head_bytes`` and one read, 64 KiB, have arrived, not once it is whole)."""
 
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
+        _head_timer = None
+
         def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
             super().connection_made(transport)
             self._start_head()
+
+        def connection_lost(self, exc) -> None:  # type: ignore[no-untyped-def]
+            self._stop_head_timer()
+            super().connection_lost(exc)
 
         def _start_head(self) -> None:
             self._in_head = True
             self._head_bytes = 0  # the request line and headers parsed so far
             self._raw_bytes = 0  # bytes received while the head was incomplete
+            self._stop_head_timer()
+            self._head_timer = self.loop.call_later(head_timeout_s, self._head_timed_out)
+
+        def _stop_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            if self._in_head and not self.transport.is_closing():
+                self._refuse(408, "Request Timeout", OpenAIError(
+                    408, f"The request line and headers did not arrive within {head_timeout_s:g} s.",
+                    code="request_timeout"))
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -48,6 +71,7 @@ def bounded_httptools(max_head_bytes: int) -> type[HttpToolsProtocol]:
 
         def on_headers_complete(self) -> None:
             self._in_head = False
+            self._stop_head_timer()
             super().on_headers_complete()
 
         def _count(self, size: int) -> None:
@@ -70,11 +94,15 @@ def bounded_httptools(max_head_bytes: int) -> type[HttpToolsProtocol]:
                 super().send_400_response(msg)
 
         def _refuse_head(self) -> None:
-            error = OpenAIError(431, f"The request line and headers are larger than {max_head_bytes} bytes, the "
-                                     "most this server takes.", code="headers_too_large")
+            self._refuse(431, "Request Header Fields Too Large", OpenAIError(
+                431, f"The request line and headers are larger than {max_head_bytes} bytes, the most this server "
+                     "takes.", code="headers_too_large"))
+
+        def _refuse(self, status: int, reason: str, error: OpenAIError) -> None:
+            self._stop_head_timer()
             body = json.dumps(error.body()).encode()
-            self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-                                 b"content-type: application/json\r\ncontent-length: "
+            self.transport.write(f"HTTP/1.1 {status} {reason}\r\n".encode()
+                                 + b"content-type: application/json\r\ncontent-length: "
                                  + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
             self.transport.close()
 

@@ -82,7 +82,8 @@ class FrontServer:
         # NOTE: uvloop and httptools, uvicorn's fast event loop and HTTP parser: each saves the front CPU on every
         # request (docs/benchmarks.md, "The front's added TTFT"); grpc.aio runs on uvloop.
         config = uvicorn.Config(app, host=settings.host, port=settings.port,
-                                http=bounded_httptools(settings.max_header_bytes), loop="uvloop",
+                                http=bounded_httptools(settings.max_header_bytes, settings.head_timeout_s),
+                                loop="uvloop", limit_concurrency=settings.max_connections,
                                 lifespan="on", log_level="warning", access_log=False,
                                 timeout_keep_alive=5, timeout_graceful_shutdown=5)
         self._server = uvicorn.Server(config)

@@ -80,3 +80,52 @@ def test_body_bytes_and_earlier_requests_do_not_count_toward_the_head(front):
     assert [status for status, _ in answers] == [200, 200, 200]
     # the connection and the server serve on
     assert [status for status, _ in _answers(front, _request(10), 1)] == [200]
+
+
+@pytest.fixture(scope="module")
+def strict_front():
+    """A front with a short head deadline and room for few connections."""
+    settings = FrontSettings(port=0, max_header_bytes=LIMIT, head_timeout_s=0.5, max_connections=8)
+    with FrontServer(settings, engine=ScriptedEngine()) as server:
+        yield server
+
+
+def test_a_head_that_never_ends_is_answered_408_and_its_connection_closed(strict_front):
+    half = _request(10)[:40]  # part of the request line and headers, then nothing
+    with socket.create_connection(("127.0.0.1", strict_front.port), timeout=60) as sock:
+        sock.sendall(half)
+        data = b""
+        while chunk := sock.recv(65536):  # the server closes it: recv returns b"" (a hang fails at the timeout)
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 ") and b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+    # A connection that sends nothing at all is closed the same way.
+    with socket.create_connection(("127.0.0.1", strict_front.port), timeout=60) as sock:
+        assert sock.recv(65536).startswith(b"HTTP/1.1 408 ")
+    # A whole request still works, and so does a second one on the same connection after the first answer.
+    assert [status for status, _ in _answers(strict_front, _request(10) * 2, 2)] == [200, 200]
+
+
+def test_connections_beyond_the_bound_are_answered_503_and_the_front_serves_after():
+    settings = FrontSettings(port=0, max_header_bytes=LIMIT, head_timeout_s=300, max_connections=8)
+    with FrontServer(settings, engine=ScriptedEngine()) as small:
+        _beyond_the_bound(small)
+
+
+def _beyond_the_bound(strict_front: FrontServer) -> None:
+    # NOTE: the held connections' head deadline (300 s) is one only a hang reaches: they are all open when the
+    # ninth arrives, however slow the machine.
+    held = [socket.create_connection(("127.0.0.1", strict_front.port), timeout=60) for _ in range(8)]
+    try:
+        for sock in held:
+            sock.sendall(_request(10)[:20])  # each holds a connection with a half head
+        [(status, _)] = _answers(strict_front, _request(10), 1)
+        assert status == 503
+    finally:
+        for sock in held:
+            sock.close()
+    # Once their clients close them the front takes requests again.
+    from tests.waiting import wait_for
+
+    wait_for(lambda: [s for s, _ in _answers(strict_front, _request(10), 1)] == [200], "a request served again")

@@ -42,3 +42,26 @@ def test_every_route_is_served_under_a_model_prefix_too(client):
     assert answer.status_code == 200 and answer.json()["model"] == "sql"
     assert client.get("/m/sql/v1/models").json()["data"][0]["id"] == "base"
     assert client.get("/m/").status_code == 404
+
+
+def test_in_trust_mode_health_and_metrics_name_no_adapter_to_a_caller_without_a_key(engine, tmp_path):
+    from tests.unit.front.conftest import make_client
+    from warmup_tools.triton.trust import add_tenant_key
+
+    keys_file = tmp_path / "tenant_keys.json"
+    key = add_tenant_key(keys_file, tmp_path / "deployment.secret", "acme")
+    engine.temperature = {"temperature": "warm", "adapters": {"sql": "hot"}}
+    with make_client(engine, tenant_keys_file=keys_file) as client:
+        for who in ({}, {"Authorization": "Bearer not-a-key"}):
+            health = client.get("/health", headers=who)
+            assert health.status_code == 200 and health.content == b""  # the status a load balancer needs
+            text = client.get("/metrics", headers=who).text
+            assert 'vllm:num_requests_waiting{model_name="base"} 1.0' in text  # what routers and the HPA read
+            assert "vllm:lora_requests_info" not in text and "sql" not in text
+        keyed = {"Authorization": f"Bearer {key}"}
+        assert client.get("/health", headers=keyed).json() == {"temperature": "warm", "adapters": {"sql": "hot"}}
+        assert 'vllm:lora_requests_info{max_lora="1"' in client.get("/metrics", headers=keyed).text
+        engine.ready = False
+        anonymous = client.get("/health")
+        assert anonymous.status_code == 503 and "failing its probes" not in anonymous.text
+        assert "failing its probes" in client.get("/health", headers=keyed).json()["error"]["message"]

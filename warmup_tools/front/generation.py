@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from starlette.requests import Request
@@ -14,11 +15,21 @@ from warmup_tools.front.engine.engine import Engine, EngineError, GenerateChunk,
 from warmup_tools.front.errors import OpenAIError
 
 T = TypeVar("T")
+LOGGER = logging.getLogger(__name__)
 
 #: HTTP status of each engine error kind.
 _STATUS = {"invalid": 400, "unauthenticated": 401, "not_found": 404, "too_large": 413, "busy": 429,
            "unavailable": 503, "timeout": 504, "internal": 500}
 _CODES = {"not_found": "model_not_found", "busy": "server_busy", "unauthenticated": "invalid_api_key"}
+
+
+#: What a client is told of a failure on the server's side, whatever tritonserver said.
+_SERVER_SIDE = {
+    500: "internal error while serving this request; it was not completed: retry, and report it if it persists",
+    503: "this replica cannot serve the request now (a model is restarting, shutting down or unreachable); it was "
+         "not completed: retry, another replica may serve it",
+    504: "the request did not complete within the server's deadline; retry with fewer tokens or later",
+}
 
 
 def openai_error(exc: EngineError) -> OpenAIError:
@@ -27,8 +38,12 @@ def openai_error(exc: EngineError) -> OpenAIError:
         from warmup_tools.front.errors import unauthorized
 
         return unauthorized()
-    message = exc.message if status != 500 else ("internal error while serving this request; it was not "
-                                                 "completed: retry, and report it if it persists")
+    # NOTE: a model's own message about the request (a bad value, an unknown adapter, a full queue) is written for
+    # the client; tritonserver's own text on a server-side failure names its instances and models
+    # ("Stub process 'lora_adapter_0_0' is not healthy."), which a client has no use for: it goes to the log only.
+    message = _SERVER_SIDE.get(status, exc.message)
+    if status in _SERVER_SIDE:
+        LOGGER.warning("request failed on tritonserver (%s, answered %d): %s", exc.kind, status, exc.message)
     return OpenAIError(status, message, param="model" if status == 404 else None, code=_CODES.get(exc.kind))
 
 

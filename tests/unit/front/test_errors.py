@@ -27,9 +27,20 @@ def test_engine_refusals_map_to_their_status(client, engine, kind, status):
     body = {"model": "base", "messages": [{"role": "user", "content": "x"}], "stream": True}
     response = client.post("/v1/chat/completions", json=body)
     assert response.status_code == status
-    if status not in (401, 500):
+    # A refusal of the request (a model's own message) reaches the client; a failure on the server's side does not:
+    # tritonserver's text names its instances and models.
+    server_side = status in (401, 500, 503, 504)
+    assert ("the engine's reason" in response.text) is not server_side
+    if not server_side:
         assert response.json()["error"]["message"] == "the engine's reason"
-    assert "the engine's reason" not in response.text or status not in (401, 500)
+
+
+def test_tritonservers_text_of_a_failure_on_its_side_does_not_reach_the_client(client, engine):
+    engine.error = EngineError("unavailable", "Stub process 'lora_adapter_0_0' is not healthy.")
+    body = {"model": "base", "messages": [{"role": "user", "content": "x"}]}
+    response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 503 and "lora_adapter" not in response.text and "Stub" not in response.text
+    assert "retry" in response.json()["error"]["message"]
 
 
 def test_unknown_fields_are_ignored(client):

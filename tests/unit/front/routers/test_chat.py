@@ -68,7 +68,7 @@ def test_an_error_after_the_first_token_ends_the_stream_with_an_error_event(clie
     body = {"model": "base", "messages": [{"role": "user", "content": "Hi"}], "stream": True}
     events = _events(client.post("/v1/chat/completions", json=body))
     assert events[-1] == "[DONE]"
-    assert json.loads(events[-2])["error"]["message"] == "the stream to tritonserver failed; retry"
+    assert "retry" in json.loads(events[-2])["error"]["message"]
 
 
 def test_developer_messages_render_as_system_and_content_parts_join(client, engine):

@@ -67,3 +67,37 @@ def test_a_stop_event_cuts_the_grace_short():
     stop.set()
     assert drain.run(grace_s=3600, timeout_s=600, stop=stop) == 0
 
+
+
+def test_the_gate_counts_a_generation_in_flight_and_the_drain_waits_for_it(engine):
+    from tests.waiting import wait_for
+
+    release = threading.Event()
+    pieces = engine.generate
+
+    async def held(request):
+        import asyncio
+
+        while not release.is_set():  # the test holds the generation open until it has checked the count
+            await asyncio.sleep(0.01)
+        async for chunk in pieces(request):
+            yield chunk
+
+    engine.generate = held
+    drain = Drain()
+    answers: list[int] = []
+    with _client(engine, drain) as client:
+        sender = threading.Thread(target=lambda: answers.append(
+            client.post("/v1/completions", json={"model": "base", "prompt": "x"}).status_code))
+        sender.start()
+        wait_for(lambda: drain.active == 1, "the request in flight counted by the gate")
+        assert drain.total == 1
+        left: list[int] = []
+        runner = threading.Thread(target=lambda: left.append(drain.run(grace_s=0, timeout_s=600)))
+        runner.start()
+        wait_for(lambda: drain.refusing, "new requests refused")
+        assert runner.is_alive() and not left  # it waits for the request the gate counted
+        release.set()
+        sender.join(60)
+        runner.join(60)
+    assert answers == [200] and left == [0] and drain.active == 0

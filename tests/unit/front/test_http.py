@@ -129,3 +129,18 @@ def _beyond_the_bound(strict_front: FrontServer) -> None:
     from tests.waiting import wait_for
 
     wait_for(lambda: [s for s, _ in _answers(strict_front, _request(10), 1)] == [200], "a request served again")
+
+
+def test_a_chunked_body_larger_than_the_limit_is_answered_413_while_it_is_read():
+    """No Content-Length to refuse it by: the bound holds on the bytes read (a 2 MiB body against a 1 MiB bound)."""
+    settings = FrontSettings(port=0, max_body_bytes=1 << 20)
+    with FrontServer(settings, engine=ScriptedEngine()) as small:
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n")
+        piece = b'{"model": "base", "prompt": "' + b"a" * (64 << 10)
+        chunk = hex(len(piece))[2:].encode() + b"\r\n" + piece + b"\r\n"
+        [(status, body)] = _answers(small, head + chunk * 32 + b"0\r\n\r\n", 1)
+        assert status == 413 and json.loads(body)["error"]["message"]
+        chunked_ok = b'{"model": "base", "prompt": "hi"}'
+        ok = head + hex(len(chunked_ok))[2:].encode() + b"\r\n" + chunked_ok + b"\r\n0\r\n\r\n"
+        assert [s for s, _ in _answers(small, ok, 1)] == [200]

@@ -722,7 +722,7 @@ def _cmd_sidecar(args: argparse.Namespace) -> int:
         # The sidecar answers from the start, so a startupProbe sees 503 with the reason while models load.
         with Sidecar(sidecar_settings, server.http_url, server.grpc_url, server.repository_key,
                      config.model_repository, control_dir=config.control_dir, server=server,
-                     replica_name=config.replica_name) as sidecar:
+                     replica_name=config.replica_name, snapshot_dir=config.snapshot_dir) as sidecar:
             # The front answers from the start too: 503 with the sidecar's reason until /ready says 200.
             return _serve_with_front(args, config, server, stop,
                                      f"tritonserver starting on {config.model_repository}: HTTP {server.http_url}, "

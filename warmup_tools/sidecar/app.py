@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -11,6 +12,7 @@ from typing import Any, Callable, Mapping
 
 from warmup_tools.common.errors import ConfigError, ServerError
 from warmup_tools.common.names import replica_name as checked_replica_name
+from warmup_tools.common.prune import prune_stale_writers
 from warmup_tools.server.process import RepositoryKey, TritonServer
 from warmup_tools.sidecar.canary import CanaryController
 from warmup_tools.sidecar.config import SidecarConfig
@@ -39,7 +41,8 @@ class Sidecar:
 
     def __init__(self, config: SidecarConfig, http_url: str, grpc_url: str, key: RepositoryKey | None,
                  model_repository: Path | None = None, control_dir: Path | None = None,
-                 server_pid: int | None = None, server: TritonServer | None = None, replica_name: str = "") -> None:
+                 server_pid: int | None = None, server: TritonServer | None = None, replica_name: str = "",
+                 snapshot_dir: Path | None = None) -> None:
         """``control_dir``: the folder lora_adapter's instances report their warm coverage to (its
         ``control_dir`` parameter); with it, and ``coverage_threshold`` above 0, ``/ready`` checks coverage.
         ``server``: the tritonserver beside the sidecar (what ``warmup_tools sidecar`` runs): its stubs are
@@ -87,6 +90,11 @@ class Sidecar:
             canary.on_promote = planner.write_stanzas_of
             self.replanner = Replanner(planner.run_once, config.replan_interval_s)
             self.monitor.sections["replan"] = self.replanner.status
+        self._pruner: Periodic | None = None
+        if config.stale_writer_prune_s > 0 and (snapshot_dir is not None or config.fleet_log_dir is not None):
+            self._pruner = Periodic("sidecar-prune", _PRUNE_EVERY_S, lambda: prune_stale_writers(
+                host, config.stale_writer_prune_s, time.time(), snapshot_dir=snapshot_dir,
+                log_dir=config.fleet_log_dir))
         self._http = SidecarHttpServer(self.monitor, config.host, config.port, workers=config.http_workers,
                                        timeout_s=config.http_timeout_s)
 
@@ -101,6 +109,8 @@ class Sidecar:
             self.replanner.start()
         if self.canary is not None and self.config.canary_judge:
             self.canary.start(self.config.probe_interval_s)
+        if self._pruner is not None:
+            self._pruner.start()
 
     def unload_for_exit(self, model: str = "lora_adapter", timeout_s: float = 60.0) -> bool:
         """After a drain, before tritonserver stops: stop watching (a repair would load it again), then unload
@@ -120,6 +130,8 @@ class Sidecar:
             return False
 
     def stop(self) -> None:
+        if self._pruner is not None:
+            self._pruner.stop()
         if self.replanner is not None:
             self.replanner.stop()
         if self.canary is not None:
@@ -144,6 +156,36 @@ class Sidecar:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+#: How often a sidecar looks for what writers that are gone left in the shared folders.
+_PRUNE_EVERY_S = 3600.0
+
+
+class Periodic:
+    """``action`` now, then every ``every_s``, on a thread of its own until :meth:`stop`; a failing pass is logged."""
+
+    def __init__(self, name: str, every_s: float, action: Callable[[], object]) -> None:
+        self._name, self._every_s, self._action = name, every_s, action
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._action()
+            except Exception:  # NOTE: a pass that fails (a folder gone) is tried again later
+                LOGGER.exception("%s failed", self._name)
+            self._stop.wait(self._every_s)
 
 
 def replica_canary(config: SidecarConfig, control_dir: Path, host: str,

@@ -77,6 +77,12 @@ class SidecarConfig:
                                                "plan on trial on a whole replica is judged against the other "
                                                "replicas' logs; empty: no fleet.")
     replan_since_h: float = setting(6.0, "Hours of request logs each re-plan reads.", gt=0)
+    stale_writer_prune_s: float = setting(7 * 86400.0, "Seconds after which the KV snapshot files and the "
+                                                       "request-log folder (fleet_log_dir) of another replica "
+                                                       "that wrote nothing since are removed (a replica that left "
+                                                       "for good); every sidecar checks once an hour, never "
+                                                       "its own files; must exceed lora_adapter's "
+                                                       "snapshot_interval_s; 0: never.", ge=0)
     canary_window_s: float = setting(600.0, "Canary: seconds a plan on trial is compared with the plan the other "
                                             "instances serve before it is promoted (a worse plan is rolled back "
                                             "as soon as it is seen worse); 0: the rolling re-plan applies its "

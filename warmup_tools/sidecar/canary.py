@@ -90,10 +90,23 @@ MAX_READ_BYTES = 8 << 20
 LOG_PREFIX, LOG_SUFFIX = "requests-", ".jsonl"
 
 
+#: Tenants one side of a trial keeps counts for; the requests of tenants beyond them are left out.
+MAX_TENANTS = 10_000
+
+
 @dataclasses.dataclass(slots=True)
 class WindowStats:
-    """What one side served since the trial's plan was applied."""
+    """What one side served since the trial's plan was applied (or in its baseline).
 
+    No tenant carries a side: at most ``tenant_cap`` requests of each tenant are counted (0: no cap), and with
+    ``only`` (a whole replica's trial: the tenants the side served in its baseline) no other tenant's; what is
+    left out is counted in ``left_out``."""
+
+    tenant_cap: int = 0
+    only: frozenset[str] | None = None
+    #: Requests counted per tenant.
+    tenants: dict[str, int] = dataclasses.field(default_factory=dict)
+    left_out: int = 0
     requests: int = 0
     cold: int = 0
     prompt_tokens: int = 0
@@ -108,6 +121,13 @@ class WindowStats:
     unplanned: list[float] = dataclasses.field(default_factory=list)
 
     def add(self, record: RequestRecord) -> None:
+        tenant = record.tenant or ""
+        counted = self.tenants.get(tenant, 0)
+        if ((self.only is not None and tenant not in self.only) or (self.tenant_cap and counted >= self.tenant_cap)
+                or (not counted and len(self.tenants) >= MAX_TENANTS)):
+            self.left_out += 1
+            return
+        self.tenants[tenant] = counted + 1
         cached = record.cached_tokens or 0
         prompt = record.prompt_tokens or 0
         self.requests += 1
@@ -148,7 +168,8 @@ class WindowStats:
     def summary(self) -> dict[str, Any]:
         p99 = self.ttft_p99_ms
         planned = self.planned_share
-        return {"requests": self.requests, "cold_share": round(self.cold_share, 4),
+        return {"requests": self.requests, "tenants": len(self.tenants), "left_out": self.left_out,
+                "cold_share": round(self.cold_share, 4),
                 "cached_share": round(self.cached_share, 4),
                 "planned_share": None if planned is None else round(planned, 4),
                 "ttft_p99_ms": None if p99 is None else round(p99, 2)}
@@ -366,6 +387,17 @@ def _too_little(canary: WindowStats, rest: WindowStats, elapsed_s: float, settin
                            f"{rest_need} on the others")
 
 
+def _carried(*sides: WindowStats, shown: int = 10) -> str:
+    """Which tenants' requests the verdict counted, most first (for the sidecar's log, never ``/status``)."""
+    counts: dict[str, int] = {}
+    for side in sides:
+        for tenant, n in side.tenants.items():
+            counts[tenant] = counts.get(tenant, 0) + n
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    more = f" and {len(ranked) - shown} more" if len(ranked) > shown else ""
+    return ", ".join(f"{t or 'default'} {n}" for t, n in ranked[:shown]) + more if ranked else "none"
+
+
 def _cold(*sides: WindowStats) -> list[Moments]:
     return [Moments.share(s.cold, s.requests) for s in sides]
 
@@ -548,7 +580,7 @@ class CanaryController:
             return self._last
         if canary != self._trial:
             with self._lock:
-                self._trial, self._applied_at, self._sides = canary, None, (WindowStats(), WindowStats())
+                self._trial, self._applied_at, self._sides = canary, None, (self._side(), self._side())
                 self._before, self._others = None, ()
                 self._tails = {self.host: self._tails[self.host]}
         whole = not canary.instances
@@ -599,18 +631,24 @@ class CanaryController:
         tails = {self.host: self._tails[self.host]}
         tails.update({r: RequestLogTail(self.fleet_log_dir / r) for r in others})
         since = canary.started_at - self.settings.canary_window_s
-        before = (WindowStats(), WindowStats())
+        before = (self._side(), self._side())
         for replica, tail in tails.items():
             for record in tail.recent(since, canary.started_at):
                 before[replica != self.host].add(record)
+        # NOTE: each side is judged on the tenants it served in its baseline: a tenant new to the canary replica
+        # (cold on any plan) cannot roll back a good plan, nor can its absence from the others save a bad one.
+        sides = (self._side(frozenset(before[0].tenants)), self._side(frozenset(before[1].tenants)))
         need = self.settings.canary_min_requests
         if min(before[0].requests, before[1].requests) < need:
             return Verdict("rollback", f"no baseline to judge a whole replica against: {before[0].requests} requests "
                                        f"on {self.host} and {before[1].requests} on {', '.join(others)} in the "
                                        f"{self.settings.canary_window_s:g} s before the trial ({need} each needed)")
         with self._lock:
-            self._tails, self._before, self._others = tails, before, others
+            self._tails, self._before, self._others, self._sides = tails, before, others, sides
         return None
+
+    def _side(self, only: frozenset[str] | None = None) -> WindowStats:
+        return WindowStats(tenant_cap=self.settings.canary_tenant_cap, only=only)
 
     def _canary_applied(self, canary: CanaryAssignment) -> bool:
         statuses, _ = self._board.read_all(host=self.host)
@@ -639,8 +677,9 @@ class CanaryController:
             self._trial, self._applied_at, self._before, self._others = None, None, None, ()
             self._tails = {self.host: self._tails[self.host]}
         (LOGGER.info if promote else LOGGER.warning)(
-            "canary: plan %s %s after %.0f s: %s", canary.plan_id, "promoted" if promote else "rolled back",
-            now - canary.started_at, verdict.reason)
+            "canary: plan %s %s after %.0f s: %s (tenants counted: %s)", canary.plan_id,
+            "promoted" if promote else "rolled back", now - canary.started_at, verdict.reason,
+            _carried(canary_side, rest))
         if promote and self.on_promote is not None:
             try:
                 self.on_promote(Plan.load(self.control_dir / "plan.json"))

@@ -91,6 +91,10 @@ class SidecarConfig:
                                            "have served before anything is judged; on a whole replica of a "
                                            "fleet, the early tests start when the canary replica has them and "
                                            "the other replicas one (promotion needs them on each side).", ge=1)
+    canary_tenant_cap: int = setting(20, "Canary: requests of one tenant counted on each side of a trial (and of "
+                                         "each baseline); the rest of that tenant's are left out, so one tenant's "
+                                         "flood cannot carry a verdict either way. On a whole replica only the "
+                                         "tenants that side served in its baseline count.", ge=1, le=100_000)
     canary_cold_margin: float = setting(0.05, "Canary: the cold share (requests with no cached prompt token) "
                                               "may exceed the other instances' by this much.", ge=0, le=1)
     canary_cached_margin: float = setting(0.10, "Canary: the share of prompt tokens from the KV cache may fall "

@@ -516,3 +516,50 @@ def test_a_replica_s_canary_is_built_from_its_sidecar_settings_and_judges_only_o
         canary.stop()
     with pytest.raises(ConfigError, match="request logs"):
         replica_canary(SidecarConfig(), tmp_path / "control", "r1")
+
+
+def tenants_side(tenants, per_tenant, cold_share, *, cap=20, only=None, flood=None):
+    """A side served by ``tenants`` (``per_tenant`` requests each, ``cold_share`` of them cold), and optionally one
+    tenant's flood: ``flood`` = (tenant, requests, cold)."""
+    stats = WindowStats(tenant_cap=cap, only=only)
+    cold_every = round(1 / cold_share) if cold_share else 0
+    for t in range(tenants):
+        for i in range(per_tenant):
+            cold = bool(cold_every) and i % cold_every == 0
+            stats.add(RequestRecord(ts=float(i), tenant=f"t{t}", prompt_tokens=100, cached_tokens=0 if cold else 80,
+                                    ttft_ms=10.0))
+    if flood is not None:
+        tenant, n, cold = flood
+        for i in range(n):
+            stats.add(RequestRecord(ts=float(i), tenant=tenant, prompt_tokens=100, cached_tokens=0 if cold else 80,
+                                    ttft_ms=10.0))
+    return stats
+
+
+def test_one_tenants_warm_flood_on_both_sides_cannot_save_a_bad_plan():
+    # Every other tenant sees the plan on trial as much colder (half cold against a tenth).
+    def sides(cap):
+        return (tenants_side(10, 20, 0.5, cap=cap, flood=("flood", 3000, False)),
+                tenants_side(10, 20, 0.1, cap=cap, flood=("flood", 3000, False)))
+
+    assert judge(*sides(0), 600, SETTINGS).action == "promote"  # pooled, the flood carries the verdict
+    canary, rest = sides(SETTINGS.canary_tenant_cap)
+    verdict = judge(canary, rest, 600, SETTINGS)
+    assert verdict.action == "rollback", verdict.reason
+    assert canary.tenants["flood"] == SETTINGS.canary_tenant_cap and canary.left_out == 3000 - canary.tenants["flood"]
+
+
+def test_one_tenants_cold_flood_cannot_roll_back_a_good_plan_on_a_whole_replica():
+    before = (tenants_side(10, 4, 0.25), tenants_side(10, 4, 0.25))
+    only = (frozenset(before[0].tenants), frozenset(before[1].tenants))
+    # The plan changed nothing for the tenants both sides served before; a tenant new to the canary replica sends
+    # 6 cold requests (its prompts were never seen: cold on any plan).
+    canary = tenants_side(10, 4, 0.25, only=only[0], flood=("newcomer", 6, True))
+    rest = tenants_side(10, 4, 0.25, only=only[1])
+    assert judge_replica(canary, rest, before, 120, SETTINGS).action != "rollback"
+    assert "newcomer" not in canary.tenants and canary.left_out == 6
+    pooled = tenants_side(10, 4, 0.25, cap=0, flood=("newcomer", 6, True))
+    assert pooled.cold > canary.cold  # what the pooled judge would have counted
+    # A tenant the canary replica served before, flooding it cold now, is capped like any other.
+    capped = tenants_side(10, 4, 0.25, only=only[0] | {"t0"}, flood=("t0", 500, True))
+    assert capped.tenants["t0"] == SETTINGS.canary_tenant_cap

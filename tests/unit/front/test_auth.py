@@ -30,7 +30,10 @@ def test_trust_mode_a_missing_or_wrong_key_is_one_and_the_same_401(engine, keys,
     with make_client(engine, tenant_keys_file=keys_file) as client:
         response = client.post("/v1/chat/completions", json=CHAT, headers=headers)
         models = client.get("/v1/models", headers=headers)
-    assert response.status_code == models.status_code == 401
+        # Naming a tenant another way does not stand in for its key: the header and `user` are open mode's.
+        named = client.post("/v1/chat/completions", json={**CHAT, "user": "acme"},
+                            headers={**headers, "X-Tenant-Id": "acme"})
+    assert response.status_code == models.status_code == named.status_code == 401
     error = response.json()["error"]
     assert error["code"] == "invalid_api_key" and error["type"] == "invalid_request_error"
     assert key not in response.text and "acme" not in response.text

@@ -139,6 +139,13 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
      'digest.update(str(tensor.dtype).encode("ASCII") + str(tuple(tensor.shape)).encode("ascii"))'): _UTF8_CASE,
     (_VERIFY, "block_digest",
      'digest.update(str(tensor.dtype).encode("ascii") + str(tuple(tensor.shape)).encode("ASCII"))'): _UTF8_CASE,
+    ("warmup_tools/front/auth.py", "TenantResolver.resolve",
+     "tenant = self._keys.tenant_for_key(key) if (key) or True else None"):
+        "tenant_for_key matches no tenant for an empty or absent key (TenantKeys.tenant_for_key)",
+    ("warmup_tools/common/control_json.py", "loads_bounded", 'text = raw.decode("UTF-8")'): _UTF8_CASE,
+    ("warmup_tools/common/control_json.py", "nesting_depth", "break"):
+        "only the root can be a scalar (children are pushed only when they are arrays or objects): the stack is "
+        "empty after it either way",
 }
 
 

@@ -77,3 +77,37 @@ def test_size_is_capped_before_reading_the_rest(tmp_path):
         read_json_bounded(path, max_bytes=5)
     with pytest.raises(FileFormatError, match="cannot read"):
         read_json_bounded(tmp_path / "missing.json", max_bytes=5)
+
+
+def test_a_read_asks_for_one_byte_more_than_the_cap_and_no_more():
+    asked = []
+
+    class Recording(io.BytesIO):
+        def read(self, size=-1):
+            asked.append(size)
+            return super().read(size)
+
+    with pytest.raises(FileFormatError):
+        read_capped(Recording(b"x" * 100), 10, "f")
+    assert asked == [11]  # a file of any size costs the cap and one byte, never the whole file
+
+
+def test_every_failure_of_a_file_names_it_and_the_depth_bound_is_the_callers(tmp_path, monkeypatch):
+    path = tmp_path / "desired.json"
+    path.write_bytes(b"[[[1]]]")
+    with pytest.raises(FileFormatError, match=rf"^{path}: nested 3 levels deep, more than the 2 allowed"):
+        read_json_bounded(path, max_bytes=100, max_depth=2)
+    path.write_bytes(b"{oops")
+    with pytest.raises(FileFormatError, match=rf"^{path}: not valid JSON"):
+        read_json_bounded(path, max_bytes=100)
+    with pytest.raises(FileFormatError, match=rf"^{path}: larger than 3 bytes"):
+        read_json_bounded(path, max_bytes=3)
+    with pytest.raises(FileFormatError, match=rf"^{tmp_path}: cannot read \(Is a directory\)$"):
+        read_json_bounded(tmp_path, max_bytes=3)
+
+    def no_reason(*_args, **_kwargs):
+        raise PermissionError()  # an OSError with no strerror: its type names the cause
+
+    monkeypatch.setattr("builtins.open", no_reason)
+    with pytest.raises(FileFormatError, match=rf"^{path}: cannot read \(PermissionError\)$"):
+        read_json_bounded(path, max_bytes=3)

@@ -52,3 +52,34 @@ def test_open_mode_a_tenant_name_that_is_not_one_is_400(client):
     response = client.post("/v1/chat/completions", json={**CHAT, "user": "alice@example.com"})
     assert response.status_code == 400 and response.json()["error"]["param"] == "user"
     assert client.post("/v1/chat/completions", json=CHAT, headers={"X-Tenant-Id": "../x"}).status_code == 400
+
+
+def test_trust_mode_takes_the_bearer_scheme_only_and_its_key_after_any_spaces(engine, keys):
+    keys_file, key = keys
+    with make_client(engine, tenant_keys_file=keys_file) as client:
+        spaced = client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"bearer   {key} "})
+        other_scheme = client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"Basic {key}"})
+    assert spaced.status_code == 200 and other_scheme.status_code == 401
+    assert [r.tenant for r in engine.requests] == ["acme"]
+
+
+@pytest.mark.parametrize("where, headers, body, param", [
+    ("X-Tenant-Id header", {"X-Tenant-Id": "bad name"}, {}, None),
+    ("user", {}, {"user": "bad name"}, "user"),
+])
+def test_open_mode_names_where_a_bad_tenant_name_came_from(client, where, headers, body, param):
+    response = client.post("/v1/chat/completions", json={**CHAT, **body}, headers=headers)
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["code"] == "invalid_tenant" and error["param"] == param
+    assert error["message"] == (f"the {where} names the tenant in open mode: use 1 to 64 letters, digits, '.', '_' "
+                                "or '-', starting with a letter or digit")
+
+
+def test_open_mode_takes_a_tenant_name_of_the_largest_size(client, engine):
+    from warmup_tools.triton.inputs import MAX_IDENTITY_BYTES
+
+    longest = "t" * MAX_IDENTITY_BYTES
+    assert client.post("/v1/chat/completions", json=CHAT, headers={"X-Tenant-Id": longest}).status_code == 200
+    assert client.post("/v1/chat/completions", json=CHAT,
+                       headers={"X-Tenant-Id": longest + "t"}).status_code == 400
+    assert engine.requests[0].tenant == longest

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
@@ -108,12 +109,38 @@ class _Handler(BaseHTTPRequestHandler):
 PRIVATE_KEYS = frozenset({"plan_id", "previous"})
 
 
+#: A plan history id (the digest a stored plan is named by), as verdicts and errors quote it.
+_HISTORY_ID = re.compile(r"\b[0-9a-f]{16}\b")
+
+
 def public_status(status: object) -> Any:
-    """The monitor's snapshot without :data:`PRIVATE_KEYS`, at any depth."""
+    """The monitor's snapshot without :data:`PRIVATE_KEYS`, at any depth, and without their values or a plan history
+    id inside any text (a canary verdict's reason, an error): each is written ``<plan>``."""
+    hidden: set[str] = set()
+    _private_values(status, hidden)
+    return _public(status, sorted(hidden, key=len, reverse=True))
+
+
+def _private_values(status: object, into: set[str]) -> None:
     if isinstance(status, dict):
-        return {key: public_status(value) for key, value in status.items() if key not in PRIVATE_KEYS}
+        for key, value in status.items():
+            if key in PRIVATE_KEYS and isinstance(value, str) and value:
+                into.add(value)
+            _private_values(value, into)
+    elif isinstance(status, list):
+        for value in status:
+            _private_values(value, into)
+
+
+def _public(status: object, hidden: list[str]) -> Any:
+    if isinstance(status, dict):
+        return {key: _public(value, hidden) for key, value in status.items() if key not in PRIVATE_KEYS}
     if isinstance(status, list):
-        return [public_status(value) for value in status]
+        return [_public(value, hidden) for value in status]
+    if isinstance(status, str):
+        for value in hidden:
+            status = status.replace(value, "<plan>")
+        return _HISTORY_ID.sub("<plan>", status)
     return status
 
 

@@ -140,6 +140,11 @@ def test_no_public_endpoint_names_a_plan_id():
         from warmup_tools.sidecar.endpoints import public_status
 
         assert public_status({"a": [{"plan_id": "x", "b": 1}], "plan_id": "y"}) == {"a": [{"b": 1}]}
+        # Nor inside a text: a canary verdict's reason, an error quoting a plan or a stored plan's history id.
+        snapshot = {"canary": {"verdicts": [{"plan_id": "live-0003", "reason": "did not apply plan live-0003 in 9 s"}],
+                               "error": "plan 0123456789abcdef is on trial already"}}
+        assert public_status(snapshot) == {"canary": {"verdicts": [{"reason": "did not apply plan <plan> in 9 s"}],
+                                                      "error": "plan <plan> is on trial already"}}
     finally:
         server.stop()
 

@@ -8,8 +8,9 @@ The verdict is the sidecar's (:mod:`warmup_tools.sidecar.canary`); these functio
 - :func:`start_canary` stores the plan and writes ``canary.json`` (one trial at a time);
 - :func:`end_canary` with ``promote=True`` makes the plan the one every instance serves
   (:func:`~warmup_tools.adapters.plan_history.write_live_plan`, recorded in the history), then removes
-  ``canary.json``; with ``promote=False`` it only removes ``canary.json``, and the canary instances go back to
-  ``plan.json`` (the plan they were tried against), re-pinning and re-warming it like any plan change.
+  ``canary.json``; with ``promote=False`` it removes ``canary.json`` and the stored plan (unless the history names
+  it), and the canary instances go back to ``plan.json`` (the plan they were tried against), re-pinning and
+  re-warming it like any plan change.
 
 Both check that ``canary.json`` still names the trial the caller judged, so a verdict on one trial never
 ends another.

@@ -205,16 +205,18 @@ class PlanHistory:
 
     def _drop_unused(self, plan_id: str) -> None:
         """Remove stored plan ``plan_id`` unless the history names it (a plan rolled back from its trial); the caller
-        holds the lock."""
-        entries = self._read()
-        wanted = {e.id for e in entries} | {e.parent for e in entries[-1:] if e.parent}
+        holds the lock. A history that cannot be read keeps the file."""
+        try:
+            wanted = _wanted(self._read())
+        except PlanHistoryError:
+            return
         if plan_id not in wanted and _is_id(plan_id):
             (self.folder / f"{plan_id}.json").unlink(missing_ok=True)
 
     def _write(self, entries: list[HistoryEntry]) -> None:
         keep = self.settings.plan_history_keep
         entries = entries[-keep:]
-        wanted = {e.id for e in entries} | {e.parent for e in entries[-1:] if e.parent}
+        wanted = _wanted(entries)
         try:  # NOTE: the plan on trial is stored here too, and no entry names it until it is promoted
             canary = read_canary(self.control_dir)
         except PlanError:
@@ -299,3 +301,8 @@ def _entry(plan: Plan, plan_id: str, parent: str | None, by: tuple[str, str],
 
 def _is_id(value: Any) -> bool:
     return isinstance(value, str) and len(value) == 16 and bool(_ID.fullmatch(value))
+
+
+def _wanted(entries: list[HistoryEntry]) -> set[str]:
+    """The stored plans ``entries`` still need: each entry's plan, and the newest one's parent."""
+    return {e.id for e in entries} | {e.parent for e in entries[-1:] if e.parent}

@@ -101,6 +101,15 @@ def test_trials_rolled_back_leave_no_plan_file_behind(tmp_path):
     assert PlanHistory(tmp_path, settings).load_stored(plan_digest(served)) == served
 
 
+def test_a_rollback_with_an_unreadable_history_ends_the_trial_and_keeps_the_plan_file(tmp_path):
+    write_live_plan(tmp_path, plan_of(0), by=BY)
+    trial = start_canary(tmp_path, plan_of(1), host="r1", by=BY)
+    (tmp_path / HISTORY_DIR / "history.json").write_text("{")  # which plans it names cannot be known
+    assert end_canary(tmp_path, trial, promote=False, by=BY) is None
+    assert read_canary(tmp_path) is None
+    assert (tmp_path / HISTORY_DIR / f"{trial.plan}.json").exists()
+
+
 @pytest.mark.parametrize("change", [
     {"format": 2}, {"plan": "../../etc/passwd"}, {"plan_id": ""}, {"instances": "lm_0_1"},
     {"instances": ["a b"]}, {"host": "r/1"}, {"started_at": "now"}, {"started_at": float("nan")}, {"extra": 1},

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from warmup_tools.common.errors import AssetError, ConfigError
+from warmup_tools.common.names import replica_name as check_replica_name
 from warmup_tools.common.settings import check_settings, setting
 from warmup_tools.kv.config import KVCacheConfig, KVShape
 from warmup_tools.lora_adapter.requests import RequestLimits
@@ -137,6 +138,8 @@ class ServiceConfig:
 
     def __post_init__(self) -> None:
         check_settings(self)
+        if self.replica_name:
+            check_replica_name(self.replica_name)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
 from warmup_tools.common.errors import ConfigError
+from warmup_tools.common.names import replica_name as check_replica_name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_PREFIX = "WARMUP_"
@@ -55,6 +56,8 @@ class ServeConfig:
             raise ConfigError("ready_timeout_s must be positive")
         if not 1 <= self.exit_timeout_s <= 3600:
             raise ConfigError("exit_timeout_s must be 1 to 3600 seconds")
+        if self.replica_name:
+            check_replica_name(self.replica_name)
 
     def server_env(self) -> dict[str, str]:
         return {"WARMUP_ASSETS_DIR": str(Path(self.assets_dir).resolve()),

@@ -52,11 +52,12 @@ class Sidecar:
         unknown = sorted(set(config.models) - set(PROBED_MODELS))
         if unknown:
             raise ConfigError(f"no probe for model(s) {', '.join(unknown)}; known: {', '.join(PROBED_MODELS)}")
+        host = checked_replica_name(replica_name)
         self.config = config
         self._probes = TritonProbes(grpc_url, config.probe_timeout_s, **_probe_credentials(os.environ, key))
         self._repository = RepositoryClient(http_url, key, config.recovery_timeout_s)
         coverage = (CoverageReader(Path(control_dir), config.coverage_threshold, config.coverage_stale_s, time.time,
-                                   host=replica_name or None)
+                                   host=host)
                     if control_dir is not None and config.coverage_threshold > 0 else None)
         self._server = server
         self._facts = (StubDeathFacts(http_url, server.metrics_url, timeout_s=min(1.0, config.probe_timeout_s))
@@ -70,7 +71,6 @@ class Sidecar:
                                stub_death=self._facts)
         self.replanner: Replanner | None = None
         self.canary: CanaryController | None = None
-        host = checked_replica_name(replica_name)
         log_dir = replica_log_dir(config, host)
         if control_dir is not None and log_dir is not None:
             # NOTE: a plan on trial is judged whoever started it (the re-plan below, or `plan canary`).

@@ -44,7 +44,7 @@ ALLOWED: dict[str, set[str]] = {
     "lora_adapter": {"common", "kv", "adapters", "triton"},
     "planning": {"common", "kv", "adapters", "triton", "embedding_cache", "lora_adapter"},
     "front": {"common", "kv", "server", "triton", "tokenizer_cache"},
-    "sidecar": {"common", "adapters", "server", "triton", "planning"},
+    "sidecar": {"common", "kv", "adapters", "server", "triton", "planning"},
     "fleet": {"common", "server"},
     "sim": {"common", "demo", "kv", "caches", "adapters", "server", "triton", "tokenizer_cache", "embedding_cache",
             "lora_adapter", "planning", "front", "sidecar", "fleet"},

@@ -28,7 +28,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -37,19 +36,16 @@ import torch
 from warmup_tools.common.files import write_atomic
 from warmup_tools.kv.blocks import CachedBlock
 from warmup_tools.kv.hashing import NONE_HASH, BlockHash
+from warmup_tools.kv.snapshot_files import MANIFEST_SUFFIX, PAYLOAD_SUFFIX, payload_file
 from warmup_tools.kv.snapshot_verify import (
     CODEC_PARTS,
     FORMAT,
     FORMAT_VERSION,
-    MANIFEST_SUFFIX,
-    PAYLOAD_SUFFIX,
     SnapshotIdentity,
     block_digest,
     manifest_checksum,
     manifest_mac,
 )
-
-_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,11 +59,6 @@ class SnapshotInfo:
 
 
 # ------------------------------------------------------------------------------------------- write
-def snapshot_name(instance: str, host: str) -> str:
-    """The file stem of one writer's snapshot: its instance name and host, filename-safe."""
-    return _NAME.sub("_", f"{instance}@{host}").strip("._") or "snapshot"
-
-
 def write_snapshot(folder: Path, name: str, identity: SnapshotIdentity, adapters: Mapping[str, str],
                    blocks: Sequence[CachedBlock], *, created: float, mac_key: bytes = b"") -> SnapshotInfo:
     """Write ``blocks`` (parents before children, each with its token ids) as the snapshot ``name``.
@@ -96,7 +87,7 @@ def write_snapshot(folder: Path, name: str, identity: SnapshotIdentity, adapters
         })
     data = safetensors.torch.save(tensors, metadata={"format": FORMAT, "version": str(FORMAT_VERSION)})
     digest = hashlib.sha256(data).hexdigest()
-    payload_path = folder / f"{name}.{digest[:16]}{PAYLOAD_SUFFIX}"
+    payload_path = folder / payload_file(name, digest)
     # NOTE: 0600 like the request log: the manifest's token ids decode back to the tenants' prompts, and
     # the payload is their KV.
     write_atomic(payload_path, data, mode=0o600)

@@ -30,12 +30,11 @@ import torch
 
 from warmup_tools.kv.blocks import BlockSource, CachedBlock
 from warmup_tools.kv.hashing import NONE_HASH, BlockHash, CacheScope, hash_block_tokens
+from warmup_tools.kv.snapshot_files import MANIFEST_SUFFIX, PAYLOAD_SUFFIX
 
 FORMAT = "warmup-kv-snapshot"
 #: 2: per-block digests bound to the block hash, unknown keys refused, the trust-mode ``mac``.
 FORMAT_VERSION = 2
-MANIFEST_SUFFIX = ".manifest.json"
-PAYLOAD_SUFFIX = ".safetensors"
 #: A manifest larger than this is not read (about 600 bytes per block: 100,000 blocks).
 MAX_MANIFEST_BYTES = 64 << 20
 #: Snapshots a reader looks at, newest first (a folder shared by many replicas over time keeps growing).

@@ -43,7 +43,7 @@ from warmup_tools.common.names import replica_name
 from warmup_tools.kv.blocks import BlockSource, CachedBlock
 from warmup_tools.kv.config import KVShape
 from warmup_tools.kv.hashing import NONE_HASH, CacheScope
-from warmup_tools.kv.snapshot import snapshot_name
+from warmup_tools.kv.snapshot_files import snapshot_name
 from warmup_tools.kv.snapshot_verify import (
     Snapshot,
     SnapshotIdentity,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -12,7 +11,6 @@ from typing import Any, Callable, Mapping
 
 from warmup_tools.common.errors import ConfigError, ServerError
 from warmup_tools.common.names import replica_name as checked_replica_name
-from warmup_tools.common.prune import prune_stale_writers
 from warmup_tools.server.process import RepositoryKey, TritonServer
 from warmup_tools.sidecar.canary import CanaryController
 from warmup_tools.sidecar.config import SidecarConfig
@@ -21,6 +19,7 @@ from warmup_tools.sidecar.endpoints import SidecarHttpServer
 from warmup_tools.sidecar.monitor import Monitor
 from warmup_tools.sidecar.plan_id import discover_plan_id
 from warmup_tools.sidecar.probes import PROBED_MODELS, TritonProbes
+from warmup_tools.sidecar.prune import StaleWriterPruner
 from warmup_tools.sidecar.replan import Replanner
 from warmup_tools.sidecar.repository import RepositoryClient
 from warmup_tools.sidecar.stub_death import StubDeathFacts
@@ -48,7 +47,10 @@ class Sidecar:
         ``server``: the tritonserver beside the sidecar (what ``warmup_tools sidecar`` runs): its stubs are
         watched in ``/proc``, one that exits or stops is reloaded at once, or the server is restarted
         (``on_stub_death``: see :mod:`warmup_tools.sidecar.stub_death`). ``server_pid`` instead: the stubs
-        of the server with that process id are watched, and never restarted."""
+        of the server with that process id are watched, and never restarted. ``replica_name``: this replica's
+        name in the shared folders (default the host name). ``snapshot_dir``: lora_adapter's KV snapshot folder;
+        what replicas gone for ``stale_writer_prune_s`` left there, in ``fleet_log_dir`` and in ``control_dir`` is
+        removed (:mod:`warmup_tools.sidecar.prune`)."""
         unknown = sorted(set(config.models) - set(PROBED_MODELS))
         if unknown:
             raise ConfigError(f"no probe for model(s) {', '.join(unknown)}; known: {', '.join(PROBED_MODELS)}")
@@ -90,11 +92,12 @@ class Sidecar:
             canary.on_promote = planner.write_stanzas_of
             self.replanner = Replanner(planner.run_once, config.replan_interval_s)
             self.monitor.sections["replan"] = self.replanner.status
-        self._pruner: Periodic | None = None
-        if config.stale_writer_prune_s > 0 and (snapshot_dir is not None or config.fleet_log_dir is not None):
-            self._pruner = Periodic("sidecar-prune", _PRUNE_EVERY_S, lambda: prune_stale_writers(
-                host, config.stale_writer_prune_s, time.time(), snapshot_dir=snapshot_dir,
-                log_dir=config.fleet_log_dir))
+        #: Removes what replicas that are gone left in the shared folders (:mod:`warmup_tools.sidecar.prune`).
+        self.pruner: StaleWriterPruner | None = None
+        if config.stale_writer_prune_s > 0 and (snapshot_dir, config.fleet_log_dir, control_dir) != (None,) * 3:
+            self.pruner = StaleWriterPruner(host, config.stale_writer_prune_s, _PRUNE_EVERY_S,
+                                            snapshot_dir=snapshot_dir, log_dir=config.fleet_log_dir,
+                                            control_dir=control_dir)
         self._http = SidecarHttpServer(self.monitor, config.host, config.port, workers=config.http_workers,
                                        timeout_s=config.http_timeout_s)
 
@@ -109,8 +112,8 @@ class Sidecar:
             self.replanner.start()
         if self.canary is not None and self.config.canary_judge:
             self.canary.start(self.config.probe_interval_s)
-        if self._pruner is not None:
-            self._pruner.start()
+        if self.pruner is not None:
+            self.pruner.start()
 
     def unload_for_exit(self, model: str = "lora_adapter", timeout_s: float = 60.0) -> bool:
         """After a drain, before tritonserver stops: stop watching (a repair would load it again), then unload
@@ -130,8 +133,8 @@ class Sidecar:
             return False
 
     def stop(self) -> None:
-        if self._pruner is not None:
-            self._pruner.stop()
+        if self.pruner is not None:
+            self.pruner.stop()
         if self.replanner is not None:
             self.replanner.stop()
         if self.canary is not None:
@@ -160,32 +163,6 @@ class Sidecar:
 
 #: How often a sidecar looks for what writers that are gone left in the shared folders.
 _PRUNE_EVERY_S = 3600.0
-
-
-class Periodic:
-    """``action`` now, then every ``every_s``, on a thread of its own until :meth:`stop`; a failing pass is logged."""
-
-    def __init__(self, name: str, every_s: float, action: Callable[[], object]) -> None:
-        self._name, self._every_s, self._action = name, every_s, action
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(30)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._action()
-            except Exception:  # NOTE: a pass that fails (a folder gone) is tried again later
-                LOGGER.exception("%s failed", self._name)
-            self._stop.wait(self._every_s)
 
 
 def replica_canary(config: SidecarConfig, control_dir: Path, host: str,

@@ -14,6 +14,8 @@ COMPOSING_MODELS: tuple[str, ...] = ("tokenizer_cache", "embedding_cache", "lora
 ENSEMBLE_MODEL = "ensemble"
 #: ``on_stub_death`` values: restart tritonserver, or reload the model whose stub died.
 STUB_DEATH_ACTIONS: tuple[str, ...] = ("restart", "reload")
+#: The shortest ``stale_writer_prune_s`` (but 0): a live replica writes its files more often than this.
+MIN_STALE_WRITER_PRUNE_S = 3600.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,12 +79,15 @@ class SidecarConfig:
                                                "plan on trial on a whole replica is judged against the other "
                                                "replicas' logs; empty: no fleet.")
     replan_since_h: float = setting(6.0, "Hours of request logs each re-plan reads.", gt=0)
-    stale_writer_prune_s: float = setting(7 * 86400.0, "Seconds after which the KV snapshot files and the "
-                                                       "request-log folder (fleet_log_dir) of another replica "
-                                                       "that wrote nothing since are removed (a replica that left "
-                                                       "for good); every sidecar checks once an hour, never "
-                                                       "its own files; must exceed lora_adapter's "
-                                                       "snapshot_interval_s; 0: never.", ge=0)
+    stale_writer_prune_s: float = setting(7 * 86400.0, "Seconds after which what another replica left in the "
+                                                       "shared folders is removed, when it wrote nothing there and "
+                                                       "reported nothing on the control folder's plan status board "
+                                                       "for as long (a replica gone for good): its KV snapshot "
+                                                       "files, its request-log folder (fleet_log_dir) and its plan "
+                                                       "status files. Every sidecar looks once an hour and never "
+                                                       "removes its own replica's files. 0: never; else at least "
+                                                       f"{MIN_STALE_WRITER_PRUNE_S:g}, and more than lora_adapter's "
+                                                       "snapshot_interval_s.", ge=0)
     canary_window_s: float = setting(600.0, "Canary: seconds a plan on trial is compared with the plan the other "
                                             "instances serve before it is promoted (a worse plan is rolled back "
                                             "as soon as it is seen worse); 0: the rolling re-plan applies its "
@@ -118,3 +123,6 @@ class SidecarConfig:
                               "logs) is")
         if not self.models:
             raise ConfigError("models must name at least one model")
+        if 0 < self.stale_writer_prune_s < MIN_STALE_WRITER_PRUNE_S:
+            raise ConfigError(f"stale_writer_prune_s must be 0 (never) or at least {MIN_STALE_WRITER_PRUNE_S:g} "
+                              "seconds: a live replica's files are not rewritten every second")

@@ -18,7 +18,8 @@ from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.kv.prefix_cache import PrefixCache
-from warmup_tools.kv.snapshot import prefix_tokens, snapshot_name, write_snapshot
+from warmup_tools.kv.snapshot import prefix_tokens, write_snapshot
+from warmup_tools.kv.snapshot_files import snapshot_name
 from warmup_tools.kv.snapshot_verify import SnapshotIdentity, list_snapshots, read_snapshot, salt_fingerprint
 from warmup_tools.lora_adapter import snapshot_restore
 from warmup_tools.lora_adapter.engine import LoraEngine

@@ -81,10 +81,10 @@ class FrontServer:
         app = build_app(settings, engine, renderer, self._drain)  # type: ignore[arg-type]
         # NOTE: uvloop and httptools, uvicorn's fast event loop and HTTP parser: each saves the front CPU on every
         # request (docs/benchmarks.md, "The front's added TTFT"); grpc.aio runs on uvloop.
-        config = uvicorn.Config(app, host=settings.host, port=settings.port,
-                                http=bounded_httptools(settings.max_header_bytes, settings.head_timeout_s),
-                                loop="uvloop", limit_concurrency=settings.max_connections,
-                                lifespan="on", log_level="warning", access_log=False,
+        # NOTE: no limit_concurrency: uvicorn checks it only once a head is whole, so connections beyond it still
+        # held a descriptor each until their head arrived; the protocol refuses them as they are made.
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, http=bounded_httptools(settings),
+                                loop="uvloop", lifespan="on", log_level="warning", access_log=False,
                                 timeout_keep_alive=5, timeout_graceful_shutdown=5)
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None

@@ -41,11 +41,12 @@ class FrontSettings:
     max_header_bytes: int = setting(64 << 10, "Largest request line and headers together; more is answered 431 "
                                               "and the connection closed.", ge=4096, le=1 << 20)
     head_timeout_s: float = setting(10.0, "Seconds a client may take to send a request's line and headers, from "
-                                          "the connection's start or the first byte of the next request on it; "
-                                          "then it is answered 408 and the connection closed.", gt=0, le=600)
-    max_connections: int = setting(1024, "Connections and requests the front holds at once; one more is answered "
-                                         "503 (uvicorn's limit_concurrency), so half-open connections cannot take "
-                                         "every file descriptor.", ge=8, le=65536)
+                                          "the connection's start or, on a kept-alive connection, from the first "
+                                          "byte after an answer; then it is answered 408 and the connection "
+                                          "closed.", gt=0, le=600)
+    max_connections: int = setting(1024, "Connections the front holds at once; one more is answered 503 as it is "
+                                         "made, before anything is read from it, and closed, so that connections "
+                                         "cannot take every file descriptor.", ge=8, le=65536)
     max_messages: int = setting(256, "Messages one chat request may hold.", ge=1, le=4096)
     max_prompt_bytes: int = setting(256 << 10, "Largest prompt (a rendered conversation or a completion prompt) "
                                                "in UTF-8 bytes, as tokenizer_cache takes it; more is 413.",

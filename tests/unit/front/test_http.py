@@ -1,14 +1,20 @@
 """The front's HTTP protocol on a real socket (uvicorn, httptools): a head larger than ``max_header_bytes`` is
-answered 431 and the connection closed; body bytes and earlier requests on a kept-alive connection never count."""
+answered 431 and the connection closed (body bytes and earlier requests on a kept-alive connection never count),
+a head not whole within ``head_timeout_s`` 408, a connection beyond ``max_connections`` 503; a chunked body over
+``max_body_bytes`` 413."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import socket
+import threading
 
 import pytest
 
 from tests.unit.front.conftest import ScriptedEngine
+from tests.waiting import wait_for
 from warmup_tools.front.server import FrontServer
 from warmup_tools.front.settings import FrontSettings
 
@@ -24,6 +30,18 @@ def front():
 def _request(padding: int, body: bytes = b'{"model": "base", "prompt": "hi"}') -> bytes:
     return (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"X-Pad: " + b"a" * padding + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def _parse(data: bytes) -> list[tuple[int, bytes]]:
+    """The answers (status, body) that make up ``data`` exactly."""
+    answers = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:")))
+        answers.append((int(head.split(b" ", 2)[1]), rest[:length]))
+        data = rest[length:]
+    return answers
 
 
 def _answers(front: FrontServer, data: bytes, count: int) -> list[tuple[int, bytes]]:
@@ -84,51 +102,110 @@ def test_body_bytes_and_earlier_requests_do_not_count_toward_the_head(front):
 
 @pytest.fixture(scope="module")
 def strict_front():
-    """A front with a short head deadline and room for few connections."""
-    settings = FrontSettings(port=0, max_header_bytes=LIMIT, head_timeout_s=0.5, max_connections=8)
+    """A front with a short head deadline."""
+    settings = FrontSettings(port=0, max_header_bytes=LIMIT, head_timeout_s=0.5)
     with FrontServer(settings, engine=ScriptedEngine()) as server:
         yield server
+
+
+def _until_closed(sock: socket.socket) -> bytes:
+    """All the server sends until it closes the connection (a hang fails at the socket's timeout)."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def _timed_out(data: bytes) -> bool:
+    head, _, body = data.partition(b"\r\n\r\n")
+    return (head.startswith(b"HTTP/1.1 408 ") and b"connection: close" in head.lower()
+            and json.loads(body)["error"]["code"] == "request_timeout")
 
 
 def test_a_head_that_never_ends_is_answered_408_and_its_connection_closed(strict_front):
     half = _request(10)[:40]  # part of the request line and headers, then nothing
     with socket.create_connection(("127.0.0.1", strict_front.port), timeout=60) as sock:
         sock.sendall(half)
-        data = b""
-        while chunk := sock.recv(65536):  # the server closes it: recv returns b"" (a hang fails at the timeout)
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 408 ") and b"connection: close" in head.lower()
-    assert json.loads(body)["error"]["code"] == "request_timeout"
+        assert _timed_out(_until_closed(sock))
     # A connection that sends nothing at all is closed the same way.
     with socket.create_connection(("127.0.0.1", strict_front.port), timeout=60) as sock:
-        assert sock.recv(65536).startswith(b"HTTP/1.1 408 ")
+        assert _timed_out(_until_closed(sock))
     # A whole request still works, and so does a second one on the same connection after the first answer.
     assert [status for status, _ in _answers(strict_front, _request(10) * 2, 2)] == [200, 200]
 
 
-def test_connections_beyond_the_bound_are_answered_503_and_the_front_serves_after():
+def test_a_kept_alive_connection_idles_past_the_head_deadline_and_a_stray_byte_after_it_starts_one(strict_front):
+    with socket.create_connection(("127.0.0.1", strict_front.port), timeout=60) as kept:
+        kept.sendall(_request(10))
+        assert kept.recv(65536).startswith(b"HTTP/1.1 200 ")
+        # Idle between requests is uvicorn's keep-alive (5 s), not the head deadline: once a connection made after
+        # the answer has had its 408, the kept-alive one still takes a request.
+        with socket.create_connection(("127.0.0.1", strict_front.port), timeout=60) as later:
+            assert _timed_out(_until_closed(later))
+        kept.sendall(_request(10))
+        assert kept.recv(65536).startswith(b"HTTP/1.1 200 ")
+        # A byte that starts no request (llhttp skips an empty line) ends uvicorn's keep-alive timeout all the same:
+        # the head deadline runs from it.
+        kept.sendall(b"\r\n")
+        assert _timed_out(_until_closed(kept))
+
+
+@dataclasses.dataclass
+class HeldEngine(ScriptedEngine):
+    """Holds each generation until ``release`` is set."""
+
+    release: threading.Event = dataclasses.field(default_factory=threading.Event)
+    held: int = 0
+
+    async def generate(self, request):
+        self.held += 1
+        await asyncio.to_thread(self.release.wait, 300)
+        async for chunk in super().generate(request):
+            yield chunk
+
+
+def test_a_pipelined_head_that_never_ends_leaves_the_answer_in_progress_whole():
+    engine = HeldEngine()
+    settings = FrontSettings(port=0, max_header_bytes=LIMIT, head_timeout_s=0.5)
+    with FrontServer(settings, engine=engine) as front, \
+            socket.create_connection(("127.0.0.1", front.port), timeout=60) as sock:
+        # A request answered while the next one's head stays half sent behind it (one write: one read on the server,
+        # so the half head has begun once the generation is held).
+        sock.sendall(_request(10) + _request(10)[:40])
+        wait_for(lambda: engine.held == 1, "the first request's generation held")
+        with socket.create_connection(("127.0.0.1", front.port), timeout=60) as later:
+            assert _timed_out(_until_closed(later))  # the half head's deadline has passed too
+        engine.release.set()
+        data = _until_closed(sock)
+    # The answer in progress is whole and nothing follows it; the connection closes after it.
+    [(status, body)] = _parse(data)
+    assert status == 200 and json.loads(body)["choices"][0]["text"] == "Hello world"
+
+
+def test_connections_beyond_the_bound_are_answered_503_at_once_and_those_within_keep_working():
+    # NOTE: the held connections' head deadline (300 s) is one only a hang reaches: they are all open when the
+    # next ones arrive, however slow the machine.
     settings = FrontSettings(port=0, max_header_bytes=LIMIT, head_timeout_s=300, max_connections=8)
     with FrontServer(settings, engine=ScriptedEngine()) as small:
-        _beyond_the_bound(small)
-
-
-def _beyond_the_bound(strict_front: FrontServer) -> None:
-    # NOTE: the held connections' head deadline (300 s) is one only a hang reaches: they are all open when the
-    # ninth arrives, however slow the machine.
-    held = [socket.create_connection(("127.0.0.1", strict_front.port), timeout=60) for _ in range(8)]
-    try:
-        for sock in held:
-            sock.sendall(_request(10)[:20])  # each holds a connection with a half head
-        [(status, _)] = _answers(strict_front, _request(10), 1)
-        assert status == 503
-    finally:
-        for sock in held:
-            sock.close()
-    # Once their clients close them the front takes requests again.
-    from tests.waiting import wait_for
-
-    wait_for(lambda: [s for s, _ in _answers(strict_front, _request(10), 1)] == [200], "a request served again")
+        held = [socket.create_connection(("127.0.0.1", small.port), timeout=60) for _ in range(8)]
+        try:
+            for sock in held:
+                sock.sendall(_request(10)[:20])  # each holds a connection with a half head
+            # One more is answered before it sends anything (no head deadline to wait for) and closed.
+            with socket.create_connection(("127.0.0.1", small.port), timeout=60) as beyond:
+                head, _, body = _until_closed(beyond).partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 503 ") and b"connection: close" in head.lower()
+            assert json.loads(body)["error"]["code"] == "too_many_connections"
+            # One that sends a whole request gets no 200 (the 503; or a reset once its unread request is dropped).
+            assert [status for status, _ in _answers(small, _request(10), 1)] in ([503], [])
+            # The connections within the bound are served.
+            held[0].sendall(_request(10)[20:])
+            assert held[0].recv(65536).startswith(b"HTTP/1.1 200 ")
+        finally:
+            for sock in held:
+                sock.close()
+        # Once their clients close them the front takes new connections again.
+        wait_for(lambda: [s for s, _ in _answers(small, _request(10), 1)] == [200], "a request served again")
 
 
 def test_a_chunked_body_larger_than_the_limit_is_answered_413_while_it_is_read():

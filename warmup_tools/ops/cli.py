@@ -704,7 +704,6 @@ def sidecar_config(args: argparse.Namespace) -> "SidecarConfig":
 
 
 def _cmd_sidecar(args: argparse.Namespace) -> int:
-
     from warmup_tools.server.process import RepositoryKey
     from warmup_tools.sidecar.app import Sidecar, replica_log_dir
 
@@ -1024,7 +1023,6 @@ def _cmd_plan_rollback(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan_canary(args: argparse.Namespace) -> int:
-
     from warmup_tools.adapters.canary import end_canary, start_canary
     from warmup_tools.adapters.plan_control import PlanStatusBoard, read_canary
     from warmup_tools.adapters.plan_history import applied_by
@@ -1042,9 +1040,9 @@ def _cmd_plan_canary(args: argparse.Namespace) -> int:
         return 0
     if args.plan is None:
         raise ConfigError("name the plan file to try (or --abort)")
+    host = replica_name(args.replica)
     plan = Plan.load(args.plan)
     check_plan(plan, args.model_repository)
-    host = replica_name(args.replica)
     instances = list(args.canary_instances)
     board = PlanStatusBoard(args.control_dir)
     if args.replica and not instances:

@@ -88,3 +88,15 @@ def test_plan_help_names_every_plan_action(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for action in PLAN_ACTIONS:
         assert f"plan {action}" in text, action
+
+
+@pytest.mark.parametrize("name", [".", "..", "r1/..", "r1."])
+def test_a_replica_name_that_is_no_single_safe_path_component_is_refused_where_it_enters(tmp_path, capsys, name):
+    from warmup_tools.ops.cli import main
+
+    plan = tmp_path / "missing-plan.json"  # the name is refused before anything else is read
+    assert main(["plan", "canary", str(plan), "--replica", name, "--control-dir", str(tmp_path)]) == 2
+    assert f"the replica name {name!r} cannot name a folder or file" in capsys.readouterr().err
+    assert main(["sidecar", "--replica-name", name, "--control-dir", str(tmp_path)]) == 2
+    assert f"the replica name {name!r} cannot name a folder or file" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -25,6 +25,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import time
 from typing import Any, AsyncIterator
 
@@ -90,11 +91,34 @@ def classify(message: str, status: str | None = None) -> str:
     return "invalid" if status is None else "internal"
 
 
-def _engine_error(message: str, status: str) -> EngineError:
-    """The :class:`EngineError` of a failed gRPC call (its details and status, ``StatusCode.X``)."""
+#: What tritonserver puts before a model's message: the request's id, the ensemble step that failed.
+_TRITON_PREFIX = re.compile(r"^(?:\[request id: [^\]]*\] *|in ensemble '[^']*', *)+")
+#: tritonserver's own text about a request, never a model's message for the client: it names instances and
+#: internal models ("Failed to process the request(s) for model instance 'lora_adapter_0_0', message: ...",
+#: "unexpected shape for input 'input_ids' for model 'lora_adapter'", "batch-size must be <= 8 for
+#: 'tokenizer_cache'"). A model's own messages name an adapter or an input, never a model or an instance.
+_TRITON_TEXT = re.compile(r"model instance|stub process|\bmodel:? '|for '(?:tokenizer_cache|embedding_cache|"
+                          r"lora_adapter|ensemble)'", re.IGNORECASE)
+#: The kinds whose message a client reads (generation.openai_error): the request's own refusals.
+_CLIENT_KINDS = frozenset({"invalid", "not_found", "too_large", "busy"})
+#: The reason a client reads (a request's 503, /health) while the sidecar's /ready fails: its own reason names
+#: models and instances and quotes tritonserver, and goes to the log (the sidecar's /status has it too).
+NOT_READY = "the replica is warming up or recovering; retry, another replica may serve the request"
+
+
+def engine_error(message: str, status: str | None = None) -> EngineError:
+    """The :class:`EngineError` of an error tritonserver answered (its message, and its gRPC status,
+    ``StatusCode.X``, when it ended a unary call). A model's own message about the request keeps its kind and goes
+    to the client without tritonserver's prefixes. tritonserver's own text is no refusal the client can act on,
+    whatever its status (a request the front built that tritonserver rejects is the front's fault): an
+    ``internal`` error, whose text goes to the log only."""
     if status == "StatusCode.UNAVAILABLE" and "failed to connect" in message.lower():
         return EngineError("unavailable", "tritonserver is not reachable")
-    return EngineError(classify(message, status), message)
+    text = _TRITON_PREFIX.sub("", message)
+    kind = classify(text, status)
+    if kind in _CLIENT_KINDS and _TRITON_TEXT.search(text):
+        kind = "internal"
+    return EngineError(kind, text)
 
 
 def _text(name: str, value: str) -> Tensor:
@@ -156,6 +180,7 @@ class TritonEngine:
         self._models = ModelState({})
         self._load = LoadSignals()
         self._readiness = Readiness(False, "not checked yet")
+        self._sidecar_reason = ""
         self._polled = 0.0
         self._refresh_lock: asyncio.Lock | None = None
 
@@ -239,7 +264,7 @@ class TritonEngine:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise EngineError("timeout", f"no answer from {model} within {self.timeout_s:g} s") from None
-            raise _engine_error(exc.details() or "", str(exc.code())) from None
+            raise engine_error(exc.details() or "", str(exc.code())) from None
         return InferResult(response)
 
     async def _stream(self, model: str, inputs: list[Tensor],
@@ -250,7 +275,7 @@ class TritonEngine:
         try:
             async for response in responses:
                 if response.error_message:
-                    raise EngineError(classify(response.error_message), response.error_message)
+                    raise engine_error(response.error_message)
                 result = InferResult(response.infer_response)
                 text = result.as_numpy("text_output").reshape(-1)[0].decode("utf-8", errors="replace")
                 reason = result.as_numpy("finish_reason").reshape(-1)[0].decode("utf-8")
@@ -322,16 +347,24 @@ class TritonEngine:
                         if await self._server_ready():
                             return Readiness(True, **_temperature(body))
                         return Readiness(False, "the front's connection to tritonserver is not up yet")
-                    try:
-                        reason = str(json.loads(body).get("reason", body))
-                    except (ValueError, AttributeError):
-                        reason = body
-                    return Readiness(False, f"the replica is not ready: {reason[:300]}")
+                    self._log_sidecar_reason(body)
+                    return Readiness(False, NOT_READY)
             ready = await self._server_ready()
             return Readiness(ready, "" if ready else "tritonserver is not ready")
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, grpc.aio.AioRpcError) as exc:
             LOGGER.debug("readiness not read: %s", exc)
             return Readiness(False, "the replica is not reachable yet")
+
+    def _log_sidecar_reason(self, body: str) -> None:
+        """The sidecar's reason for not ready (it names models and instances, and quotes tritonserver): for the
+        front's log, once each time it changes."""
+        try:
+            reason = str(json.loads(body).get("reason", body))[:300]
+        except (ValueError, AttributeError):
+            reason = body[:300]
+        if reason != self._sidecar_reason:
+            self._sidecar_reason = reason
+            LOGGER.info("the sidecar says the replica is not ready: %s", reason)
 
     async def _server_ready(self) -> bool:
         """tritonserver's ``ServerReady``, on the channel the inferences use (raises ``AioRpcError`` when it does not
@@ -367,8 +400,8 @@ _READ_METRICS = ("warmup_adapter_state{", "warmup_scheduler_running_sequences", 
 def parse_triton_metrics(text: str, kv_capacity_bytes: int | None) -> tuple[ModelState, LoadSignals]:
     """The adapters' states and the load signals in tritonserver's /metrics text.
 
-    An adapter is live when every instance that reports it says ``live``; otherwise the reason names the
-    first instance where it is not. Running and waiting sequences add up over instances; KV use is the bytes
+    An adapter is live when every instance that reports it says ``live``; otherwise the reason is its state on
+    the first instance where it is not. Running and waiting sequences add up over instances; KV use is the bytes
     held over ``kv_capacity_bytes`` times the instances that report."""
     states: dict[str, dict[str, str]] = {}
     running = waiting = 0.0
@@ -393,7 +426,8 @@ def parse_triton_metrics(text: str, kv_capacity_bytes: int | None) -> tuple[Mode
         if adapter == "base":
             continue
         not_live = sorted((i, s) for i, s in by_instance.items() if s != "live")
-        adapters[adapter] = None if not not_live else f"adapter '{adapter}' is {not_live[0][1]} on {not_live[0][0]}"
+        # NOTE: the reason reaches clients (a 404, /v1/models): it names the state, not the instance.
+        adapters[adapter] = None if not not_live else f"adapter '{adapter}' is {not_live[0][1]}"
     usage = None
     if kv_capacity_bytes and kv_bytes:
         usage = min(1.0, sum(kv_bytes.values()) / (kv_capacity_bytes * len(kv_bytes)))

@@ -5,7 +5,8 @@ import pytest
 
 from warmup_tools.adapters.state import _UNAVAILABLE, AdapterState
 from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT
-from warmup_tools.front.engine.triton_engine import classify, parse_triton_metrics
+from warmup_tools.front.engine.triton_engine import classify, engine_error, parse_triton_metrics
+from warmup_tools.front.generation import openai_error
 
 
 @pytest.mark.parametrize("message, status, kind", [
@@ -26,6 +27,45 @@ from warmup_tools.front.engine.triton_engine import classify, parse_triton_metri
 ])
 def test_a_model_s_error_message_maps_to_its_kind(message, status, kind):
     assert classify(message, status) == kind
+
+
+#: Internals of the server a client never reads: tritonserver's instance and internal model names, its wording.
+INTERNALS = ("lora_adapter", "tokenizer_cache", "ensemble", "instance", "Stub", "request id", "for model")
+
+
+@pytest.mark.parametrize("message, status", [
+    # tritonserver's own text on a request: what the python backend says of an exception out of execute, and its
+    # own check of a request the front built (the front's fault): never the client's, whatever the status says.
+    ("Failed to process the request(s) for model instance 'lora_adapter_0_0', message: TypeError: bad", None),
+    ("[request id: <id_unknown>] unexpected shape for input 'input_ids' for model 'lora_adapter'. Expected [-1], "
+     "got [1,2]", "StatusCode.INVALID_ARGUMENT"),
+    ("[request id: <id_unknown>] inference request batch-size must be <= 8 for 'tokenizer_cache'",
+     "StatusCode.INVALID_ARGUMENT"),
+    ("Stub process 'lora_adapter_0_0' is not healthy.", None),
+    ("Request for unknown model: 'lora_adapter' has no available versions", "StatusCode.NOT_FOUND"),
+])
+def test_tritonservers_own_text_is_a_failure_on_the_server_side_that_no_client_reads(message, status):
+    error = openai_error(engine_error(message, status))
+    assert error.status in (500, 503)
+    assert not any(word in error.message for word in INTERNALS), error.message
+
+
+@pytest.mark.parametrize("message, status, kind, text", [
+    # the models' own messages, written for the client, reach it without tritonserver's prefixes
+    (f"in ensemble 'ensemble', unknown adapter 'x': {UNKNOWN_ADAPTER_HINT}", None, "not_found",
+     f"unknown adapter 'x': {UNKNOWN_ADAPTER_HINT}"),
+    ("[request id: r1] input 'max_tokens' is out of range: use 1 to 512", "StatusCode.INVALID_ARGUMENT", "invalid",
+     "input 'max_tokens' is out of range: use 1 to 512"),
+    ("in ensemble 'ensemble', [request id: r1] server busy: this instance already holds 72 requests; retry later",
+     None, "busy", "server busy: this instance already holds 72 requests; retry later"),
+    # a client's own name for an adapter is no server internal, whatever it looks like
+    (f"unknown adapter 'lora_adapter_0_0': {UNKNOWN_ADAPTER_HINT}", None, "not_found",
+     f"unknown adapter 'lora_adapter_0_0': {UNKNOWN_ADAPTER_HINT}"),
+])
+def test_a_models_own_message_reaches_the_client_without_tritonservers_prefixes(message, status, kind, text):
+    error = engine_error(message, status)
+    assert (error.kind, error.message) == (kind, text)
+    assert openai_error(error).message == text
 
 
 @pytest.mark.parametrize("state", [s for s in _UNAVAILABLE if s is not AdapterState.RETIRED] + [AdapterState.RETIRED])
@@ -57,7 +97,7 @@ warmup_kv_cache_bytes{adapter="sql",instance="lora_adapter_0_1",model="lora_adap
 def test_metrics_give_the_live_adapters_and_the_load_summed_over_instances():
     models, load = parse_triton_metrics(METRICS, kv_capacity_bytes=1000)
     assert models.live() == ["sql"]
-    assert models.adapters["claims"] == "adapter 'claims' is warming on lora_adapter_0_1"
+    assert models.adapters["claims"] == "adapter 'claims' is warming"  # no instance named: a client reads it
     assert "base" not in models.adapters
     assert (load.running, load.waiting) == (5, 4)
     assert load.kv_usage == pytest.approx(600 / 2000)

@@ -92,7 +92,10 @@ def test_a_bad_plan_on_trial_is_rolled_back_and_the_canary_serves_the_good_plan_
                         pytest.fail(f"no verdict after {served} requests: {status()}")
             verdict = status()["verdicts"][0]
             assert verdict["verdict"] == "rolled_back", verdict
-            assert "cold share" in verdict["reason"] and verdict["canary"]["cold_share"] > verdict["rest"]["cold_share"]
+            # NOTE: which measure crosses its test first (cold share, cached or planned tokens) depends on how the
+            # requests fell to the instances; each says the canary served less from its cache.
+            assert verdict["reason"].startswith("worse than the plan served now")
+            assert verdict["canary"]["cached_share"] < verdict["rest"]["cached_share"]
             assert read_canary(control) is None
             assert PlanHistory(control).current().plan_id == good.plan_id  # the served plan never changed
             _, metrics = get(sidecar.url + "/metrics")

@@ -1,69 +1,31 @@
-"""The canary's verdict: a plan on trial against the plan the other instances serve, judged from the request logs.
+"""The canary: a plan on trial against the plan the other instances serve, judged from the request logs.
 
 A plan on trial (``canary.json``: :mod:`warmup_tools.adapters.canary`) is served by one lora_adapter instance of
 this replica, or, in a fleet, by every instance of one replica; the others serve ``plan.json``.
 
-**One instance.** Triton spreads the replica's requests over its instances in turn, so both sides see the same
-traffic. From the moment the canary instance reports the plan applied, the controller reads each instance's
-request log (``requests-<instance>.jsonl`` under the replica's ``request_log_dir``) and compares, canary against
-the rest (below).
+**One instance.** From the moment the canary instance reports the plan applied, the controller reads each
+instance's request log (``requests-<instance>.jsonl`` under the replica's ``request_log_dir``) and compares the
+canary instance's requests with the other instances' (:func:`~warmup_tools.sidecar.canary_judge.judge`).
 
 **A whole replica** (``canary.json`` names a replica and no instance; judged by that replica's sidecar). Every
 replica logs into its own subfolder of the fleet's shared log folder (``fleet_log_dir/<replica_name>/``). The
 canary side is this replica's logs, the rest the logs of the replicas that reported to the control folder's
 status board when the trial's plan was applied (a replica that left is not read; one that joins during the trial
-is not either: it has no baseline). The router does not give replicas the same traffic: behind ``cache_aware``
-each tenant's prefixes stick to one replica, so one replica may serve the tenants with long shared system prompts
-and another the one-off prompts, and their cold shares differ by tens of points under the same plan. A direct
-comparison would roll back a good plan tried on the colder replica, and promote a bad one tried on the warmer.
-So each measure is a **difference of differences**: the canary replica's change from its own baseline (its
-requests of the ``canary_window_s`` before the trial started) less the other replicas' change over the same
-time. The tenant mix each replica gets is stable from one window to the next (the stickiness that makes the
-replicas differ keeps each one's mix steady), so it cancels out of each replica's change, and a drift of the
-whole traffic (the hour of the day) cancels out of the difference. The early tests become one-sided z-tests on
-the difference of differences (:func:`rise_greater`: of the cold share, and of the mean per-request uncached
-share and share not from the plan), and TTFT p99 compares the ratios to each side's own baseline
-(:func:`judge_replica`). The price is variance (four samples instead of two): a trial needs a baseline of
-``canary_min_requests`` on each side, or it is rolled back at once, saying so. Round-robin routing needs no
-baseline, but the difference of differences holds under it too, so one rule serves every policy.
+is not either: it has no baseline). Each side's baseline is its requests of the ``canary_window_s`` before the
+trial started, read once when the plan is applied; a trial with fewer than ``canary_min_requests`` on either
+side is rolled back at once, saying so (:func:`~warmup_tools.sidecar.canary_judge.judge_replica`).
 
-The measures, canary against the rest:
-
-- **cold share** (requests with no prompt token from the KV cache): worse when it is more than
-  ``canary_cold_margin`` above the rest's *and* a one-sided Fisher exact test puts the difference below
-  ``canary_alpha`` (so that a small window cannot roll back a good plan by chance);
-- **prompt tokens from cache**: worse when the canary's share is more than ``canary_cached_margin`` below; a
-  one-sided Mann-Whitney U test on each request's uncached share of its prompt (:func:`uncached_greater`)
-  below ``canary_alpha`` makes it worse before the window ends (a plan that unpins the hot set shows in every
-  request's prefill, not only in the requests with nothing cached);
-- **prompt tokens from the plan** (the cached tokens that came from blocks the instance's plan pins, which
-  ``lora_adapter`` logs as ``planned_tokens``): worse, at once, when the canary's share is more than
-  ``canary_cached_margin`` below the rest's with the same rank test below ``canary_alpha``. This is the leading
-  signal: a plan that does not hold today's hot prefixes shows it from the first requests, while the blocks
-  the old plan pinned still sit unpinned in the canary's cache and keep its cached share up until they are
-  evicted;
-- **TTFT p99**: worse when above ``canary_ttft_ratio`` times the rest's, once each side has
-  :data:`MIN_P99_REQUESTS` requests (below that a p99 is the maximum).
-
-Nothing is judged before each side has ``canary_min_requests`` requests; on a whole replica the early tests start
-when the canary replica has them and the others have one (their requests since the trial began only estimate the
-fleet's drift, and the test's variance counts how little a few of them say), and promotion still needs them on
-each side. A plan whose cold share, cached
-tokens or tokens from the plan are worse with the tests' confidence is rolled back at once, inside the
-window (the tests guard against chance); when ``canary_window_s`` has passed, a plan worse by cold share,
-cached tokens or TTFT p99 is rolled back and one no worse is promoted (made the plan of every instance,
-through the history). On a whole replica the end of the window adds TTFT p99 only: its cached-token margin
-untested would be a coin toss on four small windows (:func:`judge_replica`). A trial that never gets enough
-traffic, or whose canary never applies the plan, is rolled back after three windows, saying so. Every verdict
-is one log line, the last ones and the running trial are in ``/status`` (``canary``), and ``/metrics`` counts
-them.
+How the verdict is reached, tenant by tenant so that no tenant carries it, is
+:mod:`warmup_tools.sidecar.canary_judge`. A verdict ends the trial through the history (promoted: made the plan
+of every instance; rolled back); a trial whose canary never applies the plan is rolled back after three windows.
+Every verdict is one log line, with the plan and the tenants counted; the last verdicts and the running trial are
+in ``/status`` (``canary``: no plan id, no tenant name), and ``/metrics`` counts them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import threading
 import time
@@ -75,331 +37,25 @@ from warmup_tools.adapters.plan_control import CanaryAssignment, PlanStatusBoard
 from warmup_tools.adapters.plan_history import PlanHistorySettings, applied_by
 from warmup_tools.common.plan import Plan, PlanError
 from warmup_tools.common.records import RecordError, RequestRecord
+from warmup_tools.sidecar.canary_judge import (
+    Comparison,
+    Verdict,
+    WindowStats,
+    carried,
+    evidence,
+    judge,
+    judge_replica,
+    replica_evidence,
+)
 from warmup_tools.sidecar.config import SidecarConfig
 
 LOGGER = logging.getLogger(__name__)
 
-#: A TTFT p99 is compared only once each side has this many requests (of fewer, the p99 is the maximum).
-MIN_P99_REQUESTS = 100
-#: TTFT samples kept per side and trial (the counts go on; the p99 is of the first ones).
-MAX_SAMPLES = 100_000
 #: Verdicts kept for ``/status``.
 KEEP_VERDICTS = 10
 #: Bytes of one request log read per tick at most (the rest is read at the next ticks).
 MAX_READ_BYTES = 8 << 20
 LOG_PREFIX, LOG_SUFFIX = "requests-", ".jsonl"
-
-
-#: Tenants one side of a trial keeps counts for; the requests of tenants beyond them are left out.
-MAX_TENANTS = 10_000
-
-
-@dataclasses.dataclass(slots=True)
-class WindowStats:
-    """What one side served since the trial's plan was applied (or in its baseline).
-
-    No tenant carries a side: at most ``tenant_cap`` requests of each tenant are counted (0: no cap), and with
-    ``only`` (a whole replica's trial: the tenants the side served in its baseline) no other tenant's; what is
-    left out is counted in ``left_out``."""
-
-    tenant_cap: int = 0
-    only: frozenset[str] | None = None
-    #: Requests counted per tenant.
-    tenants: dict[str, int] = dataclasses.field(default_factory=dict)
-    left_out: int = 0
-    requests: int = 0
-    cold: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    ttft_ms: list[float] = dataclasses.field(default_factory=list)
-    #: Each request's share of prompt tokens not from the cache (the first :data:`MAX_SAMPLES`).
-    uncached: list[float] = dataclasses.field(default_factory=list)
-    #: The prompt tokens of the requests whose log says how many came from the plan's pinned blocks, those
-    #: tokens, and each such request's share of prompt tokens *not* from them.
-    planned_prompt_tokens: int = 0
-    planned_tokens: int = 0
-    unplanned: list[float] = dataclasses.field(default_factory=list)
-
-    def add(self, record: RequestRecord) -> None:
-        tenant = record.tenant or ""
-        counted = self.tenants.get(tenant, 0)
-        if ((self.only is not None and tenant not in self.only) or (self.tenant_cap and counted >= self.tenant_cap)
-                or (not counted and len(self.tenants) >= MAX_TENANTS)):
-            self.left_out += 1
-            return
-        self.tenants[tenant] = counted + 1
-        cached = record.cached_tokens or 0
-        prompt = record.prompt_tokens or 0
-        self.requests += 1
-        self.cold += cached == 0
-        self.prompt_tokens += prompt
-        self.cached_tokens += cached
-        if record.ttft_ms is not None and len(self.ttft_ms) < MAX_SAMPLES:
-            self.ttft_ms.append(record.ttft_ms)
-        if prompt > 0 and len(self.uncached) < MAX_SAMPLES:
-            self.uncached.append(1.0 - min(cached, prompt) / prompt)
-        if prompt > 0 and record.planned_tokens is not None:
-            planned = min(record.planned_tokens, prompt)
-            self.planned_prompt_tokens += prompt
-            self.planned_tokens += planned
-            if len(self.unplanned) < MAX_SAMPLES:
-                self.unplanned.append(1.0 - planned / prompt)
-
-    @property
-    def cold_share(self) -> float:
-        return self.cold / self.requests if self.requests else 0.0
-
-    @property
-    def cached_share(self) -> float:
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-    @property
-    def planned_share(self) -> float | None:
-        """The share of prompt tokens served from the plan's pinned blocks (None: the logs do not say)."""
-        return self.planned_tokens / self.planned_prompt_tokens if self.planned_prompt_tokens else None
-
-    @property
-    def ttft_p99_ms(self) -> float | None:
-        if not self.ttft_ms:
-            return None
-        ordered = sorted(self.ttft_ms)
-        return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
-
-    def summary(self) -> dict[str, Any]:
-        p99 = self.ttft_p99_ms
-        planned = self.planned_share
-        return {"requests": self.requests, "tenants": len(self.tenants), "left_out": self.left_out,
-                "cold_share": round(self.cold_share, 4),
-                "cached_share": round(self.cached_share, 4),
-                "planned_share": None if planned is None else round(planned, 4),
-                "ttft_p99_ms": None if p99 is None else round(p99, 2)}
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Verdict:
-    #: ``wait``, ``promote`` or ``rollback``.
-    action: str
-    reason: str
-
-
-def fisher_greater(a_hits: int, a_n: int, b_hits: int, b_n: int) -> float:
-    """One-sided Fisher exact test: the probability, with no difference between the sides, that side A gets
-    ``a_hits`` or more of the ``a_hits + b_hits`` hits (hypergeometric upper tail)."""
-    total, hits = a_n + b_n, a_hits + b_hits
-    if not 0 <= a_hits <= a_n or not 0 <= b_hits <= b_n:
-        raise ValueError("hits must lie between 0 and the requests of their side")
-    denominator = math.comb(total, a_n)
-    upper = sum(math.comb(hits, k) * math.comb(total - hits, a_n - k) for k in range(a_hits, min(hits, a_n) + 1))
-    return upper / denominator
-
-
-def uncached_greater(canary: list[float], rest: list[float]) -> float:
-    """One-sided Mann-Whitney U test: the probability, with no difference between the sides, of the canary's
-    per-request uncached shares ranking this far above the rest's (1.0 when either side has none)."""
-    if not canary or not rest:
-        return 1.0
-    from scipy.stats import mannwhitneyu  # NOTE: scipy loads in ~0.3 s; only a trial with traffic needs it
-
-    return float(mannwhitneyu(canary, rest, alternative="greater").pvalue)
-
-
-def evidence(canary: WindowStats, rest: WindowStats) -> dict[str, float]:
-    """The one-sided tests' p-values so far (what an early rollback needs below ``canary_alpha``): cold share,
-    per-request uncached share, per-request share not from the plan's pinned blocks."""
-    return {"cold_p": round(fisher_greater(canary.cold, canary.requests, rest.cold, rest.requests), 5),
-            "uncached_p": round(uncached_greater(canary.uncached, rest.uncached), 5),
-            "unplanned_p": round(uncached_greater(canary.unplanned, rest.unplanned), 5)}
-
-
-def judge(canary: WindowStats, rest: WindowStats, elapsed_s: float, settings: SidecarConfig) -> Verdict:
-    """The verdict on a trial ``elapsed_s`` after its plan was applied (see the module docstring)."""
-    waiting = _too_little(canary, rest, elapsed_s, settings)
-    if waiting is not None:
-        return waiting
-    worse = []
-    cold_up = canary.cold_share - rest.cold_share
-    if cold_up > settings.canary_cold_margin:
-        p = fisher_greater(canary.cold, canary.requests, rest.cold, rest.requests)
-        if p < settings.canary_alpha:
-            worse.append(f"cold share {canary.cold_share:.1%} against {rest.cold_share:.1%} "
-                         f"({canary.cold}/{canary.requests} against {rest.cold}/{rest.requests}, p={p:.3g})")
-    cached_down = rest.cached_share - canary.cached_share
-    if cached_down > settings.canary_cached_margin:
-        p = uncached_greater(canary.uncached, rest.uncached)
-        if p < settings.canary_alpha:
-            worse.append(f"prompt tokens from cache {canary.cached_share:.1%} against {rest.cached_share:.1%} "
-                         f"(per-request uncached shares ranked higher, p={p:.3g})")
-    mine, theirs = canary.planned_share, rest.planned_share
-    if mine is not None and theirs is not None and theirs - mine > settings.canary_cached_margin:
-        p = uncached_greater(canary.unplanned, rest.unplanned)
-        if p < settings.canary_alpha:
-            worse.append(f"prompt tokens from the plan's pinned blocks {mine:.1%} against {theirs:.1%} "
-                         f"(per-request shares ranked lower, p={p:.3g})")
-    if worse:
-        return Verdict("rollback", "worse than the plan served now: " + "; ".join(worse))
-    if elapsed_s < settings.canary_window_s:
-        # NOTE: only the tested measures end a trial early; untested, a few cold requests move them a lot.
-        return Verdict("wait", f"no worse so far ({elapsed_s:.0f} of {settings.canary_window_s:g} s)")
-    if cached_down > settings.canary_cached_margin:
-        worse.append(f"prompt tokens from cache {canary.cached_share:.1%} against {rest.cached_share:.1%}")
-    if min(canary.requests, rest.requests) >= MIN_P99_REQUESTS:
-        mine, theirs = canary.ttft_p99_ms, rest.ttft_p99_ms
-        if mine is not None and theirs is not None and mine > settings.canary_ttft_ratio * theirs:
-            worse.append(f"TTFT p99 {mine:.1f} ms against {theirs:.1f} ms")
-    if worse:
-        return Verdict("rollback", "worse than the plan served now: " + "; ".join(worse))
-    return Verdict("promote", f"no worse after {elapsed_s:.0f} s: cold share {canary.cold_share:.1%} against "
-                              f"{rest.cold_share:.1%}, prompt tokens from cache {canary.cached_share:.1%} "
-                              f"against {rest.cached_share:.1%} ({canary.requests} and {rest.requests} requests)")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Moments:
-    """A per-request measure in [0, 1] on one side: its mean, its variance and the requests, each estimated with
-    one pseudo-request at 0 and one at 1 added (Agresti and Caffo's adjustment for a difference of proportions:
-    a side of five requests all cold, or all alike, would otherwise have no variance, and the z-test a p-value
-    of 1e-18). A side with no request stays empty (``n`` 0)."""
-
-    mean: float
-    var: float
-    n: int
-
-    @classmethod
-    def of(cls, values: list[float]) -> Moments:
-        if not values:
-            return cls(0.0, 0.0, 0)
-        padded = [*values, 0.0, 1.0]
-        n = len(padded)
-        mean = sum(padded) / n
-        return cls(mean, sum((v - mean) ** 2 for v in padded) / (n - 1), n)
-
-    @classmethod
-    def share(cls, hits: int, n: int) -> Moments:
-        if n <= 0:
-            return cls(0.0, 0.0, 0)
-        p = (hits + 1) / (n + 2)
-        return cls(p, p * (1.0 - p), n + 2)
-
-
-def rise_greater(canary: Moments, canary_before: Moments, rest: Moments, rest_before: Moments) -> float:
-    """One-sided z-test on a difference of differences: the probability, with the plan making no difference,
-    of the canary's measure rising this much more than the rest's since before the trial (normal approximation;
-    each side's own baseline takes out the traffic mix the router gives it)."""
-    parts = (canary, canary_before, rest, rest_before)
-    if any(m.n == 0 for m in parts):
-        return 1.0
-    rise = (canary.mean - canary_before.mean) - (rest.mean - rest_before.mean)
-    var = sum(m.var / m.n for m in parts)
-    if var <= 0.0:
-        return 0.0 if rise > 0 else 1.0
-    return 0.5 * math.erfc(rise / math.sqrt(2.0 * var))
-
-
-def replica_evidence(canary: WindowStats, rest: WindowStats, before: tuple[WindowStats, WindowStats]
-                     ) -> dict[str, float]:
-    """:func:`evidence` for a trial on a whole replica: the difference-of-differences tests' p-values."""
-    (c0, r0), p = before, rise_greater
-    return {"cold_p": round(p(*_cold(canary, c0, rest, r0)), 5),
-            "uncached_p": round(p(*(Moments.of(s.uncached) for s in (canary, c0, rest, r0))), 5),
-            "unplanned_p": round(p(*(Moments.of(s.unplanned) for s in (canary, c0, rest, r0))), 5)}
-
-
-def judge_replica(canary: WindowStats, rest: WindowStats, before: tuple[WindowStats, WindowStats],
-                  elapsed_s: float, settings: SidecarConfig) -> Verdict:
-    """The verdict on a trial on a whole replica: as :func:`judge`, but each measure is the canary replica's
-    change since before the trial less the other replicas' change over the same time (``before``: each side's
-    last ``canary_window_s`` before the trial started), so that a replica the router gives colder tenants is
-    not taken for a worse plan (see the module docstring)."""
-    # NOTE: the early tests need canary_min_requests on the canary replica but one request of the others: their
-    # requests since the trial began only estimate the fleet's drift, and how little that estimate knows is in
-    # the test's variance (with the pseudo-requests, a side of one request has a variance near its largest and a
-    # mean pulled toward one half). Under no difference the rate of p < alpha per look stays below alpha however
-    # few requests the others have (tests/unit/sidecar/test_canary.py), so waiting for their fifth request bought
-    # no safety and delayed the rollback of a bad plan by minutes at low traffic. Promotion still needs
-    # canary_min_requests on each side.
-    waiting = _too_little(canary, rest, elapsed_s, settings, rest_need=1)
-    if waiting is not None:
-        return waiting
-    c0, r0 = before
-    sides = (canary, c0, rest, r0)
-
-    def moved(name: str, value: Callable[[WindowStats], float]) -> str:
-        return (f"{name} {value(c0):.1%} -> {value(canary):.1%} on {canary.requests} requests of the canary "
-                f"replica, {value(r0):.1%} -> {value(rest):.1%} on {rest.requests} of the others")
-
-    worse = []
-    cold_up = (canary.cold_share - c0.cold_share) - (rest.cold_share - r0.cold_share)
-    if cold_up > settings.canary_cold_margin:
-        p = rise_greater(*_cold(canary, c0, rest, r0))
-        if p < settings.canary_alpha:
-            worse.append(f"{moved('cold share', lambda s: s.cold_share)} (p={p:.3g})")
-    cached_down = (c0.cached_share - canary.cached_share) - (r0.cached_share - rest.cached_share)
-    if cached_down > settings.canary_cached_margin:
-        p = rise_greater(*(Moments.of(s.uncached) for s in sides))
-        if p < settings.canary_alpha:
-            worse.append(f"{moved('prompt tokens from cache', lambda s: s.cached_share)} (p={p:.3g})")
-    planned = [s.planned_share for s in sides]
-    if all(x is not None for x in planned):
-        mine, mine_before, theirs, theirs_before = planned  # type: ignore[misc]
-        if (mine_before - mine) - (theirs_before - theirs) > settings.canary_cached_margin:
-            p = rise_greater(*(Moments.of(s.unplanned) for s in sides))
-            if p < settings.canary_alpha:
-                name = "prompt tokens from the plan's pinned blocks"
-                worse.append(f"{moved(name, lambda s: s.planned_share or 0.0)} (p={p:.3g})")
-    if worse:
-        return Verdict("rollback", "worse than the plan served now: " + "; ".join(worse))
-    if elapsed_s < settings.canary_window_s:
-        return Verdict("wait", f"no worse so far ({elapsed_s:.0f} of {settings.canary_window_s:g} s)")
-    waiting = _too_little(canary, rest, elapsed_s, settings)
-    if waiting is not None:
-        return waiting
-    # NOTE: no untested cached-token margin here, unlike judge(): a difference of differences of four windows of
-    # a few dozen requests moves by more than the margin by chance (the others' baseline alone, an unlucky cold
-    # window that comes back, rolled back a re-plan under which the canary replica had not moved); the tests above
-    # already judged the whole window.
-    if min(s.requests for s in sides) >= MIN_P99_REQUESTS:
-        p99 = [s.ttft_p99_ms for s in sides]
-        if all(x is not None and x > 0 for x in p99):
-            mine, mine_before, theirs, theirs_before = p99  # type: ignore[misc]
-            if mine / mine_before > settings.canary_ttft_ratio * (theirs / theirs_before):
-                worse.append(f"TTFT p99 {mine_before:.1f} -> {mine:.1f} ms on the canary replica, "
-                             f"{theirs_before:.1f} -> {theirs:.1f} ms on the others")
-    if worse:
-        return Verdict("rollback", "worse than the plan served now: " + "; ".join(worse))
-    return Verdict("promote", f"no worse after {elapsed_s:.0f} s: "
-                              f"{moved('cold share', lambda s: s.cold_share)}; "
-                              f"{moved('prompt tokens from cache', lambda s: s.cached_share)}")
-
-
-def _too_little(canary: WindowStats, rest: WindowStats, elapsed_s: float, settings: SidecarConfig, *,
-                rest_need: int | None = None) -> Verdict | None:
-    """The verdict while the canary has fewer than ``canary_min_requests`` requests or the rest fewer than
-    ``rest_need`` (default the same; None: enough to judge)."""
-    need = settings.canary_min_requests
-    rest_need = need if rest_need is None else rest_need
-    if canary.requests >= need and rest.requests >= rest_need:
-        return None
-    if elapsed_s >= 3 * settings.canary_window_s:
-        return Verdict("rollback", f"too little traffic to judge in {elapsed_s:.0f} s: {canary.requests} "
-                                   f"requests on the canary, {rest.requests} on the others "
-                                   f"({need} on the canary and {rest_need} on the others needed)")
-    return Verdict("wait", f"{canary.requests} and {rest.requests} requests of {need} on the canary and "
-                           f"{rest_need} on the others")
-
-
-def _carried(*sides: WindowStats, shown: int = 10) -> str:
-    """Which tenants' requests the verdict counted, most first (for the sidecar's log, never ``/status``)."""
-    counts: dict[str, int] = {}
-    for side in sides:
-        for tenant, n in side.tenants.items():
-            counts[tenant] = counts.get(tenant, 0) + n
-    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-    more = f" and {len(ranked) - shown} more" if len(ranked) > shown else ""
-    return ", ".join(f"{t or 'default'} {n}" for t, n in ranked[:shown]) + more if ranked else "none"
-
-
-def _cold(*sides: WindowStats) -> list[Moments]:
-    return [Moments.share(s.cold, s.requests) for s in sides]
 
 
 class RequestLogTail:
@@ -592,7 +248,8 @@ class CanaryController:
             if not self._canary_applied(canary):
                 verdict = Verdict("wait", "the canary instance is warming the plan")
                 if now - canary.started_at >= 3 * max(self.settings.canary_window_s, 1.0):
-                    verdict = Verdict("rollback", f"the canary instance did not apply plan {canary.plan_id} within "
+                    # NOTE: no plan id in a reason: reasons are in the public /status (the log line names it)
+                    verdict = Verdict("rollback", "the canary instance did not apply the plan on trial within "
                                                   f"{now - canary.started_at:.0f} s")
                 return self._act(canary, verdict, now)
             if whole:
@@ -635,9 +292,7 @@ class CanaryController:
         for replica, tail in tails.items():
             for record in tail.recent(since, canary.started_at):
                 before[replica != self.host].add(record)
-        # NOTE: each side is judged on the tenants it served in its baseline: a tenant new to the canary replica
-        # (cold on any plan) cannot roll back a good plan, nor can its absence from the others save a bad one.
-        sides = (self._side(frozenset(before[0].tenants)), self._side(frozenset(before[1].tenants)))
+        sides = (self._side(), self._side())
         need = self.settings.canary_min_requests
         if min(before[0].requests, before[1].requests) < need:
             return Verdict("rollback", f"no baseline to judge a whole replica against: {before[0].requests} requests "
@@ -647,8 +302,22 @@ class CanaryController:
             self._tails, self._before, self._others, self._sides = tails, before, others, sides
         return None
 
-    def _side(self, only: frozenset[str] | None = None) -> WindowStats:
-        return WindowStats(tenant_cap=self.settings.canary_tenant_cap, only=only)
+    def _side(self) -> WindowStats:
+        return WindowStats(tenant_cap=self.settings.canary_tenant_cap)
+
+    def _comparisons(self) -> tuple[Comparison, ...]:
+        """What the verdict compares: the canary with the rest; on a whole replica, each side with its baseline."""
+        canary_side, rest = self._sides
+        if self._before is None:
+            return (Comparison.of(canary_side, rest, self.settings),)
+        return (Comparison.of(canary_side, self._before[0], self.settings),
+                Comparison.of(rest, self._before[1], self.settings))
+
+    def _counted(self) -> dict[str, Any]:
+        """How many requests and tenants each comparison counts (no tenant named: this goes to /status)."""
+        names = ("both",) if self._before is None else ("canary", "rest")
+        return {name: {"requests": c.counted, "tenants": len(c.weights)}
+                for name, c in zip(names, self._comparisons())}
 
     def _canary_applied(self, canary: CanaryAssignment) -> bool:
         statuses, _ = self._board.read_all(host=self.host)
@@ -665,9 +334,10 @@ class CanaryController:
                    by=applied_by("canary promote" if promote else "canary rollback"),
                    inputs={"verdict": verdict.reason})
         canary_side, rest = self._sides
+        tenants = carried(*(c.weights for c in self._comparisons()))
         record = {"plan_id": canary.plan_id, "verdict": "promoted" if promote else "rolled_back",
                   "reason": verdict.reason, "at": round(now, 3), "started_at": canary.started_at,
-                  "canary": canary_side.summary(), "rest": rest.summary()}
+                  "canary": canary_side.summary(), "rest": rest.summary(), "counted": self._counted()}
         if self._before is not None:
             record["replicas"] = list(self._others)
             record["before"] = {"canary": self._before[0].summary(), "rest": self._before[1].summary()}
@@ -678,8 +348,7 @@ class CanaryController:
             self._tails = {self.host: self._tails[self.host]}
         (LOGGER.info if promote else LOGGER.warning)(
             "canary: plan %s %s after %.0f s: %s (tenants counted: %s)", canary.plan_id,
-            "promoted" if promote else "rolled back", now - canary.started_at, verdict.reason,
-            _carried(canary_side, rest))
+            "promoted" if promote else "rolled back", now - canary.started_at, verdict.reason, tenants)
         if promote and self.on_promote is not None:
             try:
                 self.on_promote(Plan.load(self.control_dir / "plan.json"))
@@ -695,9 +364,9 @@ class CanaryController:
                 canary_side, rest = self._sides
                 trial = {"plan_id": self._trial.plan_id, "instances": list(self._trial.instances),
                          "started_at": self._trial.started_at, "applied_at": self._applied_at,
-                         "canary": canary_side.summary(), "rest": rest.summary(),
-                         "evidence": (evidence(canary_side, rest) if self._before is None
-                                      else replica_evidence(canary_side, rest, self._before))}
+                         "canary": canary_side.summary(), "rest": rest.summary(), "counted": self._counted(),
+                         "evidence": (evidence(canary_side, rest, self.settings) if self._before is None
+                                      else replica_evidence(canary_side, rest, self._before, self.settings))}
                 if self._before is not None:
                     trial["replicas"] = list(self._others)
                     trial["before"] = {"canary": self._before[0].summary(), "rest": self._before[1].summary()}

@@ -96,10 +96,18 @@ class SidecarConfig:
                                            "have served before anything is judged; on a whole replica of a "
                                            "fleet, the early tests start when the canary replica has them and "
                                            "the other replicas one (promotion needs them on each side).", ge=1)
-    canary_tenant_cap: int = setting(20, "Canary: requests of one tenant counted on each side of a trial (and of "
-                                         "each baseline); the rest of that tenant's are left out, so one tenant's "
-                                         "flood cannot carry a verdict either way. On a whole replica only the "
-                                         "tenants that side served in its baseline count.", ge=1, le=100_000)
+    canary_tenant_cap: int = setting(1000, "Canary: the most requests one tenant counts for in a comparison (the "
+                                           "canary and the others; on a whole replica, a side's trial and its "
+                                           "baseline), and the TTFT samples kept of each tenant per window; a "
+                                           "tenant counts as many requests as it has in the smaller of the two "
+                                           "windows, up to this and canary_min_tenants' bound "
+                                           "(docs/planner.md).", ge=1, le=100_000)
+    canary_min_tenants: int = setting(3, "Canary: no tenant counts for more requests than the canary_min_tenants-"
+                                         "th busiest of the tenants seen in both windows of a comparison, so that "
+                                         "once this many count none carries more than that share of a verdict; a "
+                                         "trial on a whole replica also waits until this many of the tenants "
+                                         "each side served in its baseline (all, when fewer) are back on that "
+                                         "side.", ge=1, le=1000)
     canary_cold_margin: float = setting(0.05, "Canary: the cold share (requests with no cached prompt token) "
                                               "may exceed the other instances' by this much.", ge=0, le=1)
     canary_cached_margin: float = setting(0.10, "Canary: the share of prompt tokens from the KV cache may fall "
@@ -107,8 +115,8 @@ class SidecarConfig:
     canary_ttft_ratio: float = setting(1.5, "Canary: TTFT p99 may be this many times the other instances' "
                                             "(compared once each side has 100 requests).", ge=1)
     canary_alpha: float = setting(0.01, "Canary: the cold share or the cached tokens count as worse before the "
-                                        "window ends only when a one-sided test (Fisher exact on cold requests, "
-                                        "Mann-Whitney U on each request's uncached share) puts the difference "
+                                        "window ends only when a one-sided z-test (on the tenants' weighted "
+                                        "cold shares, and on each request's uncached share) puts the difference "
                                         "below this level (strict: the tests are repeated as requests come).",
                                   gt=0, le=1)
     canary_judge: bool = setting(True, "Canary: this sidecar judges a plan on trial on its replica (promotes or "

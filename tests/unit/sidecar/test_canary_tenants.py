@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import random
 
 import pytest
 
@@ -19,6 +21,7 @@ from warmup_tools.sidecar.canary_judge import (
     Values,
     WindowStats,
     carried,
+    greater,
     judge,
     judge_replica,
     p99_ms,
@@ -87,6 +90,36 @@ def test_a_tenant_s_slow_requests_alone_do_not_set_the_p99():
     # Ties: the first by name is left out.
     assert p99_ms({"a": [5.0, 50.0], "b": [5.0, 50.0]}) == 50.0
     assert p99_ms({}) is None and p99_ms({"a": []}) is None
+
+
+def test_under_no_difference_the_test_falls_below_alpha_about_as_often_as_alpha_says():
+    # One tenant: the exact rate over every outcome of n requests on the canary and m on the others, each cold
+    # with probability p. The z-test is a normal approximation: within 1.3 alpha (Fisher's exact test, which
+    # it replaces, cannot weigh tenants).
+    alpha = SETTINGS.canary_alpha
+    for n, m in ((5, 5), (10, 10), (10, 30), (20, 20), (20, 60)):
+        windows = [Moments.share(x, n) for x in range(n + 1)], [Moments.share(y, m) for y in range(m + 1)]
+        for p in (0.1, 0.3, 0.5, 0.7):
+            rate = sum(math.comb(n, x) * p ** x * (1 - p) ** (n - x) * math.comb(m, y) * p ** y * (1 - p) ** (m - y)
+                       for x in range(n + 1) for y in range(m + 1) if greater(windows[0][x], windows[1][y]) < alpha)
+            assert rate < 1.3 * alpha, (n, m, p, rate)
+    # Tenants of different cold rates (seeded: deterministic): the variance between them makes it rarer.
+    rng = random.Random(11)
+
+    def drawn(tenants):
+        stats = WindowStats()
+        for name, (p, n) in tenants.items():
+            for _ in range(n):
+                stats.add(RequestRecord(ts=0.0, tenant=name, prompt_tokens=100,
+                                        cached_tokens=0 if rng.random() < p else 80))
+        return stats
+
+    for tenants in ({"a": (0.1, 5), "b": (0.5, 5), "c": (0.9, 5)},
+                    {"a": (0.3, 40), "b": (0.7, 4)}, {"a": (0.2, 3), "b": (0.6, 10), "c": (0.1, 6), "d": (0.8, 4)}):
+        looks = 1000
+        hits = sum(greater(*Comparison.of(drawn(tenants), drawn(tenants), SETTINGS).moments(lambda t: t.cold))
+                   < alpha for _ in range(looks))
+        assert hits / looks < alpha, (tenants, hits)
 
 
 # ------------------------------------------------------------------------------------ one tenant's flood

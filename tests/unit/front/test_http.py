@@ -209,14 +209,14 @@ def test_connections_beyond_the_bound_are_answered_503_at_once_and_those_within_
 
 
 def test_a_chunked_body_larger_than_the_limit_is_answered_413_while_it_is_read():
-    """No Content-Length to refuse it by: the bound holds on the bytes read (a 2 MiB body against a 1 MiB bound)."""
+    """No Content-Length to refuse it by: the bound holds on the bytes read (17 chunks of 64 KiB, 1 MiB allowed)."""
     settings = FrontSettings(port=0, max_body_bytes=1 << 20)
     with FrontServer(settings, engine=ScriptedEngine()) as small:
         head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                 b"Transfer-Encoding: chunked\r\n\r\n")
         piece = b'{"model": "base", "prompt": "' + b"a" * (64 << 10)
         chunk = hex(len(piece))[2:].encode() + b"\r\n" + piece + b"\r\n"
-        [(status, body)] = _answers(small, head + chunk * 32 + b"0\r\n\r\n", 1)
+        [(status, body)] = _answers(small, head + chunk * 17 + b"0\r\n\r\n", 1)
         assert status == 413 and json.loads(body)["error"]["message"]
         chunked_ok = b'{"model": "base", "prompt": "hi"}'
         ok = head + hex(len(chunked_ok))[2:].encode() + b"\r\n" + chunked_ok + b"\r\n0\r\n\r\n"

@@ -26,3 +26,22 @@ def wait_for(condition: Callable[[], T], what: str, *, timeout_s: float = HANG_S
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not reached within {timeout_s:g} s{detail()}")
         time.sleep(poll_s)
+
+
+def wait_for_generation_to_leave(metrics_url: str, adapter: str, tokens_before: float) -> None:
+    """Until lora_adapter counted tokens of ``adapter`` beyond ``tokens_before`` and runs and queues no sequence:
+    a generation on ``adapter`` that began after ``tokens_before`` was read (and nothing else on it) has left.
+
+    NOTE: never a wait for the generation to be seen running, a state it may have left before any scrape. The
+    tokens counter only grows, and an instance counts a step's tokens after it set the running gauge for that
+    step: tokens past ``tokens_before`` with no sequence running means the generation was counted and is gone.
+    Its last tokens may be counted just after the gauge fell: they are, once a later request was answered."""
+    from warmup_tools.server.client import metric_sum, scrape_metrics
+
+    def left() -> bool:
+        samples = scrape_metrics(metrics_url)
+        busy = (metric_sum(samples, "warmup_scheduler_running_sequences")
+                + metric_sum(samples, "warmup_scheduler_waiting_sequences"))
+        return not busy and metric_sum(samples, "warmup_output_tokens_total", adapter=adapter) > tokens_before
+
+    wait_for(left, f"the generation on {adapter} leaving the running batch")

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.front_bad_requests import BAD_REQUESTS, ENGINE_BAD_REQUESTS
-from tests.waiting import wait_for
+from tests.waiting import wait_for_generation_to_leave
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 from warmup_tools.server.client import metric_sum, scrape_metrics
 
@@ -147,31 +147,38 @@ def test_bad_requests_get_clear_errors_and_the_front_serves_after_them(front, sd
     assert answer.usage.completion_tokens == 3
 
 
+#: lora_adapter's max_tokens_limit: the longest generation a request may ask for.
+LONGEST = 512
+
+
 def test_a_client_that_disconnects_at_its_first_token_stops_its_generation(front, triton, sdk):
-    # NOTE: nothing holds a generation of the demo LM open (it may sample its end-of-sequence token at any step),
-    # so the test never waits for one to be running: it reads the running gauge once, at the first token, and an
-    # attempt whose generation had already ended proves nothing and is made again with another question.
-    running = lambda: metric_sum(scrape_metrics(triton.metrics_url), "warmup_scheduler_running_sequences")  # noqa: E731
-    for question in USER_QUESTIONS["legal"]:
-        wait_for(lambda: running() == 0, "no generation running before the attempt")
-        tokens_before = metric_sum(scrape_metrics(triton.metrics_url), "warmup_output_tokens_total")
-        body = {"model": "legal", "messages": [{"role": "system", "content": SYSTEM_PROMPTS["legal"]},
-                                               {"role": "user", "content": question}], "max_tokens": 512,
-                "stream": True}
-        with httpx.Client(timeout=120) as client, client.stream("POST", f"{front.url}/v1/chat/completions",
-                                                                  json=body) as response:
-            assert response.status_code == 200
-            first = next((line for line in response.iter_lines()
-                          if '"content":"' in line and '"content":""' not in line), None)
-            alive = first is not None and running() >= 1
-        # the connection is closed here
-        wait_for(lambda: running() == 0, "the abandoned stream leaving the running batch")
-        if alive:
-            break
-    else:
-        pytest.fail("every generation ended before its first token was read: nothing was abandoned")
-    tokens = metric_sum(scrape_metrics(triton.metrics_url), "warmup_output_tokens_total") - tokens_before
-    assert tokens < 512, "the abandoned stream ran to its last token"
+    # NOTE: nothing in the engine holds a generation open but its length. This one is the longest a request may
+    # ask for, and runs to its last token when nobody leaves (checked first: greedy, no end-of-sequence token on
+    # the way); the client leaves at its first token, with 511 steps still to run. Nothing waits for a state the
+    # generation may already have left (the running gauge at some moment): only for what stays once it is over.
+    legal_tokens = lambda: metric_sum(scrape_metrics(triton.metrics_url), "warmup_output_tokens_total",  # noqa: E731
+                                      adapter="legal")
+    body = {"model": "legal", "messages": _chat("legal"), "max_tokens": LONGEST, "temperature": 0}
+    whole = sdk.chat.completions.create(**body)
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == LONGEST
+    # NOTE: an instance counts its tokens on /metrics after they went out, at the latest once it falls idle, before
+    # its next step: once a later request was answered, every token before it is counted.
+    _base_answer(sdk)
+    before = legal_tokens()
+    with httpx.Client(timeout=120) as client, client.stream("POST", f"{front.url}/v1/chat/completions",
+                                                              json={**body, "stream": True}) as response:
+        assert response.status_code == 200
+        first = next((line for line in response.iter_lines()
+                      if '"content":"' in line and '"content":""' not in line), None)
+        assert first is not None, "the stream ended before its first token"
+    # the connection is closed here
+    wait_for_generation_to_leave(triton.metrics_url, "legal", before)
+    _base_answer(sdk)  # served after it: the abandoned generation's every token is counted
+    tokens = legal_tokens() - before
+    assert 1 <= tokens < LONGEST, f"the abandoned generation ran {tokens} of its {LONGEST} tokens"
+
+
+def _base_answer(sdk) -> None:
     answer = sdk.chat.completions.create(model="base", messages=[{"role": "user", "content": "Next"}], max_tokens=2)
     assert answer.usage.completion_tokens == 2
 

@@ -3,11 +3,13 @@ and the drain returns once the requests in flight are done (waits on conditions,
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 from fastapi.testclient import TestClient
 
 from tests.unit.front.conftest import TemplateTokenizer
+from tests.waiting import wait_for
 from warmup_tools.front.app import build_app
 from warmup_tools.front.chat_template import ChatRenderer
 from warmup_tools.front.drain import Drain
@@ -68,16 +70,13 @@ def test_a_stop_event_cuts_the_grace_short():
     assert drain.run(grace_s=3600, timeout_s=600, stop=stop) == 0
 
 
-
 def test_the_gate_counts_a_generation_in_flight_and_the_drain_waits_for_it(engine):
-    from tests.waiting import wait_for
-
     release = threading.Event()
+    generating = threading.Event()
     pieces = engine.generate
 
     async def held(request):
-        import asyncio
-
+        generating.set()
         while not release.is_set():  # the test holds the generation open until it has checked the count
             await asyncio.sleep(0.01)
         async for chunk in pieces(request):
@@ -86,18 +85,21 @@ def test_the_gate_counts_a_generation_in_flight_and_the_drain_waits_for_it(engin
     engine.generate = held
     drain = Drain()
     answers: list[int] = []
+    left: list[int] = []
     with _client(engine, drain) as client:
         sender = threading.Thread(target=lambda: answers.append(
-            client.post("/v1/completions", json={"model": "base", "prompt": "x"}).status_code))
+            client.post("/v1/completions", json={"model": "base", "prompt": "x"}).status_code), daemon=True)
         sender.start()
-        wait_for(lambda: drain.active == 1, "the request in flight counted by the gate")
-        assert drain.total == 1
-        left: list[int] = []
-        runner = threading.Thread(target=lambda: left.append(drain.run(grace_s=0, timeout_s=600)))
-        runner.start()
-        wait_for(lambda: drain.refusing, "new requests refused")
-        assert runner.is_alive() and not left  # it waits for the request the gate counted
-        release.set()
-        sender.join(60)
+        try:
+            wait_for(generating.is_set, "the generation started")
+            # The gate counts a request before the engine sees it.
+            assert (drain.active, drain.total) == (1, 1)
+            runner = threading.Thread(target=lambda: left.append(drain.run(grace_s=0, timeout_s=600)), daemon=True)
+            runner.start()
+            wait_for(lambda: drain.refusing, "new requests refused")
+            assert runner.is_alive() and not left  # it waits for the request the gate counted
+        finally:
+            release.set()
+            sender.join(60)
         runner.join(60)
     assert answers == [200] and left == [0] and drain.active == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import resource
 import threading
 import time
 from pathlib import Path
@@ -59,6 +60,29 @@ def load_renderer(tokenizer: Path) -> ChatRenderer | None:
         raise ConfigError(f"the LM tokenizer {tokenizer} does not load: {exc}") from None
 
 
+#: Open files the process needs beside the front's connections (gRPC, HTTP clients, logs, the models' files).
+FILES_BESIDE_CONNECTIONS = 256
+
+
+def fit_open_files(max_connections: int) -> int:
+    """Raise this process's soft limit on open files (up to its hard limit) to hold ``max_connections`` and
+    :data:`FILES_BESIDE_CONNECTIONS`: below it, accepting a connection fails before the bound is reached, and
+    such a connection waits in the listen backlog with no answer. Returns the soft limit; a warning when the
+    hard limit is too low."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_connections + FILES_BESIDE_CONNECTIONS
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return soft
+    raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if raised > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    if raised < wanted:
+        LOGGER.warning("the limit on open files (%d) is below max_connections (%d) and the %d files the process "
+                       "needs beside them: lower max_connections or raise the limit (ulimit -n)", raised,
+                       max_connections, FILES_BESIDE_CONNECTIONS)
+    return raised
+
+
 class FrontServer:
     """uvicorn serving the front on a thread of its own::
 
@@ -104,6 +128,7 @@ class FrontServer:
         return f"http://{host}:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> None:
+        fit_open_files(self.settings.max_connections)
         self._thread = threading.Thread(target=self._run, name="openai-front", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout_s

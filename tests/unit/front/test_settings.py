@@ -1,10 +1,15 @@
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.front.settings import FrontSettings
 from warmup_tools.ops.cli import _parser, front_settings
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("field, value", [("port", 70000), ("pipeline", "direct"), ("max_body_bytes", 10),
@@ -30,3 +35,20 @@ def test_the_front_command_reads_file_then_environment_then_flags(tmp_path, monk
 def test_serve_and_sidecar_start_the_front_unless_told_not_to():
     assert _parser().parse_args(["serve"]).front is True
     assert _parser().parse_args(["sidecar", "--no-front"]).front is False
+
+
+def test_the_front_raises_the_soft_limit_on_open_files_to_hold_its_connections():
+    """In a process of its own: the test lowers the soft limit first, as a host with ``ulimit -n 1024`` has it."""
+    script = (
+        "import resource\n"
+        "from tests.unit.front.conftest import ScriptedEngine\n"
+        "from warmup_tools.front.server import FILES_BESIDE_CONNECTIONS, FrontServer\n"
+        "from warmup_tools.front.settings import FrontSettings\n"
+        "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (512, hard))\n"
+        "wanted = 2048 + FILES_BESIDE_CONNECTIONS\n"
+        "with FrontServer(FrontSettings(port=0, max_connections=2048), engine=ScriptedEngine()):\n"
+        "    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]\n"
+        "print(soft == (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.stdout.strip() == "True", done.stderr

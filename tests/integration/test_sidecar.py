@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.waiting import HANG_S
 from warmup_tools.demo.prompts import USER_QUESTIONS, demo_prompt
 from warmup_tools.server.client import GenerateError, GenerateParams, StreamingClient
 from warmup_tools.server.process import RepositoryKey, TritonServer
@@ -22,7 +24,6 @@ from warmup_tools.sim.bench.recovery import CLIENT_TIMEOUT_MESSAGE, InFlightRequ
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-DEADLINE_S = 120.0
 CLIENT_TIMEOUT_S = 60.0
 
 
@@ -41,11 +42,21 @@ def explicit_server(demo_assets, tmp_path):
         yield server
 
 
-def test_a_killed_lora_adapter_stub_is_reloaded_and_serves_warm_again(explicit_server):
+def test_a_killed_lora_adapter_stub_is_reloaded_and_serves_warm_again(explicit_server, monkeypatch):
     server = explicit_server
     config = SidecarConfig(probe_interval_s=1.0, probe_timeout_s=10.0, port=0)
     with Sidecar(config, server.http_url, server.grpc_url, server.repository_key,
                  REPO_ROOT / "model_repository") as sidecar:
+        # NOTE: the test holds the outage open itself: the sidecar's reload (the real one) starts only once the test
+        # saw /ready answer 503, a state that would otherwise last only as long as a reload.
+        not_ready_seen = threading.Event()
+        reload = sidecar.monitor._repository.reload
+
+        def reload_once_seen(model, timeout_s=None):
+            not_ready_seen.wait(HANG_S)
+            return reload(model, timeout_s=timeout_s)
+
+        monkeypatch.setattr(sidecar.monitor._repository, "reload", reload_once_seen)
         wait_for(lambda: ready_status(sidecar.url) == 200, "the sidecar to report ready", server)
         status = get_json(sidecar.url + "/status")
         assert "plan_id" not in json.dumps(status), status  # the sidecar's public endpoints name no plan
@@ -86,9 +97,12 @@ def test_a_killed_lora_adapter_stub_is_reloaded_and_serves_warm_again(explicit_s
         outage = OutageClient(server.grpc_url)
         outage.start(killed_at)
         try:
-            wait_for(lambda: ready_status(sidecar.url) == 503, "/ready to go 503 after the kill", server)
-            not_ready_s = time.monotonic() - killed_at
-            body = get_json(sidecar.url + "/ready", allow_error=True)
+            try:
+                wait_for(lambda: ready_status(sidecar.url) == 503, "/ready to go 503 after the kill", server)
+                not_ready_s = time.monotonic() - killed_at
+                body = get_json(sidecar.url + "/ready", allow_error=True)
+            finally:
+                not_ready_seen.set()
             assert "lora_adapter" in body["reason"], body
             wait_for(lambda: ready_status(sidecar.url) == 200, "/ready to come back after the reload", server)
             ready_again_s = time.monotonic() - killed_at
@@ -130,8 +144,9 @@ def test_a_stream_in_flight_on_a_killed_lora_adapter_stub_ends_with_an_error_ins
         stubs = server.stub_pids("lora_adapter")
         assert len(stubs) == 1, f"expected one lora_adapter stub under tritonserver {server.pid}: {stubs}"
         # NOTE: a deadline between responses far beyond the test's waits: the stream may end only by an error
-        # the server side causes, not by its client giving up.
-        inflight = InFlightRequest(server.grpc_url, timeout_s=2 * DEADLINE_S)
+        # the server side causes, not by its client giving up. Nothing holds the generation open but its length:
+        # the longest a request may ask for, its stub killed at its first token with 511 steps still to run.
+        inflight = InFlightRequest(server.grpc_url, timeout_s=2 * HANG_S)
         assert inflight.start(), "the long generation did not start streaming"
         os.kill(stubs[0], signal.SIGKILL)
         killed_at = time.monotonic()
@@ -139,8 +154,7 @@ def test_a_stream_in_flight_on_a_killed_lora_adapter_stub_ends_with_an_error_ins
         assert inflight.ended_at is not None, "the stream on the dead stub never ended"
         ended_after_s = inflight.ended_at - killed_at
         assert inflight.error, "the stream on the dead stub ended without an error"
-        assert CLIENT_TIMEOUT_MESSAGE not in inflight.error, inflight.error
-        assert ended_after_s < DEADLINE_S, f"it ended only {ended_after_s:.0f}s after the kill: {inflight.error}"
+        assert CLIENT_TIMEOUT_MESSAGE not in inflight.error, inflight.error  # not its client's deadline
 
         # NOTE: the stream may end before the sidecar's next probe saw the dead stub, with /ready still 200 from
         # before the kill: wait for the restart to be recorded (it stays), then for /ready.
@@ -171,7 +185,7 @@ def get_json(url: str, allow_error: bool = False) -> dict:
             return json.loads(exc.read())
 
 
-def wait_for(condition, what: str, server: TritonServer, deadline_s: float = DEADLINE_S) -> None:
+def wait_for(condition, what: str, server: TritonServer, deadline_s: float = HANG_S) -> None:
     deadline = time.monotonic() + deadline_s
     while not condition():
         if time.monotonic() > deadline:

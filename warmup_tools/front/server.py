@@ -109,7 +109,7 @@ class FrontServer:
         # held a descriptor each until their head arrived; the protocol refuses them as they are made.
         config = uvicorn.Config(app, host=settings.host, port=settings.port, http=bounded_httptools(settings),
                                 loop="uvloop", lifespan="on", log_level="warning", access_log=False,
-                                timeout_keep_alive=5, timeout_graceful_shutdown=5)
+                                timeout_keep_alive=settings.keep_alive_s, timeout_graceful_shutdown=5)
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None

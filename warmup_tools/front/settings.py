@@ -44,6 +44,9 @@ class FrontSettings:
                                           "the connection's start or, on a kept-alive connection, from the first "
                                           "byte after an answer; then it is answered 408 and the connection "
                                           "closed.", gt=0, le=600)
+    keep_alive_s: float = setting(5.0, "Seconds a kept-alive connection may stay idle between an answer and the "
+                                       "next request; then it is closed (uvicorn's keep-alive timeout).",
+                                  gt=0, le=3600)
     max_connections: int = setting(1024, "Connections the front holds at once; one more is answered 503 as it is "
                                          "made, before anything is read from it, and closed, so that connections "
                                          "cannot take every file descriptor.", ge=8, le=65536)

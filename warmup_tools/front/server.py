@@ -105,8 +105,8 @@ class FrontServer:
         app = build_app(settings, engine, renderer, self._drain)  # type: ignore[arg-type]
         # NOTE: uvloop and httptools, uvicorn's fast event loop and HTTP parser: each saves the front CPU on every
         # request (docs/benchmarks.md, "The front's added TTFT"); grpc.aio runs on uvloop.
-        # NOTE: no limit_concurrency: uvicorn checks it only once a head is whole, so connections beyond it still
-        # held a descriptor each until their head arrived; the protocol refuses them as they are made.
+        # NOTE: no limit_concurrency: uvicorn checks it only once a head is whole, so a connection beyond it would
+        # hold its descriptor until its head arrived; the protocol refuses such connections as they are made.
         config = uvicorn.Config(app, host=settings.host, port=settings.port, http=bounded_httptools(settings),
                                 loop="uvloop", lifespan="on", log_level="warning", access_log=False,
                                 timeout_keep_alive=settings.keep_alive_s, timeout_graceful_shutdown=5)

@@ -20,6 +20,9 @@ from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS, demo_promp
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
+#: lora_adapter's max_tokens_limit: the longest generation a request may ask for.
+LONGEST = 512
+
 
 @pytest.fixture(scope="module")
 def fleet(served_assets, tmp_path_factory):
@@ -131,13 +134,14 @@ def test_an_adapter_made_live_after_the_fleet_started_is_routed_and_a_retired_on
 
 def test_a_replica_stopped_under_load_drains_without_a_failed_request(fleet, sdk):
     _joined(fleet)
+    taken = {name: replica.requests_taken() for name, replica in fleet.replicas.items()}
     streams, errors, finished = 6, [], []
     started = threading.Semaphore(0)
 
     def stream(index: int) -> None:
         try:
             chunks = sdk.completions.create(
-                model="sql", max_tokens=256, stream=True, stream_options={"include_usage": True},
+                model="sql", max_tokens=LONGEST, stream=True, stream_options={"include_usage": True},
                 prompt=demo_prompt("sql", f"{USER_QUESTIONS['sql'][0]} (stream {index})"))
             reasons = []
             for number, chunk in enumerate(chunks):
@@ -154,9 +158,13 @@ def test_a_replica_stopped_under_load_drains_without_a_failed_request(fleet, sdk
         thread.start()
     for _ in threads:  # every stream has its first chunk: they are all in flight
         started.acquire()
-    # The replica that holds streams leaves (the cache-aware policy may have sent them all to one).
-    leaving = wait_for(lambda: next((r for r in fleet.replicas.values() if r.in_flight() > 0), None),
-                       "a replica with streams in flight")
+    # The replica that took streams leaves (the cache-aware policy may have sent them all to one). NOTE: told by
+    # the count of requests it took, which only grows, not by its in-flight gauge, which the streams may have left
+    # before a scrape: nothing holds them open but their length, the longest a request may ask for (each one's
+    # first chunk came with 511 steps still to run).
+    took = {name: replica.requests_taken() - taken[name] for name, replica in fleet.replicas.items()}
+    leaving = fleet.replicas[max(took, key=took.__getitem__)]
+    assert sum(took.values()) == streams and took[leaving.name] > 0, (took, errors)
     departure = fleet.scale_in(leaving.name)
     for thread in threads:
         thread.join()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import requests
 
-from tests.waiting import wait_for
+from tests.waiting import HANG_S, wait_for
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, demo_prompt
 from warmup_tools.server.client import GenerateParams, http_generate, http_generate_stream, metric_sum, scrape_metrics
 
@@ -159,12 +159,30 @@ def test_concurrent_streams_are_batched_and_each_gets_the_text_it_gets_alone(tri
              for adapter, prompt in cases]
     tokens = sum(result.output_tokens for result in alone)
     before = wait_for(lambda: counted(initial, tokens), "the requests' tokens on /metrics")
+    # NOTE: the test holds the batch open itself: a generation of 512 tokens (the longest a request may ask for)
+    # runs beside them from its first token on, so they share steps with it whatever the threads' timing.
+    held: list[object] = []
+    holding = threading.Event()
+
+    def hold():
+        try:
+            with StreamingClient(triton.grpc_url, timeout_s=HANG_S) as client:
+                held.append(client.generate(PROMPT, GenerateParams(max_tokens=512, adapter_id="legal"),
+                                            on_piece=lambda _: holding.set()))
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            held.append(exc)
+        finally:
+            holding.set()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(HANG_S) and not [h for h in held if isinstance(h, Exception)], held
     together: list[object] = [None] * len(cases)
     start = threading.Barrier(len(cases))
 
     def one(index):
         adapter, prompt = cases[index]
-        with StreamingClient(triton.grpc_url, timeout_s=120) as client:
+        with StreamingClient(triton.grpc_url, timeout_s=HANG_S) as client:
             start.wait()
             try:
                 together[index] = client.generate(prompt, GenerateParams(max_tokens=10, adapter_id=adapter)).text
@@ -175,11 +193,14 @@ def test_concurrent_streams_are_batched_and_each_gets_the_text_it_gets_alone(tri
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(120)
+        thread.join(HANG_S)
+    holder.join(HANG_S)
     assert together == [result.text for result in alone]
+    assert not isinstance(held[0], Exception), held
 
-    metrics = wait_for(lambda: counted(before, tokens), "the concurrent requests' tokens on /metrics")
-    assert added(metrics, before, "warmup_output_tokens_total") == tokens
+    metrics = wait_for(lambda: counted(before, tokens + held[0].output_tokens),
+                       "the concurrent requests' tokens on /metrics")
+    assert added(metrics, before, "warmup_output_tokens_total") == tokens + held[0].output_tokens
     assert added(metrics, before, "warmup_output_tokens_total", adapter="sql") == sum(
         result.output_tokens for (adapter, _), result in zip(cases, alone) if adapter == "sql")
     steps = added(metrics, before, "warmup_scheduler_steps_total")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import HANG_S, wait_for
 from warmup_tools.adapters.registry import ControlRegistry
 from warmup_tools.adapters.state import AdapterState, LifecycleError
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, demo_prompt
@@ -39,11 +40,12 @@ def test_adapter_added_while_traffic_flows_goes_live_without_restart(triton, grp
     worker = threading.Thread(target=traffic)
     worker.start()
     try:
+        wait_for(lambda: outcomes, "the live traffic's first answer")  # flowing before the new adapter loads
         registry.add("legal-v2", [SYSTEM_PROMPTS["legal"]])
-        reached = registry.wait_until("legal-v2", AdapterState.LIVE, timeout_s=180)
+        reached = registry.wait_until("legal-v2", AdapterState.LIVE, timeout_s=HANG_S)
     finally:
         stop.set()
-        worker.join(timeout=120)
+        worker.join(timeout=HANG_S)
     assert reached and all("warmed 1 prompts" in s.detail for s in reached.values())
     assert outcomes and not [o for o in outcomes if isinstance(o, Exception)], outcomes
 
@@ -53,7 +55,7 @@ def test_adapter_added_while_traffic_flows_goes_live_without_restart(triton, grp
     assert new.cached_tokens > 0  # its system prompt was warmed before it went live
 
     registry.retire("legal-v2")
-    registry.wait_until("legal-v2", AdapterState.RETIRED, timeout_s=60)
+    registry.wait_until("legal-v2", AdapterState.RETIRED, timeout_s=HANG_S)
     with pytest.raises(GenerateError, match="retired"):
         grpc_client.generate(prompt, GenerateParams(max_tokens=4, adapter_id="legal-v2"))
     states = scrape_metrics(triton.metrics_url)
@@ -65,7 +67,7 @@ def test_registered_adapter_is_refused_with_its_state(triton, grpc_client):
     registry = ControlRegistry(triton.control_dir)
     shutil.copytree(triton.assets_dir / "adapters" / "sql", triton.assets_dir / "adapters" / "sql-next")
     registry.add("sql-next", live=False)
-    registry.wait_until("sql-next", AdapterState.REGISTERED, timeout_s=60)
+    registry.wait_until("sql-next", AdapterState.REGISTERED, timeout_s=HANG_S)
     with pytest.raises(GenerateError, match="sql-next.*registered"):
         grpc_client.generate("hello", GenerateParams(max_tokens=2, adapter_id="sql-next"))
 
@@ -76,7 +78,7 @@ def test_adapter_whose_folder_is_missing_fails_with_a_clear_status(triton):
     # The instance reports the adapter FAILED with the reason (not a timeout, whose message names it too).
     with pytest.raises(LifecycleError, match=r"^adapter 'ghost' failed on instance lora_adapter_0_0: load failed: "
                                              r"AssetError: adapter 'ghost': .* has no adapter_config\.json$"):
-        registry.wait_until("ghost", AdapterState.LIVE, timeout_s=60)
+        registry.wait_until("ghost", AdapterState.LIVE, timeout_s=HANG_S)
 
 
 def test_every_instance_of_a_multi_instance_model_ends_in_the_same_state(served_assets, tmp_path):
@@ -96,7 +98,7 @@ def test_every_instance_of_a_multi_instance_model_ends_in_the_same_state(served_
         server.wait_ready(timeout=600)
         registry = ControlRegistry(control)
         registry.add("support-two", [SYSTEM_PROMPTS["support"]])
-        reached = registry.wait_until("support-two", AdapterState.LIVE, instances=2, timeout_s=180)
+        reached = registry.wait_until("support-two", AdapterState.LIVE, instances=2, timeout_s=HANG_S)
         assert sorted(reached) == ["lora_adapter_0_0", "lora_adapter_0_1"]
         with StreamingClient(server.grpc_url) as client:
             for _ in range(4):  # requests land on either instance; each serves the adapter warm
@@ -104,4 +106,4 @@ def test_every_instance_of_a_multi_instance_model_ends_in_the_same_state(served_
                                          GenerateParams(max_tokens=2, adapter_id="support-two"))
                 assert result.cached_tokens > 0
         registry.retire("support-two")
-        assert len(registry.wait_until("support-two", AdapterState.RETIRED, instances=2, timeout_s=60)) == 2
+        assert len(registry.wait_until("support-two", AdapterState.RETIRED, instances=2, timeout_s=HANG_S)) == 2

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from typing import Any, Callable
 
 from warmup_tools.common.records import RequestRecord
@@ -308,7 +309,7 @@ class Moments:
         one = Values()
         for value in values:
             one.add(value)
-        return cls.of_tenants([(1, one)])
+        return cls.of_tenants([(len(values), one)])
 
     @classmethod
     def share(cls, hits: int, n: int) -> Moments:
@@ -333,9 +334,9 @@ def rise_greater(canary: Moments, canary_before: Moments, rest: Moments, rest_be
 def _upper_tail(difference: float, parts: tuple[Moments, ...]) -> float:
     if any(m.n == 0 for m in parts):
         return 1.0
+    # NOTE: never 0: the pseudo-requests at 0 and 1 give every window with a request a variance of 0.5 / (n + 1)
+    # at least
     var = sum(m.var / m.n for m in parts)
-    if var <= 0.0:
-        return 0.0 if difference > 0 else 1.0
     return 0.5 * math.erfc(difference / math.sqrt(2.0 * var))
 
 
@@ -346,16 +347,15 @@ def p99_ms(samples: dict[str, list[float]]) -> float | None:
     if not ranked:
         return None
     if len({tenant for _, tenant in ranked}) > 1:
-        slowest: dict[str, int] = {}
-        for _, tenant in ranked[_rank(len(ranked)):]:
-            slowest[tenant] = slowest.get(tenant, 0) + 1
+        slowest = Counter(tenant for _, tenant in ranked[_rank(len(ranked)):])
         worst = min(slowest, key=lambda tenant: (-slowest[tenant], tenant))
         ranked = [(ms, tenant) for ms, tenant in ranked if tenant != worst]
     return _p99([ms for ms, _ in ranked])
 
 
 def _rank(n: int) -> int:
-    return min(n - 1, math.ceil(0.99 * n) - 1)
+    """The index of the p99 among ``n`` sorted values."""
+    return math.ceil(0.99 * n) - 1
 
 
 def _p99(ordered: list[float]) -> float:
@@ -472,9 +472,12 @@ def judge_replica(canary: WindowStats, rest: WindowStats, before: tuple[WindowSt
         return ((c - c0) - (r - r0), f"{name} {c0:.1%} -> {c:.1%} on {mine.counted} requests of the canary "
                                      f"replica, {r0:.1%} -> {r:.1%} on {theirs.counted} of the others")
 
-    def tested(measure: Callable[[TenantWindow], Values]) -> float:
+    def tested(measure: Callable[[TenantWindow], Values], words: str) -> None:
+        """Worse, when the test on the per-request measure falls below ``canary_alpha``."""
         (c, c0), (r, r0) = mine.moments(measure), theirs.moments(measure)
-        return rise_greater(c, c0, r, r0)
+        p = rise_greater(c, c0, r, r0)
+        if p < settings.canary_alpha:
+            worse.append(f"{words} (p={p:.3g})")
 
     worse = []
     cold = moved("cold share", lambda t: t.cold_share)
@@ -482,13 +485,12 @@ def judge_replica(canary: WindowStats, rest: WindowStats, before: tuple[WindowSt
     cached = moved("prompt tokens from cache", lambda t: t.cached_share)
     planned = moved("prompt tokens from the plan's pinned blocks", lambda t: t.planned_share)
     # Worse: the cold share rising more than the others', the shares from cache and from the plan falling more.
-    for worsening, change, measure in ((cold[0] - settings.canary_cold_margin, cold, _cold),
-                                       (_fall(cached, settings), cached, _uncached),
-                                       (_fall(planned, settings), planned, _unplanned)):
-        if change is not None and worsening > 0:
-            p = tested(measure)
-            if p < settings.canary_alpha:
-                worse.append(f"{change[1]} (p={p:.3g})")
+    if cold[0] > settings.canary_cold_margin:
+        tested(_cold, cold[1])
+    if cached is not None and -cached[0] > settings.canary_cached_margin:
+        tested(_uncached, cached[1])
+    if planned is not None and -planned[0] > settings.canary_cached_margin:
+        tested(_unplanned, planned[1])
     if worse:
         return Verdict("rollback", "worse than the plan served now: " + "; ".join(worse))
     if elapsed_s < settings.canary_window_s:
@@ -504,17 +506,10 @@ def judge_replica(canary: WindowStats, rest: WindowStats, before: tuple[WindowSt
         (c, c0), (r, r0) = mine.p99_ms(), theirs.p99_ms()
         if all(x is not None and x > 0 for x in (c, c0, r, r0)):
             if c / c0 > settings.canary_ttft_ratio * (r / r0):  # type: ignore[operator]
-                worse.append(f"TTFT p99 {c0:.1f} -> {c:.1f} ms on the canary replica, "
-                             f"{r0:.1f} -> {r:.1f} ms on the others")
-    if worse:
-        return Verdict("rollback", "worse than the plan served now: " + "; ".join(worse))
+                return Verdict("rollback", f"worse than the plan served now: TTFT p99 {c0:.1f} -> {c:.1f} ms on the "
+                                           f"canary replica, {r0:.1f} -> {r:.1f} ms on the others")
     return Verdict("promote", f"no worse after {elapsed_s:.0f} s: {cold[1]}"
                               + (f"; {cached[1]}" if cached is not None else ""))
-
-
-def _fall(change: tuple[float, str] | None, settings: SidecarConfig) -> float:
-    """How far a share's difference of differences falls beyond ``canary_cached_margin`` (0 when it does not)."""
-    return 0.0 if change is None else -change[0] - settings.canary_cached_margin
 
 
 def _waiting(sides: list[tuple[str, int, int, int, int]], elapsed_s: float, settings: SidecarConfig

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.waiting import HANG_S, wait_for
-from warmup_tools.adapters.registry import ControlRegistry
-from warmup_tools.adapters.state import AdapterState, LifecycleError
+from warmup_tools.control.registry import ControlRegistry
+from warmup_tools.control.state import AdapterState, LifecycleError
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, demo_prompt
 from warmup_tools.server.client import GenerateError, GenerateParams, StreamingClient, metric_sum, scrape_metrics
 

@@ -16,15 +16,15 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.integration.test_live_plan import make_plan
 from tests.integration.test_sidecar import wait_for
-from warmup_tools.adapters.canary import start_canary
-from warmup_tools.adapters.plan_control import PlanStatusBoard, read_canary
-from warmup_tools.adapters.plan_history import PlanHistory, write_live_plan
 from warmup_tools.common.digests import tokenizer_fingerprint
+from warmup_tools.control.plan_control import PlanStatusBoard, read_canary
+from warmup_tools.control.plan_history import PlanHistory, write_live_plan
 from warmup_tools.planning.target import PlanTarget
 from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.config import set_instance_count
 from warmup_tools.server.process import RepositoryKey, TritonServer
 from warmup_tools.sidecar.app import Sidecar
+from warmup_tools.sidecar.canary.trial import start_canary
 from warmup_tools.sidecar.config import SidecarConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

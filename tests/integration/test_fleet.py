@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from tests.waiting import wait_for
-from warmup_tools.adapters.registry import ControlRegistry
-from warmup_tools.adapters.state import AdapterState
+from warmup_tools.control.registry import ControlRegistry
+from warmup_tools.control.state import AdapterState
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS, demo_prompt
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]

@@ -17,11 +17,11 @@ from tests.conftest import REPO_ROOT
 from tests.integration.test_canary import APPS, get, items, system_prompt
 from tests.integration.test_live_plan import make_plan
 from tests.waiting import wait_for
-from warmup_tools.adapters.canary import start_canary
-from warmup_tools.adapters.plan_control import PlanStatusBoard, read_canary
-from warmup_tools.adapters.plan_history import PlanHistory, write_live_plan
 from warmup_tools.common.digests import tokenizer_fingerprint
+from warmup_tools.control.plan_control import PlanStatusBoard, read_canary
+from warmup_tools.control.plan_history import PlanHistory, write_live_plan
 from warmup_tools.planning.target import PlanTarget
+from warmup_tools.sidecar.canary.trial import start_canary
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 

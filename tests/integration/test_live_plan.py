@@ -12,9 +12,9 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.integration.test_sidecar import get_json, wait_for
-from warmup_tools.adapters.plan_history import write_live_plan
 from warmup_tools.common.digests import tokenizer_fingerprint
 from warmup_tools.common.plan import Plan
+from warmup_tools.control.plan_history import write_live_plan
 from warmup_tools.planning.live import apply_plan, wait_applied
 from warmup_tools.planning.target import PlanTarget
 from warmup_tools.server.client import GenerateParams, StreamingClient
@@ -116,7 +116,7 @@ def test_a_live_plan_warms_a_new_prefix_without_a_restart_and_ready_follows_cove
 def test_plan_b_then_a_rollback_serves_plan_a_again(live_server, demo_assets, monkeypatch, capsys):
     """apply-plan A, then B, then `plan rollback`: the instance reports A applied, A's prefix is resident and
     served from the cache again, and the history says who did what."""
-    from warmup_tools.adapters.plan_history import PlanHistory, plan_digest
+    from warmup_tools.control.plan_history import PlanHistory, plan_digest
     from warmup_tools.ops.cli import main
 
     server, control = live_server, live_server.control_dir

@@ -11,8 +11,8 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.integration.test_sidecar import get_json, wait_for
-from warmup_tools.adapters.registry import ControlRegistry
-from warmup_tools.adapters.state import AdapterState
+from warmup_tools.control.registry import ControlRegistry
+from warmup_tools.control.state import AdapterState
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.server.process import RepositoryKey, TritonServer
 from warmup_tools.sidecar.app import Sidecar

@@ -4,8 +4,9 @@ The layers, lowest first (``ALLOWED`` lists them in this order, with what each p
 
 - ``common``: errors, digests, atomic files, JSON lines, the request record, the plan file, the settings
   declarations; imports nothing.
-- ``demo``, ``kv``, ``caches``, ``adapters``, ``server``: the demo assets and prompts, the KV block model,
-  the cache policies and shared tier, the adapter control folder, a tritonserver seen from outside.
+- ``demo``, ``kv``, ``caches``, ``control``, ``server``: the demo assets and prompts, the KV block model,
+  the cache policies and shared tier, the control plane (the adapter set, the live plan, its history, the
+  canary files), a tritonserver seen from outside.
 - ``triton``: the Python backend's side of Triton (parameters, inputs, responses, metrics, trust, warm-up).
 - ``tokenizer_cache``, ``embedding_cache``, ``lora_adapter``: the composing models, each behind its model.py.
 - ``planning``: from request logs to a plan, checked against the repository and applied live.
@@ -36,19 +37,19 @@ ALLOWED: dict[str, set[str]] = {
     "demo": {"common"},
     "kv": {"common"},
     "caches": {"common"},
-    "adapters": {"common"},
+    "control": {"common"},
     "server": {"common"},
     "triton": {"common", "caches"},
     "tokenizer_cache": {"common", "caches", "triton"},
     "embedding_cache": {"common", "caches", "triton"},
-    "lora_adapter": {"common", "kv", "adapters", "triton"},
-    "planning": {"common", "kv", "adapters", "triton", "embedding_cache", "lora_adapter"},
+    "lora_adapter": {"common", "kv", "control", "triton"},
+    "planning": {"common", "kv", "control", "triton", "embedding_cache", "lora_adapter"},
     "front": {"common", "kv", "server", "triton", "tokenizer_cache"},
-    "sidecar": {"common", "kv", "adapters", "server", "triton", "planning"},
+    "sidecar": {"common", "kv", "control", "server", "triton", "planning"},
     "fleet": {"common", "server"},
-    "sim": {"common", "demo", "kv", "caches", "adapters", "server", "triton", "tokenizer_cache", "embedding_cache",
+    "sim": {"common", "demo", "kv", "caches", "control", "server", "triton", "tokenizer_cache", "embedding_cache",
             "lora_adapter", "planning", "front", "sidecar", "fleet"},
-    "ops": {"common", "demo", "adapters", "server", "triton", "tokenizer_cache", "embedding_cache", "lora_adapter",
+    "ops": {"common", "demo", "control", "server", "triton", "tokenizer_cache", "embedding_cache", "lora_adapter",
             "planning", "front", "sidecar", "fleet", "sim"},
     TOP: {"ops"},
 }

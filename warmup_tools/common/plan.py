@@ -2,7 +2,7 @@
 
 The file crosses processes like the request record: :mod:`warmup_tools.planning` writes it, and the
 control folder carries it to every ``lora_adapter`` instance, which checks it
-(:mod:`warmup_tools.adapters.plan_control`); so it lives here, below both.
+(:mod:`warmup_tools.control.plan_control`); so it lives here, below both.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ them (its base and adapter fingerprints are in every hash). It comes from
 
 - the instance's own ``model_warmup`` samples that carry a plan id (:meth:`PlanKeeper.note_warmup`, called
   for each such sample as it is served), or
-- the control folder's ``plan.json`` (:mod:`warmup_tools.adapters.plan_control`), which the service's control
+- the control folder's ``plan.json`` (:mod:`warmup_tools.control.plan_control`), which the service's control
   thread polls (:meth:`PlanKeeper.poll_once`):
   a new plan is diffed against the hot set (blocks added, kept, dropped), kept blocks are re-pinned
   under the new plan id, dropped ones unpinned (they become ordinary evictable blocks), and the items
@@ -26,7 +26,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from warmup_tools.adapters.plan_control import (
+from warmup_tools.common.errors import KVBudgetError
+from warmup_tools.common.names import replica_name
+from warmup_tools.control.plan_control import (
     AdapterCoverage,
     LivePlan,
     PlanFileWatcher,
@@ -34,9 +36,7 @@ from warmup_tools.adapters.plan_control import (
     PlanStatus,
     PlanStatusBoard,
 )
-from warmup_tools.adapters.state import AdapterLifecycle, AdapterState
-from warmup_tools.common.errors import KVBudgetError
-from warmup_tools.common.names import replica_name
+from warmup_tools.control.state import AdapterLifecycle, AdapterState
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.hashing import BlockHash
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams

@@ -1,7 +1,7 @@
 """What one ``lora_adapter`` instance serves: the engine, its adapters' lifecycle, and operator control.
 
 Operators change the adapter set through a control folder shared by every instance (see
-:mod:`warmup_tools.adapters.registry`): ``python -m warmup_tools adapters add NAME --warm-file prompts.txt``
+:mod:`warmup_tools.control.registry`): ``python -m warmup_tools adapters add NAME --warm-file prompts.txt``
 writes the desired state, each instance loads the adapter, pre-fills its warm prompts, and reports it
 live; no Triton restart, no base model reload, and nothing of it is reachable through the ensemble.
 """
@@ -12,9 +12,9 @@ import logging
 import threading
 from typing import Callable, TypeVar
 
-from warmup_tools.adapters.reconcile import Reconciler
-from warmup_tools.adapters.registry import ControlRegistry
-from warmup_tools.adapters.state import AdapterLifecycle, AdapterSpec, AdapterState
+from warmup_tools.control.reconcile import Reconciler
+from warmup_tools.control.registry import ControlRegistry
+from warmup_tools.control.state import AdapterLifecycle, AdapterSpec, AdapterState
 from warmup_tools.lora_adapter.engine import LoraEngine
 from warmup_tools.lora_adapter.live_plan import PlanKeeper
 from warmup_tools.lora_adapter.requests import GenerateRequest

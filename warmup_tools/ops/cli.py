@@ -247,7 +247,7 @@ def _parser() -> argparse.ArgumentParser:
                                 "floor (the best any plan could do)")
     rep.add_argument("--seed", type=int, default=0)
     rep.add_argument("--requests-per-day", type=int, default=6000)
-    rep.add_argument("--traffic", choices=("generated", "real", "real2"), default="generated",
+    rep.add_argument("--traffic", choices=("generated", "real", "heldout"), default="generated",
                      help="the project's generated traffic, a log built from real public text, or a second one "
                           "built another way (held out: tenant preambles, other questions, day-1 repeats)")
     rep.add_argument("--report", type=Path, metavar="DIR", help="write PNG plots and a markdown summary here")
@@ -504,7 +504,7 @@ def _live_apply_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _history_settings(args: argparse.Namespace) -> Any:
-    from warmup_tools.adapters.plan_history import PlanHistorySettings
+    from warmup_tools.control.plan_history import PlanHistorySettings
 
     return load_config(PlanHistorySettings, None, {"plan_history_keep": getattr(args, "plan_history_keep", None)})
 
@@ -954,7 +954,7 @@ def _served(args: argparse.Namespace, plan: Any, entry: Any, target: Any, tokeni
 
 
 def _cmd_plan_history(args: argparse.Namespace) -> int:
-    from warmup_tools.adapters.plan_history import PlanHistory
+    from warmup_tools.control.plan_history import PlanHistory
 
     history = PlanHistory(args.control_dir)
     entries = history.entries()
@@ -974,7 +974,7 @@ def _cmd_plan_history(args: argparse.Namespace) -> int:
         print("  ".join(cells).rstrip())
     if served is None:
         print(f"(plan.json in {args.control_dir} is not the newest plan of the history)")
-    from warmup_tools.adapters.plan_control import read_canary
+    from warmup_tools.control.plan_control import read_canary
 
     running = read_canary(args.control_dir)
     if running is not None:
@@ -986,8 +986,8 @@ def _cmd_plan_history(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan_diff(args: argparse.Namespace) -> int:
-    from warmup_tools.adapters.plan_history import PlanHistory, diff_plans
     from warmup_tools.common.plan import Plan
+    from warmup_tools.control.plan_history import PlanHistory, diff_plans
 
     history = PlanHistory(args.control_dir)
 
@@ -1023,12 +1023,12 @@ def _cmd_plan_rollback(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan_canary(args: argparse.Namespace) -> int:
-    from warmup_tools.adapters.canary import end_canary, start_canary
-    from warmup_tools.adapters.plan_control import PlanStatusBoard, read_canary
-    from warmup_tools.adapters.plan_history import applied_by
     from warmup_tools.common.errors import ConfigError
     from warmup_tools.common.plan import Plan
+    from warmup_tools.control.plan_control import PlanStatusBoard, read_canary
+    from warmup_tools.control.plan_history import applied_by
     from warmup_tools.planning.live import check_plan
+    from warmup_tools.sidecar.canary.trial import end_canary, start_canary
 
     if args.abort:
         running = read_canary(args.control_dir)
@@ -1086,8 +1086,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_adapters(args: argparse.Namespace) -> int:
-    from warmup_tools.adapters.registry import ControlRegistry
-    from warmup_tools.adapters.state import AdapterState
+    from warmup_tools.control.registry import ControlRegistry
+    from warmup_tools.control.state import AdapterState
 
     registry = ControlRegistry(args.control_dir)
     if args.action == "status":

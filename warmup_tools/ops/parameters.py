@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from warmup_tools.adapters.plan_history import PlanHistorySettings
 from warmup_tools.common.settings import ParameterRow, markdown_table, parameter_rows
+from warmup_tools.control.plan_history import PlanHistorySettings
 from warmup_tools.embedding_cache.settings import EmbeddingCacheSettings
 from warmup_tools.fleet.settings import FleetSettings
 from warmup_tools.front.settings import FrontSettings

@@ -2,7 +2,7 @@
 
 - :func:`apply_plan` checks a plan against the repository (block size, tokenizer, warm-up budget, items)
   exactly as ``stanzas --plan`` does, then makes it the control folder's ``plan.json`` through the one
-  writer that keeps the plan history (:func:`~warmup_tools.adapters.plan_history.write_live_plan`); every
+  writer that keeps the plan history (:func:`~warmup_tools.control.plan_history.write_live_plan`); every
   ``lora_adapter`` instance picks it up, warms what is new and reports it
   (:mod:`warmup_tools.lora_adapter.live_plan`). :func:`wait_applied` waits for the instances.
 - :func:`rollback` applies a plan of the history again (the one the served plan replaced, or a named one),
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from warmup_tools.adapters.canary import CanaryError
-from warmup_tools.adapters.plan_control import PLAN_FILE, PlanStatus, PlanStatusBoard, read_canary
-from warmup_tools.adapters.plan_history import (
+from warmup_tools.common.plan import Plan, PlanError
+from warmup_tools.control.plan_control import PLAN_FILE, CanaryError, PlanStatus, PlanStatusBoard, read_canary
+from warmup_tools.control.plan_history import (
     HistoryEntry,
     PlanHistory,
     PlanHistoryError,
@@ -30,7 +30,6 @@ from warmup_tools.adapters.plan_history import (
     applied_by,
     write_live_plan,
 )
-from warmup_tools.common.plan import Plan, PlanError
 from warmup_tools.planning.target import PlanTarget
 
 LOGGER = logging.getLogger(__name__)
@@ -132,7 +131,7 @@ class RollingPlanner:
                  propose: Callable[[Plan], bool] | None = None, defer: Callable[[], str] | None = None) -> None:
         """``propose``: puts a new plan on trial (a canary) and says whether it did; its stanzas are written when
         it is promoted (:meth:`write_stanzas_of`). Without it, or when it did not, the plan goes to every instance;
-        when it raises :class:`~warmup_tools.adapters.canary.CanaryError` (a trial started meanwhile), nothing is
+        when it raises :class:`~warmup_tools.control.plan_control.CanaryError` (a trial started meanwhile), nothing is
         applied. ``defer``: in a fleet, the other replica that re-plans for it ("" : this one); a run then plans
         nothing."""
         self.model_repository = Path(model_repository)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 from warmup_tools.common.errors import ConfigError, ServerError
 from warmup_tools.common.names import replica_name as checked_replica_name
 from warmup_tools.server.process import RepositoryKey, TritonServer
-from warmup_tools.sidecar.canary import CanaryController
+from warmup_tools.sidecar.canary.controller import CanaryController
 from warmup_tools.sidecar.config import SidecarConfig
 from warmup_tools.sidecar.coverage import CoverageReader
 from warmup_tools.sidecar.endpoints import SidecarHttpServer
@@ -169,7 +169,7 @@ def replica_canary(config: SidecarConfig, control_dir: Path, host: str,
                    clock: Callable[[], float] = time.time) -> CanaryController:
     """The canary controller of replica ``host``'s sidecar: its request logs (:func:`replica_log_dir`, which must
     be set), the fleet's when in one, the plan history's settings (``WARMUP_PLAN_HISTORY_KEEP``)."""
-    from warmup_tools.adapters.plan_history import PlanHistorySettings
+    from warmup_tools.control.plan_history import PlanHistorySettings
     from warmup_tools.server.config import load_config
 
     log_dir = replica_log_dir(config, host)

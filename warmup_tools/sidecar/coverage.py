@@ -1,7 +1,7 @@
 """Warm coverage: is every live adapter's planned hot set resident on every ``lora_adapter`` instance?
 
 Each instance writes ``plan_status/<instance>.json`` into the control folder
-(:mod:`warmup_tools.adapters.plan_control`, :mod:`warmup_tools.lora_adapter.live_plan`); the monitor reads
+(:mod:`warmup_tools.control.plan_control`, :mod:`warmup_tools.lora_adapter.live_plan`); the monitor reads
 them once per round (:class:`CoverageReader`) and :func:`evaluate` turns them into a verdict. Pure apart
 from the read, so unit tests feed statuses directly.
 
@@ -23,7 +23,7 @@ import socket
 from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Sequence
 
-from warmup_tools.adapters.plan_control import PlanStatus, PlanStatusBoard
+from warmup_tools.control.plan_control import PlanStatus, PlanStatusBoard
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Collection
 
-from warmup_tools.adapters.plan_control import MAX_STATUS_BYTES, PLAN_STATUS_DIR, PlanStatus, PlanStatusBoard
 from warmup_tools.common.control_json import read_capped
 from warmup_tools.common.names import is_replica_name
+from warmup_tools.control.plan_control import MAX_STATUS_BYTES, PLAN_STATUS_DIR, PlanStatus, PlanStatusBoard
 from warmup_tools.kv.snapshot_files import MANIFEST_SUFFIX, snapshot_of
 
 LOGGER = logging.getLogger(__name__)

@@ -5,9 +5,9 @@ import stat
 
 import pytest
 
-from warmup_tools.adapters.plan_control import PlanStatus, PlanStatusBoard
-from warmup_tools.adapters.registry import ControlRegistry
 from warmup_tools.common.files import write_atomic
+from warmup_tools.control.plan_control import PlanStatus, PlanStatusBoard
+from warmup_tools.control.registry import ControlRegistry
 
 
 def mode(path):

@@ -7,11 +7,11 @@ import socket
 
 import pytest
 
-from tests.unit.adapters.test_plan_control import make_plan
+from tests.unit.control.test_plan_control import make_plan
 from tests.unit.lora_adapter.conftest import CollectingSink, serve_and_wait, start_service
 from tests.waiting import wait_for
-from warmup_tools.adapters.plan_control import PlanStatusBoard
-from warmup_tools.adapters.plan_history import write_live_plan
+from warmup_tools.control.plan_control import PlanStatusBoard
+from warmup_tools.control.plan_history import write_live_plan
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.config import KVCacheConfig
@@ -113,7 +113,7 @@ def test_samples_with_a_plan_id_make_the_hot_set_until_a_live_plan_is_applied(en
         assert (status.plan_id, status.source) == ("stanza-plan", "samples")
         assert status.adapters["base"].planned == 3 and status.adapters["base"].coverage == 1.0
         live = make_plan([item(prefix(engine, SYSTEM_PROMPTS["support"], 2))])
-        from warmup_tools.adapters.plan_control import LivePlan
+        from warmup_tools.control.plan_control import LivePlan
 
         service.plan.apply(LivePlan.parse(live.to_json().encode()))
         # A sample of another plan (a reload with older stanzas) no longer pins or changes the hot set.
@@ -127,7 +127,7 @@ def test_samples_with_a_plan_id_make_the_hot_set_until_a_live_plan_is_applied(en
 def test_a_sample_in_flight_during_a_live_plan_change_leaves_the_new_plan_pinned_and_covered(engine):
     """A model_warmup sample of plan A, noted before plan B is applied and run after it (a sample in
     flight while the control folder's plan lands), must not move the cache back to A or unpin B."""
-    from warmup_tools.adapters.plan_control import LivePlan
+    from warmup_tools.control.plan_control import LivePlan
 
     service = start_service(engine, ServiceConfig(control_dir=None), instance="inst_0")
     cache = engine.prefix_cache
@@ -165,7 +165,7 @@ def test_a_plan_the_warm_up_budget_cannot_hold_says_so(engine, tmp_path):
     ids = prefix(small, SYSTEM_PROMPTS["support"], 8)
     service = start_service(small, ServiceConfig(control_dir=None), instance="inst_0")
     try:
-        from warmup_tools.adapters.plan_control import LivePlan
+        from warmup_tools.control.plan_control import LivePlan
 
         plan = make_plan([item(ids)])
         service.plan.apply(LivePlan.parse(plan.to_json().encode()))
@@ -186,7 +186,7 @@ def test_plan_items_outside_the_vocabulary_or_the_context_are_left_out_and_count
     real_warm = service.plan._warm
     service.plan._warm = lambda adapter, tenant, ids: (warmed.append(tuple(ids)), real_warm(adapter, tenant, ids))
     try:
-        from warmup_tools.adapters.plan_control import LivePlan
+        from warmup_tools.control.plan_control import LivePlan
 
         plan = make_plan([item(good), item(out_of_vocab), item(too_long)])
         service.plan.apply(LivePlan.parse(plan.to_json().encode()))

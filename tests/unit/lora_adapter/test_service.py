@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from tests.unit.lora_adapter.conftest import CollectingSink, serve_and_wait, start_service
-from warmup_tools.adapters.registry import ControlRegistry
-from warmup_tools.adapters.state import AdapterState
+from warmup_tools.control.registry import ControlRegistry
+from warmup_tools.control.state import AdapterState
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.lora_adapter.engine import LoraEngine

@@ -8,12 +8,11 @@ import shutil
 import pytest
 
 from tests.unit.planning.test_plan_stanzas import REPO
-from warmup_tools.adapters.canary import CanaryError
-from warmup_tools.adapters.plan_control import LivePlan
-from warmup_tools.adapters.plan_history import PlanHistory
 from warmup_tools.common.jsonl import write_json_lines
 from warmup_tools.common.plan import Plan, PlanError
 from warmup_tools.common.records import RequestRecord
+from warmup_tools.control.plan_control import CanaryError, LivePlan
+from warmup_tools.control.plan_history import PlanHistory
 from warmup_tools.planning.live import RollingPlanner, served_plan
 from warmup_tools.planning.plan_stanzas import check_repository
 from warmup_tools.sidecar.replan import Replanner

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from tests.unit.sidecar.test_monitor import FakeTriton
-from warmup_tools.adapters.plan_control import AdapterCoverage, PlanStatus, PlanStatusBoard
+from warmup_tools.control.plan_control import AdapterCoverage, PlanStatus, PlanStatusBoard
 from warmup_tools.sidecar.config import SidecarConfig
 from warmup_tools.sidecar.coverage import CoverageReader, evaluate
 from warmup_tools.sidecar.endpoints import prometheus_text

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from tests.unit.kv.test_snapshot import ADAPTERS, BIG, IDENTITY, filled_cache
-from warmup_tools.adapters.plan_control import PLAN_STATUS_DIR, PlanStatus, PlanStatusBoard
 from warmup_tools.common.errors import ConfigError
+from warmup_tools.control.plan_control import PLAN_STATUS_DIR, PlanStatus, PlanStatusBoard
 from warmup_tools.kv.snapshot import write_snapshot
 from warmup_tools.sidecar.app import Sidecar
 from warmup_tools.sidecar.config import SidecarConfig

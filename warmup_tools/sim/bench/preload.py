@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from warmup_tools.adapters.registry import ControlRegistry
-from warmup_tools.adapters.state import AdapterState
+from warmup_tools.control.registry import ControlRegistry
+from warmup_tools.control.state import AdapterState
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 from warmup_tools.lora_adapter.engine import LoraEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams

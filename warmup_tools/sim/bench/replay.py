@@ -37,7 +37,7 @@ from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
 
-TRAFFIC = ("generated", "real", "real2")
+TRAFFIC = ("generated", "real", "heldout")
 #: The replayed windows, in hours from the start of day 2.
 WINDOWS_H = (1, 3)
 
@@ -219,12 +219,12 @@ def write_traffic(traffic: str, work: Path, *, seed: int, requests_per_day: int)
         real = RealTrafficConfig(seed=seed, requests_per_day=requests_per_day)
         day1, day2 = write_real_logs(real, work / "logs")[:2]
         return day1, day2, real.start + 86400
-    if traffic == "real2":
-        from warmup_tools.sim.real_traffic2 import Real2Config, write_real2_logs
+    if traffic == "heldout":
+        from warmup_tools.sim.heldout_traffic import HeldOutConfig, write_heldout_logs
 
-        real2 = Real2Config(seed=seed, requests_per_day=requests_per_day)
-        day1, day2 = write_real2_logs(real2, work / "logs")[:2]
-        return day1, day2, real2.start + 86400
+        heldout = HeldOutConfig(seed=seed, requests_per_day=requests_per_day)
+        day1, day2 = write_heldout_logs(heldout, work / "logs")[:2]
+        return day1, day2, heldout.start + 86400
     raise ConfigError(f"traffic must be one of {', '.join(TRAFFIC)}, not {traffic!r}")
 
 

@@ -39,10 +39,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
-from warmup_tools.adapters.plan_history import write_live_plan
 from warmup_tools.common.jsonl import write_json_lines
 from warmup_tools.common.plan import Plan
 from warmup_tools.common.records import RequestRecord
+from warmup_tools.control.plan_history import write_live_plan
 from warmup_tools.planning.analyse import BlockTrie
 from warmup_tools.planning.live import ReplanResult, RollingPlanner, wait_applied
 from warmup_tools.server.client import GenerateParams, StreamingClient

@@ -4,7 +4,7 @@ One run on the real-text traffic (:mod:`warmup_tools.sim.real_traffic`): the day
 repository whose ``lora_adapter`` has two instances, with request logs and a control folder. Day 2's first
 hours are replayed in time order, paced at ``speedup`` times the trace's rate (so that the canary's window, in
 seconds of the clock, covers the simulated minutes it stands for), against the real server, while the sidecar's
-canary controller (:class:`~warmup_tools.sidecar.canary.CanaryController`, the same code and settings the
+canary controller (:class:`~warmup_tools.sidecar.canary.controller.CanaryController`, the same code and settings the
 sidecar runs, with ``canary_window_s`` divided by ``speedup``) judges after every request:
 
 - at ``good_at_min`` the rolling re-plan (:class:`~warmup_tools.planning.live.RollingPlanner`) plans from day 1
@@ -47,18 +47,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence, TextIO
 
-from warmup_tools.adapters.plan_history import write_live_plan
 from warmup_tools.common.errors import ServerError
 from warmup_tools.common.jsonl import write_json_lines
 from warmup_tools.common.plan import Plan
 from warmup_tools.common.records import RequestRecord, read_request_log
 from warmup_tools.common.settings import environ_overrides
+from warmup_tools.control.plan_history import write_live_plan
 from warmup_tools.planning.live import RollingPlanner, wait_applied
 from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.config import set_instance_count
 from warmup_tools.server.process import TritonServer
 from warmup_tools.sidecar.app import replica_canary
-from warmup_tools.sidecar.canary import CanaryController, Verdict
+from warmup_tools.sidecar.canary.controller import CanaryController, Verdict
 from warmup_tools.sidecar.config import SidecarConfig
 from warmup_tools.sim.bench.replay import prepare
 

@@ -321,8 +321,8 @@ def run(assets_dir: Path, *, duration: float = 1800.0, kill_every: float = 600.0
     """Run the soak; write samples.csv, requests.csv and summary.md to ``out_dir``; print the summary."""
     from transformers import AutoTokenizer
 
-    from warmup_tools.adapters.registry import ControlRegistry
-    from warmup_tools.adapters.state import AdapterState
+    from warmup_tools.control.registry import ControlRegistry
+    from warmup_tools.control.state import AdapterState
 
     settings = SoakSettings(duration, kill_every, concurrency, bad_share, cancel_share, direct_share, settle,
                             sample_every, grace, max_tokens, seed)

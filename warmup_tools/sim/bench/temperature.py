@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from warmup_tools.adapters.registry import ControlRegistry
+from warmup_tools.control.registry import ControlRegistry
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import RepositoryKey, TritonServer

@@ -3,8 +3,8 @@ and load signals."""
 
 import pytest
 
-from warmup_tools.adapters.state import _UNAVAILABLE, AdapterState
 from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT
+from warmup_tools.control.state import _UNAVAILABLE, AdapterState
 from warmup_tools.front.engine.triton_engine import classify, engine_error, parse_triton_metrics
 from warmup_tools.front.generation import openai_error
 

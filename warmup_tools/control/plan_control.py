@@ -1,13 +1,13 @@
 """Live warm-up plans through the control folder: the plan every instance serves, and each one's coverage.
 
-Beside the adapter files of :mod:`warmup_tools.adapters.registry` the control folder holds::
+Beside the adapter files of :mod:`warmup_tools.control.registry` the control folder holds::
 
     <root>/plan.json                   the plan to serve now: a planner plan file, written only by
-                                       :func:`warmup_tools.adapters.plan_history.write_live_plan` (`apply-plan`,
+                                       :func:`warmup_tools.control.plan_history.write_live_plan` (`apply-plan`,
                                        the sidecar's re-plan, `plan rollback`), which keeps the plans/ history
     <root>/canary.json                 a plan on trial: which instances serve it instead of plan.json (one
                                        instance of a replica, or every instance of one replica), written and
-                                       removed only by :mod:`warmup_tools.adapters.canary`; the plan itself
+                                       removed only by :mod:`warmup_tools.sidecar.canary.trial`; the plan itself
                                        is in the history (``plans/<id>.json``)
     <root>/plan_status/<host>.<instance>.json
                                        written by each lora_adapter instance: the plan it applied and, per
@@ -39,11 +39,11 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from warmup_tools.adapters.state import LifecycleError, validate_name
 from warmup_tools.common.control_json import loads_bounded, read_capped
 from warmup_tools.common.errors import FileFormatError
 from warmup_tools.common.files import stat_key, write_atomic
 from warmup_tools.common.plan import PLAN_FORMAT, Plan, PlanError
+from warmup_tools.control.state import LifecycleError, validate_name
 
 LOGGER = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ PLAN_FILE = "plan.json"
 CANARY_FILE = "canary.json"
 CANARY_FORMAT = 1
 MAX_CANARY_BYTES = 64 * 1024
-#: The folder of the plan history (:mod:`warmup_tools.adapters.plan_history`), where a canary's plan is.
+#: The folder of the plan history (:mod:`warmup_tools.control.plan_history`), where a canary's plan is.
 HISTORY_DIR = "plans"
 PLAN_STATUS_DIR = "plan_status"
 STATUS_FORMAT = 1
@@ -157,6 +157,10 @@ class CanaryAssignment:
             raise PlanError(str(exc)) from None
         by, user = (_TEXT.sub("?", str(data[k]))[:64] for k in ("by", "user"))
         return cls(plan, plan_id, host, names, float(at), by, user)
+
+
+class CanaryError(PlanError):
+    """A trial cannot start or end as asked (one is running already, or another one is)."""
 
 
 def read_canary(root: Path, *, max_bytes: int = MAX_CANARY_BYTES) -> CanaryAssignment | None:

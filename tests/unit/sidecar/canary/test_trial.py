@@ -6,18 +6,19 @@ import json
 
 import pytest
 
-from tests.unit.adapters.test_plan_history import BY, plan_of
-from warmup_tools.adapters.canary import CanaryError, end_canary, start_canary
-from warmup_tools.adapters.plan_control import (
+from tests.unit.control.test_plan_history import BY, plan_of
+from warmup_tools.common.plan import PlanError
+from warmup_tools.control.plan_control import (
     CANARY_FILE,
     HISTORY_DIR,
     PLAN_FILE,
     CanaryAssignment,
+    CanaryError,
     PlanFileWatcher,
     read_canary,
 )
-from warmup_tools.adapters.plan_history import PlanHistory, PlanHistorySettings, plan_digest, write_live_plan
-from warmup_tools.common.plan import PlanError
+from warmup_tools.control.plan_history import PlanHistory, PlanHistorySettings, plan_digest, write_live_plan
+from warmup_tools.sidecar.canary.trial import end_canary, start_canary
 
 
 def test_a_trial_serves_its_plan_on_the_named_instances_only(tmp_path):
@@ -163,7 +164,7 @@ def test_the_cli_shows_and_aborts_a_trial_and_refuses_a_plan_that_does_not_fit(t
 def test_the_cli_puts_a_plan_on_a_whole_replica_when_named_without_instances(tmp_path, capsys, monkeypatch):
     import time
 
-    from warmup_tools.adapters.plan_control import AdapterCoverage, PlanStatus, PlanStatusBoard
+    from warmup_tools.control.plan_control import AdapterCoverage, PlanStatus, PlanStatusBoard
     from warmup_tools.ops.cli import main
 
     monkeypatch.setattr("warmup_tools.planning.live.check_plan", lambda plan, repository: None)

@@ -63,7 +63,7 @@ _FENCE = re.compile(r"^## System Prompt\s*\n+```[^\n]*\n(.*?)\n```", re.M | re.S
 
 
 @dataclass(frozen=True, slots=True)
-class Real2Config:
+class HeldOutConfig:
     """What to generate; invalid values raise :class:`ConfigError`."""
 
     seed: int = 0
@@ -86,18 +86,18 @@ class Real2Config:
     start: float = 1_767_225_600.0
 
     def __post_init__(self) -> None:
-        check_common(self, "real2 traffic", ("zipf_s", "raw_share", "repeat_share", "drift", "churn", "start"))
+        check_common(self, "held-out traffic", ("zipf_s", "raw_share", "repeat_share", "drift", "churn", "start"))
         for name in ("applications", "max_system_words", "max_preamble_words", "max_user_words"):
-            _check_int(name, getattr(self, name), minimum=1, label="real2 traffic")
+            _check_int(name, getattr(self, name), minimum=1, label="held-out traffic")
         for name in ("raw_share", "repeat_share", "drift", "churn"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(f"real2 traffic {name} must be within [0, 1], got {getattr(self, name)}")
+                raise ConfigError(f"held-out traffic {name} must be within [0, 1], got {getattr(self, name)}")
         if self.churn > 0.5 or self.zipf_s < 0 or self.applications < len(self.tenants):
-            raise ConfigError("real2 traffic needs churn <= 0.5, zipf_s >= 0 and an application per tenant")
+            raise ConfigError("held-out traffic needs churn <= 0.5, zipf_s >= 0 and an application per tenant")
 
 
 @dataclass(frozen=True, slots=True)
-class Corpus2:
+class HeldOutCorpus:
     roles: tuple[tuple[str, str], ...]
     """(slug, system prompt), in file order."""
     preambles: tuple[str, ...]
@@ -105,7 +105,7 @@ class Corpus2:
 
 
 @dataclass(frozen=True, slots=True)
-class App2:
+class HeldOutApp:
     id: str
     tenant: str
     adapter: str
@@ -114,17 +114,17 @@ class App2:
     repeat_probability: float
 
 
-def load_corpus2(config: Real2Config = Real2Config()) -> Corpus2:
+def load_heldout_corpus(config: HeldOutConfig = HeldOutConfig()) -> HeldOutCorpus:
     """The writing prompts, policy passages and user questions (raises :class:`CorpusMissingError`)."""
     return _load(config.max_system_words, config.max_preamble_words, config.max_user_words)
 
 
-def generate_real2(config: Real2Config) -> Iterator[dict]:
+def generate_heldout(config: HeldOutConfig) -> Iterator[dict]:
     for _day, records in _days(config):
         yield from records
 
 
-def write_real2_logs(config: Real2Config, out_dir: Path, *, gzip: bool = False) -> list[Path]:
+def write_heldout_logs(config: HeldOutConfig, out_dir: Path, *, gzip: bool = False) -> list[Path]:
     """One JSON Lines file per day (``day1.jsonl``...), replaced atomically; returns this run's logs."""
     return write_day_logs(_days(config), out_dir, gzip=gzip)
 
@@ -132,7 +132,7 @@ def write_real2_logs(config: Real2Config, out_dir: Path, *, gzip: bool = False) 
 # --------------------------------------------------------------------------------------------------
 
 @lru_cache(maxsize=4)
-def _load(max_system_words: int, max_preamble_words: int, max_user_words: int) -> Corpus2:
+def _load(max_system_words: int, max_preamble_words: int, max_user_words: int) -> HeldOutCorpus:
     prompts = _distribution(*PROMPTS_PACKAGE)
     questions = _distribution(*QUESTIONS_PACKAGE)
     folder = Path(str(prompts.locate_file(WRITING_PROMPTS_DIR)))
@@ -160,9 +160,9 @@ def _load(max_system_words: int, max_preamble_words: int, max_user_words: int) -
                 seen.add(text)
                 turns.append(text)
     if not roles or not preambles or not turns:
-        raise CorpusMissingError("the real2 traffic found no writing prompts, policy passages or questions; "
+        raise CorpusMissingError("the held-out traffic found no writing prompts, policy passages or questions; "
                                  "reinstall the 'realtext' extra")
-    return Corpus2(tuple(roles), tuple(preambles), tuple(turns))
+    return HeldOutCorpus(tuple(roles), tuple(preambles), tuple(turns))
 
 
 def _lines(dist: object, relative: str) -> list[str]:
@@ -172,8 +172,8 @@ def _lines(dist: object, relative: str) -> list[str]:
     return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def _world(config: Real2Config) -> tuple[list[list[App2]], tuple[str, ...]]:
-    corpus = load_corpus2(config)
+def _world(config: HeldOutConfig) -> tuple[list[list[HeldOutApp]], tuple[str, ...]]:
+    corpus = load_heldout_corpus(config)
     rng = _rng(config.seed, "real2", "world")
     preamble = dict(zip(config.tenants, rng.sample(corpus.preambles, len(config.tenants))))
     churn = max(1, round(config.churn * config.applications)) if config.churn > 0 else 0
@@ -183,12 +183,12 @@ def _world(config: Real2Config) -> tuple[list[list[App2]], tuple[str, ...]]:
              for tenant in rng.sample(config.tenants, 1 + stable_seed("real2-tenants", slug) % 3)]
     needed = config.applications + churn * (config.days - 1)
     if needed > len(pairs):
-        raise ConfigError(f"real2 traffic needs {needed} applications but the corpus gives {len(pairs)}")
+        raise ConfigError(f"held-out traffic needs {needed} applications but the corpus gives {len(pairs)}")
 
-    def new(slug: str, text: str, tenant: str) -> App2:
+    def new(slug: str, text: str, tenant: str) -> HeldOutApp:
         app_rng = _rng(config.seed, "real2", "application", tenant, slug)
         choices = (*config.adapters, BASE_MODEL)
-        return App2(f"{tenant}/{slug}", tenant, choices[stable_seed("real2-adapter", slug) % len(choices)],
+        return HeldOutApp(f"{tenant}/{slug}", tenant, choices[stable_seed("real2-adapter", slug) % len(choices)],
                     f"{text}{PREAMBLE_LEAD}{preamble[tenant]}",
                     tuple(app_rng.sample(corpus.turns, app_rng.randint(1, 2))), round(app_rng.uniform(0.03, 0.1), 3))
 
@@ -209,7 +209,7 @@ def _world(config: Real2Config) -> tuple[list[list[App2]], tuple[str, ...]]:
     return rankings, corpus.turns
 
 
-def _days(config: Real2Config) -> Iterator[tuple[int, list[dict]]]:
+def _days(config: HeldOutConfig) -> Iterator[tuple[int, list[dict]]]:
     rankings, turns = _world(config)
     first: list[dict] = []
     for day in range(1, config.days + 1):

@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from warmup_tools.adapters.state import AdapterSpec, AdapterState, AdapterStatus, LifecycleError, validate_name
 from warmup_tools.common.control_json import loads_bounded, read_capped, read_json_bounded
 from warmup_tools.common.files import stat_key, write_atomic
+from warmup_tools.control.state import AdapterSpec, AdapterState, AdapterStatus, LifecycleError, validate_name
 
 LOGGER = logging.getLogger(__name__)
 

@@ -1,43 +1,20 @@
-"""The canary: a plan on trial against the plan the other instances serve, judged from the request logs.
+"""The canary controller: starts a trial, reads both sides' request logs, judges each tick, acts on a verdict.
 
-A plan on trial (``canary.json``: :mod:`warmup_tools.adapters.canary`) is served by one lora_adapter instance of
-this replica, or, in a fleet, by every instance of one replica; the others serve ``plan.json``.
-
-**One instance.** From the moment the canary instance reports the plan applied, the controller reads each
-instance's request log (``requests-<instance>.jsonl`` under the replica's ``request_log_dir``) and compares the
-canary instance's requests with the other instances' (:func:`~warmup_tools.sidecar.canary_judge.judge`).
-
-**A whole replica** (``canary.json`` names a replica and no instance; judged by that replica's sidecar). Every
-replica logs into its own subfolder of the fleet's shared log folder (``fleet_log_dir/<replica_name>/``). The
-canary side is this replica's logs, the rest the logs of the replicas that reported to the control folder's
-status board when the trial's plan was applied (a replica that left is not read; one that joins during the trial
-is not either: it has no baseline). Each side's baseline is its requests of the ``canary_window_s`` before the
-trial started, read once when the plan is applied; a trial with fewer than ``canary_min_requests`` on either
-side is rolled back at once, saying so (:func:`~warmup_tools.sidecar.canary_judge.judge_replica`).
-
-How the verdict is reached, tenant by tenant so that no tenant carries it, is
-:mod:`warmup_tools.sidecar.canary_judge`. A verdict ends the trial through the history (promoted: made the plan
-of every instance; rolled back); a trial whose canary never applies the plan is rolled back after three windows.
-Every verdict is one log line, with the plan and the tenants counted; the last verdicts and the running trial are
-in ``/status`` (``canary``: no plan id, no tenant name), and ``/metrics`` counts them.
-"""
+The package docstring (:mod:`warmup_tools.sidecar.canary`) says what is compared with what."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from warmup_tools.adapters.canary import end_canary, start_canary
-from warmup_tools.adapters.plan_control import CanaryAssignment, PlanStatusBoard, read_canary
-from warmup_tools.adapters.plan_history import PlanHistorySettings, applied_by
 from warmup_tools.common.plan import Plan, PlanError
-from warmup_tools.common.records import RecordError, RequestRecord
-from warmup_tools.sidecar.canary_judge import (
+from warmup_tools.control.plan_control import CanaryAssignment, PlanStatusBoard, read_canary
+from warmup_tools.control.plan_history import PlanHistorySettings, applied_by
+from warmup_tools.sidecar.canary.judge import (
     Comparison,
     Verdict,
     WindowStats,
@@ -47,95 +24,14 @@ from warmup_tools.sidecar.canary_judge import (
     judge_replica,
     replica_evidence,
 )
+from warmup_tools.sidecar.canary.log_tail import RequestLogTail
+from warmup_tools.sidecar.canary.trial import end_canary, start_canary
 from warmup_tools.sidecar.config import SidecarConfig
 
 LOGGER = logging.getLogger(__name__)
 
 #: Verdicts kept for ``/status``.
 KEEP_VERDICTS = 10
-#: Bytes of one request log read per tick at most (the rest is read at the next ticks).
-MAX_READ_BYTES = 8 << 20
-LOG_PREFIX, LOG_SUFFIX = "requests-", ".jsonl"
-
-
-class RequestLogTail:
-    """New complete lines of each instance's request log (``requests-<instance>.jsonl``) since the last read; a
-    rotated file's rest is read from its ``.1`` before the new file."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = Path(directory)
-        self._at: dict[str, tuple[int, int]] = {}  # instance -> (inode, offset)
-        self.skipped = 0
-
-    def skip_to_end(self) -> None:
-        """Forget what the logs hold now: only lines written from here on are read."""
-        self._at = {}
-        for instance, path in self._files():
-            st = os.stat(path)
-            self._at[instance] = (st.st_ino, st.st_size)
-
-    def read(self) -> list[tuple[str, RequestRecord]]:
-        out: list[tuple[str, RequestRecord]] = []
-        for instance, path in self._files():
-            try:
-                inode = os.stat(path).st_ino
-            except FileNotFoundError:
-                continue
-            known, offset = self._at.get(instance, (inode, 0))
-            if known != inode:  # rotated: the old file is now .1
-                rotated = path.with_name(path.name + ".1")
-                if rotated.exists() and os.stat(rotated).st_ino == known:
-                    out += self._lines(instance, rotated, offset)[0]
-                offset = 0
-            lines, offset = self._lines(instance, path, offset)
-            out += lines
-            self._at[instance] = (inode, offset)
-        return out
-
-    def recent(self, since: float, until: float) -> list[RequestRecord]:
-        """The records stamped in ``[since, until)`` among the last :data:`MAX_READ_BYTES` of each log (with the
-        end of its rotated ``.1`` when the log is shorter): a trial's baseline, read once, never the whole log."""
-        out: list[RequestRecord] = []
-        for instance, path in self._files():
-            budget = MAX_READ_BYTES
-            for file in (path, path.with_name(path.name + ".1")):
-                try:
-                    size = os.stat(file).st_size
-                except FileNotFoundError:
-                    break
-                start = max(0, size - budget)
-                lines, _ = self._lines(instance, file, start, skip_partial=start > 0)
-                out += [r for _, r in lines if since <= r.ts < until]
-                budget -= size - start
-                if budget <= 0:
-                    break
-        return out
-
-    def _files(self) -> list[tuple[str, Path]]:
-        if not self.directory.is_dir():
-            return []
-        return sorted((p.name[len(LOG_PREFIX):-len(LOG_SUFFIX)], p) for p in self.directory.iterdir()
-                      if p.name.startswith(LOG_PREFIX) and p.name.endswith(LOG_SUFFIX) and p.is_file())
-
-    def _lines(self, instance: str, path: Path, offset: int, *, skip_partial: bool = False
-               ) -> tuple[list[tuple[str, RequestRecord]], int]:
-        import json
-
-        try:
-            with open(path, "rb") as file:
-                file.seek(offset)
-                raw = file.read(MAX_READ_BYTES)
-        except OSError:
-            return [], offset
-        end = raw.rfind(b"\n") + 1  # NOTE: a torn last line is read once the writer completes it
-        begin = raw.find(b"\n") + 1 if skip_partial else 0  # a read from the middle starts at a line's start
-        out = []
-        for line in raw[begin:end].splitlines():
-            try:
-                out.append((instance, RequestRecord.from_json(json.loads(line))))
-            except (ValueError, RecordError, TypeError):
-                self.skipped += 1
-        return out, offset + end
 
 
 class CanaryController:

@@ -5,10 +5,11 @@ import time
 
 import pytest
 
-from warmup_tools.adapters import registry as adapters
-from warmup_tools.adapters.reconcile import Reconciler, plan_reconcile
-from warmup_tools.adapters.registry import ControlRegistry
-from warmup_tools.adapters.state import (
+from warmup_tools.common.errors import AdapterUnavailableError, ConfigError, UnknownAdapterError
+from warmup_tools.control import registry as adapters
+from warmup_tools.control.reconcile import Reconciler, plan_reconcile
+from warmup_tools.control.registry import ControlRegistry
+from warmup_tools.control.state import (
     TRANSITIONS,
     Action,
     AdapterLifecycle,
@@ -17,7 +18,6 @@ from warmup_tools.adapters.state import (
     AdapterStatus,
     LifecycleError,
 )
-from warmup_tools.common.errors import AdapterUnavailableError, ConfigError, UnknownAdapterError
 
 S = AdapterState
 

@@ -8,14 +8,13 @@ import random
 
 import pytest
 
-from tests.unit.adapters.test_plan_history import BY, plan_of
-from warmup_tools.adapters.canary import CanaryError, end_canary, start_canary
-from warmup_tools.adapters.plan_control import AdapterCoverage, PlanStatus, PlanStatusBoard, read_canary
-from warmup_tools.adapters.plan_history import PlanHistory, plan_digest, write_live_plan
+from tests.unit.control.test_plan_history import BY, plan_of
 from warmup_tools.common.jsonl import RotatingJsonLines
 from warmup_tools.common.records import RequestRecord
-from warmup_tools.sidecar.canary import CanaryController, RequestLogTail
-from warmup_tools.sidecar.canary_judge import (
+from warmup_tools.control.plan_control import AdapterCoverage, CanaryError, PlanStatus, PlanStatusBoard, read_canary
+from warmup_tools.control.plan_history import PlanHistory, plan_digest, write_live_plan
+from warmup_tools.sidecar.canary.controller import CanaryController
+from warmup_tools.sidecar.canary.judge import (
     MIN_P99_REQUESTS,
     Moments,
     WindowStats,
@@ -26,6 +25,8 @@ from warmup_tools.sidecar.canary_judge import (
     replica_evidence,
     rise_greater,
 )
+from warmup_tools.sidecar.canary.log_tail import RequestLogTail
+from warmup_tools.sidecar.canary.trial import end_canary, start_canary
 from warmup_tools.sidecar.config import SidecarConfig
 from warmup_tools.sidecar.endpoints import prometheus_text
 

@@ -1,7 +1,7 @@
 """The canary's judge: a plan on trial against the plan served now, compared tenant by tenant.
 
 Pure functions over what the request logs said, one :class:`WindowStats` per window of requests; the controller
-that reads the logs, starts and ends trials is :mod:`warmup_tools.sidecar.canary`.
+that reads the logs, starts and ends trials is :mod:`warmup_tools.sidecar.canary.controller`.
 
 **Two kinds of trial.** On one instance of a replica (the others serve ``plan.json``), the canary side is that
 instance's requests since the plan was applied and the rest the other instances' over the same time: Triton deals
@@ -448,7 +448,7 @@ def judge_replica(canary: WindowStats, rest: WindowStats, before: tuple[WindowSt
     # requests since the trial began only estimate the fleet's drift, and how little that estimate knows is in
     # the test's variance (with the pseudo-requests, a window of one request has a variance near its largest
     # and a mean pulled toward one half). Under no difference the rate of p < alpha per look stays below alpha
-    # however few requests the others have (tests/unit/sidecar/test_canary.py), so waiting for their fifth
+    # however few requests the others have (tests/unit/sidecar/canary/test_controller.py), so waiting for their fifth
     # request bought no safety and delayed the rollback of a bad plan by minutes at low traffic. Promotion still
     # needs canary_min_requests on each side.
     mine, theirs = Comparison.of(canary, before[0], settings), Comparison.of(rest, before[1], settings)

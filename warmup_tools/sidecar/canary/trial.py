@@ -1,13 +1,13 @@
 """A plan on trial: start it on a share of the instances, then promote it or roll it back.
 
-``canary.json`` (:class:`~warmup_tools.adapters.plan_control.CanaryAssignment`) names the plan on trial (stored
+``canary.json`` (:class:`~warmup_tools.control.plan_control.CanaryAssignment`) names the plan on trial (stored
 in the plan history, ``plans/<id>.json``) and the instances that serve it instead of ``plan.json``: one
 instance of a replica, or every instance of one replica. The other instances keep serving ``plan.json``.
-The verdict is the sidecar's (:mod:`warmup_tools.sidecar.canary`); these functions only change the files:
+The verdict is the controller's (:mod:`warmup_tools.sidecar.canary.controller`); these functions only change the files:
 
 - :func:`start_canary` stores the plan and writes ``canary.json`` (one trial at a time);
 - :func:`end_canary` with ``promote=True`` makes the plan the one every instance serves
-  (:func:`~warmup_tools.adapters.plan_history.write_live_plan`, recorded in the history), then removes
+  (:func:`~warmup_tools.control.plan_history.write_live_plan`, recorded in the history), then removes
   ``canary.json``; with ``promote=False`` it removes ``canary.json`` and the stored plan (unless the history names
   it), and the canary instances go back to ``plan.json`` (the plan they were tried against), re-pinning and
   re-warming it like any plan change.
@@ -22,20 +22,16 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from warmup_tools.adapters.plan_control import CANARY_FILE, PLAN_FILE, CanaryAssignment, read_canary
-from warmup_tools.adapters.plan_history import (
+from warmup_tools.common.files import write_atomic
+from warmup_tools.common.plan import Plan, PlanError
+from warmup_tools.control.plan_control import CANARY_FILE, PLAN_FILE, CanaryAssignment, CanaryError, read_canary
+from warmup_tools.control.plan_history import (
     HistoryEntry,
     PlanHistory,
     PlanHistorySettings,
     write_live_plan,
 )
-from warmup_tools.adapters.state import LifecycleError, validate_name
-from warmup_tools.common.files import write_atomic
-from warmup_tools.common.plan import Plan, PlanError
-
-
-class CanaryError(PlanError):
-    """A trial cannot start or end as asked (one is running already, or another one is)."""
+from warmup_tools.control.state import LifecycleError, validate_name
 
 
 def start_canary(control_dir: Path, plan: Plan, *, host: str, instances: Sequence[str] = (),

@@ -32,12 +32,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from warmup_tools.adapters.plan_control import HISTORY_DIR, PLAN_FILE, read_canary
 from warmup_tools.common.control_json import read_json_bounded
 from warmup_tools.common.errors import FileFormatError
 from warmup_tools.common.files import stat_key, write_atomic
 from warmup_tools.common.plan import Plan, PlanError
 from warmup_tools.common.settings import check_settings, setting
+from warmup_tools.control.plan_control import HISTORY_DIR, PLAN_FILE, read_canary
 
 HISTORY_FILE = "history.json"
 HISTORY_FORMAT = 1

@@ -8,16 +8,16 @@ import logging
 
 import pytest
 
-from warmup_tools.adapters.plan_control import (
+from warmup_tools.common.files import write_atomic
+from warmup_tools.common.plan import Plan, PlanError
+from warmup_tools.control.plan_control import (
     AdapterCoverage,
     LivePlan,
     PlanFileWatcher,
     PlanStatus,
     PlanStatusBoard,
 )
-from warmup_tools.adapters.plan_history import write_live_plan
-from warmup_tools.common.files import write_atomic
-from warmup_tools.common.plan import Plan, PlanError
+from warmup_tools.control.plan_history import write_live_plan
 
 BS = 16
 

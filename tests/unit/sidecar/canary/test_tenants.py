@@ -9,12 +9,12 @@ import random
 
 import pytest
 
-from tests.unit.adapters.test_plan_history import BY, plan_of
-from tests.unit.sidecar.test_canary import SETTINGS, FleetLogs, side, trial
-from warmup_tools.adapters.plan_control import read_canary
-from warmup_tools.adapters.plan_history import PlanHistory, plan_digest, write_live_plan
+from tests.unit.control.test_plan_history import BY, plan_of
+from tests.unit.sidecar.canary.test_controller import SETTINGS, FleetLogs, side, trial
 from warmup_tools.common.records import RequestRecord
-from warmup_tools.sidecar.canary_judge import (
+from warmup_tools.control.plan_control import read_canary
+from warmup_tools.control.plan_history import PlanHistory, plan_digest, write_live_plan
+from warmup_tools.sidecar.canary.judge import (
     MIN_P99_REQUESTS,
     Comparison,
     Moments,
@@ -138,7 +138,7 @@ def test_one_tenant_s_warm_flood_on_both_sides_cannot_save_a_bad_plan(tmp_path, 
     replica.serve("lm_0_1", cold=0, n=3000, tenant="acme")
     replica.serve("lm_0_0", cold=0, n=3000, tenant="acme")
     replica.now += 600
-    with caplog.at_level(logging.WARNING, logger="warmup_tools.sidecar.canary"):
+    with caplog.at_level(logging.WARNING, logger="warmup_tools.sidecar.canary.controller"):
         verdict = controller.tick()
     assert verdict.action == "rollback", verdict.reason
     assert read_canary(replica.control) is None and PlanHistory(replica.control).current().id == plan_digest(good)
@@ -322,7 +322,7 @@ def test_the_public_status_names_no_plan_and_no_tenant_while_the_log_names_both(
         replica.report("lm_0_1", bad.plan_id, "warming")
         controller.tick()
         replica.now += 1800
-        with caplog.at_level(logging.WARNING, logger="warmup_tools.sidecar.canary"):
+        with caplog.at_level(logging.WARNING, logger="warmup_tools.sidecar.canary.controller"):
             verdict = controller.tick()
         assert verdict.action == "rollback" and bad.plan_id not in verdict.reason
         assert controller.status()["verdicts"][0]["plan_id"] == bad.plan_id  # the operator's side keeps it
@@ -344,7 +344,7 @@ def test_the_public_status_names_no_plan_and_no_tenant_while_the_log_names_both(
         running = public()
         assert '"trial": {' in running and '"counted": {"both": {"requests": 12, "tenants": 3}}' in running
         replica.now += 600
-        with caplog.at_level(logging.INFO, logger="warmup_tools.sidecar.canary"):
+        with caplog.at_level(logging.INFO, logger="warmup_tools.sidecar.canary.controller"):
             assert controller.tick().action == "promote"
         assert f"canary: plan {new.plan_id} promoted" in caplog.text
         assert "tenants counted: globex 4, initech 4, umbrella 4" in caplog.text

@@ -7,8 +7,8 @@ import logging
 import threading
 from typing import Callable, Mapping
 
-from warmup_tools.adapters.registry import ControlRegistry
-from warmup_tools.adapters.state import (
+from warmup_tools.control.registry import ControlRegistry
+from warmup_tools.control.state import (
     Action,
     AdapterLifecycle,
     AdapterSpec,

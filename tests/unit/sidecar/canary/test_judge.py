@@ -1,5 +1,5 @@
 """The canary judge to the letter: what a window keeps, the bounds of each margin and test, the exact reasons
-and summaries an operator reads (warmup_tools/sidecar/canary_judge.py)."""
+and summaries an operator reads (warmup_tools/sidecar/canary/judge.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from tests.unit.sidecar.test_canary import SETTINGS
+from tests.unit.sidecar.canary.test_controller import SETTINGS
 from warmup_tools.common.records import RequestRecord
-from warmup_tools.sidecar import canary_judge
-from warmup_tools.sidecar.canary_judge import (
+from warmup_tools.sidecar.canary import judge as canary_judge
+from warmup_tools.sidecar.canary.judge import (
     MIN_P99_REQUESTS,
     Comparison,
     Moments,

@@ -6,8 +6,10 @@ import json
 
 import pytest
 
-from tests.unit.adapters.test_plan_control import make_plan
-from warmup_tools.adapters.plan_history import (
+from tests.unit.control.test_plan_control import make_plan
+from warmup_tools.common.errors import ConfigError
+from warmup_tools.common.plan import Plan
+from warmup_tools.control.plan_history import (
     HISTORY_DIR,
     HISTORY_FILE,
     PlanHistory,
@@ -18,8 +20,6 @@ from warmup_tools.adapters.plan_history import (
     plan_digest,
     write_live_plan,
 )
-from warmup_tools.common.errors import ConfigError
-from warmup_tools.common.plan import Plan
 from warmup_tools.ops.cli import main
 from warmup_tools.planning.live import rollback
 

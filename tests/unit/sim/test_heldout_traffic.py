@@ -6,28 +6,34 @@ import pytest
 
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.jsonl import read_json_lines
+from warmup_tools.sim.heldout_traffic import (
+    PREAMBLE_LEAD,
+    HeldOutConfig,
+    generate_heldout,
+    load_heldout_corpus,
+    write_heldout_logs,
+)
 from warmup_tools.sim.real_traffic import USER_LEAD, CorpusMissingError
-from warmup_tools.sim.real_traffic2 import PREAMBLE_LEAD, Real2Config, generate_real2, load_corpus2, write_real2_logs
 from warmup_tools.sim.traffic import DAY_SECONDS
 
 try:
-    CORPUS = load_corpus2()
+    CORPUS = load_heldout_corpus()
 except CorpusMissingError as exc:  # the packages of the realtext extra ship the text
     pytest.skip(str(exc), allow_module_level=True)
 
-SMALL = Real2Config(requests_per_day=1500)
+SMALL = HeldOutConfig(requests_per_day=1500)
 
 
 @pytest.fixture(scope="module")
 def days():
-    records = list(generate_real2(SMALL))
+    records = list(generate_heldout(SMALL))
     cut = SMALL.start + DAY_SECONDS
     return [r for r in records if r["ts"] < cut], [r for r in records if r["ts"] >= cut]
 
 
 def test_same_config_writes_identical_bytes(tmp_path):
-    first = write_real2_logs(SMALL, tmp_path / "a")
-    second = write_real2_logs(SMALL, tmp_path / "b")
+    first = write_heldout_logs(SMALL, tmp_path / "a")
+    second = write_heldout_logs(SMALL, tmp_path / "b")
     assert [p.read_bytes() for p in first] == [p.read_bytes() for p in second]
     assert len(list(read_json_lines(first[0]))) == 1500
 
@@ -61,4 +67,4 @@ def test_application_prompts_are_a_role_a_tenant_preamble_and_a_question(days):
                                      {"churn": 0.6}, {"max_user_words": 0}])
 def test_invalid_configs_are_rejected(changes):
     with pytest.raises(ConfigError):
-        Real2Config(**changes)
+        HeldOutConfig(**changes)

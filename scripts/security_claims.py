@@ -1,0 +1,362 @@
+"""The security claims and the tests that check them: one list, from which docs/security-claims.md is written.
+
+Each claim is one statement SECURITY.md makes in short, written out in full, with the test node ids that
+check it (``path::function``, or a whole test file). ``tests/unit/test_security_claims.py`` checks that every
+test named exists and that docs/security-claims.md is this script's output.
+
+    .venv/bin/python scripts/security_claims.py > docs/security-claims.md
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Claim:
+    text: str
+    tests: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Area:
+    title: str
+    #: the section of SECURITY.md that states these claims in short
+    section: str
+    claims: tuple[Claim, ...]
+
+
+_CONTROL = "tests/unit/common/test_control_json.py"
+_TRUST = "tests/unit/triton/test_trust.py"
+_TRUST_IT = "tests/integration/test_trust.py"
+_REQUESTS = "tests/unit/lora_adapter/test_requests.py"
+_FAULTS_IT = "tests/integration/test_engine_faults.py"
+_SCHED = "tests/unit/lora_adapter/test_scheduler_faults.py"
+_KV_SNAP = "tests/unit/kv/test_snapshot.py"
+_LORA_SNAP = "tests/unit/lora_adapter/test_snapshots.py"
+_REDIS = "tests/unit/caches/test_redis_tier.py"
+_DEPLOY = "tests/unit/test_deploy.py"
+_HEALTH = "tests/unit/sidecar/test_health.py"
+_FRONT_HTTP = "tests/unit/front/test_http.py"
+
+AREAS: tuple[Area, ...] = (
+    Area("Operators' files: the control folder", "threat-model", (
+        Claim("An instance reads at most 16 MiB and 4,096 items of `plan.json` and checks its format, content hash, "
+              "tenant and adapter names and token ids; an item outside the vocabulary or the context is left out, "
+              "never warmed, and counted in the instance's plan status.",
+              ("tests/unit/lora_adapter/test_live_plan.py::"
+               "test_plan_items_outside_the_vocabulary_or_the_context_are_left_out_and_counted",)),
+        Claim("A bad or oversized control file is refused with one log line and the instance keeps its plan.",
+              ("tests/unit/control/test_plan_control.py::"
+               "test_bad_and_oversized_files_are_refused_once_and_the_instance_keeps_its_plan",)),
+        Claim("Every JSON file of the control folder (`desired.json` at most 16 MiB, `plan.json`, the status files; "
+              "the sidecar reads at most 256 KiB per plan status file) is read up to its size cap and parsed by "
+              "`json.loads` in time linear in its size: no pattern scans the raw bytes, so one unclosed quote is one "
+              "more bad file.",
+              (f"{_CONTROL}::test_an_unterminated_string_is_refused_without_hanging_the_reader", _CONTROL)),
+        Claim("A file nested deeper than the parser's recursion limit is a bad file, never a `RecursionError`, and a "
+              "parsed one nested more than 32 deep is refused, each with an error naming the file and the cause; the "
+              "instance keeps polling and starts and converges once the files are fixed.",
+              (_CONTROL,
+               "tests/unit/control/test_registry.py::"
+               "test_a_deeply_nested_control_file_is_a_bad_file_and_the_instance_keeps_polling",
+               "tests/unit/lora_adapter/test_service.py::"
+               "test_an_instance_starts_and_converges_when_the_control_files_are_nested_100000_deep")),
+    )),
+    Area("The models' own warm-up samples", "threat-model", (
+        Claim("A model's warm-up samples may use the control input `warmup_plan` and name their tenant without a key "
+              "only while the model loads: each instance follows the run Triton makes of its samples before READY "
+              "(each sample in config order, `max(count, 1)` times, `batch_size` requests each, `batch_size` 0 "
+              "skipped); a request counts as a sample only if it is byte for byte the next one, and the first "
+              "request that is not, or the end of the run, closes that for good (`warmup_tools/triton/warmup.py`).",
+              ("tests/unit/triton/test_warmup.py::test_a_sample_is_honoured_exactly_as_often_as_triton_runs_it_at_load",
+               "tests/unit/triton/test_warmup.py::test_the_first_request_that_is_not_the_next_sample_closes_the_window")),
+        Claim("After load a byte-identical replay of a sample is an ordinary client request: `warmup_plan` in it gets "
+              "`INVALID_ARG`, and in trust mode its tenant needs a key.",
+              (f"{_TRUST_IT}::test_a_warm_up_sample_replayed_after_ready_is_an_ordinary_request",)),
+    )),
+    Area("Tenant isolation in the caches", "tenant-isolation-the-two-modes", (
+        Claim("The tokenizer and embedding caches key by tenant, in the local tier and in Redis: another tenant's "
+              "identical prompt is a miss.",
+              ("tests/unit/embedding_cache/test_service.py::test_the_embedding_cache_is_keyed_by_tenant_in_both_tiers",)),
+        Claim("Every KV block remembers its tenant; a match for another tenant is refused and counted "
+              "(`warmup_kv_cross_tenant_hits_total`), and the integration tests' server asserts the count stayed 0 "
+              "over the whole suite.",
+              ("tests/conftest.py::triton",)),
+        Claim("Semantic clusters are per tenant: a prompt joins only clusters its own tenant's prompts formed, and "
+              "`embedding_cache` outputs a keyed `cluster_id` per tenant, so a direct caller's `cluster_id` and "
+              "`similarity` are the same whether another tenant sent a similar prompt or not.",
+              ("tests/unit/embedding_cache/test_semantic.py::"
+               "test_tenant_b_s_prompt_similar_to_tenant_a_s_gets_no_signal_of_a",
+               "tests/unit/embedding_cache/test_service.py::"
+               "test_a_direct_caller_gets_no_signal_of_another_tenant_s_similar_prompt")),
+        Claim("Tenants share only the cluster table's capacity (`max_clusters`); once it is full a tenant below its "
+              "fair share gets a slot from one above it.",
+              ("tests/unit/embedding_cache/test_semantic.py::"
+               "test_a_full_cluster_table_gives_a_tenant_below_its_share_a_slot_of_one_above_it",)),
+        Claim("Public prefixes (`public_prefixes_file`) are hashed in a public scope; every block after one is in the "
+              "tenant's own scope, chained from the public one: another tenant reuses exactly the prefix's blocks "
+              "and none of the first tenant's own text.",
+              ("tests/unit/lora_adapter/test_engine.py",)),
+    )),
+    Area("Trust mode: tenant keys and tokens", "trust-mode", (
+        Claim("Each model re-reads the tenant keys file when its inode, size or mtime change, at most 1 MiB, parsed "
+              "once per change.",
+              (f"{_TRUST}::test_the_keys_file_is_parsed_once_per_change_and_bounded",)),
+        Claim("A forged, expired, wrong-audience or stale tenant token gets the same `INVALID_ARG` error, the MAC and "
+              "key version compared in constant time; a token expires after `tenant_token_ttl_s` and is only for "
+              "the models it names.",
+              (f"{_TRUST}::test_a_token_with_any_field_changed_is_refused_with_the_same_error",
+               f"{_TRUST}::test_a_token_expires_after_its_ttl",
+               f"{_TRUST}::test_a_token_is_only_for_the_models_it_names")),
+        Claim("Rotating a tenant's key or removing the tenant ends every token made before, without a restart, and "
+              "the new key works at once; against a real server, a token taken from `tokenizer_cache` stops "
+              "working at `embedding_cache` and `lora_adapter`.",
+              (f"{_TRUST}::test_rotating_a_key_or_removing_a_tenant_ends_its_tokens_without_a_restart",
+               f"{_TRUST_IT}::test_a_token_stops_working_once_its_tenant_s_key_is_rotated")),
+        Claim("Each keys-file entry is exactly `sha256:<64 hex digits>`; any other is refused with a message naming "
+              "the tenant.",
+              ("tests/unit/triton/test_trust_contract.py::"
+               "test_read_key_hashes_refuses_a_malformed_entry_with_a_message_naming_the_tenant",)),
+        Claim("No `tenant_key` (absent or empty) proves a tenant, even one whose stored hash is the empty key's.",
+              ("tests/unit/triton/test_trust_contract.py::"
+               "test_a_missing_or_empty_key_proves_no_tenant_even_against_the_empty_key_s_hash",)),
+        Claim("Against a real tritonserver, tenant B with its own key probing 50 of tenant A's prompts gets "
+              "`cached_tokens == 0` on every probe, like 50 never-seen prompts.",
+              (f"{_TRUST_IT}::test_another_tenant_learns_nothing_from_the_kv_cache",)),
+        Claim("Claiming a tenant without its key, with another tenant's key, or calling a later step with a forged "
+              "or missing token is refused.",
+              (f"{_TRUST_IT}::test_a_tenant_cannot_be_claimed_without_its_key", _TRUST)),
+        Claim("In open mode a client cannot name the sidecar's probe tenant: the sidecar proves it with a per-start "
+              "random probe secret it hands to the tritonserver it starts, and a client sending "
+              "`tenant_id=warmup-sidecar-probe` gets `INVALID_ARG` at every model.",
+              (f"{_TRUST}::test_in_open_mode_a_client_cannot_name_the_probe_tenant",
+               f"{_HEALTH}::test_in_open_mode_probes_prove_the_probe_tenant_with_the_per_start_secret",
+               "tests/integration/test_sidecar.py::test_a_killed_lora_adapter_stub_is_reloaded_and_serves_warm_again")),
+        Claim("In trust mode the sidecar's probes carry the probe tenant's key and a fresh token signed for the "
+              "later steps before every probe.",
+              (f"{_HEALTH}::test_in_trust_mode_probes_carry_the_probe_tenant_s_key_and_a_fresh_signed_token",)),
+    )),
+    Area("Inputs a client controls", "bounds-on-inputs", (
+        Claim("Text is at most 256 KiB, checked before it is decoded, in every model, `lora_adapter`'s optional "
+              "`text_input` included (one source, `MAX_TEXT_BYTES`); through the server a 2 MiB `text_input` sent "
+              "straight to `lora_adapter` is refused with that message.",
+              (f"{_REQUESTS}::test_text_input_is_bounded_before_it_is_decoded_like_every_models_prompt_text",
+               f"{_FAULTS_IT}::test_a_2_mib_text_input_straight_to_lora_adapter_is_refused")),
+        Claim("`temperature` is 0 or 0.01 to 100 (`MIN_TEMPERATURE`: a float32 division survives it with a margin of "
+              "10^36); through the server, 16 concurrent requests with temperature 1e-40 are each refused "
+              "(INVALID_ARG, HTTP 400 through `ensemble`) and an ordinary request is served after them, through "
+              "`ensemble` and straight to `lora_adapter`.",
+              (f"{_REQUESTS}::test_temperature_must_be_0_or_at_least_the_minimum_a_float32_division_survives",
+               f"{_FAULTS_IT}::"
+               "test_concurrent_denormal_temperatures_through_the_ensemble_get_invalid_arg_then_a_request_is_served",
+               f"{_FAULTS_IT}::"
+               "test_concurrent_denormal_temperatures_straight_to_lora_adapter_are_refused_then_a_request_is_served")),
+        Claim("A `top_p` below float32's smallest value still keeps the best token.",
+              ("tests/unit/lora_adapter/test_sampling.py::"
+               "test_a_top_p_below_float32s_smallest_value_still_keeps_the_best_token",)),
+    )),
+    Area("One sequence's failure ends only that sequence", "bounds-on-inputs", (
+        Claim("Whatever raises while the scheduler admits, stores, samples or sends one sequence ends it with one "
+              "final error (INVALID_ARG where the request caused it, INTERNAL without the exception text for a "
+              "fault of the server), frees its batch slot and KV memory, and the other sequences go on.",
+              (f"{_SCHED}::test_a_denormal_temperature_ends_only_its_sequences_with_invalid_arg_and_frees_their_slots",
+               f"{_SCHED}::test_an_exception_while_sampling_one_sequence_ends_it_with_internal_and_the_batch_goes_on")),
+        Claim("A batched forward that fails is run again row by row, so only the rows that fail alone end.",
+              (f"{_SCHED}::test_a_failed_batched_forward_is_retried_row_by_row_so_only_the_failing_row_ends",
+               f"{_SCHED}::test_a_forward_that_always_fails_ends_every_sequence_with_one_error")),
+        Claim("A step that fails outside any one sequence ends the sequences it held and the instance serves on.",
+              (f"{_SCHED}::test_a_step_that_raises_outside_any_sequence_ends_what_it_held_and_the_thread_serves_on",)),
+        Claim("A step that changes nothing makes the scheduler thread wait on its condition instead of spinning.",
+              (f"{_SCHED}::test_a_step_that_changes_nothing_is_idle_and_the_thread_blocks_instead_of_spinning",)),
+        Claim("A live request never waits for a warm-up prompt computing the same prefix.",
+              (f"{_SCHED}::test_a_live_request_does_not_wait_for_a_warm_prompt_computing_its_prefix",)),
+        Claim("A hypothesis fuzz of sampling and request parameters (denormal, infinite, NaN and huge temperatures "
+              "and `top_p`, `top_k`, seeds, `max_tokens`, empty, oversize and out-of-vocabulary prompts, "
+              "cancellations, tiny KV budgets): every request gets exactly one final response and no slot, KV byte "
+              "or cache block is held afterwards.",
+              (f"{_SCHED}::test_fuzz_every_request_gets_exactly_one_final_response_and_nothing_is_held_after",)),
+    )),
+    Area("Bounded memory", "bounds-on-inputs", (
+        Claim("A pin is bound to its plan: a warm-up store for a plan other than the current one caches its blocks "
+              "unpinned, is counted (`stale_plan_blocks`), and never moves the cache back to that plan or unpins "
+              "the current plan's blocks; plan coverage counts blocks pinned under the plan.",
+              ("tests/unit/kv/test_plan_pins.py::"
+               "test_a_store_for_an_older_plan_after_a_plan_change_keeps_the_current_plan_s_pins",
+               "tests/unit/lora_adapter/test_live_plan.py::"
+               "test_a_sample_in_flight_during_a_live_plan_change_leaves_the_new_plan_pinned_and_covered")),
+        Claim("The soak benchmark's judgements (flat RSS, open files and threads after the first 5 minutes, no "
+              "request lost outside the recovery windows, every bad request with its error class) are "
+              "unit-tested; the figures are in docs/soak.md.",
+              ("tests/unit/sim/test_soak.py",)),
+    )),
+    Area("Files and KV snapshots", "secrets-and-their-files", (
+        Claim("Every file written atomically (plans, stanza data files, `desired.json`, the status files, the "
+              "semantic index) is 0600 whatever the umask, also when it replaces a world-readable file; only a "
+              "model's `config.pbtxt` keeps the bits it had.",
+              ("tests/unit/common/test_files.py",)),
+        Claim("A snapshot's sizes are bounded, its payload is safetensors (never pickle), and the manifest's and the "
+              "payload's SHA-256 must match.",
+              (f"{_KV_SNAP}::test_truncated_payload_flipped_byte_and_missing_payload_are_refused",
+               f"{_KV_SNAP}::test_bad_json_flipped_manifest_byte_and_foreign_versions_are_refused")),
+        Claim("A key the snapshot format does not name, anywhere in the manifest, refuses the snapshot "
+              "(`unknown_key`).",
+              (f"{_KV_SNAP}::test_a_manifest_key_the_format_does_not_name_is_refused_not_ignored",)),
+        Claim("Every value of every block is finite, checked over the whole payload: a NaN or infinite value "
+              "refuses the snapshot (`not_finite`) whichever blocks the recompute draws.",
+              (f"{_KV_SNAP}::test_a_block_holding_nan_or_infinite_kv_is_refused_with_its_digests_consistent",
+               f"{_KV_SNAP}::test_int8_scales_that_are_not_finite_are_refused",
+               f"{_LORA_SNAP}::test_a_nan_block_is_never_restored_whichever_blocks_the_sample_checks")),
+        Claim("Each block's payload digest is bound to its block hash: a payload moved to another block with its "
+              "digest is refused.",
+              (f"{_KV_SNAP}::test_a_payload_swapped_between_two_blocks_with_its_digest_is_refused",)),
+        Claim("Block hashes are re-derived from the token ids in the reading instance's scope (tenant, adapter "
+              "fingerprint, salt); the manifest carries a fingerprint of the cache salt, never the salt, and a "
+              "snapshot of another model, tokenizer, dtype, storage, block size or deployment is refused.",
+              (f"{_KV_SNAP}::test_consistently_rewritten_tokens_fail_the_hash_rederivation",
+               f"{_KV_SNAP}::test_a_snapshot_of_another_model_tokenizer_dtype_storage_block_size_or_salt_is_refused")),
+        Claim("`snapshot_verify_share` of the blocks (at least one, with its ancestors) are recomputed and compared, "
+              "drawn from `random.SystemRandom`, never seeded by anything in the files.",
+              (f"{_LORA_SNAP}::test_the_verification_sample_is_drawn_by_the_reader_not_seeded_by_the_manifest",
+               f"{_LORA_SNAP}::test_a_snapshot_rewritten_with_other_weights_is_rejected_by_recomputation")),
+        Claim("In trust mode every manifest carries an HMAC-SHA256 under a key derived from the deployment secret; a "
+              "manifest without it, with a wrong one or changed after signing is refused (`mac`), and an open-mode "
+              "instance refuses a signed one.",
+              (f"{_KV_SNAP}::test_trust_mode_manifests_carry_a_mac_that_a_writer_without_the_key_cannot_make",
+               f"{_LORA_SNAP}::"
+               "test_trust_mode_snapshots_are_signed_and_a_manifest_without_the_deployment_s_mac_is_refused")),
+        Claim("A shared tier in open mode without `control_dir` (where `deployment.salt` keys its Redis keys and "
+              "MACs) is refused at load.",
+              ("tests/unit/triton/test_shared_tier_keys.py",)),
+    )),
+    Area("The shared tier (Redis) slow, down or under a synchronized expiry", "bounds-on-inputs", (
+        Claim("Every call ends within `redis_timeout_ms`: a Redis that accepts connections but never answers gives a "
+              "miss, not a hang, and the circuit then skips Redis until `redis_retry_after_s`; an outage costs no "
+              "request and ends by itself.",
+              (f"{_REDIS}::test_a_stopped_redis_never_hangs_a_call",
+               f"{_REDIS}::test_outage_degrades_to_local_and_compute_then_recovers",
+               f"{_REDIS}::test_starts_with_redis_down")),
+        Claim("One instance holds at most `redis_max_connections` connections; a call that finds none free within "
+              "`redis_pool_timeout_ms` is a miss and leaves the circuit closed.",
+              (f"{_REDIS}::test_pool_is_bounded_and_a_full_pool_is_a_miss",
+               f"{_REDIS}::test_many_threads_share_at_most_max_connections")),
+        Claim("A warm-up's keys expiring at once are recomputed once per key, not once per instance (48 keys, 8 "
+              "instances asking at the same moment: 48 computations).",
+              (f"{_REDIS}::test_a_warm_up_expiring_at_once_is_recomputed_once_per_key",)),
+        Claim("`redis_ttl_jitter` spreads the expiry of keys written together over `ttl_s * (1 +- jitter)`, no 1% "
+              "slice of the TTL holding more than an eighth of them.",
+              (f"{_REDIS}::test_ttl_jitter_spreads_the_expiry_of_a_warm_up",)),
+        Claim("A dead lock holder, or anyone with write access to Redis holding a key's lock, delays a request by at "
+              "most `redis_lock_wait_ms`; a holder whose lock expired never frees another's lock, and a failed "
+              "computation releases its lock.",
+              (f"{_REDIS}::test_a_dead_lock_holder_delays_a_request_by_lock_wait_ms_at_most",
+               f"{_REDIS}::test_a_lock_that_expired_is_never_released_by_its_old_holder",
+               f"{_REDIS}::test_a_failed_compute_releases_the_lock")),
+    )),
+    Area("The sidecar", "ports-what-each-part-listens-on-and-who-may-reach-it", (
+        Claim("The sidecar's `/status`, `/metrics` and `/ready` name no plan id (a canary verdict's reason names "
+              "none, and a plan id inside an error's text is written `<plan>`) and no tenant; the log names both.",
+              ("tests/unit/sidecar/test_monitor.py::test_no_public_endpoint_names_a_plan_id",
+               "tests/unit/sidecar/canary/test_tenants.py::"
+               "test_the_public_status_names_no_plan_and_no_tenant_while_the_log_names_both")),
+        Claim("One tenant's traffic is bounded in what it decides for the canary: tenant by tenant, only tenants "
+              "seen in both windows, none weighed above the third busiest, so neither a flood of warm requests "
+              "saves a bad plan nor a few cold ones roll back a good one.",
+              ("tests/unit/sidecar/canary/test_tenants.py",)),
+        Claim("The sidecar's HTTP server serves a fixed pool of connections with a deadline on every read and write: "
+              "40 half-sent requests hold no thread more, are closed at their deadline, and `/live` is answered "
+              "meanwhile.",
+              ("tests/unit/sidecar/test_monitor.py::"
+               "test_half_sent_requests_hold_no_more_threads_than_the_pool_and_are_dropped_at_their_deadline",)),
+        Claim("The sidecar reloads a model whose Python backend stub exited or was stopped, once per dead stub; when "
+              "it is a decoupled model's (lora_adapter) it restarts tritonserver (`on_stub_death` `restart`), so a "
+              "stream in flight ends with an error instead of waiting for the client's deadline.",
+              ("tests/unit/sidecar/test_stubs.py", "tests/unit/sidecar/test_stub_death.py",
+               "tests/integration/test_sidecar.py::"
+               "test_a_stream_in_flight_on_a_killed_lora_adapter_stub_ends_with_an_error_instead_of_waiting_for_its_deadline")),
+        Claim("A replica name, set or the host's, is one safe path component (never `.`, `..` or a `/`), checked "
+              "where it enters; what a replica gone for `stale_writer_prune_s` left on the shared volumes is "
+              "removed by the sidecars, never a live replica's.",
+              ("tests/unit/common/test_names.py", "tests/unit/sidecar/test_prune.py")),
+    )),
+    Area("The OpenAI front", "ports-what-each-part-listens-on-and-who-may-reach-it", (
+        Claim("In trust mode a request's `Authorization: Bearer <key>` names its tenant (SHA-256 compared with every "
+              "hash of the keys file in constant time); a missing, malformed, oversized or wrong key gets one and "
+              "the same 401, and neither `X-Tenant-Id` nor `user` can choose a tenant.",
+              ("tests/unit/front/test_auth.py",
+               f"{_TRUST_IT}::test_the_openai_front_takes_the_tenant_from_the_bearer_key")),
+        Claim("A failure on the server's side (503, 504, 500) is answered with a fixed message: tritonserver's own "
+              "text, and the sidecar's reason for not ready, go to the front's log only.",
+              ("tests/unit/front/test_errors.py::test_tritonservers_text_of_a_failure_on_its_side_does_not_reach_the_client",
+               "tests/unit/front/engine/test_triton_engine.py", "tests/unit/front/engine/test_protocol.py")),
+        Claim("A request head that never ends is answered 408 and its connection closed (`head_timeout_s`).",
+              (f"{_FRONT_HTTP}::test_a_head_that_never_ends_is_answered_408_and_its_connection_closed",)),
+        Claim("Connections beyond `max_connections` are answered 503 at once, and those within keep working.",
+              (f"{_FRONT_HTTP}::test_connections_beyond_the_bound_are_answered_503_at_once_and_those_within_keep_working",)),
+        Claim("48 kinds of bad request sent to a front over a real tritonserver each get a clear error, and the front "
+              "serves afterwards.",
+              ("tests/integration/test_front.py::test_bad_requests_get_clear_errors_and_the_front_serves_after_them",)),
+        Claim("In trust mode the front's `/health` and `/metrics` name no adapter to a caller without a tenant key.",
+              ("tests/unit/front/routers/test_models.py::"
+               "test_in_trust_mode_health_and_metrics_name_no_adapter_to_a_caller_without_a_key",)),
+    )),
+    Area("The shipped deployment", "ports-what-each-part-listens-on-and-who-may-reach-it", (
+        Claim("The router's worker API is not reachable from outside: compose publishes the nginx gateway, which "
+              "passes `/v1/` only; Kubernetes exposes the router through an Ingress for `/v1` only, with a "
+              "NetworkPolicy on the router pods.",
+              (f"{_DEPLOY}::test_the_routers_worker_api_is_not_reachable_from_outside",)),
+        Claim("Against a real smg in trust mode, the worker API refuses a caller without the control-plane key.",
+              ("tests/unit/fleet/test_router.py::test_in_trust_mode_the_worker_api_refuses_a_caller_without_the_control_key",)),
+        Claim("compose, Kubernetes and `warmup_tools fleet --secrets-dir` take the trust-mode file names and "
+              "variables from one definition (`warmup_tools/common/deployment.py`) and the router's command line "
+              "from one function (`fleet/router.py::smg_argv`).",
+              (f"{_DEPLOY}::test_the_shipped_fleets_run_trust_mode_from_one_definition_of_the_secrets",
+               f"{_DEPLOY}::test_the_routers_of_compose_and_kubernetes_run_the_local_fleets_command_line")),
+        Claim("A fleet started as compose starts it routes a tenant's request with its key and serves it warm, "
+              "answers 401 to a wrong key, refuses an anonymous or tenant-keyed `POST`, `GET` and "
+              "`DELETE /workers`, and takes requests on a replica killed and started again.",
+              ("tests/integration/test_fleet_trust.py",)),
+        Claim("compose runs trust mode with secrets a one-shot service generates once (0700 folder, 0600 files); no "
+              "password is in the shipped files and none has a default; only the inference ports are published "
+              "beyond the loopback, and every long-running service restarts unless stopped.",
+              (f"{_DEPLOY}::test_compose_runs_the_sidecar_in_trust_mode_with_generated_secrets",
+               f"{_DEPLOY}::test_no_default_password_anywhere_in_the_shipped_files",
+               f"{_DEPLOY}::test_compose_publishes_only_the_inference_ports_beyond_the_loopback_and_restarts_what_exits",
+               f"{_DEPLOY}::test_deploy_secrets_makes_owner_only_files_once_and_every_deployment_its_own")),
+        Claim("`deploy/k8s/` runs trust mode from the Secret `triton-warmup-trust` (0400, read-only; the pod does not "
+              "start without it), takes the Redis URL only from a Secret, and its Service exposes inference only; "
+              "the image defaults to trust mode (without the files its models refuse to load).",
+              (f"{_DEPLOY}::test_the_pod_runs_trust_mode_from_a_secret_and_the_service_exposes_inference_only",
+               f"{_DEPLOY}::test_the_image_defaults_to_trust_mode")),
+        Claim("compose and Kubernetes run the replicas under stable names (compose `hostname`, a StatefulSet) with "
+              "one sidecar command.",
+              (f"{_DEPLOY}::test_the_replicas_of_compose_and_kubernetes_run_one_sidecar_command_under_stable_names",)),
+    )),
+)
+
+
+def markdown() -> str:
+    claims = [claim for area in AREAS for claim in area.claims]
+    tests = {test for claim in claims for test in claim.tests}
+    lines = [
+        "# Security claims and their tests",
+        "",
+        "<!-- Generated by `python scripts/security_claims.py > docs/security-claims.md`; edit the script, not this"
+        " file. -->",
+        "",
+        f"What [SECURITY.md](../SECURITY.md) states in short, written out claim by claim, each with the tests that "
+        f"check it: {len(claims)} claims, {len(tests)} tests. A test is `path::function` (a parametrized test "
+        "counts once) or a whole test file. `tests/unit/test_security_claims.py` checks that every test named here "
+        "exists and that this page is the script's output.",
+    ]
+    for area in AREAS:
+        lines += ["", f"## {area.title}", "", f"Stated in short in [SECURITY.md](../SECURITY.md#{area.section}).", ""]
+        for claim in area.claims:
+            lines.append(f"- {claim.text}")
+            lines += [f"  - `{test}`" for test in claim.tests]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown())

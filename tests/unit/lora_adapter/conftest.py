@@ -1,4 +1,5 @@
-"""The scheduler tests' engines over the demo LM (float32): one with a KV prefix cache, one without."""
+"""The scheduler tests' engine over the demo LM (float32) with a KV prefix cache, the reference it is checked
+against, and ways to serve a request through the scheduler."""
 
 from __future__ import annotations
 
@@ -21,10 +22,13 @@ def engine(demo_assets):
     return demo_engine(demo_assets, 64 << 20)
 
 
-@pytest.fixture(scope="module")
-def plain(demo_assets):
-    """The same model without a cache, serving one request at a time: what each request must produce."""
-    return demo_engine(demo_assets, 0)
+@pytest.fixture(scope="session")
+def reference(demo_assets):
+    """What each request must produce: the demo LM and adapters through plain Hugging Face and peft, one
+    request alone (tests/reference.py): ``reference.generate(request)`` is its ``(tokens, text)``."""
+    from tests.reference import HfReference
+
+    return HfReference(demo_assets.lm_dir, demo_assets.adapter_root)
 
 
 @pytest.fixture()
@@ -76,6 +80,20 @@ class CollectingSink:
         if self.errors:
             raise self.errors[0]
         return self.steps
+
+
+def serve(engine, request, config=None):
+    """Serve one request through a scheduler of its own, stepped on this thread until it ends: its steps
+    (the request's error, if it has one, is raised)."""
+    from warmup_tools.lora_adapter.scheduler import Scheduler
+    from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING
+
+    scheduler = Scheduler(engine, config or DEFAULT_BATCHING)
+    sink = CollectingSink()
+    scheduler.submit(request, sink)
+    while scheduler.has_work():
+        scheduler.step()
+    return sink.wait(0)
 
 
 def serve_and_wait(service, request):

@@ -18,17 +18,6 @@ from warmup_tools.lora_adapter.settings import EngineConfig, SchedulerConfig
 ADAPTERS = (None, "support", "legal", "sql")
 
 
-@pytest.fixture(scope="module")
-def reference(plain):
-    """Each request's tokens and text served alone without a cache."""
-
-    def generate(req):
-        steps = list(plain.generate(req))
-        return [s.token_id for s in steps], "".join(s.text for s in steps)
-
-    return generate
-
-
 @dataclasses.dataclass
 class RecordingSink:
     steps: list = dataclasses.field(default_factory=list)
@@ -87,7 +76,7 @@ def test_batched_greedy_output_equals_each_request_alone(fresh_cache, reference)
     reports = drain(scheduler)
     for req, sink in zip(requests, sinks):
         assert not sink.errors
-        assert (sink.tokens, sink.text) == reference(req)
+        assert (sink.tokens, sink.text) == reference.generate(req)
         assert sink.steps[-1].finished and sink.steps[-1].output_tokens == len(sink.steps) == 12
     # Every step stayed in the token budget, and the long prompts were prefilled in chunks while
     # the short ones were already decoding.
@@ -115,7 +104,7 @@ def test_seeded_sampling_in_a_batch_is_reproducible(fresh_cache, reference):
     scheduler.submit(sampled, sinks[0])
     scheduler.submit(mixed_requests(engine)[1], sinks[1])
     drain(scheduler)
-    assert sinks[0].tokens == reference(sampled)[0]
+    assert sinks[0].tokens == reference.generate(sampled).tokens
 
 
 def test_prefix_cache_cached_tokens_are_exact_and_a_shared_prefix_is_computed_once(fresh_cache, reference):
@@ -130,7 +119,7 @@ def test_prefix_cache_cached_tokens_are_exact_and_a_shared_prefix_is_computed_on
     common = next(i for i, (a, b) in enumerate(zip(first.prompt_ids, second.prompt_ids)) if a != b)
     assert sinks[0].steps[0].cached_tokens == 0
     assert sinks[1].steps[0].cached_tokens == common // 16 * 16 > 0
-    assert [s.tokens for s in sinks] == [reference(first)[0], reference(second)[0]]
+    assert [s.tokens for s in sinks] == [reference.generate(first).tokens, reference.generate(second).tokens]
 
 
 def test_preemption_under_a_tiny_budget_leaves_outputs_unchanged_and_raises_no_error(fresh_cache, reference):
@@ -147,7 +136,7 @@ def test_preemption_under_a_tiny_budget_leaves_outputs_unchanged_and_raises_no_e
     assert scheduler.stats.preemptions > 0
     for req, sink in zip(requests, sinks):
         assert not sink.errors
-        assert sink.tokens == reference(req)[0]
+        assert sink.tokens == reference.generate(req).tokens
     assert engine.prefix_cache.stats.running_bytes == 0
     cache = engine.prefix_cache
     assert cache.stats.bytes_used <= cache.budget_bytes
@@ -236,7 +225,7 @@ def test_warm_up_stays_out_of_live_prefills_and_takes_small_chunks_while_live_tr
         assert report.warm_tokens <= chunk  # live traffic is recent (the clock never moved)
     assert any(r.live_tokens == budget for r in reports)
     assert any(r.live_tokens == 1 and r.warm_tokens == chunk for r in reports)
-    assert sink.tokens == reference(live)[0]
+    assert sink.tokens == reference.generate(live).tokens
     # The warm prompt's blocks are cached and pinned under the plan: a live request for it hits them.
     assert engine.prefix_cache.active_plan == "plan-w" and engine.prefix_cache.stats.pinned_bytes > 0
     again = RecordingSink()
@@ -284,7 +273,7 @@ def test_warm_up_gives_its_memory_way_to_live_sequences(fresh_cache, reference):
     scheduler.submit(live, sink)
     done = scheduler.submit_warm("sql", warm_ids)
     drain(scheduler, limit=5000)
-    assert not sink.errors and sink.tokens == reference(live)[0]
+    assert not sink.errors and sink.tokens == reference.generate(live).tokens
     assert scheduler.stats.warm_restarts > 0  # the warm prompt gave its KV up...
     assert scheduler.stats.preemptions == 0  # ...and no live sequence was preempted for it
     assert done.result(timeout=0) > 0

@@ -29,11 +29,6 @@ from warmup_tools.lora_adapter.settings import SchedulerConfig
 OUTCOME_TIMEOUT_S = 120
 
 
-@pytest.fixture(scope="module")
-def reference(plain):
-    return lambda req: [s.token_id for s in plain.generate(req)]
-
-
 def assert_nothing_held(scheduler, engine):
     """No slot, queue entry, single-flight claim, reserved KV byte or held cache block is left."""
     assert not scheduler.has_work()
@@ -67,7 +62,7 @@ def test_a_denormal_temperature_ends_only_its_sequences_with_invalid_arg_and_fre
         assert not sink.steps and len(sink.errors) == 1
         assert isinstance(sink.errors[0], InvalidInputError) and sink.errors[0].code == "INVALID_ARG"
         assert "temperature" in str(sink.errors[0]) and "1e-40" not in str(sink.errors[0])
-    assert not served.errors and served.tokens == reference(good)
+    assert not served.errors and served.tokens == reference.generate(good).tokens
     assert_nothing_held(scheduler, engine)
 
 
@@ -91,7 +86,7 @@ def test_an_exception_while_sampling_one_sequence_ends_it_with_internal_and_the_
     drain(scheduler)
     assert len(sinks[1].errors) == 1 and not isinstance(sinks[1].errors[0], RequestError)  # INTERNAL
     for index in (0, 2):
-        assert not sinks[index].errors and sinks[index].tokens == reference(requests[index])
+        assert not sinks[index].errors and sinks[index].tokens == reference.generate(requests[index]).tokens
     assert_nothing_held(scheduler, engine)
 
 
@@ -119,7 +114,7 @@ def test_a_failed_batched_forward_is_retried_row_by_row_so_only_the_failing_row_
         if req.adapter == "sql":
             assert not sink.steps and len(sink.errors) == 1 and not isinstance(sink.errors[0], RequestError)
         else:
-            assert not sink.errors and sink.tokens == reference(req)
+            assert not sink.errors and sink.tokens == reference.generate(req).tokens
     assert_nothing_held(scheduler, engine)
 
 
@@ -154,7 +149,7 @@ def test_a_live_request_does_not_wait_for_a_warm_prompt_computing_its_prefix(fre
     sink = RecordingSink()
     scheduler.submit(live, sink)
     drain(scheduler)  # NOTE: before, each waited for the other and every step was empty, forever
-    assert not sink.errors and sink.tokens == reference(live)
+    assert not sink.errors and sink.tokens == reference.generate(live).tokens
     assert done.result(timeout=0) > 0
     assert_nothing_held(scheduler, engine)
 
@@ -224,7 +219,7 @@ def test_through_the_thread_sixteen_denormal_requests_end_with_errors_then_an_or
         served = EventSink()
         scheduler.submit(good, served)
         assert served.final.wait(OUTCOME_TIMEOUT_S)
-        assert not served.errors and served.tokens == reference(good)
+        assert not served.errors and served.tokens == reference.generate(good).tokens
         # The thread goes back to waiting with nothing held (a wait with no work: not spinning on a sequence).
         while True:
             steps, busy = seen.get(timeout=OUTCOME_TIMEOUT_S)
@@ -260,7 +255,7 @@ def test_a_step_that_raises_outside_any_sequence_ends_what_it_held_and_the_threa
         served = EventSink()
         scheduler.submit(later, served)
         assert served.final.wait(OUTCOME_TIMEOUT_S)
-        assert not served.errors and served.tokens == reference(later)
+        assert not served.errors and served.tokens == reference.generate(later).tokens
     finally:
         scheduler.stop()
     assert engine.prefix_cache.stats.running_bytes == 0

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from tests.unit.lora_adapter.conftest import CollectingSink, serve_and_wait, start_service
@@ -25,16 +23,18 @@ def engine(demo_assets):
                                    num_threads=1))
 
 
-def greedy(service_or_engine, ids, adapter):
-    """Greedy tokens and cached tokens: served through a service (its scheduler), or the reference engine."""
-    req = GenerateRequest(tuple(ids), adapter, "default", False, SamplingParams(max_tokens=8))
-    steps = (serve_and_wait(service_or_engine, req) if isinstance(service_or_engine, LoraService)
-             else list(service_or_engine.generate(req)))
+def greedy_request(ids, adapter):
+    return GenerateRequest(tuple(ids), adapter, "default", False, SamplingParams(max_tokens=8))
+
+
+def greedy(service, ids, adapter):
+    """Greedy tokens and cached tokens, served through the service (its scheduler)."""
+    steps = serve_and_wait(service, greedy_request(ids, adapter))
     return [s.token_id for s in steps], steps[-1].cached_tokens
 
 
 @pytest.mark.parametrize("budget", [64, 256])  # 256: more than the prompt, so one step
-def test_an_added_adapter_is_warmed_in_steps_and_its_prompts_are_then_cached(engine, tmp_path, budget):
+def test_an_added_adapter_is_warmed_in_steps_and_its_prompts_are_then_cached(engine, reference, tmp_path, budget):
     prompt = SYSTEM_PROMPTS["sql"] + f"User: list the tables (budget {budget})\nAssistant:"
     ids = engine.encode(prompt)
     assert 64 < len(ids) <= 256
@@ -56,15 +56,10 @@ def test_an_added_adapter_is_warmed_in_steps_and_its_prompts_are_then_cached(eng
         registry.wait_until("sql", AdapterState.RETIRED, instances=1, timeout_s=60)
         service.close()
     # The KV built chunk by chunk gives the output a cold prefill gives.
-    assert tokens == reference_tokens(engine.config, ids)
+    assert tokens == reference.generate(greedy_request(ids, "sql")).tokens
 
 
-def reference_tokens(config, ids):
-    plain = LoraEngine(dataclasses.replace(config, adapters=("sql",), kv=KVCacheConfig(budget_bytes=0)))
-    return greedy(plain, ids, "sql")[0]
-
-
-def test_with_the_scheduler_an_added_adapter_loads_and_warms_inside_it(engine, tmp_path):
+def test_with_the_scheduler_an_added_adapter_loads_and_warms_inside_it(engine, reference, tmp_path):
     from warmup_tools.lora_adapter.scheduler import Scheduler
 
     prompt = SYSTEM_PROMPTS["sql"] + "User: list the tables (scheduled)\nAssistant:"
@@ -79,7 +74,7 @@ def test_with_the_scheduler_an_added_adapter_loads_and_warms_inside_it(engine, t
         registry.wait_until("sql", AdapterState.LIVE, instances=1, timeout_s=120)
         assert "warmed 1 prompts" in service.lifecycle.snapshot()["sql"].detail
         sink = CollectingSink()
-        service.serve(GenerateRequest(tuple(ids), "sql", "default", False, SamplingParams(max_tokens=8)), sink)
+        service.serve(greedy_request(ids, "sql"), sink)
         assert sink.done.wait(120)
         assert sink.steps[0].cached_tokens == (len(ids) - 1) // 16 * 16 > 0
     finally:
@@ -87,7 +82,7 @@ def test_with_the_scheduler_an_added_adapter_loads_and_warms_inside_it(engine, t
         registry.wait_until("sql", AdapterState.RETIRED, instances=1, timeout_s=60)
         service.close()
     assert not engine.has_adapter("sql")  # unloaded on the scheduler's thread
-    assert [s.token_id for s in sink.steps] == reference_tokens(engine.config, ids)
+    assert [s.token_id for s in sink.steps] == reference.generate(greedy_request(ids, "sql")).tokens
 
 
 def test_an_instance_starts_and_converges_when_the_control_files_are_nested_100000_deep(engine, tmp_path):

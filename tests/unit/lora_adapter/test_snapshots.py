@@ -13,6 +13,7 @@ import types
 import pytest
 import torch
 
+from tests.unit.lora_adapter.conftest import serve
 from warmup_tools.common.digests import tokenizer_fingerprint
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.blocks import BlockSource
@@ -62,7 +63,7 @@ def run(engine, text, adapter, plan=None, max_tokens=8):
     ids = engine.encode(text)
     req = GenerateRequest(ids, adapter, "default", False, SamplingParams(max_tokens=max_tokens),
                           source=BlockSource.WARMUP if plan else BlockSource.LIVE, plan_id=plan)
-    steps = list(engine.generate(req))
+    steps = serve(engine, req)
     return [s.token_id for s in steps], steps[-1].cached_tokens
 
 

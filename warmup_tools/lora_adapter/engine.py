@@ -4,9 +4,9 @@ The base model and adapters load through the ordinary Hugging Face paths (``Auto
 ``PeftModel``), so a real model folder and real adapter folders work by changing config parameters.
 One engine serves one model instance: :meth:`LoraEngine.forward_batch` runs one forward for many
 sequences with different adapters, which the continuous-batching scheduler
-(:mod:`warmup_tools.lora_adapter.scheduler`) calls once per step. :meth:`LoraEngine.generate` decodes one
-request alone, without the scheduler: nothing serves through it; it is the reference the scheduler's
-output is tested against (as vLLM's tests compare against Hugging Face's ``generate``).
+(:mod:`warmup_tools.lora_adapter.scheduler`) calls once per step; the scheduler owns the prefix cache's
+use (matching, storing, single flight) and the sampling. The tests check its output against plain Hugging
+Face and peft (tests/reference.py, as vLLM's tests compare against Hugging Face's ``generate``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -22,14 +21,11 @@ import torch
 
 from warmup_tools.common.digests import fingerprint_folder
 from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT, AssetError, InvalidInputError, UnknownAdapterError
-from warmup_tools.kv.blocks import PrefixMatch
 from warmup_tools.kv.config import KVShape
 from warmup_tools.kv.hashing import BlockHash, CacheScope, block_hashes
 from warmup_tools.kv.prefix_cache import PrefixCache
-from warmup_tools.lora_adapter.detokenize import IncrementalDetokenizer
 from warmup_tools.lora_adapter.devices import select_device, select_dtype
 from warmup_tools.lora_adapter.requests import GenerateRequest
-from warmup_tools.lora_adapter.sampling import make_generator, next_token
 from warmup_tools.lora_adapter.settings import DEFAULT_CONTEXT_LENGTH, EngineConfig, discover_adapters
 
 LOGGER = logging.getLogger(__name__)
@@ -128,14 +124,6 @@ class LoraEngine:
             self._load_adapter(name, path)
 
     # ----------------------------------------------------------------------------------- public API
-    def generate(self, request: GenerateRequest) -> Iterator[GenerationStep]:
-        """Yield one :class:`GenerationStep` per generated token; the last has ``finished=True``. The
-        reference decoder (see the module docstring): one request alone, through the prefix cache."""
-        start = time.perf_counter()
-        self.check_request(request)
-        with self._prefilled(request) as (logits, cache, cached_tokens):
-            yield from self._decode(request, logits, cache, cached_tokens, start)
-
     def check_request(self, request: GenerateRequest) -> None:
         """Raise the request's error if it cannot be served: empty, a token id outside the vocabulary, too long
         for the context, an unknown adapter. NOTE: parse_generate_request refuses the same inputs; this keeps
@@ -211,7 +199,7 @@ class LoraEngine:
 
     def _forward_row(self, row: BatchRow, cache: object | None) -> RowOutput:
         """One sequence alone: its KV as it is (no padding), no explicit mask, its adapter set as
-        :meth:`generate` sets it. NOTE: a single stream runs this every step, so it costs what decoding the
+        peft sets it for one adapter. NOTE: a single stream runs this every step, so it costs what decoding the
         request by itself costs (docs/benchmarks.md, one stream)."""
         from transformers import DynamicCache
 
@@ -244,42 +232,6 @@ class LoraEngine:
                 return cache
         return None
 
-    def prompt_logits(self, request: GenerateRequest) -> torch.Tensor:
-        """The logits after the prompt's last token (through the prefix cache, as a request would)."""
-        with self._prefilled(request) as (logits, _, _):
-            return logits.float().clone()
-
-    @contextlib.contextmanager
-    def _prefilled(self, request: GenerateRequest) -> Iterator[tuple[torch.Tensor, object, int]]:
-        """Prefill the prompt (reusing its longest cached prefix, storing its new blocks); yields the
-        last position's logits, the KV cache to decode with, and how many tokens came from the cache."""
-        with self._adapter(request.adapter), torch.inference_mode():
-            from transformers import DynamicCache
-
-            hashes, public, match, flight = self._acquire_prefix(request)
-            try:
-                cached_tokens = match.num_tokens if match else 0
-                if cached_tokens:
-                    cache = DynamicCache(ddp_cache_data=self.prefix_cache.load(match, self.dtype),
-                                         config=self.model_config)
-                else:
-                    cache = DynamicCache(config=self.model_config)
-                suffix = request.prompt_ids[cached_tokens:]
-                logits = self._forward(torch.tensor([suffix], dtype=torch.long, device=self.device), cache)
-                if hashes:
-                    # A warm-up request revisits the blocks it matched too, to pin them under its plan.
-                    self.prefix_cache.store(
-                        hashes, [(layer.keys, layer.values) for layer in cache.layers],
-                        start_block=0 if request.is_warmup else len(match),
-                        source=request.source, plan_id=request.plan_id, owner=request.adapter or "",
-                        tenant=request.tenant, public_blocks=public, tokens=request.prompt_ids)
-                flight.close()
-                yield logits, cache, cached_tokens
-            finally:
-                flight.close()
-                if match:
-                    self.prefix_cache.release(match)
-
     def block_hashes(self, request: GenerateRequest) -> tuple[list[BlockHash], int]:
         """The chained block hashes of a request's prompt in its scope, and how many leading blocks are
         public (shared by all tenants; store them with that count)."""
@@ -309,55 +261,6 @@ class LoraEngine:
         # NOTE: the salt rides in the base fingerprint, so every chained block hash carries it.
         base = f"{self.base_fingerprint}+{self.config.cache_salt}" if self.config.cache_salt else self.base_fingerprint
         return CacheScope(base, adapter or "", self.adapter_fingerprints.get(adapter or "", ""), tenant)
-
-    def _acquire_prefix(self, request: GenerateRequest) -> tuple[list[BlockHash], int, PrefixMatch | None,
-                                                                    contextlib.ExitStack]:
-        """Block hashes of the prompt, how many are public, its longest cached prefix (held), and the
-        single-flight guard.
-
-        NOTE: at most ``len(prompt) - 1`` tokens come from the cache (as in vLLM): the last prompt token
-        is always computed, because its logits pick the first output token.
-        """
-        flight = contextlib.ExitStack()
-        if self.prefix_cache is None:
-            return [], 0, None, flight
-        prompt = request.prompt_ids
-        hashes, public = self.block_hashes(request)
-        usable = hashes[: (len(prompt) - 1) // self.prefix_cache.block_size]
-        match = self.prefix_cache.match(usable, request.tenant)
-        if len(match) < len(usable):
-            leader = flight.enter_context(self.prefix_cache.single_flight(usable[len(match)]))
-            if not leader:  # another request computed this prefix meanwhile: look again
-                self.prefix_cache.release(match)
-                match = self.prefix_cache.match(usable, request.tenant)
-        return hashes, public, match, flight
-
-    def _decode(self, request: GenerateRequest, logits: torch.Tensor, cache: object, cached_tokens: int,
-                start: float) -> Iterator[GenerationStep]:
-        params = request.sampling
-        prompt_len = len(request.prompt_ids)
-        generator = make_generator(params, self.device)
-        detok = IncrementalDetokenizer(self.tokenizer)
-        for produced in range(1, params.max_tokens + 1):
-            token = next_token(logits, params, generator)
-            is_eos = token in self.eos_token_ids
-            finished = is_eos or produced == params.max_tokens
-            text = "" if is_eos else detok.push(token)
-            if finished:
-                text += detok.flush()
-            yield GenerationStep(
-                text=text,
-                token_id=token,
-                prompt_tokens=prompt_len,
-                cached_tokens=cached_tokens,
-                output_tokens=produced,
-                finished=finished,
-                finish_reason=("stop" if is_eos else "length") if finished else "",
-                elapsed=time.perf_counter() - start,
-            )
-            if finished:
-                return
-            logits = self._forward(torch.tensor([[token]], dtype=torch.long, device=self.device), cache)
 
     def has_adapter(self, name: str) -> bool:
         return name in self.adapters

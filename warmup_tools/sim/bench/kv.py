@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import TYPE_CHECKING, Sequence, TextIO
 
 import torch
 
@@ -32,6 +32,11 @@ from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
 from warmup_tools.sim.bench.text import make_text
+
+if TYPE_CHECKING:
+    from warmup_tools.lora_adapter.engine import GenerationStep, LoraEngine
+    from warmup_tools.lora_adapter.requests import GenerateRequest
+    from warmup_tools.lora_adapter.scheduler import Scheduler
 
 LOGGER = logging.getLogger(__name__)
 
@@ -121,6 +126,7 @@ def run_int8_accuracy(assets_dir: Path, *, prompts: int = 32, prefix_tokens: int
     cached prefix, and the next 16 greedy tokens."""
     from warmup_tools.lora_adapter.engine import LoraEngine
     from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+    from warmup_tools.lora_adapter.scheduler import Scheduler
     from warmup_tools.lora_adapter.settings import EngineConfig
 
     def engine(storage: str) -> LoraEngine:
@@ -140,10 +146,11 @@ def run_int8_accuracy(assets_dir: Path, *, prompts: int = 32, prefix_tokens: int
         probe_ids = tuple(fp.tokenizer.encode(prefix + " " + make_text(fp.tokenizer, 16, rng)))
         results = []
         for eng in (fp, q8):
-            list(eng.generate(GenerateRequest(warm_ids, adapter, "bench", False, SamplingParams(max_tokens=1))))
-            logits = eng.prompt_logits(GenerateRequest(probe_ids, adapter, "bench", False, SamplingParams()))
+            scheduler = Scheduler(eng)
+            _serve(scheduler, GenerateRequest(warm_ids, adapter, "bench", False, SamplingParams(max_tokens=1)))
             probe = GenerateRequest(probe_ids, adapter, "bench", False, SamplingParams(max_tokens=16))
-            steps = list(eng.generate(probe))
+            logits = _prompt_logits(eng, probe)
+            steps = _serve(scheduler, probe)
             results.append((logits, [s.token_id for s in steps], steps[0].cached_tokens))
         (fp_logits, fp_tokens, _), (q_logits, q_tokens, q_cached) = results
         assert q_cached > 0, "the INT8 engine did not reuse the prefix"
@@ -173,10 +180,12 @@ def run_flood(assets_dir: Path, *, prompts: int = 10_000, prompt_tokens: int = 4
     """Unique prompts through one engine with a small KV budget: the cache never exceeds it."""
     from warmup_tools.lora_adapter.engine import LoraEngine
     from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+    from warmup_tools.lora_adapter.scheduler import Scheduler
     from warmup_tools.lora_adapter.settings import EngineConfig
 
     eng = LoraEngine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",
                                   kv=KVCacheConfig(budget_bytes=budget_bytes)))
+    scheduler = Scheduler(eng)
     rng = random.Random(seed)
     vocab = eng.vocab_size
     peak = 0
@@ -184,8 +193,8 @@ def run_flood(assets_dir: Path, *, prompts: int = 10_000, prompt_tokens: int = 4
     rss_start = _rss_mb()
     for i in range(prompts):
         ids = tuple(rng.randrange(4, vocab) for _ in range(prompt_tokens))
-        list(eng.generate(GenerateRequest(ids, ("support", "legal", "sql", None)[i % 4], f"t{i % 7}", False,
-                                          SamplingParams(max_tokens=1))))
+        _serve(scheduler, GenerateRequest(ids, ("support", "legal", "sql", None)[i % 4], f"t{i % 7}", False,
+                                          SamplingParams(max_tokens=1)))
         peak = max(peak, eng.prefix_cache.stats.bytes_used)
     stats = eng.prefix_cache.stats
     return FloodResult(prompts, budget_bytes, peak, stats.blocks, stats.evictions, _rss_mb() - rss_start,
@@ -213,6 +222,52 @@ def run(assets_dir: Path, *, repeats: int = 7, flood: int = 10_000, lm_threads: 
                   f"{res.peak_bytes / 2**20:.2f} MiB ({'within' if res.peak_bytes <= res.budget_bytes else 'OVER'} "
                   f"budget), {res.blocks} blocks held, {res.evictions} evictions, process RSS "
                   f"{res.rss_growth_mb:+.1f} MB, {res.seconds:.0f} s\n")
+
+
+class _Collect:
+    """A sequence sink that keeps a request's steps (the scheduler is stepped on the caller's thread)."""
+
+    def __init__(self) -> None:
+        self.steps: list[GenerationStep] = []
+        self.error: BaseException | None = None
+
+    def send(self, step: GenerationStep) -> None:
+        self.steps.append(step)
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
+def _serve(scheduler: Scheduler, request: GenerateRequest) -> list[GenerationStep]:
+    """Serve one request through the scheduler, stepped here until it ends: its steps."""
+    sink = _Collect()
+    scheduler.submit(request, sink)
+    while scheduler.has_work():
+        scheduler.step()
+    if sink.error is not None:
+        raise sink.error
+    return sink.steps
+
+
+def _prompt_logits(engine: LoraEngine, request: GenerateRequest) -> torch.Tensor:
+    """The logits after the prompt's last token, its longest cached prefix loaded from the prefix cache as the
+    scheduler loads it (nothing is stored)."""
+    from warmup_tools.lora_adapter.engine import BatchRow
+
+    cache = engine.prefix_cache
+    hashes, _ = engine.block_hashes(request)
+    match = cache.match(hashes[: (len(request.prompt_ids) - 1) // cache.block_size], request.tenant)
+    try:
+        cached = match.num_tokens
+        past = cache.load(match, engine.dtype) if cached else None
+        row = BatchRow(request.prompt_ids[cached:], cached, past, request.adapter)
+        return engine.forward_batch([row])[0].logits.float().clone()
+    finally:
+        cache.release(match)
+        engine.forget_batches()
 
 
 def _ms(values: Sequence[float]) -> float:

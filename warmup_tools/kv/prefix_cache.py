@@ -18,12 +18,11 @@ Block metadata and eviction policies are in :mod:`warmup_tools.kv.blocks`, stora
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from typing import Callable, Collection, Iterable, Iterator, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -83,7 +82,6 @@ class PrefixCache:
         self._blocks: dict[BlockHash, CachedBlock] = {}
         self._tracked: set[BlockHash] = set()
         self._lock = threading.RLock()
-        self._inflight: dict[BlockHash, threading.Event] = {}
         #: The last plan a stale pin action was logged for (one line per plan, not one per block).
         self._stale_logged: str | None = None
 
@@ -337,28 +335,6 @@ class PrefixCache:
         with self._lock:
             blocks = (self._blocks.get(h) for h in hashes)
             return sum(1 for b in blocks if b is not None and (plan_id is None or b.plan_id == plan_id))
-
-    @contextlib.contextmanager
-    def single_flight(self, key: BlockHash, timeout_s: float = 120.0) -> Iterator[bool]:
-        """Let one caller compute the prefix named ``key``; others wait for it, then look again.
-
-        Yields True to the caller that should compute, False to one that waited for another.
-        """
-        with self._lock:
-            event = self._inflight.get(key)
-            leader = event is None
-            if leader:
-                event = self._inflight[key] = threading.Event()
-        if not leader:
-            event.wait(timeout_s)
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            with self._lock:
-                self._inflight.pop(key, None)
-            event.set()
 
     def clear(self) -> None:
         with self._lock:

@@ -1,6 +1,5 @@
 import subprocess
 import sys
-import threading
 
 import pytest
 import torch
@@ -199,58 +198,6 @@ def test_int8_storage_is_close_and_smaller():
     restored = q8.load(q8.match(hashes), torch.float32)
     for (k, v), (rk, rv) in zip(layers, restored):
         assert torch.allclose(k, rk, atol=0.03) and torch.allclose(v, rv, atol=0.03)
-
-
-class LookupCounter(dict):
-    """The cache's in-flight table, counting the lookups that decide who computes (a test hook)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-        self.changed = threading.Condition()
-
-    def get(self, key, default=None):
-        with self.changed:
-            self.count += 1
-            self.changed.notify_all()
-        return super().get(key, default)
-
-    def wait_for(self, count: int) -> bool:
-        with self.changed:
-            return self.changed.wait_for(lambda: self.count >= count, timeout=30)
-
-
-def test_single_flight_computes_a_shared_prefix_once():
-    cache = PrefixCache(budget_bytes=1 << 20, block_size=BS)
-    cache._inflight = lookups = LookupCounter()
-    tokens = list(range(8))
-    hashes = block_hashes(tokens, BS, SCOPE)
-    computed = []
-    results = []
-
-    def request():
-        match = cache.match(hashes)
-        if len(match) < len(hashes):
-            with cache.single_flight(hashes[len(match)]) as leader:
-                if leader:
-                    # The prefill ends only after every request has asked who computes: none of them can
-                    # find the prefix stored already, so each either computes or waits for this one.
-                    assert lookups.wait_for(4)
-                    computed.append(1)
-                    cache.store(hashes, kv_for(tokens), start_block=len(match))
-                else:
-                    cache.release(match)
-                    match = cache.match(hashes)
-        results.append(match.num_tokens)
-        cache.release(match)
-
-    threads = [threading.Thread(target=request) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(computed) == 1
-    assert sorted(results) == [0, 8, 8, 8]
 
 
 def test_unknown_policy_or_storage_is_refused():

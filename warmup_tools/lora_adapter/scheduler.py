@@ -303,8 +303,8 @@ class Scheduler:
             preempted=preempted, finished=finished, seconds=time.perf_counter() - started,
             idle=not plan and self._changes == changes)
         if report.warm_tokens and self._live_recent():
-            # NOTE: warm_share, as in the serial gate: after a warm chunk, warm-up rests so that it holds the
-            # engine for at most that share of the time, and most live requests find no warm chunk running.
+            # NOTE: warm_share: after a warm chunk, warm-up rests so that it holds the engine for at most that
+            # share of the time, and most live requests find no warm chunk running.
             share = self.config.warm_share
             now = self._clock()
             self._warm_rest_until = now + (now - began) * (1.0 - share) / share
@@ -740,7 +740,8 @@ class Scheduler:
                 LOGGER.debug("could not deliver the error of sequence %d", seq.seq_id, exc_info=True)
 
     def _store_blocks(self, seq: Sequence) -> None:
-        """Store the prompt blocks this sequence completed (as the serial engine does after a prefill)."""
+        """Store the prompt blocks this sequence completed, so later requests (and this one, if preempted) reuse
+        them, and move its single-flight claim to the next block it computes."""
         cache = self.engine.prefix_cache
         if cache is None or not seq.hashes:
             return

@@ -28,7 +28,7 @@ from front_floor import (  # scripts/, this script's folder
 from warmup_tools.demo.assets import ensure_demo_assets
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
-from warmup_tools.sim.bench.front import _front_process
+from warmup_tools.sim.bench.front import front_process
 
 
 def main(other: Path, rounds: int, pipeline: str) -> None:
@@ -37,8 +37,8 @@ def main(other: Path, rounds: int, pipeline: str) -> None:
     with TritonServer(REPO_ROOT / "model_repository", env=env) as server, httpx.Client(timeout=60) as client, \
             contextlib.ExitStack() as stack:
         server.wait_ready(timeout=600)
-        fronts = {"this checkout": stack.enter_context(_front_process(server, Path(assets.root), pipeline)),
-                  str(other): stack.enter_context(_front_process(server, Path(assets.root), pipeline, checkout=other))}
+        fronts = {"this checkout": stack.enter_context(front_process(server, Path(assets.root), pipeline)),
+                  str(other): stack.enter_context(front_process(server, Path(assets.root), pipeline, checkout=other))}
         ways = {name: (lambda url=front.url: front_ttft_ms(client, url)) for name, front in fronts.items()}
         ways["generate_stream"] = lambda: generate_stream_ttft_ms(client, server.http_url)
         cpu = {name: front.cpu_seconds() for name, front in fronts.items()}

@@ -42,7 +42,7 @@ from warmup_tools.front.engine.protocol import infer_request
 from warmup_tools.front.settings import PIPELINES
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
-from warmup_tools.sim.bench.front import _front_process
+from warmup_tools.sim.bench.front import front_process
 
 PROMPT = demo_prompt("support", "where is my order?")
 
@@ -139,7 +139,7 @@ def main(rounds: int) -> None:
         ensemble = GrpcEnsemble(server.grpc_url)
         try:
             for pipeline in PIPELINES:
-                with _front_process(server, Path(assets.root), pipeline) as front:
+                with front_process(server, Path(assets.root), pipeline) as front:
                     ways = {
                         "front": lambda: front_ttft_ms(client, front.url),
                         "generate_stream": lambda: generate_stream_ttft_ms(client, server.http_url),

@@ -26,8 +26,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import Annotated, Iterator, TextIO
 
+from warmup_tools.common.settings import arg
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.front.settings import PIPELINES
 from warmup_tools.server.client import metric_sum, scrape_metrics
@@ -42,7 +43,12 @@ DRAIN_S = 120.0
 DROP_WAIT_S = 2.0
 
 
-def run(assets_dir: Path, *, disconnects: int = 11, requests: int = 40, max_tokens: int = 32, lm_threads: int = 1,
+def run(assets_dir: Path, *, disconnects: Annotated[int, arg("streams abandoned at their first token, per pipeline "
+                                                    "(0: skip)")] = 11,
+        requests: Annotated[int, arg("requests each way per level for the front's added TTFT and tokens/s (0: "
+                                     "skip)")] = 40,
+        max_tokens: Annotated[int, arg("tokens generated per request")] = 32,
+        lm_threads: Annotated[int, arg("torch threads of lora_adapter (0: torch default)")] = 1,
         out: TextIO = sys.stdout) -> dict:
     import httpx
 
@@ -62,7 +68,7 @@ def run(assets_dir: Path, *, disconnects: int = 11, requests: int = 40, max_toke
                 time.sleep(0.05)
 
         for pipeline in PIPELINES:
-            with _front_process(server, assets_dir, pipeline) as front, \
+            with front_process(server, assets_dir, pipeline) as front, \
                     httpx.Client(base_url=front.url, timeout=300) as client:
                 _next_ttft(client)  # one-off costs
                 if requests:
@@ -123,7 +129,7 @@ class _Front:
 
 
 @contextlib.contextmanager
-def _front_process(server: TritonServer, assets_dir: Path, pipeline: str,
+def front_process(server: TritonServer, assets_dir: Path, pipeline: str,
                    checkout: Path | None = None) -> Iterator[_Front]:
     """``python -m warmup_tools front`` in a process of its own, as a deployment runs it beside tritonserver
     (in this process its event loop would share the interpreter with the benchmark's clients); stopped with

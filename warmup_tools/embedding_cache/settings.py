@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import ClassVar
 
-from warmup_tools.caches.settings import SharedTierSettings
+from warmup_tools.caches.settings import EvictionSettings, SharedTierSettings, eviction_setting
 from warmup_tools.common.settings import check_settings, setting
 from warmup_tools.triton.metrics import MetricsSettings
 from warmup_tools.triton.params import ModelSettings
@@ -26,9 +26,11 @@ class EmbedderConfig:
     model_dir: Path = setting(doc="Folder holding model.onnx (mean-pooled, L2-normalised sentence embeddings) "
                                   "and tokenizer.json.", parameter="embedder_path")
     cache_bytes: int = setting(64 << 20, "Bytes of the local embedding cache (keys and vectors).", ge=1)
+    eviction: str = eviction_setting("decayed_lfu")
     providers: str = setting("auto", "ONNX Runtime execution providers, comma-separated; auto: CUDA when "
                                      "available, else CPU.")
     num_threads: int = setting(1, "ONNX Runtime intra-op threads; 0 leaves ONNX Runtime's default.", ge=0, le=1024)
+    policy: EvictionSettings = dataclasses.field(default_factory=EvictionSettings)
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -1,6 +1,7 @@
 """Text to token ids with a tiered cache, for the ``tokenizer_cache`` model.
 
-Local tier: a segmented LRU (recency plus heat) bounded by bytes. Optional shared tier: Redis, so every
+Local tier: bounded by bytes, its eviction policy chosen by ``eviction`` (a segmented LRU by default:
+recency plus heat). Optional shared tier: Redis, so every
 instance and replica sees what one tokenised or what warm-up filled. Keys hold the tenant and the
 tokenizer's fingerprint: tenants never share an entry and two tokenizers never mix.
 """
@@ -11,8 +12,8 @@ import logging
 
 import numpy as np
 
-from warmup_tools.caches.policies import SegmentedLRUCache
 from warmup_tools.caches.redis_tier import SharedTier, checked_decoder, encode_array
+from warmup_tools.caches.store import LocalCache
 from warmup_tools.caches.tiered import TieredCache
 from warmup_tools.common.digests import text_digest, tokenizer_fingerprint
 from warmup_tools.common.errors import AssetError
@@ -41,7 +42,7 @@ class TokenizerService:
         #: Known templates (system prompts, RAG preambles): a prompt that starts with one tokenises only
         #: its remainder when that provably gives the same ids (see template_tokenizer).
         self.templates = TemplateTokenizer(self.tokenizer, max_templates=config.max_templates)
-        self.local: SegmentedLRUCache[tuple, np.ndarray] = SegmentedLRUCache(config.cache_bytes)
+        self.local: LocalCache[tuple, np.ndarray] = LocalCache(config.cache_bytes, config.eviction, config.policy)
         self.cache: TieredCache[np.ndarray] = TieredCache(
             self.local, shared, kind="tok", fingerprint=self.fingerprint, encode=encode_array,
             decode=checked_decoder("int32", max_length=MAX_PROMPT_TOKENS))

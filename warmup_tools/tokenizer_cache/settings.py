@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import ClassVar
 
-from warmup_tools.caches.settings import SharedTierSettings
+from warmup_tools.caches.settings import EvictionSettings, SharedTierSettings, eviction_setting
 from warmup_tools.common.settings import check_settings, setting
 from warmup_tools.triton.metrics import MetricsSettings
 from warmup_tools.triton.params import ModelSettings
@@ -22,8 +22,10 @@ class TokenizerConfig:
     path: Path = setting(doc="Hugging Face tokenizer folder: the base model's own (tokenizer.json).",
                          parameter="tokenizer_path")
     cache_bytes: int = setting(64 << 20, "Bytes of the local tokenisation cache (keys and token ids).", ge=1)
+    eviction: str = eviction_setting("slru")
     max_templates: int = setting(256, "Known templates (system prompts, RAG preambles) whose remainder is "
                                       "tokenised alone when that provably gives the same ids.", ge=0, le=65536)
+    policy: EvictionSettings = dataclasses.field(default_factory=EvictionSettings)
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -1,11 +1,12 @@
 import numpy as np
 
-from warmup_tools.caches.policies import ENTRY_OVERHEAD_BYTES, LRUCache
+from warmup_tools.caches.settings import EvictionSettings
+from warmup_tools.caches.store import ENTRY_OVERHEAD_BYTES, LocalCache
 from warmup_tools.tokenizer_cache.settings import TokenizerConfig
 
 
 def test_lru_stays_within_budget_under_a_flood_of_unique_keys():
-    cache = LRUCache(budget_bytes=64 * 1024)
+    cache = LocalCache(64 * 1024, "lru")
     for i in range(10_000):
         cache.put(f"prompt-{i}", np.zeros(100, dtype=np.int32))
         assert cache.stats.bytes_used <= cache.budget_bytes
@@ -15,7 +16,7 @@ def test_lru_stays_within_budget_under_a_flood_of_unique_keys():
 
 def test_lru_evicts_least_recently_used_and_counts_hits():
     entry = 400 + 1 + ENTRY_OVERHEAD_BYTES  # value, one-letter key, overhead
-    cache = LRUCache(budget_bytes=3 * entry)
+    cache = LocalCache(3 * entry, "lru")
     for key in "abc":
         cache.put(key, np.zeros(100, dtype=np.int32))
     assert cache.get("a") is not None  # a is now the most recent
@@ -25,16 +26,14 @@ def test_lru_evicts_least_recently_used_and_counts_hits():
 
 
 def test_value_larger_than_budget_is_not_stored():
-    cache = LRUCache(budget_bytes=100)
+    cache = LocalCache(100, "lru")
     assert cache.put("big", np.zeros(1000, dtype=np.int32)) is False
     assert len(cache) == 0 and cache.stats.bytes_used == 0
 
 
 def test_segmented_lru_keeps_entries_that_are_hit_again_through_a_burst_of_one_offs():
-    from warmup_tools.caches.policies import SegmentedLRUCache
-
     entry = 400 + 8 + ENTRY_OVERHEAD_BYTES  # keys of at most 8 characters
-    cache = SegmentedLRUCache(budget_bytes=10 * entry)
+    cache = LocalCache(10 * entry, "slru")
     for key in ("hot1", "hot2"):
         cache.put(key, np.zeros(100, dtype=np.int32))
         cache.get(key)  # hit again: protected
@@ -46,11 +45,10 @@ def test_segmented_lru_keeps_entries_that_are_hit_again_through_a_burst_of_one_o
 
 
 def test_decayed_lfu_evicts_cold_entries_and_forgets_old_heat():
-    from warmup_tools.caches.policies import DecayedLFUCache
-
     now = [0.0]
     entry = 400 + 9 + ENTRY_OVERHEAD_BYTES  # keys of at most 9 characters
-    cache = DecayedLFUCache(budget_bytes=20 * entry, half_life_s=10, sample_size=20, clock=lambda: now[0])
+    cache = LocalCache(20 * entry, "decayed_lfu", EvictionSettings(half_life_s=10, sample_size=20),
+                       clock=lambda: now[0])
     cache.put("hot", np.zeros(100, dtype=np.int32))
     for _ in range(50):
         cache.get("hot")
@@ -84,10 +82,8 @@ def test_tokenizer_service_gives_full_tokenisation_ids_through_templates(demo_as
 
 def test_keys_count_in_the_budget_a_flood_of_huge_tenant_ids_stays_within_it():
     """2,000 entries keyed by a 256 KiB client-chosen tenant id: the budget bounds keys, not only values."""
-    from warmup_tools.caches.policies import DecayedLFUCache, SegmentedLRUCache
-
     budget = 4 << 20
-    for cache in (LRUCache(budget), SegmentedLRUCache(budget), DecayedLFUCache(budget)):
+    for cache in (LocalCache(budget, "lru"), LocalCache(budget, "slru"), LocalCache(budget, "decayed_lfu")):
         for i in range(2000):
             cache.put((f"{i:06d}" + "t" * (256 << 10), b"digest"), np.zeros(4, dtype=np.int32))
             assert cache.stats.bytes_used <= budget

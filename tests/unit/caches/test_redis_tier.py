@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from tests.redis_support import REDIS_SERVER, RedisServer, free_port
-from warmup_tools.caches.policies import LRUCache
 from warmup_tools.caches.redis_tier import (
     CLIENT_NAME,
     LockState,
@@ -25,6 +24,7 @@ from warmup_tools.caches.redis_tier import (
     encode_value,
 )
 from warmup_tools.caches.settings import SharedTierSettings
+from warmup_tools.caches.store import LocalCache
 from warmup_tools.caches.tiered import TieredCache
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.sim.bench.stampede import largest_burst
@@ -88,7 +88,8 @@ def tiers():
 def make_cache(tier: SharedTier | None, fingerprint: str = "fp-tok-1", local_bytes: int = 1 << 20
                ) -> TieredCache[np.ndarray]:
     return TieredCache(
-        LRUCache(local_bytes), tier, kind="tok", fingerprint=fingerprint, encode=encode_array, decode=decode_array
+        LocalCache(local_bytes, "lru"), tier, kind="tok", fingerprint=fingerprint, encode=encode_array,
+        decode=decode_array
     )
 
 

@@ -128,9 +128,9 @@ def local_redis() -> Iterator[str | None]:
 
 
 def _tier_latency(out: TextIO) -> None:
-    from warmup_tools.caches.policies import SegmentedLRUCache
     from warmup_tools.caches.redis_tier import SharedTier, decode_array, encode_array
     from warmup_tools.caches.settings import SharedTierSettings
+    from warmup_tools.caches.store import LocalCache
     from warmup_tools.caches.tiered import TieredCache
 
     with local_redis() as url:
@@ -138,9 +138,9 @@ def _tier_latency(out: TextIO) -> None:
             out.write("\nLocal vs Redis tier: skipped (redis-server not installed)\n")
             return
         tier = SharedTier(SharedTierSettings(url=url, timeout_ms=50))
-        writer = TieredCache(SegmentedLRUCache(64 << 20), tier, kind="tok", fingerprint="bench",
+        writer = TieredCache(LocalCache(64 << 20, "slru"), tier, kind="tok", fingerprint="bench",
                              encode=encode_array, decode=decode_array)
-        reader = TieredCache(SegmentedLRUCache(64 << 20), tier, kind="tok", fingerprint="bench",
+        reader = TieredCache(LocalCache(64 << 20, "slru"), tier, kind="tok", fingerprint="bench",
                              encode=encode_array, decode=decode_array)
         ids = np.arange(300, dtype=np.int32)
         keys = [uuid.uuid4().bytes for _ in range(500)]

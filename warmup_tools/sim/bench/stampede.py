@@ -27,9 +27,9 @@ from typing import TextIO
 
 import numpy as np
 
-from warmup_tools.caches.policies import LRUCache
 from warmup_tools.caches.redis_tier import SharedTier, TierKey, decode_array, encode_array
 from warmup_tools.caches.settings import SharedTierSettings
+from warmup_tools.caches.store import LocalCache
 from warmup_tools.caches.tiered import TieredCache
 from warmup_tools.common.digests import text_digest
 from warmup_tools.sim.bench.caches import local_redis, percentiles
@@ -97,7 +97,7 @@ def _one(settings: SharedTierSettings, *, keys: int, instances: int, compute_s: 
         return value
 
     def instance(i: int) -> None:
-        cache = TieredCache(LRUCache(0), tiers[i], kind="tok", fingerprint="bench", encode=encode_array,
+        cache = TieredCache(LocalCache(0, "lru"), tiers[i], kind="tok", fingerprint="bench", encode=encode_array,
                             decode=decode_array)
         rng = random.Random(i)
         mine: list[float] = []

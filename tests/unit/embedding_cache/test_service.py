@@ -137,3 +137,16 @@ def test_the_embedding_cache_is_keyed_by_tenant_in_both_tiers(demo_assets):
     assert service.handle(text, tenant="acme").source == "local"
     other = service.handle(text, tenant="beta")
     assert other.source == "skipped" and not np.any(other.vector) and other.cluster_id == -1
+
+
+def test_the_local_tier_is_built_from_the_settings_eviction_and_knobs(demo_assets):
+    from warmup_tools.caches.policies.slru import SegmentedLRUPolicy
+    from warmup_tools.caches.settings import EvictionSettings
+
+    default = OnnxEmbedder(EmbedderConfig(demo_assets.embedder_dir))
+    assert default.local.eviction == "decayed_lfu" and default.local.policy.half_life_s == 600
+    chosen = OnnxEmbedder(EmbedderConfig(demo_assets.embedder_dir, cache_bytes=1 << 20, eviction="slru",
+                                         policy=EvictionSettings(protected_share=0.5)))
+    assert isinstance(chosen.local.policy, SegmentedLRUPolicy) and chosen.local.policy.protected_budget == 1 << 19
+    assert chosen.embed("a question") is not None and chosen.embed("a question") is not None
+    assert chosen.local.stats.hits == 1 and chosen.local.stats.bytes_used <= 1 << 20

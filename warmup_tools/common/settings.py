@@ -8,7 +8,15 @@ dataclasses whose fields are declared with :func:`setting`. From that one declar
 * :func:`check_settings` (called by each class's ``__post_init__``) refuses a value outside the field's bound,
   naming the parameter, however the object was built (parameters, a JSON file, code);
 * :func:`parameter_rows` lists every parameter with its type, default, bound and doc: ``docs/parameters.md``
-  is generated from it (``python -m warmup_tools parameters``), and a test keeps the two equal.
+  is generated from it (``python -m warmup_tools parameters``), and a test keeps the two equal;
+* :func:`load_settings` builds a process's settings (the sidecar's, the front's, the fleet's, the server's) from
+  its defaults, a JSON file, the environment and the command line's flags, in that order of precedence; the
+  command line derives each flag, its type, choices and help from the same fields (``warmup_tools.ops.cli``).
+
+The environment variable of a process's setting is ``WARMUP_<SECTION>_<FIELD>``: the class's ``section``
+(``FRONT``, ``FLEET``, ``SIDECAR``) and the field's name, upper case (:func:`env_name`). The server's settings
+and the plan history have no section (``WARMUP_CONTROL_DIR``, ``WARMUP_PLAN_HISTORY_KEEP``): their names are
+the ones the models' ``config.pbtxt`` files read.
 
 Engines, schedulers and services take these objects and keep no defaults of their own.
 """
@@ -17,16 +25,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import types
 import typing
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 from warmup_tools.common.errors import ConfigError
 
 _SPEC = "warmup_setting"
+C = TypeVar("C")
 
 
 class Parameters(Protocol):
@@ -55,6 +65,10 @@ class Spec:
     load: Callable[[Any], Any] | None = None
     #: How the value is shown in the docs when it is not the default's ``repr`` ("a JSON list of texts").
     kind: str = ""
+    #: The command-line flag, without its dashes, when it is not the field's name (``front-port``).
+    flag: str = ""
+    #: Turns a flag's text into the value, for a value that is not spelled like its type (``30m``).
+    parse: Callable[[str], Any] | None = None
 
     def bound(self) -> str:
         """The bound in words: ``>= 1``, ``> 0 and <= 1``, ``one of fp, int8``; "" without one."""
@@ -77,13 +91,25 @@ class Spec:
 
 def setting(default: Any = dataclasses.MISSING, doc: str = "", *, parameter: str | None = None,
             ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
-            choices: Sequence[str] = (), load: Callable[[Any], Any] | None = None, kind: str = "") -> Any:
+            choices: Sequence[str] = (), load: Callable[[Any], Any] | None = None, kind: str = "",
+            flag: str = "") -> Any:
     """A settings field: its default (none: required), doc, parameter name (default: the field's name; ""
-    for a field that is not a parameter), bound (``ge``/``gt``/``le``/``lt`` or ``choices``)."""
+    for a field that is not a parameter), bound (``ge``/``gt``/``le``/``lt`` or ``choices``), and its flag
+    when that is not the field's name."""
     if not doc:
         raise ValueError("every setting has a doc")
-    spec = Spec(doc, "\0" if parameter is None else parameter, ge, gt, le, lt, tuple(choices), load, kind)
+    spec = Spec(doc, "\0" if parameter is None else parameter, ge, gt, le, lt, tuple(choices), load, kind, flag)
     return dataclasses.field(default=default, metadata={_SPEC: spec})
+
+
+def arg(doc: str, *, flag: str = "", choices: Sequence[str] = (), ge: float | None = None,
+        parse: Callable[[str], Any] | None = None) -> Spec:
+    """What a function's keyword parameter says about itself, as ``Annotated[int, arg("doc")]``: the command
+    line makes a flag of it (a benchmark's ``run()``), named after the parameter unless ``flag`` says, with
+    the parameter's default as its default."""
+    if not doc:
+        raise ValueError("every argument has a doc")
+    return Spec(doc, "", ge, None, None, None, tuple(choices), None, "", flag, parse)
 
 
 def spec_of(field: dataclasses.Field) -> Spec | None:
@@ -172,6 +198,88 @@ def _parse_names(value: str) -> tuple[str, ...] | None:
 
 
 _CASTS: dict[Any, Callable[[str], Any]] = {int: int, float: float, str: str, bool: parse_bool, tuple: _parse_names}
+
+
+# ---------------------------------------------------------------------------------------------- loading
+ENV_PREFIX = "WARMUP_"
+
+
+def env_name(cls: type, field: str) -> str:
+    """The environment variable of ``cls``'s ``field``: ``WARMUP_<SECTION>_<FIELD>`` (no section:
+    ``WARMUP_<FIELD>``)."""
+    section = getattr(cls, "section", "")
+    return ENV_PREFIX + (f"{section}_" if section else "") + field.upper()
+
+
+def load_settings(cls: type[C], file: Path | None = None, flags: Mapping[str, Any] | None = None,
+                  env: Mapping[str, str] | None = None) -> C:
+    """``cls`` from its defaults, then the JSON object in ``file``, then the environment (``env``, default
+    ``os.environ``; :func:`env_name`), then the non-None ``flags``. A key of the file or a flag ``cls`` does
+    not have, and a value of the wrong type, are a :class:`ConfigError` that names it."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    values: dict[str, Any] = {}
+    if file is not None:
+        values.update(_read_file(file, fields))
+    env = os.environ if env is None else env
+    values.update({name: env[env_name(cls, name)] for name in fields if env_name(cls, name) in env})
+    for name, value in (flags or {}).items():
+        if name not in fields:
+            raise ConfigError(f"unknown setting {name}")
+        if value is not None:
+            values[name] = value
+    hints = typing.get_type_hints(cls)
+    return cls(**{name: coerce(name, hints[name], value) for name, value in values.items()})
+
+
+def _read_file(file: Path, fields: Mapping[str, dataclasses.Field]) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(file).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read config file {file}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {file} must hold a JSON object")
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"config file {file}: unknown key(s) {', '.join(unknown)}; known: {', '.join(fields)}")
+    return data
+
+
+def coerce(name: str, kind: Any, value: Any) -> Any:
+    """``value`` (a flag's or a JSON file's value, or the text of a variable) as the type ``kind``; an empty
+    text is None where ``kind`` allows it. ConfigError, naming ``name``, when it is not of that type."""
+    base, optional = _unwrap(kind)
+    if value is None or (value == "" and base is not str):
+        if optional:
+            return None
+        raise ConfigError(f"{name} must be set")
+    try:
+        if isinstance(value, str) and base is not str:
+            value = _CASTS.get(base, base)(value)
+        elif base is Path and isinstance(value, str) or base is tuple and isinstance(value, list):
+            value = base(value)
+        elif base is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name}={value!r}: {exc}") from None
+    if not isinstance(value, base) or (base in (int, float) and isinstance(value, bool)):
+        raise ConfigError(f"{name} must be {_TYPE_WORDS.get(base, base.__name__)}, not {value!r}")
+    return value
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a text", bool: "true or false", Path: "a path",
+               tuple: "a list of names"}
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``30m``, ``6h`` or ``2d`` (or plain seconds) as seconds; ValueError for anything else."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        value = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{text!r} is not a duration such as 30m, 6h or 2d")
+    return value
 
 
 # ---------------------------------------------------------------------------------------------- docs

@@ -58,7 +58,8 @@ class PlanHistorySettings:
 
     plan_history_keep: int = setting(20, "Plan applications the control folder's history keeps (plans/); the "
                                          "oldest beyond it are deleted with every stored plan no kept entry names, "
-                                         "never the plan served now or its parent.", ge=2, le=10_000)
+                                         "never the plan served now or its parent.", ge=2, le=10_000,
+                                  flag="history-keep")
 
     def __post_init__(self) -> None:
         check_settings(self)

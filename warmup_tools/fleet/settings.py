@@ -1,10 +1,11 @@
-"""Every setting of ``python -m warmup_tools fleet``, in one validated object (a JSON file, ``WARMUP_FLEET_*``
-and flags)."""
+"""Every setting of ``python -m warmup_tools fleet``, in one validated object (a JSON file, ``WARMUP_FLEET_<FIELD>``
+variables and flags: :func:`warmup_tools.common.settings.load_settings`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.settings import check_settings, setting
@@ -17,6 +18,8 @@ POLICIES: tuple[str, ...] = ("cache_aware", "round_robin", "prefix_hash", "consi
 @dataclasses.dataclass(frozen=True, slots=True)
 class FleetSettings:
     """The replicas, the router in front of them, and the folders they share."""
+
+    section: ClassVar[str] = "FLEET"
 
     replicas: int = setting(2, "Replicas started at once (each: tritonserver, its sidecar and its OpenAI front).",
                             ge=1, le=16)

@@ -1,9 +1,11 @@
-"""Every setting of the OpenAI front, in one validated object (a JSON file, ``WARMUP_FRONT_*`` and flags)."""
+"""Every setting of the OpenAI front, in one validated object (a JSON file, ``WARMUP_FRONT_<FIELD>`` variables
+and flags: :func:`warmup_tools.common.settings.load_settings`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.settings import check_settings, setting
@@ -19,9 +21,11 @@ class FrontSettings:
     """How the front listens, where tritonserver and the sidecar are, and the bounds on what clients send
     (the keys of ``--front-config``'s JSON file; flags override them)."""
 
-    host: str = setting("127.0.0.1", "Address the OpenAI API is served on.")
+    section: ClassVar[str] = "FRONT"
+
+    host: str = setting("127.0.0.1", "Address the OpenAI API is served on.", flag="front-host")
     port: int = setting(9000, "Port of the OpenAI API (/v1/..., /health, /metrics; 0: any free port).",
-                        ge=0, le=65535)
+                        ge=0, le=65535, flag="front-port")
     triton_grpc_url: str = setting("127.0.0.1:8001", "tritonserver's gRPC address (host:port).")
     triton_metrics_url: str = setting("http://127.0.0.1:8002/metrics", "tritonserver's /metrics: the scheduler "
                                       "gauges and the adapter states the front reads.")

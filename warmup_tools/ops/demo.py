@@ -8,8 +8,9 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Annotated, Any, TextIO
 
+from warmup_tools.common.settings import arg
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS, demo_prompt
 from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.config import ServeConfig
@@ -29,7 +30,8 @@ def lm_note(config: ServeConfig) -> str:
             "(WARMUP_ASSETS_DIR or the config.pbtxt parameters)\n")
 
 
-def run_demo(config: ServeConfig, adapters: tuple[str, ...] = ("support", "legal"), max_tokens: int = 24,
+def run_demo(config: ServeConfig, adapters: tuple[str, ...] = ("support", "legal"),
+             max_tokens: Annotated[int, arg("tokens generated per demo request")] = 24,
              out: TextIO = sys.stdout) -> None:
     """Start tritonserver on free ports, stream requests for ``adapters``, print text, TTFT and cached_tokens."""
     from warmup_tools.sidecar.app import Sidecar

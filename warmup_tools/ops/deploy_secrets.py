@@ -15,15 +15,21 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Annotated
 
 from warmup_tools.common.deployment import DeploymentSecrets
 from warmup_tools.common.files import read_or_create_secret, write_atomic
 from warmup_tools.common.records import PROBE_TENANT
+from warmup_tools.common.settings import arg
 from warmup_tools.triton.trust import add_tenant_key
 
 
-def make_deployment_secrets(folder: Path, *, redis_host: str = "redis", redis_port: int = 6379,
-                            redis_conf_dir: Path | None = None, redis_uid: int | None = None) -> DeploymentSecrets:
+def make_deployment_secrets(
+        folder: Path, *, redis_host: Annotated[str, arg("the host name in the Redis URL the models read")] = "redis",
+        redis_port: Annotated[int, arg("the port in that URL")] = 6379,
+        redis_conf_dir: Annotated[Path | None, arg("also write Redis's redis.conf (requirepass) here")] = None,
+        redis_uid: Annotated[int | None, arg("owner of redis.conf (the Redis image's user)")] = None,
+) -> DeploymentSecrets:
     """Create what is missing of a deployment's secrets in ``folder`` (0700, every file 0600)."""
     files = DeploymentSecrets(Path(folder))
     files.folder.mkdir(parents=True, exist_ok=True)

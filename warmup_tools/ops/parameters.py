@@ -9,14 +9,36 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from warmup_tools.common.settings import ParameterRow, markdown_table, parameter_rows
+from warmup_tools.common.settings import ParameterRow, env_name, markdown_table, parameter_rows
 from warmup_tools.control.plan_history import PlanHistorySettings
 from warmup_tools.embedding_cache.settings import EmbeddingCacheSettings
 from warmup_tools.fleet.settings import FleetSettings
 from warmup_tools.front.settings import FrontSettings
 from warmup_tools.lora_adapter.settings import LoraAdapterSettings
+from warmup_tools.ops.cli.flags import file_flag
+from warmup_tools.server.config import REPO_ROOT, ServeConfig
 from warmup_tools.sidecar.config import SidecarConfig
 from warmup_tools.tokenizer_cache.settings import TokenizerCacheSettings
+
+#: Each process's settings: the section's title, the class, the commands that take it, the page about it.
+PROCESS_SETTINGS = (
+    ("The server", ServeConfig, "`serve`, `sidecar` and `demo`", "serving.md"),
+    ("The sidecar", SidecarConfig, "`sidecar`", "sidecar.md"),
+    ("The plan history", PlanHistorySettings, "`apply-plan`, `plan rollback` and `plan canary` "
+     "(`--history-keep`); the sidecar's re-plan reads the variable", "planner.md"),
+    ("The OpenAI front", FrontSettings, "`front`, `serve` and `sidecar`", "openai.md"),
+    ("The fleet", FleetSettings, "`fleet`, `router` and `join`", "fleet.md"),
+)
+
+_PROCESSES_INTRO = """
+## The processes' settings
+
+The sections below are read by `warmup_tools.common.settings.load_settings`, each key from, lowest
+precedence first: its default, the command's JSON file, the environment variable `WARMUP_<SECTION>_<KEY>`
+(upper case; the server's and the plan history's have no section: `WARMUP_<KEY>`), the command's flag
+`--<key>` (`_` as `-`; `--front-port`, `--sidecar-port` and `--sidecar-host` where two sections share a
+key). A key a file does not know, or a value of the wrong type, stops the command naming it.
+"""
 
 #: Each model's settings object, in pipeline order: ``config.pbtxt`` parameters.
 MODEL_SETTINGS = {"tokenizer_cache": TokenizerCacheSettings, "embedding_cache": EmbeddingCacheSettings,
@@ -47,27 +69,17 @@ def shipped_values(repository: Path, model: str) -> dict[str, str]:
 
 
 def parameters_markdown(repository: Path | None = None) -> str:
-    from warmup_tools.server.config import REPO_ROOT
-
     repository = repository or REPO_ROOT / "model_repository"
     parts = [_HEADER]
     for model, cls in MODEL_SETTINGS.items():
         parts.append(f"\n## `{model}`\n\nRead by `{cls.__module__}.{cls.__name__}`; the last column is the "
                      "value the shipped `model_repository` gives it (the environment variable that sets it).\n\n")
         parts.append(markdown_table(model_rows(model), shipped_values(repository, model)))
-    parts.append("\n## The sidecar\n\nThe keys of the JSON file `--sidecar-config` names (`SidecarConfig` in "
-                 f"`{SidecarConfig.__module__}`); `sidecar` flags override them.\n\n")
-    parts.append(markdown_table(list(parameter_rows(SidecarConfig))).replace("| parameter |", "| key |", 1))
-    parts.append("\n## The plan history\n\nRead by every writer of the control folder's plan (`apply-plan`, "
-                 "`plan rollback`, the sidecar's re-plan) from `WARMUP_PLAN_HISTORY_KEEP` (`PlanHistorySettings` in "
-                 f"`{PlanHistorySettings.__module__}`); `--history-keep` overrides it ([planner.md](planner.md)).\n\n")
-    parts.append(markdown_table(list(parameter_rows(PlanHistorySettings))).replace("| parameter |", "| key |", 1))
-    parts.append("\n## The OpenAI front\n\nThe keys of the JSON file `--front-config` names (`FrontSettings` in "
-                 f"`{FrontSettings.__module__}`); `WARMUP_FRONT_<KEY>` environment variables set them too, and the "
-                 "`front`, `serve` and `sidecar` flags override both ([openai.md](openai.md)).\n\n")
-    parts.append(markdown_table(list(parameter_rows(FrontSettings))).replace("| parameter |", "| key |", 1))
-    parts.append("\n## The fleet\n\nThe keys of the JSON file `--fleet-config` names (`FleetSettings` in "
-                 f"`{FleetSettings.__module__}`); `WARMUP_FLEET_<KEY>` environment variables set them too, and the "
-                 "`fleet` flags override both ([fleet.md](fleet.md)).\n\n")
-    parts.append(markdown_table(list(parameter_rows(FleetSettings))).replace("| parameter |", "| key |", 1))
+    parts.append(_PROCESSES_INTRO)
+    for title, cls, commands, link in PROCESS_SETTINGS:
+        file = f"the JSON file `{file_flag(cls)}` names, " if title != "The plan history" else ""
+        parts.append(f"\n## {title}\n\nThe keys of `{cls.__name__}` in `{cls.__module__}`: set by {file}"
+                     f"`{env_name(cls, '<KEY>')}` variables, and the flags of {commands} ([{link}]({link})).\n\n")
+        table = markdown_table(list(parameter_rows(cls))).replace("| parameter |", "| key |", 1)
+        parts.append(table.replace(str(REPO_ROOT) + "/", ""))  # the defaults under the checkout, as relative
     return "".join(parts)

@@ -3,5 +3,5 @@
 - ``process``: :class:`TritonServer` (start, readiness, logs, stop), explicit model control and the
   repository key, free ports.
 - ``client``: the ``ensemble`` over gRPC streaming and the HTTP generate extension, metrics scraping.
-- ``config``: :class:`ServeConfig` (how a command runs tritonserver) and :func:`load_config`.
+- ``config``: :class:`ServeConfig` (how a command runs tritonserver), read like every settings object.
 """

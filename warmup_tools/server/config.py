@@ -1,61 +1,57 @@
-"""One validated configuration object per command, fed by a file, the environment and flags.
+"""How a command runs tritonserver: :class:`ServeConfig`, one settings object like the others.
 
-Precedence: flags over environment (``WARMUP_<FIELD>``) over file (JSON) over defaults. Unknown keys in
-the file are an error, so a typo never silently falls back to a default.
+It is read by :func:`warmup_tools.common.settings.load_settings`: defaults, then a JSON file (``--config``),
+then ``WARMUP_<FIELD>`` variables, then flags. Unknown keys in the file are an error, so a typo never silently
+falls back to a default.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import ClassVar
 
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.names import replica_name as check_replica_name
+from warmup_tools.common.settings import check_settings, setting
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ENV_PREFIX = "WARMUP_"
-
-C = TypeVar("C")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ServeConfig:
-    """How ``warmup_tools serve`` (and the demo) runs tritonserver."""
+    """How ``warmup_tools serve``, ``sidecar`` and ``demo`` run tritonserver (the keys of ``--config``'s JSON
+    file; ``WARMUP_<KEY>`` variables and flags override them)."""
 
-    model_repository: Path = REPO_ROOT / "model_repository"
-    assets_dir: Path = REPO_ROOT / ".assets"
-    #: Folder through which operators change the adapter set (``warmup_tools adapters``); empty disables it.
-    control_dir: Path | None = REPO_ROOT / ".control"
-    #: Folder of lora_adapter's KV snapshots (``snapshot_dir``; shared by replicas); empty disables them.
-    snapshot_dir: Path | None = None
-    #: This replica's name in the shared control and snapshot folders (lora_adapter's ``replica_name``, the
-    #: sidecar's coverage reports); empty: the host name. Replicas sharing a host and the folders need distinct names.
-    replica_name: str = ""
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
-    host: str = "127.0.0.1"
-    log_verbose: int = 0
-    ready_timeout_s: float = 600.0
-    #: Seconds tritonserver gets on SIGINT to unload its models (lora_adapter writes its KV snapshot then; a
-    #: large cache on a busy machine takes more than Triton's 15 s) before it exits anyway.
-    exit_timeout_s: int = 60
-    log_file: Path | None = None
+    #: No section: ``WARMUP_CONTROL_DIR`` and the other folders are the names the models' configs read too.
+    section: ClassVar[str] = ""
+
+    model_repository: Path = setting(REPO_ROOT / "model_repository", "The model repository tritonserver serves.")
+    assets_dir: Path = setting(REPO_ROOT / ".assets", "The LM, tokenizer, adapters and embedder the models load "
+                                                      "(the models' WARMUP_ASSETS_DIR).")
+    control_dir: Path | None = setting(REPO_ROOT / ".control", "Folder through which operators change the adapter "
+                                                               "set and the live plan (`warmup_tools adapters`, "
+                                                               "`apply-plan`); empty disables it.")
+    snapshot_dir: Path | None = setting(None, "Folder of lora_adapter's KV snapshots (shared by replicas); empty "
+                                              "disables them.")
+    replica_name: str = setting("", "This replica's name in the shared control and snapshot folders (lora_adapter's "
+                                    "replica_name, the sidecar's coverage reports); empty: the host name. Replicas "
+                                    "sharing a host and the folders need distinct names.")
+    http_port: int = setting(8000, "tritonserver's HTTP port (0: any free port).", ge=0, le=65535)
+    grpc_port: int = setting(8001, "tritonserver's gRPC port (0: any free port).", ge=0, le=65535)
+    metrics_port: int = setting(8002, "tritonserver's metrics port (0: any free port).", ge=0, le=65535)
+    host: str = setting("127.0.0.1", "Address tritonserver listens on.")
+    log_verbose: int = setting(0, "tritonserver's --log-verbose level.", ge=0)
+    ready_timeout_s: float = setting(600.0, "The longest wait for tritonserver to report ready.", gt=0)
+    exit_timeout_s: int = setting(60, "Seconds tritonserver gets on SIGINT to unload its models (lora_adapter "
+                                      "writes its KV snapshot then; a large cache on a busy machine takes more "
+                                      "than Triton's 15 s) before it exits anyway.", ge=1, le=3600)
+    log_file: Path | None = setting(None, "tritonserver's log file; empty: one in a temporary folder.")
 
     def __post_init__(self) -> None:
-        for name in ("http_port", "grpc_port", "metrics_port"):
-            port = getattr(self, name)
-            if not 0 <= port <= 65535:
-                raise ConfigError(f"{name}={port} is not a TCP port")
+        check_settings(self)
         if len({self.http_port, self.grpc_port, self.metrics_port} - {0}) < 3:
             raise ConfigError("http_port, grpc_port and metrics_port must differ")
-        if self.ready_timeout_s <= 0:
-            raise ConfigError("ready_timeout_s must be positive")
-        if not 1 <= self.exit_timeout_s <= 3600:
-            raise ConfigError("exit_timeout_s must be 1 to 3600 seconds")
         if self.replica_name:
             check_replica_name(self.replica_name)
 
@@ -64,49 +60,6 @@ class ServeConfig:
                 "WARMUP_CONTROL_DIR": str(Path(self.control_dir).resolve()) if self.control_dir else "",
                 "WARMUP_SNAPSHOT_DIR": str(Path(self.snapshot_dir).resolve()) if self.snapshot_dir else "",
                 "WARMUP_REPLICA_NAME": self.replica_name}
-
-
-def load_config(cls: type[C], file: Path | None = None, flags: Mapping[str, Any] | None = None,
-                env: Mapping[str, str] | None = None) -> C:
-    """Build ``cls`` from defaults, then ``file``, then ``WARMUP_*`` variables, then non-None ``flags``."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    values: dict[str, Any] = {}
-    if file is not None:
-        try:
-            data = json.loads(Path(file).read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read config file {file}: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {file} must hold a JSON object")
-        unknown = sorted(set(data) - set(fields))
-        if unknown:
-            raise ConfigError(f"config file {file}: unknown key(s) {', '.join(unknown)}; known: {', '.join(fields)}")
-        values.update(data)
-    env = os.environ if env is None else env
-    for name in fields:
-        key = ENV_PREFIX + name.upper()
-        if key in env:
-            values[name] = env[key]
-    for name, value in (flags or {}).items():
-        if value is not None:
-            if name not in fields:
-                raise ConfigError(f"unknown setting {name}")
-            values[name] = value
-    return cls(**{name: _cast(fields[name], value) for name, value in values.items()})
-
-
-def _cast(field: dataclasses.Field, value: Any) -> Any:
-    kind = str(field.type)
-    try:
-        if "Path" in kind:
-            return None if value in (None, "") else Path(value)
-        if kind == "int":
-            return int(value)
-        if kind == "float":
-            return float(value)
-        return value
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{field.name}={value!r}: {exc}") from exc
 
 
 def set_instance_count(model_dir: Path, count: int) -> None:

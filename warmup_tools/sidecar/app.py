@@ -169,13 +169,13 @@ def replica_canary(config: SidecarConfig, control_dir: Path, host: str,
                    clock: Callable[[], float] = time.time) -> CanaryController:
     """The canary controller of replica ``host``'s sidecar: its request logs (:func:`replica_log_dir`, which must
     be set), the fleet's when in one, the plan history's settings (``WARMUP_PLAN_HISTORY_KEEP``)."""
+    from warmup_tools.common.settings import load_settings
     from warmup_tools.control.plan_history import PlanHistorySettings
-    from warmup_tools.server.config import load_config
 
     log_dir = replica_log_dir(config, host)
     if log_dir is None:
         raise ConfigError("the canary reads the request logs: set replan_log_dir or fleet_log_dir")
-    return CanaryController(Path(control_dir), log_dir, config, host=host, history=load_config(PlanHistorySettings),
+    return CanaryController(Path(control_dir), log_dir, config, host=host, history=load_settings(PlanHistorySettings),
                             stale_s=config.coverage_stale_s, clock=clock, fleet_log_dir=config.fleet_log_dir)
 
 

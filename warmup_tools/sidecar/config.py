@@ -1,9 +1,11 @@
-"""Every setting of the sidecar, in one validated object (fed by a JSON file and flags: see the CLI)."""
+"""Every setting of the sidecar, in one validated object (a JSON file, ``WARMUP_SIDECAR_<FIELD>`` variables and
+flags: :func:`warmup_tools.common.settings.load_settings`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.settings import check_settings, setting
@@ -22,6 +24,8 @@ MIN_STALE_WRITER_PRUNE_S = 3600.0
 class SidecarConfig:
     """How the sidecar probes, when it repairs a model, and where it answers Kubernetes probes (the keys of
     ``--sidecar-config``'s JSON file; flags override them)."""
+
+    section: ClassVar[str] = "SIDECAR"
 
     probe_interval_s: float = setting(2.0, "Seconds between probe rounds (one probe of every model per round, on "
                                            "the background thread).", gt=0)
@@ -44,8 +48,10 @@ class SidecarConfig:
     recovery_backoff_s: float = setting(5.0, "First wait before retrying a reload that failed; doubles per "
                                              "failure up to max_backoff_s.", gt=0)
     max_backoff_s: float = setting(60.0, "The longest wait between two reload attempts.", gt=0)
-    host: str = setting("127.0.0.1", "Address /ready, /live, /status and /metrics are served on.")
-    port: int = setting(8080, "Port of /ready, /live, /status and /metrics (0: any free port).", ge=0, le=65535)
+    host: str = setting("127.0.0.1", "Address /ready, /live, /status and /metrics are served on.",
+                        flag="sidecar-host")
+    port: int = setting(8080, "Port of /ready, /live, /status and /metrics (0: any free port).", ge=0, le=65535,
+                      flag="sidecar-port")
     http_workers: int = setting(8, "Connections served at once (a fixed pool of threads; more wait in the "
                                    "listen backlog).", ge=1, le=256)
     http_timeout_s: float = setting(5.0, "Deadline of each read and write on one connection: a half-sent "

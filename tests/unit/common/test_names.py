@@ -36,8 +36,9 @@ def test_a_name_ends_with_a_letter_or_digit(name):
 
 @pytest.mark.parametrize("name", [".", "..", "a/b"])
 def test_the_replica_name_setting_is_checked_where_it_enters(tmp_path, name):
+    from warmup_tools.common.settings import load_settings as load_config
     from warmup_tools.lora_adapter.settings import LoraAdapterSettings
-    from warmup_tools.server.config import ServeConfig, load_config
+    from warmup_tools.server.config import ServeConfig
     from warmup_tools.triton.params import ModelParameters
 
     with pytest.raises(ConfigError, match="cannot name a folder or file"):  # --replica-name, WARMUP_REPLICA_NAME

@@ -1,33 +1,49 @@
-"""The CLI's benchmark flags are the keyword arguments of each benchmark module's run()."""
+"""The command line: benchmark flags from each benchmark's run(), the plan commands, the sidecar's settings."""
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import inspect
 
 import pytest
 
 from warmup_tools.ops.cli import _parser, bench_options
+from warmup_tools.ops.cli.bench import BENCHES
 
 
-@pytest.mark.parametrize("name", ["kv", "caches", "replay", "load", "preload", "concurrency", "flood", "recovery",
-                                  "trust"])
+@pytest.mark.parametrize("name", sorted(BENCHES))
 def test_every_bench_flag_binds_to_its_run_function(name):
-    args = _parser().parse_args(["bench", name])
     module = importlib.import_module(f"warmup_tools.sim.bench.{name}")
+    parser = _parser()
+    bench = parser._subparsers._group_actions[0].choices["bench"]
+    sub = bench._subparsers._group_actions[0].choices[name]
+    flags = [a for a in sub._actions if a.dest not in ("help", "assets_dir")]
+    assert flags, "each benchmark has flags of its own"
+    given = []
+    for action in flags:  # every flag given: each reaches run() as the keyword of that name
+        if action.nargs == 0:
+            given.append(action.option_strings[0])
+        else:
+            value = action.choices[0] if action.choices else {int: "3", float: "2.5"}.get(
+                getattr(action.type, "__wrapped__", None), "1" if action.metavar in ("N", "X", "A,B") else "x")
+            given += [action.option_strings[0], value]
+    args = parser.parse_args(["bench", name, *given])
     options = bench_options(args)
-    assert options, "each benchmark has flags of its own"
+    assert set(options) == {a.dest for a in flags}
     inspect.signature(module.run).bind(args.assets_dir, **options)
+    assert bench_options(parser.parse_args(["bench", name])) == {}, "run()'s own defaults apply"
 
 
-def test_duration_flags_parse_and_refuse_nonsense():
-    from warmup_tools.ops.cli import _duration
+def test_duration_flags_parse_and_refuse_nonsense(capsys):
+    from warmup_tools.common.settings import parse_duration
 
-    assert [_duration(t) for t in ("90s", "30m", "6h", "2d", "120")] == [90, 1800, 21600, 172800, 120]
+    assert [parse_duration(t) for t in ("90s", "30m", "6h", "2d", "120")] == [90, 1800, 21600, 172800, 120]
     for bad in ("", "h", "-1h", "0", "six hours", "nanh"):
-        with pytest.raises(argparse.ArgumentTypeError, match="not a duration"):
-            _duration(bad)
+        with pytest.raises(ValueError, match="not a duration"):
+            parse_duration(bad)
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["bench", "soak", "--duration", "six hours"])
+    assert "'six hours' is not a duration such as 30m, 6h or 2d" in capsys.readouterr().err
 
 
 def test_plan_over_a_window_of_rotated_logs_against_the_previous_plan(tmp_path, demo_assets, monkeypatch, capsys):

@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 
 from warmup_tools.common.errors import ConfigError
-from warmup_tools.server.config import ServeConfig, load_config
+from warmup_tools.common.settings import load_settings as load_config
+from warmup_tools.server.config import ServeConfig
 from warmup_tools.triton.params import ModelParameters, expand_path
 
 
@@ -44,7 +45,5 @@ def test_expand_path_env_and_default(monkeypatch, tmp_path):
 
 
 def test_an_empty_control_dir_disables_operator_control():
-    from warmup_tools.server.config import ServeConfig, load_config
-
     config = load_config(ServeConfig, env={"WARMUP_CONTROL_DIR": ""})
     assert config.control_dir is None and config.server_env()["WARMUP_CONTROL_DIR"] == ""

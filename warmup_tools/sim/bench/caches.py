@@ -18,10 +18,11 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator, Sequence, TextIO
+from typing import Annotated, Callable, Iterator, Sequence, TextIO
 
 import numpy as np
 
+from warmup_tools.common.settings import arg
 from warmup_tools.embedding_cache.settings import EmbedderConfig
 from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.config import REPO_ROOT
@@ -54,7 +55,8 @@ def zipf_prompts(tokenizer: object, *, distinct: int, requests: int, s: float, r
     return [rng.choices(bases, weights)[0] for _ in range(requests)]
 
 
-def run(assets_dir: Path, *, n: int = 300, out: TextIO = sys.stdout) -> None:
+def run(assets_dir: Path, *, n: Annotated[int, arg("texts looked up per cache", flag="requests")] = 300,
+        out: TextIO = sys.stdout) -> None:
     from transformers import AutoTokenizer
 
     from warmup_tools.embedding_cache.embedder import OnnxEmbedder

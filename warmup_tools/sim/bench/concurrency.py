@@ -17,8 +17,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Sequence, TextIO
+from typing import Annotated, Callable, Iterator, Sequence, TextIO
 
+from warmup_tools.common.settings import arg
 from warmup_tools.demo.prompts import demo_prompt
 from warmup_tools.server.client import GenerateError, GenerateParams, GenerateResult, StreamingClient, grpc_inputs
 from warmup_tools.server.config import REPO_ROOT
@@ -36,9 +37,17 @@ from warmup_tools.sim.bench.latency import (
 )
 
 
-def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int = 6, min_requests: int = 24,
-        max_tokens: int = 32, max_num_seqs: int = 16, lm_threads: int = 1,
-        disconnects: int = 7, rates: Sequence[float] = (), out: TextIO = sys.stdout) -> list[LevelResult]:
+def run(assets_dir: Path, *, levels: Annotated[Sequence[int], arg("comma-separated stream counts")] = (1, 4, 8, 16),
+        rounds: Annotated[int, arg("requests each stream sends back to back (at least)")] = 6,
+        min_requests: Annotated[int, arg("requests per level (at least)")] = 24,
+        max_tokens: Annotated[int, arg("tokens generated per request")] = 32,
+        max_num_seqs: Annotated[int, arg("lora_adapter's max_num_seqs")] = 16,
+        lm_threads: Annotated[int, arg("torch threads of lora_adapter (0: torch default)")] = 1,
+        disconnects: Annotated[int, arg("abandoned streams per transport before measuring the next request's "
+                                        "TTFT (0: skip)")] = 7,
+        rates: Annotated[Sequence[float], arg("open-loop levels after the streams: Poisson arrivals at each rate "
+                                              "(requests/s), comma-separated")] = (),
+        out: TextIO = sys.stdout) -> list[LevelResult]:
     """Measure each concurrency level on one server; prints a table and the 8-vs-1 ratios. ``rates``:
     open-loop levels after those, requests arriving as a Poisson process at each rate (requests/s)."""
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_LM_THREADS": str(lm_threads),

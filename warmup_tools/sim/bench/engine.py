@@ -21,8 +21,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import Annotated, Sequence, TextIO
 
+from warmup_tools.common.settings import arg
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.lora_adapter.engine import GenerationStep, LoraEngine
@@ -40,9 +41,15 @@ from warmup_tools.sim.bench.latency import (
 )
 
 
-def run(assets_dir: Path, *, levels: Sequence[int] = (1, 4, 8, 16), rounds: int = 6, min_requests: int = 24,
-        max_tokens: int = 32, max_num_seqs: int = 16, device: str = "auto", dtype: str = "auto",
-        lm_threads: int = 1, out: TextIO = sys.stdout) -> list[LevelResult]:
+def run(assets_dir: Path, *, levels: Annotated[Sequence[int], arg("comma-separated stream counts")] = (1, 4, 8, 16),
+        rounds: Annotated[int, arg("requests each stream sends back to back (at least)")] = 6,
+        min_requests: Annotated[int, arg("requests per level (at least)")] = 24,
+        max_tokens: Annotated[int, arg("tokens generated per request")] = 32,
+        max_num_seqs: Annotated[int, arg("the scheduler's max_num_seqs")] = 16,
+        device: Annotated[str, arg("auto (the first CUDA device, else CPU), cpu, cuda, cuda:1")] = "auto",
+        dtype: Annotated[str, arg("auto, float32, float16 or bfloat16")] = "auto",
+        lm_threads: Annotated[int, arg("torch threads of the LM (0: torch default)")] = 1,
+        out: TextIO = sys.stdout) -> list[LevelResult]:
     """Measure each level on one engine; prints a table and the 8-vs-1 ratios."""
     assets_dir = Path(assets_dir)
     engine = LoraEngine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",

@@ -33,15 +33,15 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Sequence, TextIO
+from typing import Annotated, Callable, Sequence, TextIO
 
 import httpx
 
 from warmup_tools.common.records import RequestRecord, log_files, read_request_log
-from warmup_tools.common.settings import environ_overrides
+from warmup_tools.common.settings import arg, environ_overrides
 from warmup_tools.fleet.fleet import Fleet
 from warmup_tools.fleet.replica import Replica
-from warmup_tools.fleet.settings import FleetSettings
+from warmup_tools.fleet.settings import POLICIES, FleetSettings
 from warmup_tools.sim.bench.replay import prepare
 
 #: The routing policies compared on two replicas (against one replica alone).
@@ -142,9 +142,17 @@ def replay(url: str, records: Sequence[RequestRecord], users: int = 1,
     return [a for a in answers if a is not None]
 
 
-def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours: float = 1.0,
-        scale_out_min: float = 30.0, window_min: float = 10.0, streams: int = 6, lm_threads: int = 1,
-        policy: str | None = None, users: int = 4, out: TextIO = sys.stdout) -> None:
+def run(assets_dir: Path, *, seed: Annotated[int, arg("seed of the traffic")] = 0,
+        requests_per_day: Annotated[int, arg("requests per simulated day")] = 6000,
+        hours: Annotated[float, arg("hours of day 2 replayed")] = 1.0,
+        scale_out_min: Annotated[float, arg("simulated minutes before the scale-out")] = 30.0,
+        window_min: Annotated[float, arg("simulated minutes of the new replica's requests measured")] = 10.0,
+        streams: Annotated[int, arg("concurrent streams during the scale-in")] = 6,
+        lm_threads: Annotated[int, arg("torch threads of each replica's lora_adapter")] = 1,
+        policy: Annotated[str | None, arg("the router's policy in the scale-out and scale-in runs (none: the "
+                                          "fleet's default)", choices=POLICIES)] = None,
+        users: Annotated[int, arg("concurrent clients replaying the traffic in order in the routing runs")] = 4,
+        out: TextIO = sys.stdout) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     policy = policy or FleetSettings().policy
     work = Path(tempfile.mkdtemp(prefix="bench-fleet-"))

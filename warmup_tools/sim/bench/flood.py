@@ -14,8 +14,9 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Annotated, TextIO
 
+from warmup_tools.common.settings import arg
 from warmup_tools.server.client import GenerateParams, StreamingClient, scrape_metrics
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
@@ -50,7 +51,8 @@ def metric_figures(metrics_url: str) -> tuple[int, dict[str, float]]:
     return len(samples), cache
 
 
-def run(assets_dir: Path, *, requests: int = 10_000, seed: int = 0, out: TextIO = sys.stdout) -> None:
+def run(assets_dir: Path, *, requests: Annotated[int, arg("requests, each with a new tenant and prompt")] = 10_000,
+        seed: Annotated[int, arg("seed of the tenants and prompts")] = 0, out: TextIO = sys.stdout) -> None:
     rng = random.Random(seed)
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": ""}
     with TritonServer(REPO_ROOT / "model_repository", env=env) as server:

@@ -23,10 +23,11 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence, TextIO
+from typing import TYPE_CHECKING, Annotated, Sequence, TextIO
 
 import torch
 
+from warmup_tools.common.settings import arg
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.config import REPO_ROOT
@@ -201,7 +202,9 @@ def run_flood(assets_dir: Path, *, prompts: int = 10_000, prompt_tokens: int = 4
                        time.perf_counter() - start)
 
 
-def run(assets_dir: Path, *, repeats: int = 7, flood: int = 10_000, lm_threads: int = 0,
+def run(assets_dir: Path, *, repeats: Annotated[int, arg("TTFT samples per prefix length (the median is shown)")] = 7,
+        flood: Annotated[int, arg("unique prompts for the memory check (0: skip)")] = 10_000,
+        lm_threads: Annotated[int, arg("torch threads of lora_adapter (0: torch default)")] = 1,
         out: TextIO = sys.stdout) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     rows = run_ttft(assets_dir, repeats=repeats, lm_threads=lm_threads, out=out)

@@ -16,10 +16,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Annotated, TextIO
 
 from warmup_tools.common.errors import WarmupToolsError
 from warmup_tools.common.jsonl import write_json_lines
+from warmup_tools.common.settings import arg
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
 from warmup_tools.sim.bench.replay import prepare
@@ -81,7 +82,10 @@ def locust_replay(repo: Path, log: Path, assets_dir: Path, work: Path, label: st
     return result
 
 
-def run(assets_dir: Path, *, users: int = 4, max_tokens: int = 8, seed: int = 0, requests_per_day: int = 6000,
+def run(assets_dir: Path, *, users: Annotated[int, arg("concurrent Locust users")] = 4,
+        max_tokens: Annotated[int, arg("tokens generated per request")] = 8,
+        seed: Annotated[int, arg("seed of the generated traffic")] = 0,
+        requests_per_day: Annotated[int, arg("requests per simulated day")] = 6000,
         out: TextIO = sys.stdout) -> list[LoadResult]:
     work = Path(tempfile.mkdtemp(prefix="bench-load-"))
     try:

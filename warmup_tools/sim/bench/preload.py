@@ -24,8 +24,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Annotated, TextIO
 
+from warmup_tools.common.settings import arg
 from warmup_tools.control.registry import ControlRegistry
 from warmup_tools.control.state import AdapterState
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
@@ -139,8 +140,11 @@ class _FirstToken:
             raise self.error
 
 
-def run(assets_dir: Path, *, prompts: int = 12, prompt_tokens: int = 768, idle_s: float = 3.0, think_s: float = 0.01,
-        lm_threads: int = 1, seed: int = 0, out: TextIO = sys.stdout) -> list[PreloadResult]:
+def run(assets_dir: Path, *, prompts: Annotated[int, arg("warm prompts of the new adapter")] = 12,
+        prompt_tokens: Annotated[int, arg("tokens of each warm prompt")] = 768, idle_s: float = 3.0,
+        think_s: float = 0.01, lm_threads: Annotated[int, arg("torch threads of lora_adapter (0: torch "
+                                                                "default)")] = 1,
+        seed: int = 0, out: TextIO = sys.stdout) -> list[PreloadResult]:
     out.write(f"live client: support requests, max_tokens=1, {think_s * 1000:.0f} ms think time; warm-up: adapter sql, "
               f"{prompts} prompts of ~{prompt_tokens} tokens; LM threads {lm_threads}\n")
     results = []

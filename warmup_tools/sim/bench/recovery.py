@@ -19,15 +19,16 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import TextIO
+from typing import Annotated, TextIO
 
 from warmup_tools.common.errors import ServerError
+from warmup_tools.common.settings import arg
 from warmup_tools.demo.prompts import USER_QUESTIONS, demo_prompt
 from warmup_tools.server.client import GenerateError, GenerateParams, StreamingClient
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import RepositoryKey, TritonServer
 from warmup_tools.sidecar.app import Sidecar
-from warmup_tools.sidecar.config import SidecarConfig
+from warmup_tools.sidecar.config import STUB_DEATH_ACTIONS, SidecarConfig
 
 CLIENT_TIMEOUT_S = 60.0
 #: Prefix of :class:`GenerateError`'s message when the client's own deadline passed (a hang).
@@ -154,9 +155,17 @@ def wait_for_ready(sidecar_url: str, want: int, deadline_s: float) -> float:
     return time.monotonic() - start
 
 
-def run(assets_dir: Path, *, kills: int = 1, probe_interval_s: float = 2.0, after: int = 5,
-        watch_stubs: bool = True, signal_name: str = "KILL", on_stub_death: str | None = None,
-        restart_grace_s: float | None = None, out: TextIO = sys.stdout) -> None:
+def run(assets_dir: Path, *, kills: Annotated[int, arg("times the stub is killed")] = 1,
+        probe_interval_s: Annotated[float, arg("the sidecar's probe_interval_s")] = 2.0,
+        after: Annotated[int, arg("requests sent after each recovery")] = 5,
+        watch_stubs: Annotated[bool, arg("the sidecar watches the stubs (--no-watch-stubs: it finds the dead stub "
+                                         "through its probes only)")] = True,
+        signal_name: Annotated[str, arg("SIGKILL the stub (a crash) or SIGSTOP it (a hang)", flag="signal",
+                                        choices=("KILL", "STOP"))] = "KILL",
+        on_stub_death: Annotated[str | None, arg("the sidecar's on_stub_death (none: its default); "
+                                                 "docs/faults.md", choices=STUB_DEATH_ACTIONS)] = None,
+        restart_grace_s: Annotated[float | None, arg("the sidecar's restart_grace_s (none: its default)")] = None,
+        out: TextIO = sys.stdout) -> None:
     """Kill (or, with ``signal_name`` STOP, stop) the ``lora_adapter`` stub ``kills`` times; print what the
     outage cost each time, and how long the server and sidecar took to be ready at start (what a restart
     of a killed tritonserver costs). Without ``watch_stubs`` the sidecar finds the stub through its probes

@@ -25,11 +25,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TextIO
+from typing import Annotated, Any, Mapping, Sequence, TextIO
 
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.plan import Plan
 from warmup_tools.common.records import RequestRecord, read_request_log
+from warmup_tools.common.settings import arg
 from warmup_tools.planning.analyse import BlockTrie
 from warmup_tools.planning.plan_stanzas import COMPOSING_MODELS, write_plan_stanzas
 from warmup_tools.planning.stanzas import write_model_warmup
@@ -267,9 +268,20 @@ def prepare(work: Path, assets_dir: Path, *, seed: int, requests_per_day: int, o
     return Repositories(first_hours, day1, day2_start, baseline, planned, tokenizer, target.block_size, plan)
 
 
-def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, traffic: str = "generated",
-        report: Path | None = None, misses_only: bool = False, kv_bytes_total: int | None = None,
-        kv_bytes_per_adapter: int | None = None, arbitration: str = "measured", out: TextIO = sys.stdout) -> None:
+def run(assets_dir: Path, *, seed: Annotated[int, arg("seed of the generated traffic")] = 0,
+        requests_per_day: Annotated[int, arg("requests per simulated day")] = 6000,
+        traffic: Annotated[str, arg("the project's generated traffic, a log built from real public text, or a "
+                                    "second one built another way (held out: tenant preambles, other questions, "
+                                    "day-1 repeats)", choices=TRAFFIC)] = "generated",
+        report: Annotated[Path | None, arg("write PNG plots and a markdown summary in this folder")] = None,
+        misses_only: Annotated[bool, arg("no server: plan, then print which replayed requests the plan misses "
+                                         "against the floor and why (simulated without eviction)")] = False,
+        kv_bytes_total: Annotated[int | None, arg("the plan's KV budget (none: the repository's warm-up "
+                                                  "share)")] = None,
+        kv_bytes_per_adapter: Annotated[int | None, arg("the plan's bound per adapter (none: the total)")] = None,
+        arbitration: Annotated[str, arg("how the plan splits a budget the adapters' hot sets do not fit (plan "
+                                        "--arbitration)", choices=("measured", "fixed"))] = "measured",
+        out: TextIO = sys.stdout) -> None:
     if traffic not in TRAFFIC:
         raise ConfigError(f"--traffic must be one of {', '.join(TRAFFIC)}, not {traffic!r}")
     work = Path(tempfile.mkdtemp(prefix="bench-replay-"))

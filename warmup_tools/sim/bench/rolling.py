@@ -37,11 +37,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Annotated, Any, Sequence, TextIO
 
 from warmup_tools.common.jsonl import write_json_lines
 from warmup_tools.common.plan import Plan
 from warmup_tools.common.records import RequestRecord
+from warmup_tools.common.settings import arg
 from warmup_tools.control.plan_history import write_live_plan
 from warmup_tools.planning.analyse import BlockTrie
 from warmup_tools.planning.live import ReplanResult, RollingPlanner, wait_applied
@@ -148,8 +149,14 @@ def new_applications(day1: Sequence[RequestRecord], day2: Sequence[RequestRecord
     return out
 
 
-def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 3000, hours: float = 12.0,
-        every_h: float = 3.0, since_h: float = 6.0, after_h: float = 3.0, out: TextIO = sys.stdout) -> None:
+def run(assets_dir: Path, *, seed: Annotated[int, arg("seed of the generated traffic")] = 0,
+        requests_per_day: Annotated[int, arg("requests per simulated day")] = 3000,
+        hours: Annotated[float, arg("hours of day 2 to replay")] = 12.0,
+        every_h: Annotated[float, arg("simulated hours between re-plans")] = 3.0,
+        since_h: Annotated[float, arg("hours of logs each re-plan reads")] = 6.0,
+        after_h: Annotated[float, arg("hours replayed after a restart at the end of the window (day-1 vs today's "
+                                      "stanzas)")] = 3.0,
+        out: TextIO = sys.stdout) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-rolling-"))
     try:
         repos = prepare(work, assets_dir, seed=seed, requests_per_day=requests_per_day, out=out,

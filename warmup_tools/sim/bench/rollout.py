@@ -45,13 +45,13 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence, TextIO
+from typing import Annotated, Any, Callable, Iterator, Mapping, Sequence, TextIO
 
 from warmup_tools.common.errors import ServerError
 from warmup_tools.common.jsonl import write_json_lines
 from warmup_tools.common.plan import Plan
 from warmup_tools.common.records import RequestRecord, read_request_log
-from warmup_tools.common.settings import environ_overrides
+from warmup_tools.common.settings import arg, environ_overrides
 from warmup_tools.control.plan_history import write_live_plan
 from warmup_tools.planning.live import RollingPlanner, wait_applied
 from warmup_tools.server.client import GenerateParams, StreamingClient
@@ -178,9 +178,20 @@ def goals(trials: Sequence[Trial], limit_min: float = 5.0) -> list[str]:
     return lines
 
 
-def run(assets_dir: Path, *, seed: int = 0, requests_per_day: int = 6000, hours: float = 3.0, speedup: float = 60.0,
-        good_at_min: float = 30.0, bad_at_min: float = 90.0, window_min: float | None = None,
-        kv_cache_ratio: float = 1.25, kv_cache_bytes: int | None = None, fleet: bool = False,
+def run(assets_dir: Path, *, seed: Annotated[int, arg("seed of the traffic")] = 0,
+        requests_per_day: Annotated[int, arg("requests per simulated day")] = 6000,
+        hours: Annotated[float, arg("hours of day 2 to replay")] = 3.0,
+        speedup: Annotated[float, arg("replay this many times faster than the trace")] = 60.0,
+        good_at_min: Annotated[float, arg("simulated minute of the re-plan's trial")] = 30.0,
+        bad_at_min: Annotated[float, arg("simulated minute of the bad plan's trial")] = 90.0,
+        window_min: Annotated[float | None, arg("the canary's window in simulated minutes (none: the sidecar's "
+                                                "canary_window_s)")] = None,
+        kv_cache_ratio: Annotated[float, arg("each instance's KV cache, in multiples of the day-1 plan's KV "
+                                             "bytes")] = 1.25,
+        kv_cache_bytes: Annotated[int | None, arg("each instance's KV cache in bytes (overrides the "
+                                                  "ratio)")] = None,
+        fleet: Annotated[bool, arg("two replicas behind the smg router, the plans on trial on a whole replica, "
+                                   "judged against the other one; each replica's cold share")] = False,
         out: TextIO = sys.stdout) -> dict[str, Any]:
     defaults = SidecarConfig()
     window_min = defaults.canary_window_s / 60 if window_min is None else window_min

@@ -29,11 +29,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Annotated, TextIO
 
 import numpy as np
 
 from warmup_tools.common.errors import ServerError
+from warmup_tools.common.settings import arg
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.planning.stanzas import WarmupInput, WarmupSample, string_input, write_model_warmup
 from warmup_tools.server.client import GenerateParams, StreamingClient, metric_sum, scrape_metrics
@@ -64,8 +65,13 @@ class RunResult:
     outputs: dict[int, tuple[str, int]] = dataclasses.field(default_factory=dict)
 
 
-def run(assets_dir: Path, *, prompts: int = 32, prompt_tokens: int = 640, live: int = 4, max_tokens: int = 16,
-        seed: int = 0, lm_threads: int = 1, out: TextIO = sys.stdout) -> dict[str, object]:
+def run(assets_dir: Path, *, prompts: Annotated[int, arg("planned prompts of the hot set")] = 32,
+        prompt_tokens: Annotated[int, arg("tokens of each planned prompt")] = 640,
+        live: Annotated[int, arg("planned and live-only prompts sent after READY")] = 4,
+        max_tokens: Annotated[int, arg("tokens generated per request")] = 16,
+        seed: Annotated[int, arg("seed of the prompts")] = 0,
+        lm_threads: Annotated[int, arg("torch threads of lora_adapter (0: torch default)")] = 1,
+        out: TextIO = sys.stdout) -> dict[str, object]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(assets_dir / "lm")

@@ -34,11 +34,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Annotated, Any, Sequence, TextIO
 
 import numpy as np
 
 from warmup_tools.common.errors import WarmupToolsError
+from warmup_tools.common.settings import arg, parse_duration
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.sim.bench.soak_checks import (
@@ -314,10 +315,22 @@ def unplanned_prompt(rng: random.Random) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- run
-def run(assets_dir: Path, *, duration: float = 1800.0, kill_every: float = 600.0, concurrency: int = 4,
-        bad_share: float = 0.05, cancel_share: float = 0.05, direct_share: float = 0.10, settle: float = 300.0,
-        sample_every: float = 5.0, grace: float = 5.0, max_tokens: int = 16, seed: int = 0,
-        out_dir: Path = REPO_ROOT / "runs" / "soak", out: TextIO = sys.stdout) -> Accounting:
+def run(assets_dir: Path, *,
+        duration: Annotated[float, arg("how long the traffic runs (30m)", parse=parse_duration)] = 1800.0,
+        kill_every: Annotated[float, arg("SIGKILL the lora_adapter stub this often", parse=parse_duration)] = 600.0,
+        concurrency: Annotated[int, arg("closed-loop clients")] = 4,
+        bad_share: Annotated[float, arg("share of bad requests")] = 0.05,
+        cancel_share: Annotated[float, arg("share of streams cancelled mid-stream")] = 0.05,
+        direct_share: Annotated[float, arg("share of requests straight to lora_adapter")] = 0.10,
+        settle: Annotated[float, arg("flat after this long (after the start and after each process's own start)",
+                                     parse=parse_duration)] = 300.0,
+        sample_every: Annotated[float, arg("process sampling interval", parse=parse_duration)] = 5.0,
+        grace: Annotated[float, arg("added to each recovery window after /ready 200", parse=parse_duration)] = 5.0,
+        max_tokens: Annotated[int, arg("tokens generated per request")] = 16,
+        seed: Annotated[int, arg("seed of the traffic")] = 0,
+        out_dir: Annotated[Path, arg("folder for summary.md, samples.csv, requests.csv and the logs",
+                                     flag="out")] = REPO_ROOT / "runs" / "soak",
+        out: TextIO = sys.stdout) -> Accounting:
     """Run the soak; write samples.csv, requests.csv and summary.md to ``out_dir``; print the summary."""
     from transformers import AutoTokenizer
 

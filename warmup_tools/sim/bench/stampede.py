@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Annotated, TextIO
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from warmup_tools.caches.settings import SharedTierSettings
 from warmup_tools.caches.store import LocalCache
 from warmup_tools.caches.tiered import TieredCache
 from warmup_tools.common.digests import text_digest
+from warmup_tools.common.settings import arg
 from warmup_tools.sim.bench.caches import local_redis, percentiles
 
 #: (label, ttl_jitter, lock_wait_ms): the shared tier before jitter and the lock, and with each.
@@ -39,8 +40,14 @@ CONFIGS = (("no jitter, no lock", 0.0, 0.0), ("jitter 10%, no lock", 0.1, 0.0),
            ("no jitter, lock", 0.0, None), ("jitter 10%, lock", 0.1, None))
 
 
-def run(assets_dir: Path, *, keys: int = 200, instances: int = 8, ttl_s: float = 10.0, compute_ms: float = 20.0,
-        zipf_s: float = 1.1, window_ms: float = 100.0, timeout_ms: float = 250.0, out: TextIO = sys.stdout) -> None:
+def run(assets_dir: Path, *, keys: Annotated[int, arg("keys written at once")] = 200,
+        instances: Annotated[int, arg("instances requesting them")] = 8,
+        ttl_s: Annotated[float, arg("the keys' TTL in seconds")] = 10.0,
+        compute_ms: Annotated[float, arg("cost of one computation (simulated)")] = 20.0,
+        zipf_s: Annotated[float, arg("key popularity exponent")] = 1.1,
+        window_ms: float = 100.0,
+        timeout_ms: Annotated[float, arg("redis_timeout_ms of the instances")] = 250.0,
+        out: TextIO = sys.stdout) -> None:
     del assets_dir  # no model: the computation is simulated
     defaults = SharedTierSettings()
     out.write(f"\n{keys} keys written at once with ttl_s {ttl_s:g}; {instances} instances request them (Zipf "

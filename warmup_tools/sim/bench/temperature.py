@@ -15,8 +15,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Annotated, Any, Callable, TextIO
 
+from warmup_tools.common.settings import arg
 from warmup_tools.control.registry import ControlRegistry
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.server.config import REPO_ROOT
@@ -28,7 +29,8 @@ from warmup_tools.sidecar.config import SidecarConfig
 NEW_ADAPTER = "claims"
 
 
-def run(assets_dir: Path, *, probe_interval_s: float = 1.0, rounds: int = 15, out: TextIO = sys.stdout) -> None:
+def run(assets_dir: Path, *, probe_interval_s: Annotated[float, arg("the sidecar's probe_interval_s")] = 1.0,
+        rounds: Annotated[int, arg("probe rounds read in each steady phase")] = 15, out: TextIO = sys.stdout) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-temperature-"))
     try:
         assets = work / "assets"

@@ -16,9 +16,10 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import TextIO
+from typing import Annotated, TextIO
 
 from warmup_tools.common.errors import ConfigError
+from warmup_tools.common.settings import arg
 from warmup_tools.server.client import GenerateParams, GenerateResult, StreamingClient
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
@@ -33,7 +34,8 @@ def memo(rng: random.Random) -> str:
     return "Internal memo. " + " ".join(rng.choice(_WORDS) for _ in range(90)) + "\nSummarise it."
 
 
-def run(assets_dir: Path, *, prompts: int = 50, seed: int = 7, out: TextIO = sys.stdout) -> None:
+def run(assets_dir: Path, *, prompts: Annotated[int, arg("prompts of each kind (at least 2)")] = 50,
+        seed: Annotated[int, arg("seed of the prompts")] = 7, out: TextIO = sys.stdout) -> None:
     if prompts < 2:
         raise ConfigError(f"--prompts must be at least 2 (a spread needs two figures), got {prompts}")
     rng = random.Random(seed)

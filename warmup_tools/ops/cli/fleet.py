@@ -1,0 +1,113 @@
+"""``fleet``, ``router`` and ``join``: replicas behind the smg router (docs/fleet.md); flags from
+:class:`FleetSettings` (``WARMUP_FLEET_<FIELD>`` variables, ``--fleet-config``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from typing import Any
+
+from warmup_tools.fleet.settings import FleetSettings
+from warmup_tools.ops.cli.flags import add_settings, settings_from_args
+from warmup_tools.ops.cli.serving import stop_on_signals
+
+#: What the router reads of the fleet's settings (``router``; the replicas' are the ``fleet``'s own).
+ROUTER_FIELDS = ("policy", "cache_threshold", "balance_abs_threshold", "balance_rel_threshold", "host", "port",
+                 "prometheus_port", "secrets_dir", "health_check_interval_s", "router_shutdown_grace_s")
+#: smg's own metrics port: a router alone on its host takes it when the fleet's ``prometheus_port`` is 0
+#: (any free port, which only a fleet that starts the router itself can find out).
+SMG_PROMETHEUS_PORT = 29000
+
+
+def add_commands(sub: Any) -> None:
+    fleet = sub.add_parser("fleet", help="N replicas (tritonserver, sidecar and OpenAI front each) behind the smg "
+                                         "router, each joining once warm, until interrupted (docs/fleet.md)")
+    add_settings(fleet, FleetSettings)
+    fleet.set_defaults(func=_cmd_fleet)
+
+    router = sub.add_parser("router", help="run the smg router of a fleet (what compose and Kubernetes run): the "
+                                           "fleet's policy, thresholds and health checks, its worker API behind the "
+                                           "deployment's router_control.key in trust mode")
+    add_settings(router, FleetSettings, only=ROUTER_FIELDS)
+    router.set_defaults(func=_cmd_router)
+
+    join = sub.add_parser("join", help="keep a running replica's membership in a running smg router until SIGTERM: "
+                                       "one worker per model it serves once its /health says warm, added and "
+                                       "removed as adapters go live and retire, added again after a router "
+                                       "restart, all removed at SIGTERM (compose and each Kubernetes pod run it)")
+    join.add_argument("--router", required=True, help="the router's base URL, e.g. http://router:30000")
+    join.add_argument("--replica", required=True, help="the replica's OpenAI front, e.g. http://triton:9000")
+    join.add_argument("--once", action="store_true",
+                      help="register once the replica is warm, then exit (no updates, no removal at exit)")
+    join.add_argument("--timeout-s", type=float, default=1800.0,
+                      help="with --once: how long to wait for the replica to be warm")
+    add_settings(join, FleetSettings, only=("secrets_dir", "membership_interval_s", "health_check_interval_s"),
+                 aliases={"membership_interval_s": "--interval-s"})
+    join.set_defaults(func=_cmd_join)
+
+
+def fleet_settings(args: argparse.Namespace) -> FleetSettings:
+    """The fleet's settings: defaults, ``--fleet-config``, ``WARMUP_FLEET_<FIELD>`` variables, then flags."""
+    return settings_from_args(FleetSettings, args)
+
+
+def _cmd_fleet(args: argparse.Namespace) -> int:
+    from warmup_tools.fleet.fleet import Fleet
+
+    settings = fleet_settings(args)
+    stop = stop_on_signals()
+    with Fleet(settings) as fleet:
+        print(f"router ({settings.policy}) on {fleet.router.url}/v1, metrics {fleet.router.metrics_url}; replicas: "
+              + ", ".join(f"{name} {r.url}" for name, r in fleet.replicas.items())
+              + f"; work folder {fleet.work_dir}; Ctrl-C stops (each replica drains first)", flush=True)
+        while not stop.wait(1.0):
+            for name, replica in fleet.replicas.items():
+                if replica.process.exited():
+                    print(f"replica {name} exited; its output:\n{replica.process.log_tail()}", file=sys.stderr)
+                    return 1
+            if fleet.router.process.exited():
+                print(f"the router exited:\n{fleet.router.process.log_tail()}", file=sys.stderr)
+                return 1
+    return 0
+
+
+def _cmd_router(args: argparse.Namespace) -> int:
+    from warmup_tools.fleet.router import control_key, smg_argv
+
+    settings = fleet_settings(args)
+    port = settings.port or FleetSettings().port
+    argv = smg_argv(settings, port=port, prometheus_port=settings.prometheus_port or SMG_PROMETHEUS_PORT,
+                    control_key=control_key(settings))
+    print(f"smg {settings.policy} router on {settings.host}:{port}, worker API "
+          + ("behind the deployment's control-plane key" if settings.secrets_dir else "open (open mode)"), flush=True)
+    os.execv(argv[0], argv)  # NOTE: smg takes this process's place: signals reach it, its exit is ours
+
+
+def _cmd_join(args: argparse.Namespace) -> int:
+    from warmup_tools.common.deployment import DeploymentSecrets
+    from warmup_tools.fleet.membership import Membership
+    from warmup_tools.fleet.replica import wait_warm
+    from warmup_tools.fleet.router import RouterClient, control_key
+
+    settings = fleet_settings(args)
+    interval = settings.membership_interval_s
+    replica_key = None
+    if settings.secrets_dir is not None:
+        secrets = DeploymentSecrets(settings.secrets_dir)
+        replica_key = secrets.read_key(secrets.probe_key)
+    router = RouterClient(args.router, settings.health_check_interval_s, control_key=control_key(settings))
+    membership = Membership(args.replica, router, interval, replica_key=replica_key)
+    if args.once:
+        wait_warm(args.replica, args.timeout_s)
+        membership.sync()
+        workers = membership.workers
+        print(f"{args.replica} joined {args.router}: {len(workers)} worker(s), models {', '.join(workers)}")
+        return 0
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: membership.stop())  # run() leaves the router, then returns
+    print(f"keeping {args.replica} in {args.router} (a look every {interval:g} s) until SIGTERM", flush=True)
+    membership.run()
+    print(f"{args.replica} left {args.router}", flush=True)
+    return 0

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-import math
-
-import numpy as np
 
 from warmup_tools.common.errors import ConfigError, InvalidInputError
 from warmup_tools.common.settings import check_settings, setting
+from warmup_tools.common.wire import (  # noqa: F401 (SamplingParams and the bounds are imported from here too)
+    INPUTS,
+    MAX_CLUSTER_ID,
+    MAX_SEED,
+    MAX_TEMPERATURE,
+    MIN_TEMPERATURE,
+    SAMPLING_INPUTS,
+    SamplingParams,
+    WireInput,
+)
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.triton.inputs import (
     MAX_IDENTITY_BYTES,
@@ -19,34 +26,6 @@ from warmup_tools.triton.inputs import (
     parse_optional_string,
     parse_scalar,
 )
-
-#: Largest seed a request may carry (``UINT64``), and the range of each sampling input.
-MAX_SEED = 2**64 - 1
-MAX_TEMPERATURE = 100.0
-#: The lowest sampling temperature (0 is greedy). NOTE: sampling divides the float32 logits by the
-#: temperature (lora_adapter/sampling.py); a temperature that is subnormal in float32 (below 1.2e-38, such
-#: as 1e-40) or small enough that a logit over it passes float32's 3.4e38 turns the scores into inf and the
-#: distribution into NaN. At 0.01 a logit of 3.4e36 would still fit, and a gap of 0.5 between two logits
-#: already gives odds of e^-50: below it sampling is greedy in all but name (vLLM raises smaller ones to
-#: 0.01 for the same reason). The bound is the FP32 value nearest 0.01, since the input is FP32.
-MIN_TEMPERATURE = float(np.float32(0.01))
-#: Cluster ids are the embedding cache's semantic clusters (bounded by its max_clusters).
-MAX_CLUSTER_ID = 1 << 20
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """How to pick each next token. ``temperature == 0`` (the default) is greedy decoding."""
-
-    max_tokens: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -112,28 +91,9 @@ def parse_generate_request(inputs: Inputs, limits: RequestLimits, *, tenant: str
     tenant = tenant if tenant is not None else parse_identity(inputs, "tenant_id", "default")
     # NOTE: the prompt text is only logged, but it is bounded like every model's (before any decoding).
     check_text_size(inputs, "text_input")
-    max_tokens = parse_scalar(inputs, "max_tokens", int, limits.default_max_tokens)
-    if not 1 <= max_tokens <= limits.max_tokens_limit:
-        raise InvalidInputError(f"input 'max_tokens' is out of range: use 1 to {limits.max_tokens_limit}")
-    temperature = parse_scalar(inputs, "temperature", float, 0.0)
-    if not (temperature == 0.0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):  # NaN fails both
-        raise InvalidInputError(f"input 'temperature' is out of range: use 0 (greedy) or {MIN_TEMPERATURE:.2g} "
-                                f"to {MAX_TEMPERATURE:g}")
-    top_p = parse_scalar(inputs, "top_p", float, 1.0)
-    # NOTE: some TensorRT-LLM clients send top_p=0 to mean "no nucleus filtering"; taken literally it keeps
-    # no token at all, so it is refused with the value to send instead rather than silently reinterpreted.
-    if not math.isfinite(top_p) or not 0.0 < top_p <= 1.0:
-        raise InvalidInputError("input 'top_p' is out of range: use a value in (0, 1] (1 for no nucleus filtering)")
-    top_k = parse_scalar(inputs, "top_k", int, 0)
-    if top_k < 0:
-        raise InvalidInputError("input 'top_k' is out of range: use 0 (no limit) or a positive count")
-    seed = parse_scalar(inputs, "seed", int, 0)
-    if not 0 <= seed <= MAX_SEED:
-        raise InvalidInputError("input 'seed' is out of range: use 0 to 2**64-1")
-    stream = parse_scalar(inputs, "stream", bool, False)
-    cluster_id = parse_scalar(inputs, "cluster_id", int, -1)
-    if not -1 <= cluster_id <= MAX_CLUSTER_ID:
-        raise InvalidInputError(f"input 'cluster_id'={cluster_id} is out of range: use -1 (none) to {MAX_CLUSTER_ID}")
+    sampling = parse_sampling(inputs, limits)
+    stream = parse_scalar(inputs, "stream", bool, INPUTS["stream"].default)
+    cluster_id = _checked(inputs, INPUTS["cluster_id"], INPUTS["cluster_id"].default)
     # NOTE: the ``warmup_plan`` input is three-state on the wire (absent: live; "": warm-up, not pinned;
     # a plan id: warm-up pinned under that plan); inside the package it is two explicit fields.
     warmup_tag = inputs.get("warmup_plan")
@@ -143,10 +103,30 @@ def parse_generate_request(inputs: Inputs, limits: RequestLimits, *, tenant: str
         adapter=adapter,
         tenant=tenant,
         stream=stream,
-        sampling=SamplingParams(max_tokens, temperature, top_p, top_k, seed),
+        sampling=sampling,
         cluster_id=cluster_id,
         source=BlockSource.LIVE if warmup_tag is None else BlockSource.WARMUP,
         plan_id=plan_id,
     )
 
 
+def parse_sampling(inputs: Inputs, limits: RequestLimits) -> SamplingParams:
+    """The sampling inputs (:data:`~warmup_tools.common.wire.SAMPLING_INPUTS`), each checked against its bound;
+    ``max_tokens`` against the deployment's limits."""
+    values = {}
+    for row in SAMPLING_INPUTS:
+        if row.name == "max_tokens":  # NOTE: its default and bound are the deployment's
+            values[row.name] = max_tokens = parse_scalar(inputs, row.name, int, limits.default_max_tokens)
+            if not 1 <= max_tokens <= limits.max_tokens_limit:
+                raise InvalidInputError(f"input 'max_tokens' is out of range: use 1 to {limits.max_tokens_limit}")
+        else:
+            values[row.name] = _checked(inputs, row, row.default)
+    return SamplingParams(**values)
+
+
+def _checked(inputs: Inputs, row: WireInput, default: object) -> object:
+    value = parse_scalar(inputs, row.name, row.cast, default)
+    problem = row.check(value)  # NOTE: a NaN fails every bound
+    if problem is not None:
+        raise InvalidInputError(problem)
+    return value

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from warmup_tools.common.errors import InvalidInputError
@@ -18,8 +20,11 @@ def make_generator(params: SamplingParams, device: torch.device) -> torch.Genera
     return generator
 
 
-def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """Pick the next token id from the last position's logits (shape ``[vocab]``).
+def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+               tokens: Sequence[int] = ()) -> int:
+    """Pick the next token id from the last position's logits (shape ``[vocab]``); ``tokens`` are the sequence's
+    tokens so far, its prompt then its output (what a penalty on repeated tokens reads, as vLLM's sampler reads
+    a request's prompt and output token ids).
 
     Raises :class:`InvalidInputError` when the sampling parameters leave no valid distribution (a
     temperature so small that the scaled scores overflow), and ``FloatingPointError`` when the model's own

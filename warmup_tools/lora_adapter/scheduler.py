@@ -770,7 +770,7 @@ class Scheduler:
             self._finish(seq)
             return True
         params = seq.request.sampling
-        token = next_token(logits, params, seq.generator)
+        token = next_token(logits, params, seq.generator, seq.tokens)
         seq.output_tokens += 1
         is_eos = token in self.engine.eos_token_ids
         finished = is_eos or seq.output_tokens >= params.max_tokens

@@ -11,6 +11,7 @@ import time
 
 import triton_python_backend_utils as pb_utils
 
+from warmup_tools.common.wire import LORA_ADAPTER_INPUTS
 from warmup_tools.triton.inputs import parse_optional_text
 from warmup_tools.triton.io import chat_roles, collect_inputs, error_for, log_unexpected, model_parameters
 from warmup_tools.triton.metrics import GenerationMetrics, SchedulerMetrics, SnapshotMetrics
@@ -25,8 +26,6 @@ from warmup_tools.lora_adapter.snapshots import SnapshotKeeper
 from warmup_tools.lora_adapter.request_log import RequestLogWriter, prompt_for_log
 from warmup_tools.lora_adapter.requests import parse_generate_request
 
-INPUTS = ("input_ids", "adapter_id", "tenant_id", "tenant_token", "max_tokens", "stream", "temperature",
-          "top_p", "top_k", "seed", "cluster_id", "warmup_plan", "text_input")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
@@ -76,7 +75,7 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                inputs = collect_inputs(pb_utils, request, INPUTS)
+                inputs = collect_inputs(pb_utils, request, LORA_ADAPTER_INPUTS)
                 tenant = self.trust.tenant_of(inputs, self.own_samples.check(inputs), now=time.time())
                 req = parse_generate_request(inputs, self.limits, tenant=tenant)
                 prompt = (prompt_for_log(self.tokenizer, parse_optional_text(inputs), req.prompt_ids)

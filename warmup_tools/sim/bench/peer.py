@@ -38,8 +38,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, TextIO
+from typing import Annotated, Any, Callable, Iterator, TextIO
 
+from warmup_tools.common.settings import arg
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer, free_port
 
@@ -78,6 +79,12 @@ class OpenAIStreams:
 
     def close(self) -> None:
         self._client.close()
+
+    def __enter__(self) -> OpenAIStreams:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def complete(self, model: str, prompt: str, max_tokens: int) -> Sample:
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
@@ -147,9 +154,20 @@ ROWS: tuple[tuple[str, str, bool], ...] = (
 )
 
 
-def run(assets_dir: Path, *, threads: int = 1, repeats: int = 3, streams: int = 8, stream_requests: int = 4,
-        max_tokens: int = 32, adapter: str = "sql", vllm_venv: Path = VLLM_VENV, vllm_package: str = VLLM_PACKAGE,
-        seed: int = 0, out: TextIO = sys.stdout) -> dict[str, dict[str, Figures]]:
+def run(assets_dir: Path, *, threads: Annotated[int, arg("LM threads of each server (lora_adapter's torch threads; "
+                                                   "vLLM's OpenMP threads, bound from core 0)", ge=1)] = 1,
+        repeats: Annotated[int, arg("times each phase runs on each server (the median is kept)", ge=1)] = 3,
+        streams: Annotated[int, arg("concurrent streams of the many-streams phase (and each server's "
+                                    "max_num_seqs)", ge=1)] = 8,
+        stream_requests: Annotated[int, arg("requests each stream sends back to back", ge=1)] = 4,
+        max_tokens: Annotated[int, arg("output tokens per request of the throughput phases", ge=1)] = 32,
+        adapter: Annotated[str, arg("the adapter of the adapter column (a folder under the assets' adapters/)")
+                           ] = "sql",
+        vllm_venv: Annotated[Path, arg("vLLM's virtualenv (made there with vllm_package when it has no vLLM)")
+                             ] = VLLM_VENV,
+        vllm_package: Annotated[str, arg("what pip installs into a new vllm_venv")] = VLLM_PACKAGE,
+        seed: Annotated[int, arg("seed of the prompts' text")] = 0,
+        out: TextIO = sys.stdout) -> dict[str, dict[str, Figures]]:
     """Both servers on ``assets_dir``'s LM and adapters, ``threads`` LM threads each; prints the table and
     returns ``{"base"|adapter: {"project"|"vllm": Figures}}``."""
     assets_dir = Path(assets_dir).resolve()

@@ -1,0 +1,52 @@
+"""bench peer's parts that need no server: vLLM's command line, the prompts, the table."""
+
+from __future__ import annotations
+
+import json
+
+from warmup_tools.sim.bench.peer import BASE, Figures, Prompts, format_table, vllm_argv
+
+
+def test_vllm_runs_the_same_model_with_prefix_caching_and_every_adapter_folder_at_its_rank(tmp_path):
+    (tmp_path / "lm").mkdir()
+    for name, rank in (("sql", 8), ("legal", 16)):
+        (tmp_path / "adapters" / name).mkdir(parents=True)
+        (tmp_path / "adapters" / name / "adapter_config.json").write_text(json.dumps({"r": rank}))
+    (tmp_path / "adapters" / "notes").mkdir()  # not an adapter: no adapter_config.json
+    python = tmp_path / "venv" / "bin" / "python"
+    base = vllm_argv(python, tmp_path, lora=False, max_num_seqs=8, port=9)
+    assert base[:3] == [str(python), "-m", "vllm.entrypoints.openai.api_server"]
+    assert base[base.index("--model") + 1] == str(tmp_path / "lm")
+    assert base[base.index("--served-model-name") + 1] == BASE
+    assert {"--enable-prefix-caching", "--enable-prompt-tokens-details"} <= set(base)
+    assert "--enable-lora" not in base and base[base.index("--max-num-seqs") + 1] == "8"
+    lora = vllm_argv(python, tmp_path, lora=True, max_num_seqs=8, port=9)
+    assert lora[lora.index("--max-lora-rank") + 1] == "16" and lora[lora.index("--max-loras") + 1] == "2"
+    modules = lora[lora.index("--lora-modules") + 1:]
+    assert modules == [f"legal={tmp_path / 'adapters' / 'legal'}", f"sql={tmp_path / 'adapters' / 'sql'}"]
+
+
+def test_prompts_have_at_least_the_tokens_asked_and_no_two_share_their_first_words(demo_assets):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(demo_assets.root / "lm")
+    prompts = Prompts(demo_assets.root / "lm", seed=0)
+    texts = [prompts.text(n) for n in (16, 64, 512, 16)]
+    for text, n in zip(texts, (16, 64, 512, 16)):
+        assert n <= len(tokenizer.encode(text, add_special_tokens=False)) <= n + 8
+    assert len({t.split(":")[0] for t in texts}) == 4  # "Note 1:", "Note 2:", ...
+    again = Prompts(demo_assets.root / "lm", seed=0)
+    assert [again.text(n) for n in (16, 64, 512, 16)] == texts  # seeded: both servers get the same text
+
+
+def test_the_table_gives_each_figure_of_both_servers_and_their_ratio():
+    project = Figures(300.0, 50.0, 40.0, 60.0, 200.0, 500.0, 512)
+    vllm = Figures(200.0, 25.0, 40.0, 90.0, 400.0, 250.0, 512)
+    table = format_table({BASE: {"project": project, "vllm": vllm}, "sql": {"project": vllm, "vllm": project}},
+                         streams=8, threads=1, version="0.32.0", adapter="sql")
+    lines = table.strip().splitlines()
+    assert "vLLM 0.32.0, 1 LM thread(s) each" in lines[0]
+    assert lines[1] == "| | base model: project / vLLM (ratio) | sql: project / vLLM (ratio) |"
+    assert "| TTFT, new 512-token prefix + 16 (cold), ms | 300 / 200 (1.50) | 200 / 300 (0.67) |" in lines
+    assert "| output tokens/s, 8 streams | 200 / 400 (0.50) | 400 / 200 (2.00) |" in lines
+    assert lines[-1] == "| cached prompt tokens of the warm request | 512 / 512 | 512 / 512 |"

@@ -1,36 +1,27 @@
 """The canary's judge: a plan on trial against the plan served now, compared tenant by tenant.
 
 Pure functions over what the request logs said, one :class:`WindowStats` per window of requests; the controller
-that reads the logs, starts and ends trials is :mod:`warmup_tools.sidecar.canary.controller`.
+that reads the logs, starts and ends trials is :mod:`warmup_tools.sidecar.canary.controller`. Why the canary
+compares what it compares, and how each rule came to be: docs/planner.md, "Canary: a plan on trial".
 
 **Two kinds of trial.** On one instance of a replica (the others serve ``plan.json``), the canary side is that
-instance's requests since the plan was applied and the rest the other instances' over the same time: Triton deals
-the replica's requests to its instances in turn, so each tenant's requests fall on both sides alike
-(:func:`judge`). On a whole replica of a fleet, the router does not: behind ``cache_aware`` each tenant's prefixes
-stick to one replica, and replicas serving different tenants differ by tens of points under the same plan. So
-each side is compared with its own **baseline** (its requests of the ``canary_window_s`` before the trial), and a
-measure is the canary replica's change less the other replicas' change over the same time, a difference of
-differences (:func:`judge_replica`): a drift of the whole traffic (the hour of the day) cancels out.
+instance's requests since the plan was applied and the rest the other instances' over the same time
+(:func:`judge`). On a whole replica of a fleet, each side is compared with its own **baseline** (its requests of
+the ``canary_window_s`` before the trial), and a measure is the canary replica's change less the other replicas'
+change over the same time, a difference of differences (:func:`judge_replica`).
 
-**No tenant carries a verdict.** Every comparison is of two windows (canary and rest; or a side's trial and its
-baseline) and is made tenant by tenant:
+**Tenant by tenant.** Every comparison is of two windows (canary and rest; or a side's trial and its baseline):
 
-- only the tenants seen in **both** windows count (a tenant new to the canary replica, cold on any plan, does not,
-  nor does one the trial has not heard from yet);
+- only the tenants seen in **both** windows count;
 - each counted tenant **weighs** as many requests as it has in the smaller of the two windows, at most
   ``canary_tenant_cap``, and at most as many as the ``canary_min_tenants``-th busiest counted tenant (the least
-  busy, while fewer count): a tenant's flood weighs no more than the next tenants, and once
-  ``canary_min_tenants`` tenants count none carries more than that fraction of any measure
-  (:func:`tenant_weights`);
+  busy, while fewer count) (:func:`tenant_weights`);
 - each measure is the weighted mean of the tenants' own shares, each tenant's share taken from all its requests
-  of the window: its weight says how much it counts, the same in both windows, so that the tenant mix cannot
-  differ between them (a tenant flooding one window is no larger a part of it than of the other). The tests see
-  each window as ``W² / Σ w²/n`` requests (the effective number of a weighted mean: ``W`` the weights' sum,
-  ``n`` each tenant's requests), with one pseudo-request at 0 and one at 1 (:class:`Moments`);
+  of the window, with the same weights in both windows. The tests see each window as ``W² / Σ w²/n`` requests
+  (``W`` the weights' sum, ``n`` each tenant's requests), with one pseudo-request at 0 and one at 1
+  (:class:`Moments`);
 - a trial on a whole replica also waits until ``canary_min_tenants`` of the tenants each side served in its
-  baseline (all of them, when it served fewer) are back on that side: between its baseline and the trial a
-  tenant could change its own traffic (fresh prompts are cold on any plan) and, alone, look like a plan's
-  effect. On one replica's instances a tenant's requests fall on both sides alike, whatever it sends.
+  baseline (all of them, when it served fewer) are back on that side.
 
 The requests a comparison *counts* are the sum of its weights; every threshold on requests below is on them.
 
@@ -39,29 +30,25 @@ The requests a comparison *counts* are the sum of its weights; every threshold o
 
 - **cold share** (requests with no prompt token from the KV cache): worse when it is more than
   ``canary_cold_margin`` above *and* a one-sided z-test (:func:`greater`, :func:`rise_greater`) puts the
-  difference below ``canary_alpha`` (so that a small window cannot roll back a good plan by chance);
+  difference below ``canary_alpha``;
 - **prompt tokens from cache** (each tenant's cached share of its prompt tokens): worse when it is more than
   ``canary_cached_margin`` below; the same test on each request's uncached share of its prompt below
-  ``canary_alpha`` makes it worse before the window ends (a plan that unpins the hot set shows in every request's
-  prefill, not only in the requests with nothing cached);
-- **prompt tokens from the plan** (the cached tokens that came from blocks the instance's plan pins, which
-  ``lora_adapter`` logs as ``planned_tokens``): worse, at once, when more than ``canary_cached_margin`` below
-  with the same test on each request's share not from the plan below ``canary_alpha``. This is the leading
-  signal: a plan that does not hold today's hot prefixes shows it from the first requests, while the blocks the
-  old plan pinned still sit unpinned in the canary's cache and keep its cached share up until they are evicted;
+  ``canary_alpha`` makes it worse before the window ends;
+- **prompt tokens from the plan** (the cached tokens from blocks the instance's plan pins, which ``lora_adapter``
+  logs as ``planned_tokens``): worse, at once, when more than ``canary_cached_margin`` below with the same test on
+  each request's share not from the plan below ``canary_alpha``;
 - **TTFT p99** (of each counted tenant's first requests, as many as it weighs, without the tenant that holds
   most of the window's slowest 1% when the window has others: :func:`p99_ms`): worse when above
   ``canary_ttft_ratio`` times the rest's (on a whole replica: when the canary replica's ratio to its baseline is,
   to the others' ratio to theirs), once each window counts :data:`MIN_P99_REQUESTS`.
 
 Nothing is judged before each side counts ``canary_min_requests``; on a whole replica the early tests start when
-the canary replica counts them and the others one (their requests since the trial began only estimate the
-fleet's drift, and the test's variance counts how little a few of them say); promotion still needs them on each
-side. A plan whose cold share, cached tokens or tokens from the plan are worse with the tests' confidence is
-rolled back at once, inside the window; when ``canary_window_s`` has passed, a plan worse by cold share, cached
-tokens (one instance: the margin alone) or TTFT p99 is rolled back and one no worse is promoted. A trial that
-never counts enough requests is rolled back after three windows, saying so. A verdict's reason names no plan and
-no tenant (it is in ``/status``); the tenants that carried it are in the sidecar's log line (:func:`carried`).
+the canary replica counts them and the others one; promotion still needs them on each side. A plan whose cold
+share, cached tokens or tokens from the plan are worse with the tests' confidence is rolled back at once, inside
+the window; when ``canary_window_s`` has passed, a plan worse by cold share, cached tokens (one instance: the
+margin alone) or TTFT p99 is rolled back and one no worse is promoted. A trial that never counts enough requests
+is rolled back after three windows, saying so. A verdict's reason names no plan and no tenant (it is in
+``/status``); the tenants that carried it are in the sidecar's log line (:func:`carried`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ one tritonserver (this checkout's demo repository and assets, one LM thread). Ea
 in an order that alternates between rounds, a streamed ``/v1/completions`` of a warm demo prompt (adapter
 ``support``, one token) through each front and the same request to tritonserver's ``generate_stream``. It prints
 each one's TTFT p50, each front's p50 less generate_stream's, and each front's CPU time per request (its process's
-user and system time over the rounds). Figures: docs/benchmarks.md ("The front's added TTFT").
+user and system time over the rounds). Figures: docs/benchmarks.md ("The OpenAI front").
 """
 
 from __future__ import annotations

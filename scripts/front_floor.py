@@ -17,7 +17,7 @@ that alternates between rounds (so both ends of a round see the same machine loa
 It prints each one's TTFT (or response time) p25 and p50 in ms, and each front's p50 less generate_stream's; then
 the front's CPU time per streamed request (its process's user and system time over ``ROUNDS`` more requests; one
 token each, so the figure is what a request costs the front beyond its tokens).
-Figures: docs/benchmarks.md ("The front's added TTFT").
+Figures: docs/benchmarks.md ("The OpenAI front").
 """
 
 from __future__ import annotations

@@ -3,9 +3,8 @@ needs and neither llhttp nor uvicorn has: the size of a request's head, the time
 held at once.
 
 Why not uvicorn's h11 protocol, which has a size bound (``h11_max_incomplete_event_size``): h11 parses in pure
-Python. On the development machine httptools and uvloop together took 0.5 to 0.7 ms off the TTFT p50 of a streamed
-request and 0.4 to 0.8 ms off the front's CPU per request (``scripts/front_ab.py``; docs/benchmarks.md, "The
-front's added TTFT").
+Python; httptools and uvloop together take time off a streamed request's TTFT and off the front's CPU per request
+(``scripts/front_ab.py``; the figures: docs/benchmarks.md, "The OpenAI front").
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ class FrontServer:
         self._drain = Drain()
         app = build_app(settings, engine, renderer, self._drain)  # type: ignore[arg-type]
         # NOTE: uvloop and httptools, uvicorn's fast event loop and HTTP parser: each saves the front CPU on every
-        # request (docs/benchmarks.md, "The front's added TTFT"); grpc.aio runs on uvloop.
+        # request (docs/benchmarks.md, "The OpenAI front"); grpc.aio runs on uvloop.
         # NOTE: no limit_concurrency: uvicorn checks it only once a head is whole, so a connection beyond it would
         # hold its descriptor until its head arrived; the protocol refuses such connections as they are made.
         config = uvicorn.Config(app, host=settings.host, port=settings.port, http=bounded_httptools(settings),

@@ -8,7 +8,7 @@ Pipeline (:func:`warmup_tools.planning.select.build_plan`); this module does ste
    for heat: one whose ``prompt_digest`` matches a prompt seen in clear in its scope is attributed to it,
    the rest scale their scope's heat up (missing at random), and none of them is ever planned.
 2. **Embed** with the project's embedder, once per distinct text, in length-sorted batches. Embedding is
-   the expensive step (~54 ms for a 256-token prompt on two CPU cores, measured), so at most
+   the expensive step (an embedding miss: docs/benchmarks.md, "Tokenizer and embedding caches"), so at most
    ``max_points_per_group`` distinct prompts per scope and ``max_embeddings`` overall are embedded: a
    seeded sample weighted by decayed request count (Efraimidis-Spirakis), shared fairly between scopes;
    and only their first ``embed_chars`` (600) characters, which is where templates differ (measured on

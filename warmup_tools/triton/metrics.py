@@ -20,8 +20,8 @@ class CacheMetrics:
     NOTE: metrics with identical labels are shared by every instance of a model; the gauges carry the
     instance name so instances do not overwrite each other, the counters add up across instances.
 
-    NOTE: each metric call of the Python backend is a round trip to the server (0.2-0.3 ms measured inside
-    the stub, a third of a cache hit's whole ``execute``), so the lookups that change nothing are counted here
+    NOTE: each metric call of the Python backend is a round trip to the server (a large share of a cache hit's
+    whole ``execute``), so the lookups that change nothing are counted here
     and sent as one increment each: local hits, and misses the embedding step skipped on purpose (unsampled;
     the common case for a prompt that does not repeat). They are sent every ``flush_every`` lookups, by
     :meth:`flush` (the model's flush thread every ``flush_s``, and ``finalize``), and before any lookup that
@@ -252,8 +252,8 @@ class SchedulerMetrics:
     forward, or that changed the running or waiting count). The gauges are sent when they change (routers
     and the sidecar read them). NOTE: everything else is counted here and sent together (every ``flush_s``,
     and each time the scheduler falls idle): each metric call is a round trip to the server, and three of
-    them per step cost a single stream about 5% of its tokens/s (``scripts/one_stream_ab.py``,
-    docs/benchmarks.md). For the same reason the steps are counters (steps, the
+    them per step cost a single stream several percent of its tokens/s (CHANGELOG.md, "Scheduler"). For the same
+    reason the steps are counters (steps, the
     sequences they ran, their seconds: means per step by division), not per-step histograms.
     """
 

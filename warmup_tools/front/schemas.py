@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from warmup_tools.common.wire import sampling_values
 
 #: Sampling bounds as OpenAI documents them (the engine accepts a subset: see ``sampling_inputs``).
 MAX_TEMPERATURE = 2.0
@@ -60,6 +62,11 @@ class _SamplingRequest(_Request):
     stream_options: StreamOptions | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
 
+    def sampling(self) -> dict[str, Any]:
+        """The sampling inputs of the generate request (common/wire.py) this request sets: a field named like
+        one goes to the engine as that input, whose table bounds it."""
+        return sampling_values(self)
+
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
@@ -72,6 +79,12 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_FIELD)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+
+    def sampling(self) -> dict[str, Any]:
+        values = super().sampling()
+        if self.max_completion_tokens is not None:  # OpenAI's newer name wins
+            values["max_tokens"] = self.max_completion_tokens
+        return values
 
 
 class CompletionRequest(_SamplingRequest):

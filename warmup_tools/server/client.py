@@ -13,9 +13,8 @@ import time
 import uuid
 from typing import Any, Callable, Iterator, Self
 
-import numpy as np
-
 from warmup_tools.common.errors import WarmupToolsError
+from warmup_tools.common.wire import input_tensors
 
 
 class GenerateError(WarmupToolsError):
@@ -57,30 +56,13 @@ class GenerateParams:
 
 
 def grpc_inputs(text: str | bytes, params: GenerateParams, stream: bool) -> list[Any]:
-    """The ``ensemble`` input tensors for one request (optional inputs only when set)."""
+    """The ``ensemble`` input tensors for one request (optional inputs only when set), as common/wire.py's table
+    types them."""
     import tritonclient.grpc as grpcclient
 
-    raw = text if isinstance(text, bytes) else text.encode("utf-8")
-    tensors: list[tuple[str, np.ndarray, str]] = [
-        ("text_input", np.array([raw], dtype=np.object_), "BYTES"),
-        ("stream", np.array([stream], dtype=bool), "BOOL"),
-    ]
-    if params.max_tokens is not None:
-        tensors.append(("max_tokens", np.array([params.max_tokens], dtype=np.int32), "INT32"))
-    for name in ("adapter_id", "tenant_id", "tenant_key"):
-        value = getattr(params, name)
-        if value is not None:
-            tensors.append((name, np.array([value.encode("utf-8")], dtype=np.object_), "BYTES"))
-    if params.temperature is not None:
-        tensors.append(("temperature", np.array([params.temperature], dtype=np.float32), "FP32"))
-    if params.top_p is not None:
-        tensors.append(("top_p", np.array([params.top_p], dtype=np.float32), "FP32"))
-    if params.top_k is not None:
-        tensors.append(("top_k", np.array([params.top_k], dtype=np.int32), "INT32"))
-    if params.seed is not None:
-        tensors.append(("seed", np.array([params.seed], dtype=np.uint64), "UINT64"))
+    tensors = input_tensors({"text_input": text, "stream": stream, **params.as_json()})
     inputs = []
-    for name, array, dtype in tensors:
+    for name, dtype, array in tensors:
         tensor = grpcclient.InferInput(name, list(array.shape), dtype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)

@@ -7,7 +7,7 @@ per backend (here :class:`~warmup_tools.front.engine.triton_engine.TritonEngine`
 from __future__ import annotations
 
 import dataclasses
-from typing import AsyncIterator, Mapping, Protocol
+from typing import Any, AsyncIterator, Mapping, Protocol
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -20,10 +20,9 @@ class GenerateInput:
     tenant: str | None
     #: Trust mode: the key that proves ``tenant`` (the client's bearer key); never logged.
     tenant_key: str | None = dataclasses.field(default=None, repr=False)
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
+    #: The sampling inputs the request sets, by their wire names (``max_tokens``, ``temperature``, ...: the
+    #: fields of common/wire.py's ``SamplingParams``); the engine sends them as they are.
+    sampling: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: The role of each span of a rendered conversation: ``((role, start, end), ...)`` in characters of
     #: ``prompt``; empty for a raw prompt. It reaches the request log beside the prompt.
     roles: tuple[tuple[str, int, int], ...] = ()

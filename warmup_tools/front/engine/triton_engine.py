@@ -35,6 +35,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import InferResult, service_pb2
 
+from warmup_tools.common.wire import ENSEMBLE_STEPS, EnsembleStep, input_tensors
 from warmup_tools.front.engine.engine import (
     EngineError,
     GenerateChunk,
@@ -121,31 +122,17 @@ def engine_error(message: str, status: str | None = None) -> EngineError:
     return EngineError(kind, text)
 
 
-def _text(name: str, value: str) -> Tensor:
-    return (name, "BYTES", _bytes(value))
+def ensemble_inputs(request: GenerateInput) -> list[Tensor]:
+    """The ``ensemble`` input tensors of one generation (common/wire.py's table): the prompt, the identity and
+    the sampling inputs the request sets; always streamed."""
+    return input_tensors({"text_input": request.prompt, "stream": True, "adapter_id": request.adapter or None,
+                          "tenant_id": request.tenant or None, "tenant_key": request.tenant_key or None,
+                          **request.sampling})
 
 
-def _bytes(value: str) -> np.ndarray:
-    return np.array([value.encode("utf-8")], dtype=np.object_)
-
-
-def _sampling_inputs(request: GenerateInput) -> list[Tensor]:
-    tensors: list[Tensor] = [("stream", "BOOL", np.array([True]))]
-    if request.max_tokens is not None:
-        tensors.append(("max_tokens", "INT32", np.array([request.max_tokens], dtype=np.int32)))
-    if request.temperature is not None:
-        tensors.append(("temperature", "FP32", np.array([request.temperature], dtype=np.float32)))
-    if request.top_p is not None:
-        tensors.append(("top_p", "FP32", np.array([request.top_p], dtype=np.float32)))
-    if request.seed is not None:
-        tensors.append(("seed", "UINT64", np.array([request.seed], dtype=np.uint64)))
-    return tensors
-
-
-def _identity(request: GenerateInput) -> list[Tensor]:
-    """``adapter_id`` and ``tenant_id``, those the request has."""
-    return [(name, "BYTES", _bytes(value)) for name, value in
-            (("adapter_id", request.adapter), ("tenant_id", request.tenant)) if value]
+def _step_inputs(step: EnsembleStep, tensors: dict[str, tuple[str, np.ndarray]]) -> list[Tensor]:
+    """``step``'s inputs from the ensemble's tensors, as its ``input_map`` says (an absent optional one is left out)."""
+    return [(name, *tensors[source]) for name, source in step.inputs.items() if source in tensors]
 
 
 #: Triton's bidirectional streaming method, which a generation calls as a server-streaming one (below).
@@ -224,36 +211,27 @@ class TritonEngine:
         assert self._generate is not None, "start() first"
         parameters = ({ROLES_PARAMETER: json.dumps([list(span) for span in request.roles], separators=(",", ":"))}
                       if request.roles else None)
+        inputs = ensemble_inputs(request)
         if self.pipeline == "ensemble":
             model = "ensemble"
-            inputs = [_text("text_input", request.prompt), *_identity(request), *_sampling_inputs(request)]
-            if request.tenant_key:
-                inputs.append(_text("tenant_key", request.tenant_key))
         else:
-            model = "lora_adapter"
-            inputs = await self._composing_inputs(request)
+            model = ENSEMBLE_STEPS[-1].model
+            inputs = await self._composing_inputs(inputs)
         async for chunk in self._stream(model, inputs, parameters):
             yield chunk
 
-    async def _composing_inputs(self, request: GenerateInput) -> list[Tensor]:
-        """``tokenizer_cache`` then ``embedding_cache``, as the ensemble runs them; the ``lora_adapter`` inputs."""
-        identity = _identity(request)
-        first: list[Tensor] = [("text_input", "BYTES", _bytes(request.prompt))]
-        if request.tenant:
-            first.append(("tenant_id", "BYTES", _bytes(request.tenant)))
-        if request.tenant_key:
-            first.append(("tenant_key", "BYTES", _bytes(request.tenant_key)))
-        tokens = await self._unary("tokenizer_cache", first)
-        ids = tokens.as_numpy("input_ids")
-        token = tokens.as_numpy("tenant_token").reshape(-1)[0].decode("utf-8")
-        second: list[Tensor] = [("text_input", "BYTES", _bytes(request.prompt)),
-                                ("prompt_tokens", "INT32", tokens.as_numpy("input_length")),
-                                ("tenant_token", "BYTES", _bytes(token)), *identity]
-        # NOTE: cluster_id only, as the ensemble asks for it: the embedding itself is 384 floats nobody reads.
-        cluster = (await self._unary("embedding_cache", second, ("cluster_id",))).as_numpy("cluster_id")
-        return [("input_ids", "INT32", ids), ("cluster_id", "INT32", cluster),
-                _text("text_input", request.prompt), _text("tenant_token", token),
-                *identity, *_sampling_inputs(request)]
+    async def _composing_inputs(self, inputs: list[Tensor]) -> list[Tensor]:
+        """The ensemble's steps before the last (common/wire.py's ``ENSEMBLE_STEPS``, the wiring of
+        ensemble/config.pbtxt) as unary inferences, in order, each on the tensors the ensemble would map to it;
+        the last step's (``lora_adapter``'s) inputs. NOTE: each step is asked only for the outputs the ensemble
+        maps (embedding_cache: cluster_id, not the embedding's 384 floats nobody reads)."""
+        tensors = {name: (datatype, array) for name, datatype, array in inputs}
+        *before, last = ENSEMBLE_STEPS
+        for step in before:
+            result = await self._unary(step.model, _step_inputs(step, tensors), tuple(step.outputs))
+            for output, tensor in step.outputs.items():
+                tensors[tensor] = (result.get_output(output).datatype, result.as_numpy(output))
+        return _step_inputs(last, tensors)
 
     async def _unary(self, model: str, inputs: list[Tensor], outputs: tuple[str, ...] = ()) -> InferResult:
         """``model``'s answer to one inference; its error as :class:`EngineError` (the kind from its message

@@ -56,8 +56,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         raise bad_request(str(exc), param="messages") from None
     check_prompt_size(state, chat.prompt, "messages")
     generate = GenerateInput(prompt=chat.prompt, adapter=adapter, tenant=caller.tenant, tenant_key=caller.key,
-                             max_tokens=body.max_completion_tokens or body.max_tokens,
-                             temperature=body.temperature, top_p=body.top_p, seed=body.seed, roles=chat.roles)
+                             sampling=body.sampling(), roles=chat.roles)
     generation = Generation(state.engine, generate, body.stop_strings(), body.model, state.in_flight)
     request_id, created = completion_id("chatcmpl"), now()
     if not await watched(request, generation, generation.start()):

@@ -55,8 +55,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> JSONRe
     adapter = await resolve_model(state, body.model)
     check_prompt_size(state, prompt, "prompt")
     generate = GenerateInput(prompt=prompt, adapter=adapter, tenant=caller.tenant, tenant_key=caller.key,
-                             max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
-                             seed=body.seed)
+                             sampling=body.sampling())
     generation = Generation(state.engine, generate, body.stop_strings(), body.model, state.in_flight)
     request_id, created = completion_id("cmpl"), now()
     if not await watched(request, generation, generation.start()):

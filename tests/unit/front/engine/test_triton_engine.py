@@ -102,3 +102,63 @@ def test_metrics_give_the_live_adapters_and_the_load_summed_over_instances():
     assert (load.running, load.waiting) == (5, 4)
     assert load.kv_usage == pytest.approx(600 / 2000)
     assert parse_triton_metrics(METRICS, kv_capacity_bytes=None)[1].kv_usage is None
+
+
+def test_an_ensemble_request_is_the_tables_tensors_of_what_the_request_sets():
+    from warmup_tools.front.engine.engine import GenerateInput
+    from warmup_tools.front.engine.triton_engine import ensemble_inputs
+
+    request = GenerateInput("hi", adapter="sql", tenant=None, tenant_key="k", sampling={"max_tokens": 4, "seed": 9})
+    tensors = {name: (datatype, array.tolist()) for name, datatype, array in ensemble_inputs(request)}
+    assert tensors == {"text_input": ("BYTES", [b"hi"]), "stream": ("BOOL", [True]), "max_tokens": ("INT32", [4]),
+                       "seed": ("UINT64", [9]), "adapter_id": ("BYTES", [b"sql"]), "tenant_key": ("BYTES", [b"k"])}
+
+
+class _Output:
+    def __init__(self, datatype):
+        self.datatype = datatype
+
+
+class _Result:
+    def __init__(self, outputs):
+        self.outputs = outputs
+
+    def get_output(self, name):
+        return _Output(self.outputs[name][0])
+
+    def as_numpy(self, name):
+        return self.outputs[name][1]
+
+
+def test_the_composing_pipeline_runs_the_ensembles_steps_as_its_wiring_says():
+    """The front drives tokenizer_cache and embedding_cache with the ensemble's own wiring (common/wire.py)."""
+    import asyncio
+
+    import numpy as np
+
+    from warmup_tools.front.engine.engine import GenerateInput
+    from warmup_tools.front.engine.triton_engine import TritonEngine, ensemble_inputs
+
+    answers = {"tokenizer_cache": {"input_ids": ("INT32", np.array([5, 6, 7], dtype=np.int32)),
+                                   "input_length": ("INT32", np.array([3], dtype=np.int32)),
+                                   "tenant_token": ("BYTES", np.array([b"acme:tok"], dtype=np.object_))},
+               "embedding_cache": {"cluster_id": ("INT32", np.array([2], dtype=np.int32))}}
+    calls = []
+
+    class Engine(TritonEngine):
+        async def _unary(self, model, inputs, outputs=()):
+            calls.append((model, sorted(name for name, _, _ in inputs), outputs))
+            return _Result(answers[model])
+
+    request = GenerateInput("hi", adapter="sql", tenant="acme", tenant_key="k", sampling={"temperature": 0.5})
+    engine = Engine("127.0.0.1:1", "http://127.0.0.1:1/metrics")
+    last = asyncio.run(engine._composing_inputs(ensemble_inputs(request)))
+    assert calls == [
+        ("tokenizer_cache", ["tenant_id", "tenant_key", "text_input"], ("input_ids", "input_length", "tenant_token")),
+        ("embedding_cache", ["adapter_id", "prompt_tokens", "tenant_id", "tenant_token", "text_input"],
+         ("cluster_id",))]
+    sent = {name: (datatype, array.tolist()) for name, datatype, array in last}
+    assert sent == {"input_ids": ("INT32", [5, 6, 7]), "cluster_id": ("INT32", [2]), "text_input": ("BYTES", [b"hi"]),
+                    "adapter_id": ("BYTES", [b"sql"]), "tenant_id": ("BYTES", [b"acme"]),
+                    "tenant_token": ("BYTES", [b"acme:tok"]), "stream": ("BOOL", [True]),
+                    "temperature": ("FP32", [0.5])}

@@ -22,7 +22,8 @@ def test_a_chat_completion_renders_the_template_and_reports_usage(client, engine
     sent = engine.requests[0]
     # The same prompt a raw request of the demo builds: one KV prefix for chat and raw traffic.
     assert sent.prompt == demo_prompt("sql", "Revenue per region?")
-    assert (sent.adapter, sent.tenant, sent.max_tokens, sent.temperature, sent.seed) == ("sql", "acme", 8, 0.5, 3)
+    assert (sent.adapter, sent.tenant, sent.sampling) == ("sql", "acme", {"max_tokens": 8, "temperature": 0.5,
+                                                                         "seed": 3})
     system_end = len(SYSTEM_PROMPTS["sql"])
     assert sent.roles == (("system", 0, system_end), ("user", system_end, len(sent.prompt)))
 

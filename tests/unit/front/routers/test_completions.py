@@ -8,8 +8,8 @@ def test_a_completion_passes_the_prompt_and_sampling_values_through(client, engi
     assert answer["choices"][0]["text"] == "Hello world"
     assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
     sent = engine.requests[0]
-    assert (sent.prompt, sent.adapter, sent.max_tokens, sent.top_p, sent.seed, sent.roles) == (
-        "SELECT", "sql", 5, 0.9, 7, ())
+    assert (sent.prompt, sent.adapter, sent.sampling, sent.roles) == (
+        "SELECT", "sql", {"max_tokens": 5, "top_p": 0.9, "seed": 7}, ())
 
 
 def test_a_streamed_completion_ends_with_usage_and_done(client):
@@ -24,4 +24,4 @@ def test_a_streamed_completion_ends_with_usage_and_done(client):
 
 def test_openai_default_of_16_tokens(client, engine):
     client.post("/v1/completions", json={"model": "base", "prompt": "x"})
-    assert engine.requests[0].max_tokens == 16
+    assert engine.requests[0].sampling == {"max_tokens": 16}

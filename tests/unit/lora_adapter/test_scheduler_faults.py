@@ -71,10 +71,10 @@ def test_an_exception_while_sampling_one_sequence_ends_it_with_internal_and_the_
     engine = fresh_cache
     real = scheduler_module.next_token
 
-    def faulty(logits, params, generator):
+    def faulty(logits, params, generator, tokens=()):
         if params.seed == 666:
             raise ValueError("a fault inside the sampler")
-        return real(logits, params, generator)
+        return real(logits, params, generator, tokens)
 
     monkeypatch.setattr(scheduler_module, "next_token", faulty)
     scheduler = Scheduler(engine)

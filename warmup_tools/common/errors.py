@@ -10,6 +10,8 @@ one request and keep serving the rest.
 
 from __future__ import annotations
 
+from warmup_tools.common.wire import ErrorKind
+
 
 class WarmupToolsError(Exception):
     """Base class of every error raised on purpose by warmup_tools."""
@@ -35,10 +37,18 @@ class ServerError(WarmupToolsError):
 class RequestError(WarmupToolsError):
     """A single request cannot be served; the server keeps serving others.
 
-    ``code`` names the ``pb_utils.TritonError`` code the request is answered with.
+    ``code`` names the ``pb_utils.TritonError`` code the request is answered with; ``kind`` what it means to a
+    client (its message carries it to the front, which maps it to an HTTP status: common/wire.py), the class's
+    unless the raise names another.
     """
 
     code = "INVALID_ARG"
+    kind = ErrorKind.INVALID
+
+    def __init__(self, message: str = "", *, kind: ErrorKind | None = None) -> None:
+        super().__init__(message)
+        if kind is not None:
+            self.kind = kind
 
 
 
@@ -61,21 +71,26 @@ class UnknownAdapterError(RequestError):
     """The requested LoRA adapter is not known to this model."""
 
     code = "NOT_FOUND"
+    kind = ErrorKind.NOT_FOUND
 
 
 class AdapterUnavailableError(RequestError):
-    """The adapter is known but is not live (loading, warming, failed or retired)."""
+    """The adapter is known but is not live (loading, warming, failed or retired); ``UNAVAILABLE`` when the
+    instance itself cannot serve it (shutting down)."""
 
     code = "UNAVAILABLE"
+    kind = ErrorKind.NOT_FOUND
 
 
 class ServerBusyError(RequestError):
     """The instance already holds as many requests as it may queue; the client should retry later."""
 
     code = "UNAVAILABLE"
+    kind = ErrorKind.BUSY
 
 
 class RequestCancelledError(RequestError):
     """The client cancelled the request (or went away) before it finished."""
 
     code = "CANCELLED"
+    kind = ErrorKind.CANCELLED

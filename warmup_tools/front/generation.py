@@ -11,16 +11,19 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from starlette.requests import Request
 
+from warmup_tools.common.wire import ErrorKind
 from warmup_tools.front.engine.engine import Engine, EngineError, GenerateChunk, GenerateInput
 from warmup_tools.front.errors import OpenAIError
 
 T = TypeVar("T")
 LOGGER = logging.getLogger(__name__)
 
-#: HTTP status of each engine error kind.
-_STATUS = {"invalid": 400, "unauthenticated": 401, "not_found": 404, "too_large": 413, "busy": 429,
-           "unavailable": 503, "timeout": 504, "internal": 500}
-_CODES = {"not_found": "model_not_found", "busy": "server_busy", "unauthenticated": "invalid_api_key"}
+#: HTTP status of each error kind (common/wire.py), whatever the words of its message.
+_STATUS = {ErrorKind.INVALID: 400, ErrorKind.UNAUTHENTICATED: 401, ErrorKind.NOT_FOUND: 404,
+           ErrorKind.TOO_LARGE: 413, ErrorKind.BUSY: 429, ErrorKind.UNAVAILABLE: 503, ErrorKind.CANCELLED: 503,
+           ErrorKind.TIMEOUT: 504, ErrorKind.INTERNAL: 500}
+_CODES = {ErrorKind.NOT_FOUND: "model_not_found", ErrorKind.BUSY: "server_busy",
+          ErrorKind.UNAUTHENTICATED: "invalid_api_key"}
 
 
 #: What a client is told of a failure on the server's side, whatever tritonserver said.

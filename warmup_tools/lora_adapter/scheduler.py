@@ -51,6 +51,7 @@ from warmup_tools.common.errors import (
     RequestError,
     ServerBusyError,
 )
+from warmup_tools.common.wire import ErrorKind
 from warmup_tools.kv.blocks import BlockSource, PrefixMatch
 from warmup_tools.kv.hashing import BlockHash
 from warmup_tools.kv.prefix_cache import PrefixCache
@@ -233,7 +234,8 @@ class Scheduler:
         self.engine.check_request(request)
         with self._cond:
             if self._stopped:
-                raise AdapterUnavailableError("lora_adapter is shutting down; retry on another instance")
+                raise AdapterUnavailableError("lora_adapter is shutting down; retry on another instance",
+                                              kind=ErrorKind.UNAVAILABLE)
             # NOTE: the bound is on everything this instance holds (running slots plus the queue), so a
             # request that finds a free slot is never refused, whatever max_queue says.
             held = len(self._inbox) + len(self._waiting) + len(self._running)
@@ -337,7 +339,8 @@ class Scheduler:
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
-        error = AdapterUnavailableError("lora_adapter is shutting down; retry on another instance")
+        error = AdapterUnavailableError("lora_adapter is shutting down; retry on another instance",
+                                        kind=ErrorKind.UNAVAILABLE)
         with self._cond:
             inbox, self._inbox = self._inbox, []
             calls, self._calls = self._calls, []
@@ -801,5 +804,6 @@ class Scheduler:
         for seq in [*self._running, *self._waiting, *self._warm_waiting, *([self._warm] if self._warm else [])]:
             if seq.request.adapter == name:
                 self._remove(seq)
-                self._finish(seq, AdapterUnavailableError(f"adapter '{name}' was retired while the request ran"))
+                self._finish(seq, AdapterUnavailableError(f"adapter '{name}' was retired while the request ran",
+                                                          kind=ErrorKind.UNAVAILABLE))
         self.engine.unload_adapter(name)

@@ -16,6 +16,7 @@ import numpy as np
 from warmup_tools.caches.settings import SharedTierSettings
 from warmup_tools.common.errors import ConfigError, InvalidInputError, RequestError
 from warmup_tools.common.records import RecordError, parse_role_spans
+from warmup_tools.common.wire import ErrorKind, tag
 from warmup_tools.triton.params import ModelParameters
 from warmup_tools.triton.trust import TenantTrust
 
@@ -106,14 +107,19 @@ def chat_roles(request: Any) -> tuple[tuple[str, int, int], ...] | None:
 
 
 def error_for(pb_utils: Any, exc: BaseException) -> Any:
-    """A ``pb_utils.TritonError`` for an exception: the request's own code, INTERNAL for anything else."""
+    """A ``pb_utils.TritonError`` for an exception: the request's own code, INTERNAL for anything else; the
+    message starts with the error's kind (``[not_found] unknown adapter ...``: common/wire.py), which the
+    front maps to an HTTP status."""
     if isinstance(exc, RequestError):
         code = getattr(pb_utils.TritonError, exc.code, pb_utils.TritonError.INVALID_ARG)
-        return pb_utils.TritonError(str(exc), code)
+        return pb_utils.TritonError(tag(exc.kind, str(exc)), code)
     # NOTE: no exception text, type or path reaches the client; log_unexpected puts them in the server log.
-    return pb_utils.TritonError("internal error while serving this request; it was not completed (the server "
-                                "log has the details): retry, and report it if it persists",
-                                pb_utils.TritonError.INTERNAL)
+    return pb_utils.TritonError(tag(ErrorKind.INTERNAL, INTERNAL_ERROR), pb_utils.TritonError.INTERNAL)
+
+
+#: What a client is told of a fault that is not the request's.
+INTERNAL_ERROR = ("internal error while serving this request; it was not completed (the server log has the "
+                  "details): retry, and report it if it persists")
 
 
 def error_response(pb_utils: Any, exc: BaseException) -> Any:

@@ -45,6 +45,7 @@ from warmup_tools.common.errors import ConfigError, InvalidInputError
 from warmup_tools.common.files import stat_key, write_atomic
 from warmup_tools.common.records import PROBE_TENANT
 from warmup_tools.common.settings import check_settings, read_settings, setting
+from warmup_tools.common.wire import ErrorKind
 from warmup_tools.triton.inputs import check_identity, parse_identity, parse_optional_string
 from warmup_tools.triton.params import ModelParameters
 
@@ -77,7 +78,10 @@ _KEY_HASH = re.compile(r"sha256:([0-9a-fA-F]{64})")
 
 
 class TenantAuthError(InvalidInputError):
-    """A request's tenant could not be verified (a missing or wrong key, or a forged or stale token)."""
+    """A request's tenant could not be verified (a missing or wrong key, or a forged or stale token); a request
+    that names the probes' reserved tenant is ``INVALID``."""
+
+    kind = ErrorKind.UNAUTHENTICATED
 
 
 def key_version(key_hash: bytes) -> str:
@@ -220,7 +224,9 @@ class TenantTrust:
         # NOTE: compare even for an unknown tenant or no key, so the time taken does not tell which tenants exist.
         matches = hmac.compare_digest(given, expected if expected is not None else b"\0" * 32)
         if not matches or expected is None or not key:
-            raise TenantAuthError(_NOT_AUTHENTICATED.format(tenant=tenant) if self.trusted else _RESERVED)
+            if not self.trusted:
+                raise TenantAuthError(_RESERVED, kind=ErrorKind.INVALID)
+            raise TenantAuthError(_NOT_AUTHENTICATED.format(tenant=tenant))
 
     def token(self, tenant: str, *, now: float | None = None, verified: bool = True) -> str:
         """The token later steps take the tenant from, valid for ``token_ttl_s`` from ``now``. Signed only
@@ -250,7 +256,7 @@ class TenantTrust:
         if not self.trusted:
             tenant = parse_identity(inputs, "tenant_id", "default")
             if tenant == PROBE_TENANT and self._token_tenant(inputs, now) != PROBE_TENANT:
-                raise TenantAuthError(_RESERVED)
+                raise TenantAuthError(_RESERVED, kind=ErrorKind.INVALID)
             return tenant
         tenant = self._token_tenant(inputs, now)
         if tenant is None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, AsyncIterator, Mapping, Protocol
 
+from warmup_tools.common.wire import ErrorKind
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class GenerateInput:
@@ -71,13 +73,12 @@ class Readiness:
 
 
 class EngineError(Exception):
-    """The engine refused or failed a request; ``kind`` says which (mapped to an HTTP status)."""
+    """The engine refused or failed a request; ``kind`` says which (common/wire.py's :class:`ErrorKind`, which
+    front/generation.py maps to an HTTP status)."""
 
-    #: ``invalid`` (400), ``unauthenticated`` (401), ``not_found`` (404), ``too_large`` (413),
-    #: ``busy`` (429), ``unavailable`` (503), ``timeout`` (504), ``internal`` (500).
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: ErrorKind | str, message: str) -> None:
         super().__init__(message)
-        self.kind = kind
+        self.kind = ErrorKind(kind)
         self.message = message
 
 

@@ -35,7 +35,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import InferResult, service_pb2
 
-from warmup_tools.common.wire import ENSEMBLE_STEPS, EnsembleStep, input_tensors
+from warmup_tools.common.wire import ENSEMBLE_STEPS, EnsembleStep, ErrorKind, input_tensors, untag
 from warmup_tools.front.engine.engine import (
     EngineError,
     GenerateChunk,
@@ -51,75 +51,50 @@ LOGGER = logging.getLogger(__name__)
 #: The request parameter that carries a rendered conversation's role spans to lora_adapter's request log.
 ROLES_PARAMETER = "chat_roles"
 _COUNTERS = ("prompt_tokens", "cached_tokens", "output_tokens")
-#: Phrases of the models' error messages, and what each means to a client. NOTE: a gRPC stream carries
-#: an error's message without its code, so a streamed error is classified by these phrases (each written by
-#: this package's models: lora_adapter's scheduler and engine, adapters.state, triton.trust).
-_PHRASES: tuple[tuple[str, str], ...] = (
-    ("server busy", "busy"),
-    ("unknown adapter", "not_found"),
-    ("is registered but not loaded", "not_found"),
-    ("is loading, not live yet", "not_found"),
-    ("is warming, not live yet", "not_found"),
-    ("failed to load", "not_found"),
-    ("is retired", "not_found"),
-    ("was retired while the request ran", "unavailable"),
-    ("is not authenticated", "unauthenticated"),
-    ("tenant token is not valid", "unauthenticated"),
-    ("shutting down", "unavailable"),
-    ("is not healthy", "unavailable"),
-    ("is not ready", "unavailable"),
-    ("internal error while serving", "internal"),
-    ("exceeds the model's context", "invalid"),
-    ("request for unknown model", "unavailable"),
+#: tritonserver's own words for a failure on the server's side (no model of this package wrote them, so they carry no
+#: kind): a model's stub that died, a model not ready or not loaded (the front names the repository's own models, so
+#: one Triton does not know is the replica's fault, not the client's).
+_TRITON_PHRASES: tuple[tuple[str, ErrorKind], ...] = (
+    ("is not healthy", ErrorKind.UNAVAILABLE),
+    ("is not ready", ErrorKind.UNAVAILABLE),
+    ("request for unknown model", ErrorKind.UNAVAILABLE),
 )
-_STATUS_KINDS = {"StatusCode.INVALID_ARGUMENT": "invalid", "StatusCode.NOT_FOUND": "not_found",
-                 "StatusCode.UNAVAILABLE": "unavailable", "StatusCode.DEADLINE_EXCEEDED": "timeout",
-                 "StatusCode.UNAUTHENTICATED": "unauthenticated", "StatusCode.CANCELLED": "unavailable",
-                 "StatusCode.INTERNAL": "internal", "StatusCode.RESOURCE_EXHAUSTED": "busy"}
-
-
-def classify(message: str, status: str | None = None) -> str:
-    """The :class:`EngineError` kind of an error from tritonserver (its message, and its gRPC status when the
-    error came from a unary call)."""
-    lowered = message.lower()
-    for phrase, kind in _PHRASES:
-        if phrase in lowered:
-            return kind
-    if status in _STATUS_KINDS:
-        return _STATUS_KINDS[status]
-    # NOTE: every error a model sends on purpose about a request is INVALID_ARG unless matched above; one
-    # without a known phrase on a stream is the request's (a bad value), never the server's.
-    return "invalid" if status is None else "internal"
-
-
+#: The kind of tritonserver's own error by the gRPC status that ended a unary call. NOTE: a status that would be the
+#: client's (INVALID_ARGUMENT, NOT_FOUND) is not taken: tritonserver's own check of a request the front built is the
+#: front's fault, and every refusal of a model carries its kind in its message.
+_STATUS_KINDS = {"StatusCode.UNAVAILABLE": ErrorKind.UNAVAILABLE, "StatusCode.DEADLINE_EXCEEDED": ErrorKind.TIMEOUT,
+                 "StatusCode.CANCELLED": ErrorKind.UNAVAILABLE, "StatusCode.RESOURCE_EXHAUSTED": ErrorKind.BUSY}
 #: What tritonserver puts before a model's message: the request's id, the ensemble step that failed.
 _TRITON_PREFIX = re.compile(r"^(?:\[request id: [^\]]*\] *|in ensemble '[^']*', *)+")
-#: tritonserver's own text about a request, never a model's message for the client: it names instances and
-#: internal models ("Failed to process the request(s) for model instance 'lora_adapter_0_0', message: ...",
-#: "unexpected shape for input 'input_ids' for model 'lora_adapter'", "batch-size must be <= 8 for
-#: 'tokenizer_cache'"). A model's own messages name an adapter or an input, never a model or an instance.
-_TRITON_TEXT = re.compile(r"model instance|stub process|\bmodel:? '|for '(?:tokenizer_cache|embedding_cache|"
-                          r"lora_adapter|ensemble)'", re.IGNORECASE)
-#: The kinds whose message a client reads (generation.openai_error): the request's own refusals.
-_CLIENT_KINDS = frozenset({"invalid", "not_found", "too_large", "busy"})
+
+
+def classify(message: str, status: str | None = None) -> ErrorKind:
+    """The kind of an error tritonserver answered (its message, and its gRPC status, ``StatusCode.X``, when it
+    ended a unary call): the kind a model's message starts with (common/wire.py); for tritonserver's own text,
+    its words or its status, else ``internal``."""
+    kind, text = untag(_TRITON_PREFIX.sub("", message))
+    if kind is not None:
+        return kind
+    lowered = text.lower()
+    for phrase, phrase_kind in _TRITON_PHRASES:
+        if phrase in lowered:
+            return phrase_kind
+    return _STATUS_KINDS.get(status or "", ErrorKind.INTERNAL)
+
+
 #: The reason a client reads (a request's 503, /health) while the sidecar's /ready fails: its own reason names
 #: models and instances and quotes tritonserver, and goes to the log (the sidecar's /status has it too).
 NOT_READY = "the replica is warming up or recovering; retry, another replica may serve the request"
 
 
 def engine_error(message: str, status: str | None = None) -> EngineError:
-    """The :class:`EngineError` of an error tritonserver answered (its message, and its gRPC status,
-    ``StatusCode.X``, when it ended a unary call). A model's own message about the request keeps its kind and goes
-    to the client without tritonserver's prefixes. tritonserver's own text is no refusal the client can act on,
-    whatever its status (a request the front built that tritonserver rejects is the front's fault): an
-    ``internal`` error, whose text goes to the log only."""
+    """The :class:`EngineError` of an error tritonserver answered (:func:`classify`). A model's own message about
+    the request keeps its kind and goes to the client without tritonserver's prefixes and the kind's tag.
+    tritonserver's own text is no refusal the client can act on, whatever its status: a failure on the server's
+    side, whose text goes to the log only (generation.openai_error)."""
     if status == "StatusCode.UNAVAILABLE" and "failed to connect" in message.lower():
-        return EngineError("unavailable", "tritonserver is not reachable")
-    text = _TRITON_PREFIX.sub("", message)
-    kind = classify(text, status)
-    if kind in _CLIENT_KINDS and _TRITON_TEXT.search(text):
-        kind = "internal"
-    return EngineError(kind, text)
+        return EngineError(ErrorKind.UNAVAILABLE, "tritonserver is not reachable")
+    return EngineError(classify(message, status), untag(_TRITON_PREFIX.sub("", message))[1])
 
 
 def ensemble_inputs(request: GenerateInput) -> list[Tensor]:
@@ -241,7 +216,7 @@ class TritonEngine:
             response = await self._infer(infer_request(model, "", inputs, outputs), timeout=self.timeout_s)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise EngineError("timeout", f"no answer from {model} within {self.timeout_s:g} s") from None
+                raise EngineError(ErrorKind.TIMEOUT, f"no answer from {model} within {self.timeout_s:g} s") from None
             raise engine_error(exc.details() or "", str(exc.code())) from None
         return InferResult(response)
 
@@ -272,9 +247,10 @@ class TritonEngine:
             raise
         except grpc.RpcError as exc:  # the stream broke: the server went away, or the deadline passed
             if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise EngineError("timeout", f"no answer from tritonserver within {self.timeout_s:g} s") from None
+                raise EngineError(ErrorKind.TIMEOUT,
+                                  f"no answer from tritonserver within {self.timeout_s:g} s") from None
             LOGGER.warning("the generation stream to %s (%s) failed: %s", self.grpc_url, model, exc)
-            raise EngineError("unavailable", "the stream to tritonserver failed; retry") from None
+            raise EngineError(ErrorKind.UNAVAILABLE, "the stream to tritonserver failed; retry") from None
         finally:
             # NOTE: cancelling the gRPC call cancels the request in tritonserver (on the composing path
             # lora_adapter's scheduler drops the sequence within a step): a client gone, a stop string, an

@@ -47,7 +47,7 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):
         if request.model_name == "bad":
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "input 'x' is wrong: use 0 to 9")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "[invalid] input 'x' is wrong: use 0 to 9")
         if request.model_name == "internal":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "[request id: <id_unknown>] unexpected shape for "
                                 "input 'x' for model 'internal'. Expected [-1], got [2]")
@@ -88,12 +88,12 @@ def test_concurrent_unary_inferences_each_get_their_answer():
     asyncio.run(run())
 
 
-def test_a_model_s_error_is_its_caller_s_with_the_kind_of_its_status():
+def test_a_model_s_error_is_its_caller_s_with_the_kind_it_carries():
     async def run():
         async with served() as engine:
             with pytest.raises(EngineError) as bad:
                 await engine._unary("bad", _value(4))
-            assert bad.value.kind == "invalid" and "input 'x' is wrong" in bad.value.message
+            assert (bad.value.kind, bad.value.message) == ("invalid", "input 'x' is wrong: use 0 to 9")
             assert int((await engine._unary("m", _value(3))).as_numpy("echo")[0]) == 3
     asyncio.run(run())
 

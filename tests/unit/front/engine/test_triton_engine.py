@@ -3,29 +3,64 @@ and load signals."""
 
 import pytest
 
-from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT
+from warmup_tools.common.errors import (
+    UNKNOWN_ADAPTER_HINT,
+    AdapterUnavailableError,
+    InvalidInputError,
+    KVBudgetError,
+    ServerBusyError,
+    UnknownAdapterError,
+)
+from warmup_tools.common.wire import ErrorKind
 from warmup_tools.control.state import _UNAVAILABLE, AdapterState
 from warmup_tools.front.engine.triton_engine import classify, engine_error, parse_triton_metrics
 from warmup_tools.front.generation import openai_error
+from warmup_tools.triton.io import error_for
+from warmup_tools.triton.trust import TenantAuthError
+
+
+class _PbUtils:
+    """What error_for needs of triton_python_backend_utils."""
+
+    class TritonError:
+        INVALID_ARG, NOT_FOUND, UNAVAILABLE, CANCELLED, INTERNAL = range(5)
+
+        def __init__(self, message, code):
+            self.message, self.code = message, code
+
+
+def sent(exc: BaseException) -> str:
+    """The message a model sends for ``exc`` (triton/io.py's error_for), as the ensemble's stream carries it."""
+    return "in ensemble 'ensemble', " + error_for(_PbUtils, exc).message
+
+
+@pytest.mark.parametrize("exc, kind", [
+    (ServerBusyError("server busy: this instance already holds 72 requests; retry later"), "busy"),
+    (UnknownAdapterError(f"unknown adapter 'nope': {UNKNOWN_ADAPTER_HINT}"), "not_found"),
+    (InvalidInputError("input 'max_tokens' is out of range: use 1 to 512"), "invalid"),
+    (AdapterUnavailableError("lora_adapter is shutting down", kind=ErrorKind.UNAVAILABLE), "unavailable"),
+    (TenantAuthError("tenant 'acme' is not authenticated on this deployment"), "unauthenticated"),
+    (KVBudgetError("the KV memory budget is too small for this prompt"), "invalid"),
+    (RuntimeError("a bug"), "internal"),
+])
+def test_a_models_error_reaches_the_front_with_its_kind_whatever_its_words(exc, kind):
+    assert classify(sent(exc)) == kind
+    assert classify(sent(exc), "StatusCode.INVALID_ARGUMENT") == kind
 
 
 @pytest.mark.parametrize("message, status, kind", [
-    ("server busy: this instance already holds 72 requests (8 running at most, max_queue 64 waiting); retry later",
-     None, "busy"),
-    (f"unknown adapter 'nope': {UNKNOWN_ADAPTER_HINT}", None, "not_found"),
-    ("input 'max_tokens' is out of range: use 1 to 512", None, "invalid"),
-    ("input 'max_tokens' is out of range: use 1 to 512", "StatusCode.INVALID_ARGUMENT", "invalid"),
-    ("lora_adapter is shutting down; retry on another instance", None, "unavailable"),
-    ("tenant 'acme' is not authenticated on this deployment: send its tenant_key", None, "unauthenticated"),
-    ("internal error while serving this request; it was not completed", None, "internal"),
     # NOTE: the front names the repository's own models; one Triton does not know is not loaded (the replica's
     # fault, not the client's model name, which the front resolves itself), with or without a status.
     ("Request for unknown model: 'lora_adapter' has no available versions", "StatusCode.NOT_FOUND", "unavailable"),
     ("[request id: u7] Request for unknown model: 'tokenizer_cache' is not found", None, "unavailable"),
+    ("Stub process 'lora_adapter_0_0' is not healthy.", None, "unavailable"),
     ("something new", "StatusCode.UNAVAILABLE", "unavailable"),
     ("something new", "StatusCode.INTERNAL", "internal"),
+    ("something new", None, "internal"),
+    # a message that only reads like a model's refusal is tritonserver's, not the client's
+    ("input 'max_tokens' is out of range: use 1 to 512", "StatusCode.INVALID_ARGUMENT", "internal"),
 ])
-def test_a_model_s_error_message_maps_to_its_kind(message, status, kind):
+def test_tritonservers_own_text_maps_to_a_kind_by_its_words_or_status(message, status, kind):
     assert classify(message, status) == kind
 
 
@@ -51,15 +86,15 @@ def test_tritonservers_own_text_is_a_failure_on_the_server_side_that_no_client_r
 
 
 @pytest.mark.parametrize("message, status, kind, text", [
-    # the models' own messages, written for the client, reach it without tritonserver's prefixes
-    (f"in ensemble 'ensemble', unknown adapter 'x': {UNKNOWN_ADAPTER_HINT}", None, "not_found",
+    # the models' own messages, written for the client, reach it without tritonserver's prefixes and the tag
+    (f"in ensemble 'ensemble', [not_found] unknown adapter 'x': {UNKNOWN_ADAPTER_HINT}", None, "not_found",
      f"unknown adapter 'x': {UNKNOWN_ADAPTER_HINT}"),
-    ("[request id: r1] input 'max_tokens' is out of range: use 1 to 512", "StatusCode.INVALID_ARGUMENT", "invalid",
-     "input 'max_tokens' is out of range: use 1 to 512"),
-    ("in ensemble 'ensemble', [request id: r1] server busy: this instance already holds 72 requests; retry later",
-     None, "busy", "server busy: this instance already holds 72 requests; retry later"),
+    ("[request id: r1] [invalid] input 'max_tokens' is out of range: use 1 to 512", "StatusCode.INVALID_ARGUMENT",
+     "invalid", "input 'max_tokens' is out of range: use 1 to 512"),
+    ("in ensemble 'ensemble', [request id: r1] [busy] server busy: this instance already holds 72 requests; retry "
+     "later", None, "busy", "server busy: this instance already holds 72 requests; retry later"),
     # a client's own name for an adapter is no server internal, whatever it looks like
-    (f"unknown adapter 'lora_adapter_0_0': {UNKNOWN_ADAPTER_HINT}", None, "not_found",
+    (f"[not_found] unknown adapter 'lora_adapter_0_0': {UNKNOWN_ADAPTER_HINT}", None, "not_found",
      f"unknown adapter 'lora_adapter_0_0': {UNKNOWN_ADAPTER_HINT}"),
 ])
 def test_a_models_own_message_reaches_the_client_without_tritonservers_prefixes(message, status, kind, text):
@@ -71,7 +106,8 @@ def test_a_models_own_message_reaches_the_client_without_tritonservers_prefixes(
 @pytest.mark.parametrize("state", [s for s in _UNAVAILABLE if s is not AdapterState.RETIRED] + [AdapterState.RETIRED])
 def test_an_adapter_that_is_not_live_is_not_found_with_its_reason(state):
     message = _UNAVAILABLE[state].format(name="claims", detail="bad weights")
-    assert classify(message) == "not_found"
+    error = engine_error(sent(AdapterUnavailableError(message)))
+    assert (error.kind, openai_error(error).status, error.message) == ("not_found", 404, message)
 
 
 METRICS = """# HELP warmup_adapter_state 1 for the adapter's current lifecycle state on an instance

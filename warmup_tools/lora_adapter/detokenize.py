@@ -29,10 +29,6 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         self._read_offset = 0
 
-    @property
-    def tokens(self) -> list[int]:
-        return self._tokens
-
     def push(self, token_id: int) -> str:
         self._tokens.append(int(token_id))
         prefix_text = self._decode(self._tokens[self._prefix_offset : self._read_offset])

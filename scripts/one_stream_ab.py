@@ -7,7 +7,7 @@ at a time through ``ensemble`` to each server in turn, alternating the order (AB
 prompts and the same machine load. Per configuration: TTFT p50 and output tokens/s (all output tokens over the
 requests' summed wall time), then each configuration against the first.
 
-Example (what ``scheduler=serial`` was measured with against the continuous scheduler)::
+Example (fp against INT8 KV storage)::
 
     python scripts/one_stream_ab.py '{"a": {"WARMUP_KV_STORAGE": "fp"}, "b": {"WARMUP_KV_STORAGE": "int8"}}'
 """

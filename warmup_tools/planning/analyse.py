@@ -7,37 +7,18 @@ Pipeline (:func:`warmup_tools.planning.select.build_plan`); this module does ste
    Identical prompts are deduplicated (weighted by count). Redacted records (no ``prompt``) still count
    for heat: one whose ``prompt_digest`` matches a prompt seen in clear in its scope is attributed to it,
    the rest scale their scope's heat up (missing at random), and none of them is ever planned.
-2. **Embed** with the project's embedder, once per distinct text, in length-sorted batches. Embedding is
-   the expensive step (an embedding miss: docs/benchmarks.md, "Tokenizer and embedding caches"), so at most
-   ``max_points_per_group`` distinct prompts per scope and ``max_embeddings`` overall are embedded: a
-   seeded sample weighted by decayed request count (Efraimidis-Spirakis), shared fairly between scopes;
-   and only their first ``embed_chars`` (600) characters, which is where templates differ (measured on
-   generated traffic: planning time 140 -> 58 s, template purity 0.87 -> 0.89).
-3. **Cluster** each scope's sample with scikit-learn's HDBSCAN on L2-normalised embeddings projected on
-   their leading principal axes (one per 16 sampled prompts, at least 2, at most 16). Why this method:
-
-   * the number of templates is unknown and HDBSCAN needs no ``k``; its noise label is the long tail,
-     which should not be warmed at all;
-   * mean-pooled embeddings of prompts that share a system prompt and template but differ in the user part
-     form tight blobs, yet in all 384 dimensions the user parts' variance drowns the gap between two
-     templates that share a system prompt (measured: purity 0.74-0.84 without projection). The few
-     leading principal axes of a scope are the between-template directions, and with them purity was 1.0
-     on the same data. Axes estimated from few points are noise themselves (16 axes from 30-60 points:
-     purity 0.76-0.89), hence the number of axes grows with the sample;
-   * ``allow_single_cluster`` because a scope often serves a single template; ``min_samples=3`` (not
-     ``min_cluster_size``) so sparse samples are not mostly noise, yet one template is rarely split in
-     two; a prompt repeated ``n`` times enters as ``min(n, min_cluster_size)`` identical points, so a hot
-     duplicate is a cluster even alone;
-   * HDBSCAN also groups unrelated one-off prompts into a loose "cluster" when nothing else is near them.
-     A cluster whose members sit on average further than ``max_spread`` (0.6; template clusters measure
-     0.34-0.43, bags of unrelated prompts 0.72-0.79) from their centroid is returned to noise.
-
-   Prompts HDBSCAN did not place (left out of the sample, or noise in it) are placed through token
-   blocks, the similarity that matters to a prefix cache and a cheap one (tokenising is ~0.15 ms a
-   prompt): one that carries a cluster's whole chosen prefix (step 5) joins it, since it would hit that
-   cluster's warmed KV (this also rescues the members HDBSCAN calls noise in small, sparse samples); an
-   unsampled one that carries none takes the majority label of the deepest block it shares with the
-   sample (noise if it shares no full block).
+2. **Embed** with the project's embedder, once per distinct text, in length-sorted batches: at most
+   ``max_points_per_group`` distinct prompts per scope and ``max_embeddings`` overall, a seeded sample weighted
+   by decayed request count (Efraimidis-Spirakis) shared fairly between scopes, and only their first
+   ``embed_chars`` characters.
+3. **Cluster** each scope's sample with scikit-learn's HDBSCAN on L2-normalised embeddings projected on their
+   leading principal axes (one per 16 sampled prompts, at least 2, at most 16), ``allow_single_cluster``,
+   ``min_samples=3``, a prompt repeated ``n`` times entering as ``min(n, min_cluster_size)`` points; a cluster
+   whose members sit on average further than ``max_spread`` from their centroid is returned to noise. Prompts
+   HDBSCAN did not place are placed through token blocks: one that carries a cluster's whole chosen prefix
+   (step 5) joins it; an unsampled one that carries none takes the majority label of the deepest block it
+   shares with the sample (noise if it shares no full block). Why each of these choices, with what was
+   measured: docs/planner.md, "How the planner chooses".
 4. **Heat** per cluster: decayed frequency, ``sum(0.5 ** ((now - ts) / half_life_s))`` over its requests,
    divided by the decayed length of the observed span, i.e. an estimate of requests per hour. The
    estimator is scored on held-out data (fit on the first 80% of the span, predict each cluster's count

@@ -6,8 +6,8 @@ with its own :class:`~warmup_tools.caches.redis_tier.SharedTier` (client and con
 local tier (instances that do not hold these keys locally: new ones, or ones that evicted them), then
 request them back to back, each key drawn with Zipf(``zipf_s``) popularity (a warm-up's keys are the
 popular ones), for one TTL cycle: until every value has expired, and before a recomputed one could expire
-again. A computation costs ``compute_ms`` (a sleep standing in for the model; an embedding takes 20-54 ms
-on these cores, a tokenisation 0.2 ms).
+again. A computation costs ``compute_ms`` (a sleep standing in for the model: an embedding miss costs what
+docs/benchmarks.md, "Tokenizer and embedding caches", measures).
 
 For each of the four settings (jitter off/on, lock off/on) it prints the computations per recomputed key,
 the peak recomputation rate (the most in any ``window_ms``, per second) and the request latency p50/p99

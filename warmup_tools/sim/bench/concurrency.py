@@ -35,14 +35,15 @@ from warmup_tools.sim.bench.latency import (
     run_streams,
     stream_prompt,
 )
+from warmup_tools.sim.bench.params import LmThreads, MaxNumSeqs, MaxTokens
 
 
 def run(assets_dir: Path, *, levels: Annotated[Sequence[int], arg("comma-separated stream counts")] = (1, 4, 8, 16),
         rounds: Annotated[int, arg("requests each stream sends back to back (at least)")] = 6,
         min_requests: Annotated[int, arg("requests per level (at least)")] = 24,
-        max_tokens: Annotated[int, arg("tokens generated per request")] = 32,
-        max_num_seqs: Annotated[int, arg("lora_adapter's max_num_seqs")] = 16,
-        lm_threads: Annotated[int, arg("torch threads of lora_adapter (0: torch default)")] = 1,
+        max_tokens: MaxTokens = 32,
+        max_num_seqs: MaxNumSeqs = 16,
+        lm_threads: LmThreads = 1,
         disconnects: Annotated[int, arg("abandoned streams per transport before measuring the next request's "
                                         "TTFT (0: skip)")] = 7,
         rates: Annotated[Sequence[float], arg("open-loop levels after the streams: Poisson arrivals at each rate "

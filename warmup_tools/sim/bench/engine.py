@@ -39,16 +39,17 @@ from warmup_tools.sim.bench.latency import (
     run_streams,
     stream_prompt,
 )
+from warmup_tools.sim.bench.params import LmThreads, MaxNumSeqs, MaxTokens
 
 
 def run(assets_dir: Path, *, levels: Annotated[Sequence[int], arg("comma-separated stream counts")] = (1, 4, 8, 16),
         rounds: Annotated[int, arg("requests each stream sends back to back (at least)")] = 6,
         min_requests: Annotated[int, arg("requests per level (at least)")] = 24,
-        max_tokens: Annotated[int, arg("tokens generated per request")] = 32,
-        max_num_seqs: Annotated[int, arg("the scheduler's max_num_seqs")] = 16,
+        max_tokens: MaxTokens = 32,
+        max_num_seqs: MaxNumSeqs = 16,
         device: Annotated[str, arg("auto (the first CUDA device, else CPU), cpu, cuda, cuda:1")] = "auto",
         dtype: Annotated[str, arg("auto, float32, float16 or bfloat16")] = "auto",
-        lm_threads: Annotated[int, arg("torch threads of the LM (0: torch default)")] = 1,
+        lm_threads: LmThreads = 1,
         out: TextIO = sys.stdout) -> list[LevelResult]:
     """Measure each level on one engine; prints a table and the 8-vs-1 ratios."""
     assets_dir = Path(assets_dir)

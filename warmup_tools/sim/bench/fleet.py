@@ -42,6 +42,7 @@ from warmup_tools.common.settings import arg, environ_overrides
 from warmup_tools.fleet.fleet import Fleet
 from warmup_tools.fleet.replica import Replica
 from warmup_tools.fleet.settings import POLICIES, FleetSettings
+from warmup_tools.sim.bench.params import LmThreads, Seed
 from warmup_tools.sim.bench.replay import prepare
 
 #: The routing policies compared on two replicas (against one replica alone).
@@ -142,13 +143,13 @@ def replay(url: str, records: Sequence[RequestRecord], users: int = 1,
     return [a for a in answers if a is not None]
 
 
-def run(assets_dir: Path, *, seed: Annotated[int, arg("seed of the traffic")] = 0,
+def run(assets_dir: Path, *, seed: Seed = 0,
         requests_per_day: Annotated[int, arg("requests per simulated day")] = 6000,
         hours: Annotated[float, arg("hours of day 2 replayed")] = 1.0,
         scale_out_min: Annotated[float, arg("simulated minutes before the scale-out")] = 30.0,
         window_min: Annotated[float, arg("simulated minutes of the new replica's requests measured")] = 10.0,
         streams: Annotated[int, arg("concurrent streams during the scale-in")] = 6,
-        lm_threads: Annotated[int, arg("torch threads of each replica's lora_adapter")] = 1,
+        lm_threads: LmThreads = 1,
         policy: Annotated[str | None, arg("the router's policy in the scale-out and scale-in runs (none: the "
                                           "fleet's default)", choices=POLICIES)] = None,
         users: Annotated[int, arg("concurrent clients replaying the traffic in order in the routing runs")] = 4,

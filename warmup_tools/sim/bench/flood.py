@@ -20,6 +20,7 @@ from warmup_tools.common.settings import arg
 from warmup_tools.server.client import GenerateParams, StreamingClient, scrape_metrics
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
+from warmup_tools.sim.bench.params import Seed
 
 MODELS = ("tokenizer_cache", "embedding_cache", "lora_adapter")
 _WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
@@ -52,7 +53,7 @@ def metric_figures(metrics_url: str) -> tuple[int, dict[str, float]]:
 
 
 def run(assets_dir: Path, *, requests: Annotated[int, arg("requests, each with a new tenant and prompt")] = 10_000,
-        seed: Annotated[int, arg("seed of the tenants and prompts")] = 0, out: TextIO = sys.stdout) -> None:
+        seed: Seed = 0, out: TextIO = sys.stdout) -> None:
     rng = random.Random(seed)
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": ""}
     with TritonServer(REPO_ROOT / "model_repository", env=env) as server:

@@ -35,6 +35,7 @@ from warmup_tools.server.client import metric_sum, scrape_metrics
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer, free_port
 from warmup_tools.sim.bench.latency import pct
+from warmup_tools.sim.bench.params import LmThreads, MaxTokens
 
 ABANDONED_MAX_TOKENS = 200
 #: Longest wait for an abandoned stream to leave the batch (an ensemble stream runs to its max_tokens).
@@ -47,8 +48,8 @@ def run(assets_dir: Path, *, disconnects: Annotated[int, arg("streams abandoned 
                                                     "(0: skip)")] = 11,
         requests: Annotated[int, arg("requests each way per level for the front's added TTFT and tokens/s (0: "
                                      "skip)")] = 40,
-        max_tokens: Annotated[int, arg("tokens generated per request")] = 32,
-        lm_threads: Annotated[int, arg("torch threads of lora_adapter (0: torch default)")] = 1,
+        max_tokens: MaxTokens = 32,
+        lm_threads: LmThreads = 1,
         out: TextIO = sys.stdout) -> dict:
     import httpx
 

@@ -32,6 +32,7 @@ from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
+from warmup_tools.sim.bench.params import LmThreads
 from warmup_tools.sim.bench.text import make_text
 
 if TYPE_CHECKING:
@@ -204,7 +205,7 @@ def run_flood(assets_dir: Path, *, prompts: int = 10_000, prompt_tokens: int = 4
 
 def run(assets_dir: Path, *, repeats: Annotated[int, arg("TTFT samples per prefix length (the median is shown)")] = 7,
         flood: Annotated[int, arg("unique prompts for the memory check (0: skip)")] = 10_000,
-        lm_threads: Annotated[int, arg("torch threads of lora_adapter (0: torch default)")] = 1,
+        lm_threads: LmThreads = 1,
         out: TextIO = sys.stdout) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     rows = run_ttft(assets_dir, repeats=repeats, lm_threads=lm_threads, out=out)

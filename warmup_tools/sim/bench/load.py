@@ -23,6 +23,7 @@ from warmup_tools.common.jsonl import write_json_lines
 from warmup_tools.common.settings import arg
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
+from warmup_tools.sim.bench.params import MaxTokens, Seed
 from warmup_tools.sim.bench.replay import prepare
 from warmup_tools.sim.load.stats import read_stats_json
 
@@ -83,8 +84,8 @@ def locust_replay(repo: Path, log: Path, assets_dir: Path, work: Path, label: st
 
 
 def run(assets_dir: Path, *, users: Annotated[int, arg("concurrent Locust users")] = 4,
-        max_tokens: Annotated[int, arg("tokens generated per request")] = 8,
-        seed: Annotated[int, arg("seed of the generated traffic")] = 0,
+        max_tokens: MaxTokens = 8,
+        seed: Seed = 0,
         requests_per_day: Annotated[int, arg("requests per simulated day")] = 6000,
         out: TextIO = sys.stdout) -> list[LoadResult]:
     work = Path(tempfile.mkdtemp(prefix="bench-load-"))

@@ -35,6 +35,7 @@ from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.service import LoraService
 from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING, EngineConfig, SchedulerConfig, ServiceConfig
+from warmup_tools.sim.bench.params import LmThreads
 
 #: (label, warm class settings) of each configuration measured.
 CONFIGS = (
@@ -142,8 +143,7 @@ class _FirstToken:
 
 def run(assets_dir: Path, *, prompts: Annotated[int, arg("warm prompts of the new adapter")] = 12,
         prompt_tokens: Annotated[int, arg("tokens of each warm prompt")] = 768, idle_s: float = 3.0,
-        think_s: float = 0.01, lm_threads: Annotated[int, arg("torch threads of lora_adapter (0: torch "
-                                                                "default)")] = 1,
+        think_s: float = 0.01, lm_threads: LmThreads = 1,
         seed: int = 0, out: TextIO = sys.stdout) -> list[PreloadResult]:
     out.write(f"live client: support requests, max_tokens=1, {think_s * 1000:.0f} ms think time; warm-up: adapter sql, "
               f"{prompts} prompts of ~{prompt_tokens} tokens; LM threads {lm_threads}\n")

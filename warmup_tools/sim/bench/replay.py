@@ -37,6 +37,7 @@ from warmup_tools.planning.stanzas import write_model_warmup
 from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
+from warmup_tools.sim.bench.params import Seed
 
 TRAFFIC = ("generated", "real", "heldout")
 #: The replayed windows, in hours from the start of day 2.
@@ -268,7 +269,7 @@ def prepare(work: Path, assets_dir: Path, *, seed: int, requests_per_day: int, o
     return Repositories(first_hours, day1, day2_start, baseline, planned, tokenizer, target.block_size, plan)
 
 
-def run(assets_dir: Path, *, seed: Annotated[int, arg("seed of the generated traffic")] = 0,
+def run(assets_dir: Path, *, seed: Seed = 0,
         requests_per_day: Annotated[int, arg("requests per simulated day")] = 6000,
         traffic: Annotated[str, arg("the project's generated traffic, a log built from real public text, or a "
                                     "second one built another way (held out: tenant preambles, other questions, "

@@ -48,6 +48,7 @@ from warmup_tools.planning.analyse import BlockTrie
 from warmup_tools.planning.live import ReplanResult, RollingPlanner, wait_applied
 from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.process import TritonServer
+from warmup_tools.sim.bench.params import Seed
 from warmup_tools.sim.bench.replay import Served, figures, floor, prepare, replay
 
 
@@ -149,7 +150,7 @@ def new_applications(day1: Sequence[RequestRecord], day2: Sequence[RequestRecord
     return out
 
 
-def run(assets_dir: Path, *, seed: Annotated[int, arg("seed of the generated traffic")] = 0,
+def run(assets_dir: Path, *, seed: Seed = 0,
         requests_per_day: Annotated[int, arg("requests per simulated day")] = 3000,
         hours: Annotated[float, arg("hours of day 2 to replay")] = 12.0,
         every_h: Annotated[float, arg("simulated hours between re-plans")] = 3.0,

@@ -60,6 +60,7 @@ from warmup_tools.server.process import TritonServer
 from warmup_tools.sidecar.app import replica_canary
 from warmup_tools.sidecar.canary.controller import CanaryController, Verdict
 from warmup_tools.sidecar.config import SidecarConfig
+from warmup_tools.sim.bench.params import Seed
 from warmup_tools.sim.bench.replay import prepare
 
 #: The tenants of the bad plan's traffic: none of them sends a request on day 2.
@@ -178,7 +179,7 @@ def goals(trials: Sequence[Trial], limit_min: float = 5.0) -> list[str]:
     return lines
 
 
-def run(assets_dir: Path, *, seed: Annotated[int, arg("seed of the traffic")] = 0,
+def run(assets_dir: Path, *, seed: Seed = 0,
         requests_per_day: Annotated[int, arg("requests per simulated day")] = 6000,
         hours: Annotated[float, arg("hours of day 2 to replay")] = 3.0,
         speedup: Annotated[float, arg("replay this many times faster than the trace")] = 60.0,

@@ -40,6 +40,7 @@ from warmup_tools.planning.stanzas import WarmupInput, WarmupSample, string_inpu
 from warmup_tools.server.client import GenerateParams, StreamingClient, metric_sum, scrape_metrics
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
+from warmup_tools.sim.bench.params import LmThreads, MaxTokens, Seed
 from warmup_tools.sim.bench.text import make_text
 
 ADAPTERS = ("support", "legal", "sql", None)
@@ -68,9 +69,9 @@ class RunResult:
 def run(assets_dir: Path, *, prompts: Annotated[int, arg("planned prompts of the hot set")] = 32,
         prompt_tokens: Annotated[int, arg("tokens of each planned prompt")] = 640,
         live: Annotated[int, arg("planned and live-only prompts sent after READY")] = 4,
-        max_tokens: Annotated[int, arg("tokens generated per request")] = 16,
-        seed: Annotated[int, arg("seed of the prompts")] = 0,
-        lm_threads: Annotated[int, arg("torch threads of lora_adapter (0: torch default)")] = 1,
+        max_tokens: MaxTokens = 16,
+        seed: Seed = 0,
+        lm_threads: LmThreads = 1,
         out: TextIO = sys.stdout) -> dict[str, object]:
     from transformers import AutoTokenizer
 

@@ -42,6 +42,7 @@ from warmup_tools.common.errors import WarmupToolsError
 from warmup_tools.common.settings import arg, parse_duration
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 from warmup_tools.server.config import REPO_ROOT
+from warmup_tools.sim.bench.params import MaxTokens, Seed
 from warmup_tools.sim.bench.soak_checks import (
     CANCELLED,
     ERROR,
@@ -326,8 +327,8 @@ def run(assets_dir: Path, *,
                                      parse=parse_duration)] = 300.0,
         sample_every: Annotated[float, arg("process sampling interval", parse=parse_duration)] = 5.0,
         grace: Annotated[float, arg("added to each recovery window after /ready 200", parse=parse_duration)] = 5.0,
-        max_tokens: Annotated[int, arg("tokens generated per request")] = 16,
-        seed: Annotated[int, arg("seed of the traffic")] = 0,
+        max_tokens: MaxTokens = 16,
+        seed: Seed = 0,
         out_dir: Annotated[Path, arg("folder for summary.md, samples.csv, requests.csv and the logs",
                                      flag="out")] = REPO_ROOT / "runs" / "soak",
         out: TextIO = sys.stdout) -> Accounting:

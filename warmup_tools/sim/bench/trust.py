@@ -23,6 +23,7 @@ from warmup_tools.common.settings import arg
 from warmup_tools.server.client import GenerateParams, GenerateResult, StreamingClient
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
+from warmup_tools.sim.bench.params import Seed
 from warmup_tools.triton.trust import add_tenant_key
 
 _WORDS = ("invoice refund outage dashboard login password billing region revenue order customer product clause "
@@ -35,7 +36,7 @@ def memo(rng: random.Random) -> str:
 
 
 def run(assets_dir: Path, *, prompts: Annotated[int, arg("prompts of each kind (at least 2)")] = 50,
-        seed: Annotated[int, arg("seed of the prompts")] = 7, out: TextIO = sys.stdout) -> None:
+        seed: Seed = 7, out: TextIO = sys.stdout) -> None:
     if prompts < 2:
         raise ConfigError(f"--prompts must be at least 2 (a spread needs two figures), got {prompts}")
     rng = random.Random(seed)

@@ -193,3 +193,20 @@ def test_lora_adapter_called_directly_checks_every_input(triton, grpc_client, ex
         assert error is not None and match in str(error), str(error)
     assert _stream_direct(triton, "lora_adapter", {"input_ids": _ids(), "max_tokens": np.array([1], np.int32)}) is None
     assert_still_serving(grpc_client)
+
+
+def test_a_models_error_kind_reaches_every_client_of_the_ensemble(triton, grpc_client):
+    """What tritonserver 2.51 carries of a lora_adapter error inside the ensemble: the message, with the kind
+    the model put first (common/wire.py), over the gRPC stream and over HTTP. The status is the kind's only
+    for INVALID_ARG: HTTP answers a step's NOT_FOUND with 400 too, and the stream carries no code."""
+    with pytest.raises(GenerateError) as streamed:
+        grpc_client.generate("hello", GenerateParams(max_tokens=3, adapter_id="nope"))
+    assert "[not_found] unknown adapter 'nope'" in str(streamed.value)
+    with pytest.raises(GenerateError) as http:
+        http_generate(triton.http_url, "hello", GenerateParams(max_tokens=3, adapter_id="nope"))
+    assert "[not_found] unknown adapter 'nope'" in str(http.value) and int(http.value.status) == 400
+    response = requests.post(f"http://{triton.http_url}/v2/models/ensemble/generate",
+                             json={"text_input": "hello", "max_tokens": 3, "repetition_penalty": 0}, timeout=60)
+    assert response.status_code == 400, response.text
+    assert "[invalid] input 'repetition_penalty' is out of range: use 0.01 to 100" in response.json()["error"]
+    assert_still_serving(grpc_client)

@@ -211,3 +211,27 @@ def test_concurrent_streams_through_the_front_leave_tritonserver_serving(front, 
     finally:
         for client in clients:
             client.close()
+
+
+def test_a_repetition_penalty_reaches_the_sampler_and_a_bad_one_is_a_400(front):
+    """vLLM's extra parameter ``repetition_penalty``, from the OpenAI front through the ensemble's wire to the
+    sampler: greedy text that repeats tokens is another text under a strong penalty; 1 is no penalty; a bad
+    value is the client's. NOTE: 48 tokens, so that the demo LM's greedy text repeats a token (its random
+    weights rarely pick one of a short prompt's)."""
+    body = {"model": "base", "prompt": "Hello", "max_tokens": 48, "temperature": 0}
+    with httpx.Client(base_url=front.url, timeout=120) as client:
+        def text(**extra) -> str:
+            response = client.post("/v1/completions", json={**body, **extra})
+            assert response.status_code == 200, response.text
+            return response.json()["choices"][0]["text"]
+
+        plain = text()
+        assert text(repetition_penalty=1.0) == plain
+        assert text(repetition_penalty=100.0) != plain
+        message = "input 'repetition_penalty' is out of range: use 0.01 to 100 (1 for no penalty)"
+        for value in (b"0", b"-1.5", b"NaN"):
+            raw = b'{"model": "base", "prompt": "x", "max_tokens": 2, "repetition_penalty": ' + value + b"}"
+            response = client.post("/v1/completions", content=raw, headers={"Content-Type": "application/json"})
+            assert response.status_code == 400, (value, response.text)
+            assert response.json()["error"]["message"] == message, value
+        assert text() == plain

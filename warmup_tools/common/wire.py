@@ -124,6 +124,8 @@ MAX_TEMPERATURE = 100.0
 #: already gives odds of e^-50: below it sampling is greedy in all but name (vLLM raises smaller ones to
 #: 0.01 for the same reason). The bound is the FP32 value nearest 0.01, since the input is FP32.
 MIN_TEMPERATURE = float(np.float32(0.01))
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 100.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,6 +149,13 @@ class SamplingParams:
                                 bound="0 (no limit) or a positive count", valid=lambda v: v >= 0)
     seed: int = sampling_input(0, "UINT64", "Seed of the request's random generator (sampling is reproducible).",
                                bound="0 to 2**64-1", valid=lambda v: 0 <= v <= MAX_SEED)
+    # NOTE: at least 0.01 for the reason temperature is: a positive logit divided by a float32-subnormal penalty
+    # is inf, and the distribution NaN.
+    repetition_penalty: float = sampling_input(
+        1.0, "FP32", "Divides the positive logits of tokens already in the prompt or the output and multiplies "
+        "the negative ones (vLLM's and Hugging Face's repetition_penalty); 1 for none, above 1 repeats less.",
+        bound=f"{MIN_REPETITION_PENALTY:g} to {MAX_REPETITION_PENALTY:g} (1 for no penalty)",
+        valid=lambda v: MIN_REPETITION_PENALTY <= v <= MAX_REPETITION_PENALTY)
 
     @property
     def greedy(self) -> bool:

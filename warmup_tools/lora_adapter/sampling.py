@@ -30,6 +30,8 @@ def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     temperature so small that the scaled scores overflow), and ``FloatingPointError`` when the model's own
     logits are not finite (a fault of the model, not of the request).
     """
+    if params.repetition_penalty != 1.0 and tokens:
+        logits = penalize_repetition(logits, tokens, params.repetition_penalty)
     if params.greedy or generator is None:
         return int(torch.argmax(logits).item())
     scores = logits.float() / params.temperature
@@ -54,3 +56,14 @@ def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
         raise InvalidInputError(f"input 'temperature' is too small for this model's scores: use 0 (greedy) or at "
                                 f"least {MIN_TEMPERATURE:.2g}")
     return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def penalize_repetition(logits: torch.Tensor, tokens: Sequence[int], penalty: float) -> torch.Tensor:
+    """``logits`` with each token of ``tokens`` penalised: a positive logit divided by ``penalty``, a negative one
+    multiplied by it (Hugging Face's ``RepetitionPenaltyLogitsProcessor``, vLLM's ``repetition_penalty``)."""
+    scores = logits.float().clone()
+    seen = torch.unique(torch.as_tensor(tokens, dtype=torch.long, device=scores.device))
+    seen = seen[(seen >= 0) & (seen < scores.numel())]
+    picked = scores[seen]
+    scores[seen] = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return scores

@@ -113,3 +113,19 @@ def test_text_input_is_bounded_before_it_is_decoded_like_every_models_prompt_tex
 def test_a_string_where_a_number_belongs_is_invalid_arg_not_an_internal_error():
     with pytest.raises(InvalidInputError, match="'top_k' must be a number"):
         parse_generate_request({"input_ids": ids(1), "top_k": np.array([b"seven"], dtype=object)}, LIMITS)
+
+
+def test_repetition_penalty_is_1_unless_set_and_is_taken_as_sent():
+    assert parse_generate_request({"input_ids": ids(1)}, LIMITS).sampling.repetition_penalty == 1.0
+    req = parse_generate_request({"input_ids": ids(1), "repetition_penalty": np.array([1.3], dtype=np.float32)},
+                                 LIMITS)
+    assert req.sampling.repetition_penalty == pytest.approx(1.3)
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, np.nan, np.inf, 0.001, 101.0])
+def test_a_repetition_penalty_out_of_its_bound_is_refused_with_what_to_send(value):
+    with pytest.raises(InvalidInputError) as info:
+        parse_generate_request({"input_ids": ids(1), "repetition_penalty": np.array([value], dtype=np.float32)},
+                               LIMITS)
+    assert str(info.value) == "input 'repetition_penalty' is out of range: use 0.01 to 100 (1 for no penalty)"
+    assert info.value.kind == "invalid"

@@ -25,3 +25,9 @@ def test_a_streamed_completion_ends_with_usage_and_done(client):
 def test_openai_default_of_16_tokens(client, engine):
     client.post("/v1/completions", json={"model": "base", "prompt": "x"})
     assert engine.requests[0].sampling == {"max_tokens": 16}
+
+
+def test_a_sampling_input_of_the_engine_named_by_vllms_extra_parameter_goes_through(client, engine):
+    body = {"model": "base", "prompt": "x", "repetition_penalty": 1.2}
+    assert client.post("/v1/completions", json=body).status_code == 200
+    assert engine.requests[0].sampling == {"max_tokens": 16, "repetition_penalty": 1.2}

@@ -156,6 +156,9 @@ class SamplingParams:
         "the negative ones (vLLM's and Hugging Face's repetition_penalty); 1 for none, above 1 repeats less.",
         bound=f"{MIN_REPETITION_PENALTY:g} to {MAX_REPETITION_PENALTY:g} (1 for no penalty)",
         valid=lambda v: MIN_REPETITION_PENALTY <= v <= MAX_REPETITION_PENALTY)
+    ignore_eos: bool = sampling_input(
+        False, "BOOL", "Keep generating after an end-of-sequence token, up to max_tokens (vLLM's ignore_eos: "
+        "benchmarks compare servers at the same output length).")
 
     @property
     def greedy(self) -> bool:

@@ -58,6 +58,8 @@ class _SamplingRequest(_Request):
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
     #: vLLM's extra parameter (not OpenAI's); its bound is the engine's (common/wire.py).
     repetition_penalty: float | None = None
+    #: vLLM's extra parameter (not OpenAI's).
+    ignore_eos: bool | None = None
     stop: str | list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]] | None = None
     n: Annotated[int, Field(ge=1, le=128)] | None = None
     stream: bool | None = False

@@ -775,7 +775,7 @@ class Scheduler:
         params = seq.request.sampling
         token = next_token(logits, params, seq.generator, seq.tokens)
         seq.output_tokens += 1
-        is_eos = token in self.engine.eos_token_ids
+        is_eos = not params.ignore_eos and token in self.engine.eos_token_ids
         finished = is_eos or seq.output_tokens >= params.max_tokens
         text = "" if is_eos else seq.detok.push(token)
         if finished:

@@ -304,3 +304,18 @@ def test_warm_up_rests_after_each_chunk_so_it_keeps_within_warm_share(fresh_cach
     assert scheduler.step().warm_tokens == 0
     now[0] += 0.02
     assert scheduler.step().warm_tokens == 16
+
+
+def test_ignore_eos_generates_max_tokens_past_an_end_of_sequence_token(engine, monkeypatch):
+    from tests.unit.lora_adapter.conftest import serve
+
+    request = make_request(engine, "Translate to SQL: every order of May", "sql", max_tokens=6)
+    first = serve(engine, request)[0].token_id
+    # The model's first greedy token is made an end-of-sequence token: a request stops at it unless it ignores it.
+    monkeypatch.setattr(engine, "eos_token_ids", frozenset({first}))
+    stopped = serve(engine, request)
+    assert len(stopped) == 1 and stopped[0].finished and stopped[0].finish_reason == "stop" and not stopped[0].text
+    kept = serve(engine, make_request(engine, "Translate to SQL: every order of May", "sql", max_tokens=6,
+                                      ignore_eos=True))
+    assert [s.output_tokens for s in kept] == [1, 2, 3, 4, 5, 6]
+    assert kept[0].token_id == first and kept[-1].finish_reason == "length"

@@ -28,6 +28,6 @@ def test_openai_default_of_16_tokens(client, engine):
 
 
 def test_a_sampling_input_of_the_engine_named_by_vllms_extra_parameter_goes_through(client, engine):
-    body = {"model": "base", "prompt": "x", "repetition_penalty": 1.2}
+    body = {"model": "base", "prompt": "x", "repetition_penalty": 1.2, "ignore_eos": True}
     assert client.post("/v1/completions", json=body).status_code == 200
-    assert engine.requests[0].sampling == {"max_tokens": 16, "repetition_penalty": 1.2}
+    assert engine.requests[0].sampling == {"max_tokens": 16, "repetition_penalty": 1.2, "ignore_eos": True}

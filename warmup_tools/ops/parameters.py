@@ -75,6 +75,7 @@ def parameters_markdown(repository: Path | None = None) -> str:
         parts.append(f"\n## `{model}`\n\nRead by `{cls.__module__}.{cls.__name__}`; the last column is the "
                      "value the shipped `model_repository` gives it (the environment variable that sets it).\n\n")
         parts.append(markdown_table(model_rows(model), shipped_values(repository, model)))
+    parts.append(generate_request_markdown())
     parts.append(_PROCESSES_INTRO)
     for title, cls, commands, link in PROCESS_SETTINGS:
         file = f"the JSON file `{file_flag(cls)}` names, " if title != "The plan history" else ""
@@ -83,3 +84,23 @@ def parameters_markdown(repository: Path | None = None) -> str:
         table = markdown_table(list(parameter_rows(cls))).replace("| parameter |", "| key |", 1)
         parts.append(table.replace(str(REPO_ROOT) + "/", ""))  # the defaults under the checkout, as relative
     return "".join(parts)
+
+
+def generate_request_markdown() -> str:
+    """The ``ensemble``'s inputs as a client sends them, from the wire table (warmup_tools/common/wire.py)."""
+    from warmup_tools.common.wire import GENERATE_INPUTS, GENERATE_OUTPUTS
+
+    lines = ["\n## The generate request (`ensemble`)\n",
+             "Its inputs, from the one table in `warmup_tools.common.wire` (both config.pbtxt files are checked "
+             "against it). Triton takes each as optional (a request without `text_input` gets the tokenizer's "
+             "error); an absent input takes its default.\n",
+             "| input | type | default | bound | what it does |", "|---|---|---|---|---|"]
+    for row in GENERATE_INPUTS:
+        if not row.ensemble:
+            continue
+        dims = ", ".join(str(d) for d in row.dims)
+        default = "" if row.default is None else str(row.default).lower() if isinstance(row.default, bool) \
+            else f"{row.default:g}" if isinstance(row.default, float) else str(row.default)
+        lines.append(f"| `{row.name}` | {row.dtype} [{dims}] | {default} | {row.bound} | {row.doc} |")
+    lines.append("\nOutputs: " + ", ".join(f"`{name}` ({dtype})" for name, dtype in GENERATE_OUTPUTS) + ".\n")
+    return "\n".join(lines)

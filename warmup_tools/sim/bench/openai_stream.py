@@ -1,0 +1,50 @@
+"""One streamed ``/v1/completions`` request read as server-sent events, as the benchmarks' clients read it from
+any OpenAI-compatible server (this project's front, the smg router, vLLM)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any, Mapping
+
+
+class StreamError(RuntimeError):
+    """The server answered with another status than 200."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(f"HTTP {status}: {text[:300]}")
+        self.status = status
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Streamed:
+    """What the client saw: seconds to the first event with text (None: no text came), in all, and the usage the
+    stream reported (empty when it reported none)."""
+
+    ttft_s: float | None
+    total_s: float
+    usage: Mapping[str, Any]
+
+    @property
+    def cached_tokens(self) -> int:
+        return int((self.usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
+def stream_completion(client: Any, url: str, body: Mapping[str, Any],
+                      headers: Mapping[str, str] | None = None) -> Streamed:
+    """POST ``body`` (``stream`` and ``include_usage`` set here) to ``url`` with the httpx ``client``;
+    :class:`StreamError` on a status other than 200 (httpx's errors pass through)."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    started, ttft, usage = time.perf_counter(), None, {}
+    with client.stream("POST", url, json=body, headers=dict(headers or {})) as response:
+        if response.status_code != 200:
+            raise StreamError(response.status_code, response.read().decode("utf-8", "replace"))
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            data = json.loads(line[6:])
+            if ttft is None and data.get("choices") and data["choices"][0].get("text"):
+                ttft = time.perf_counter() - started
+            usage = data.get("usage") or usage
+    return Streamed(ttft, time.perf_counter() - started, usage)

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from warmup_tools.common.errors import WarmupToolsError
+from warmup_tools.sidecar.background import BackgroundThread
 from warmup_tools.sidecar.config import ENSEMBLE_MODEL, SidecarConfig
 from warmup_tools.sidecar.coverage import NOT_CHECKED, CoverageVerdict
 from warmup_tools.sidecar.health import HealthTracker, ProbeResult, Readiness, RecoveryResult
@@ -92,8 +93,7 @@ class Monitor:
         self._tracker = HealthTracker(config.models, config.failures_to_recover, config.recovery_backoff_s,
                                       config.max_backoff_s)
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = BackgroundThread("sidecar-monitor")
         self._rounds = 0
         self._was_ready = False
         self._shortfalls_logged: set[tuple[str, ...]] = set()
@@ -102,17 +102,10 @@ class Monitor:
 
     # ----------------------------------------------------------------------------------- public API
     def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="sidecar-monitor", daemon=True)
-        self._thread.start()
+        self._worker.start(self._loop)
 
     def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        self._worker.stop(timeout)
 
     def run_once(self) -> None:
         """Probe the server and every model once, then reload the models that need it."""
@@ -202,7 +195,7 @@ class Monitor:
         return readings
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
+        while not self._worker.stopping.is_set():
             started = time.monotonic()
             try:
                 self.run_once()
@@ -218,9 +211,9 @@ class Monitor:
         """Until ``deadline`` (monotonic) or a stop; earlier when a stub exited or stopped."""
         while (left := deadline - time.monotonic()) > 0:
             if self._stub_faults is None:
-                self._stop.wait(left)
+                self._worker.stopping.wait(left)
                 return
-            if self._stop.wait(min(left, self.config.stub_check_interval_s)) or self._new_stub_fault():
+            if self._worker.stopping.wait(min(left, self.config.stub_check_interval_s)) or self._new_stub_fault():
                 return
 
     def _restart_decision(self, faults: dict[str, StubFault]) -> Decision | None:

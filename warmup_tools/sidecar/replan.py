@@ -14,6 +14,8 @@ import logging
 import threading
 from typing import Any, Callable
 
+from warmup_tools.sidecar.background import BackgroundThread
+
 LOGGER = logging.getLogger(__name__)
 
 
@@ -27,8 +29,7 @@ class Replanner:
         self._last: dict[str, Any] | None = None
         self._error = ""
         self._runs = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = BackgroundThread("sidecar-replan")
 
     def run_once(self) -> None:
         try:
@@ -46,15 +47,11 @@ class Replanner:
             return {"interval_s": self.interval_s, "runs": self._runs, "last": self._last, "error": self._error}
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="sidecar-replan", daemon=True)
-        self._thread.start()
+        self._worker.start(self._loop)
 
     def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        self._worker.stop(timeout)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._worker.stopping.wait(self.interval_s):
             self.run_once()

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from warmup_tools.common.plan import Plan, PlanError
 from warmup_tools.control.plan_control import CanaryAssignment, PlanStatusBoard, read_canary
 from warmup_tools.control.plan_history import PlanHistorySettings, applied_by
+from warmup_tools.sidecar.background import BackgroundThread
 from warmup_tools.sidecar.canary.judge import (
     Comparison,
     Verdict,
@@ -67,8 +68,7 @@ class CanaryController:
         self._counts = {"promoted": 0, "rolled_back": 0}
         self._last = Verdict("wait", "no trial")
         self._error = ""
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = BackgroundThread("sidecar-canary")
 
     # -------------------------------------------------------------------------------- starting a trial
     def instances(self) -> list[str]:
@@ -266,22 +266,18 @@ class CanaryController:
                 if self._before is not None:
                     trial["replicas"] = list(self._others)
                     trial["before"] = {"canary": self._before[0].summary(), "rest": self._before[1].summary()}
-            return {"window_s": self.settings.canary_window_s, "judging": self._thread is not None, "trial": trial,
+            return {"window_s": self.settings.canary_window_s, "judging": self._worker.running, "trial": trial,
                     "last": dataclasses.asdict(self._last), "verdicts": list(self._verdicts),
                     "counts": dict(self._counts), "error": self._error}
 
     def start(self, interval_s: float) -> None:
-        self._thread = threading.Thread(target=self._loop, args=(interval_s,), name="sidecar-canary", daemon=True)
-        self._thread.start()
+        self._worker.start(self._loop, interval_s)
 
     def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        self._worker.stop(timeout)
 
     def _loop(self, interval_s: float) -> None:
-        while not self._stop.wait(interval_s):
+        while not self._worker.stopping.wait(interval_s):
             try:
                 self.tick()
             except Exception:  # NOTE: the next tick tries again; the trial stays as it is

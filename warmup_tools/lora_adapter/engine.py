@@ -2,17 +2,22 @@
 
 The base model and adapters load through the ordinary Hugging Face paths (``AutoModelForCausalLM``,
 ``PeftModel``), so a real model folder and real adapter folders work by changing config parameters.
-One engine serves one model instance: :meth:`LoraEngine.forward_batch` runs one forward for many
-sequences with different adapters, which the continuous-batching scheduler
-(:mod:`warmup_tools.lora_adapter.scheduler`) calls once per step; the scheduler owns the prefix cache's
-use (matching, storing, single flight) and the sampling. The tests check its output against plain Hugging
-Face and peft (tests/reference.py, as vLLM's tests compare against Hugging Face's ``generate``).
+One engine serves one model instance, behind the continuous-batching scheduler
+(:mod:`warmup_tools.lora_adapter.scheduler`), which sees it through the torch-free
+:class:`~warmup_tools.lora_adapter.engine_api.SequenceEngine` and handles token ids only.
+
+Who owns what: the engine owns the tensors. :meth:`LoraEngine.forward_batch` runs one forward for many
+sequences with different adapters; the per-sequence state around it (each sequence's KV, the logits of its
+last forward, its seeded generator, loading a cache match into KV, storing KV blocks, sampling) is
+:class:`~warmup_tools.lora_adapter.runner.SequenceRunner`, which this class inherits. The scheduler owns the
+decisions: admission, the prefix cache's matching, reservations and single flight, which tokens each step
+computes, preemption, and what a sampled token means for its request. The tests check the output against
+plain Hugging Face and peft (tests/reference.py, as vLLM's tests compare against Hugging Face's ``generate``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -25,7 +30,9 @@ from warmup_tools.kv.config import KVShape
 from warmup_tools.kv.hashing import BlockHash, CacheScope, block_hashes
 from warmup_tools.kv.prefix_cache import PrefixCache
 from warmup_tools.lora_adapter.devices import select_device, select_dtype
+from warmup_tools.lora_adapter.engine_api import GenerationStep  # noqa: F401 (imported from here too)
 from warmup_tools.lora_adapter.requests import GenerateRequest
+from warmup_tools.lora_adapter.runner import BatchRow, RowOutput, SequenceKV, SequenceRunner
 from warmup_tools.lora_adapter.settings import DEFAULT_CONTEXT_LENGTH, EngineConfig, discover_adapters
 
 LOGGER = logging.getLogger(__name__)
@@ -34,52 +41,14 @@ LOGGER = logging.getLogger(__name__)
 #: peft's name for "no adapter" in a mixed-adapter batch (``adapter_names=[...]``).
 BASE_ADAPTER_NAME = "__base__"
 
-#: Per layer ``(keys, values)``, each ``[1, kv_heads, tokens, head_dim]``: one sequence's KV.
-SequenceKV = list[tuple[torch.Tensor, torch.Tensor]]
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BatchRow:
-    """One sequence's share of a batched forward: its new tokens on top of its KV so far."""
-
-    token_ids: Sequence[int]
-    #: Tokens already computed for this sequence (the length of ``past``).
-    position: int
-    past: SequenceKV | None
-    adapter: str | None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RowOutput:
-    """The logits after a row's last new token, and the row's KV including its new tokens."""
-
-    logits: torch.Tensor
-    kv: SequenceKV
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class GenerationStep:
-    """One generated token's worth of output (``text`` may be empty while a character is incomplete)."""
-
-    text: str
-    token_id: int
-    prompt_tokens: int
-    cached_tokens: int
-    output_tokens: int
-    finished: bool
-    finish_reason: str = ""
-    #: Of ``cached_tokens``, those from blocks the active warm-up plan pins.
-    planned_tokens: int = 0
-    #: Seconds from the start of the request to this step.
-    elapsed: float = 0.0
-
-
-class LoraEngine:
-    """Loads a base causal LM plus LoRA adapters and streams generations."""
+class LoraEngine(SequenceRunner):
+    """Loads a base causal LM plus LoRA adapters; runs batched forwards and holds each sequence's state."""
 
     def __init__(self, config: EngineConfig) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        super().__init__()
         self.config = config
         if config.num_threads > 0:
             torch.set_num_threads(config.num_threads)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from warmup_tools.common.records import PROBE_TENANT, RequestRecord
-from warmup_tools.lora_adapter.engine import GenerationStep
+from warmup_tools.lora_adapter.engine_api import GenerationStep
 from warmup_tools.lora_adapter.request_log import RequestLogWriter
 from warmup_tools.lora_adapter.requests import GenerateRequest
 from warmup_tools.triton.io import error_for

@@ -1,22 +1,32 @@
 """Continuous batching for one ``lora_adapter`` instance: iteration-level steps (Orca), chunked prefill
 (Sarathi-Serve), recompute preemption (vLLM v1).
 
-The scheduler owns the engine. A thread calls :meth:`Scheduler.step` in a loop; each step
+The scheduler drives one engine through :class:`~warmup_tools.lora_adapter.engine_api.SequenceEngine` and
+handles token ids, counts and block hashes only (this module imports no torch): the engine owns each
+sequence's KV tensors, the logits of its last forward, its random generator and the sampling, keyed by the
+scheduler's ``seq_id``. The scheduler owns every decision: admission, the prefix cache's matching,
+reservations and single flight, the tokens each step computes, preemption, and what a sampled token means
+for its request (end of sequence, text, the response). A thread calls :meth:`Scheduler.step` in a loop; each
+step
 
 1. runs the calls queued for between steps (adapter load / unload: never while a forward runs);
 2. drops sequences whose client cancelled (or whose last send failed), freeing their memory;
 3. admits waiting sequences, up to ``max_num_seqs`` running, each first matching its longest cached
    KV block prefix (prefix cache, single flight: a sequence whose next uncached block another running
-   sequence is computing waits for it);
+   sequence is computing waits for it); at its first admission the engine opens the sequence (its
+   seeded generator), and at each admission it loads the matched blocks as the sequence's KV;
 4. plans at most ``max_num_batched_tokens`` new tokens: one for each decoding sequence, then prefill
    chunks in admission order, then a warm-up chunk (adapter warm prompts) in what is left: none beside
    a live prefill or while a live request waits; while live traffic flows at most ``warm_chunk_tokens``,
    followed by a rest that keeps warm-up within ``warm_share`` of the time; the whole step once the
    instance has been quiet for ``live_quiet_s``;
 5. reserves the new tokens' KV bytes against the prefix cache's budget; when they do not fit, the most
-   recently admitted sequence is preempted (its KV dropped, recomputed later, invisible to its client);
-6. runs the batched forward (:meth:`LoraEngine.forward_batch`), stores newly completed prompt blocks in
-   the prefix cache, samples each finished row's next token and hands it to the sequence's sink.
+   recently admitted sequence is preempted (the engine releases its KV, recomputed later, invisible to its
+   client; its generator stays, so a sampled stream goes on where it was);
+6. runs the batched forward (the engine's ``forward``: it keeps each row's KV and last logits), has the
+   engine store newly completed prompt blocks in the prefix cache and sample each finished row's next
+   token, and hands that token to the sequence's sink. A sequence that ends, however it ends, is closed
+   in the engine (its state there forgotten).
 
 Requests arrive through :meth:`Scheduler.submit` with a :class:`SequenceSink` (model.py's sends
 responses through the request's response sender); errors go to the one sequence they concern. Tests
@@ -37,12 +47,11 @@ import collections
 import concurrent.futures
 import dataclasses
 import enum
+import itertools
 import logging
 import threading
 import time
 from typing import Callable, Protocol, TypeVar
-
-import torch
 
 from warmup_tools.common.errors import (
     AdapterUnavailableError,
@@ -54,11 +63,9 @@ from warmup_tools.common.errors import (
 from warmup_tools.common.wire import ErrorKind
 from warmup_tools.kv.blocks import BlockSource, PrefixMatch
 from warmup_tools.kv.hashing import BlockHash
-from warmup_tools.kv.prefix_cache import PrefixCache
 from warmup_tools.lora_adapter.detokenize import IncrementalDetokenizer
-from warmup_tools.lora_adapter.engine import BatchRow, GenerationStep, RowOutput
+from warmup_tools.lora_adapter.engine_api import ForwardRow, GenerationStep, SequenceEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
-from warmup_tools.lora_adapter.sampling import make_generator, next_token
 from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING, SchedulerConfig
 
 LOGGER = logging.getLogger(__name__)
@@ -66,38 +73,10 @@ LOGGER = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class ScheduledEngine(Protocol):
-    """What the scheduler uses of its engine: :class:`LoraEngine` in serving, a model-free stand-in in the
-    scheduler's unit tests (``tests/unit/lora_adapter/fake_engine.py``)."""
-
-    #: The instance's KV prefix cache (None: off); the scheduler matches, loads, stores and reserves through it.
-    prefix_cache: PrefixCache | None
-    device: torch.device
-    dtype: torch.dtype
-    eos_token_ids: frozenset[int]
-    #: What the incremental detokenizer decodes with (``decode(ids, skip_special_tokens=...)``).
-    tokenizer: object
-    #: KV bytes one token of a running sequence takes.
-    kv_bytes_per_token: int
-
-    def check_request(self, request: GenerateRequest) -> None:
-        """Raise the request's error if it cannot be served (empty, out of the vocabulary or context, unknown
-        adapter)."""
-
-    def has_adapter(self, name: str) -> bool: ...
-
-    def load_adapter(self, name: str, folder: str | None = None) -> None: ...
-
-    def unload_adapter(self, name: str) -> None: ...
-
-    def block_hashes(self, request: GenerateRequest) -> tuple[list[BlockHash], int]:
-        """The prompt's chained block hashes in the request's scope, and how many leading blocks are public."""
-
-    def forward_batch(self, rows: list[BatchRow]) -> list[RowOutput]:
-        """One forward for several sequences, each row's logits after its last new token and its KV so far."""
-
-    def forget_batches(self) -> None:
-        """Drop what the engine keeps between forwards (nothing runs)."""
+#: Sequence ids, unique in the process.
+# NOTE: not per scheduler: the engine keys each sequence's state by its id, and bench kv and the tests run
+# several schedulers over one engine, one after the other (a test may leave a sequence unfinished).
+_SEQ_IDS = itertools.count()
 
 
 class SequenceSink(Protocol):
@@ -122,7 +101,8 @@ class SequenceClass(str, enum.Enum):
 
 @dataclasses.dataclass(slots=True)
 class Sequence:
-    """One request inside the scheduler: its tokens, its KV so far and its place in the batch."""
+    """One request inside the scheduler: its tokens, how many have KV (the engine holds it) and its place in
+    the batch."""
 
     seq_id: int
     request: GenerateRequest
@@ -136,10 +116,9 @@ class Sequence:
     #: Leading blocks inside a declared public prefix (stored in the shared scope).
     public_blocks: int
     start: float
-    generator: torch.Generator | None
     detok: IncrementalDetokenizer | None
     done: concurrent.futures.Future | None = None
-    kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    #: Tokens the engine holds KV for.
     num_computed: int = 0
     #: Prompt tokens served from the cache at first admission (-1: not yet admitted).
     cached_tokens: int = -1
@@ -195,9 +174,9 @@ class SchedulerStats:
 
 
 class Scheduler:
-    """Continuous batching over one engine (a :class:`ScheduledEngine`); see the module docstring."""
+    """Continuous batching over one engine (a :class:`SequenceEngine`); see the module docstring."""
 
-    def __init__(self, engine: ScheduledEngine, config: SchedulerConfig = DEFAULT_BATCHING, *,
+    def __init__(self, engine: SequenceEngine, config: SchedulerConfig = DEFAULT_BATCHING, *,
                  observer: Callable[[StepReport, "Scheduler"], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  on_wait: Callable[["Scheduler"], None] | None = None) -> None:
@@ -222,7 +201,6 @@ class Scheduler:
         self._warm_waiting: collections.deque[Sequence] = collections.deque()
         self._warm: Sequence | None = None
         self._inflight: dict[BlockHash, int] = {}
-        self._next_id = 0
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._observed_counts = (0, 0)
@@ -519,7 +497,9 @@ class Scheduler:
         seq.match = match
         seq.reserved_bytes = nbytes
         seq.num_computed = cached
-        seq.kv = cache.load(match, self.engine.dtype) if cached else None
+        if seq.cached_tokens < 0:  # its first admission
+            self.engine.open(seq.seq_id, seq.request, sampled=seq.klass is SequenceClass.LIVE)
+        self.engine.load_prefix(seq.seq_id, match if cached else None)
         seq.stored_blocks = 0 if seq.request.is_warmup else len(match or ())
         if seq.cached_tokens < 0:
             seq.cached_tokens = cached
@@ -611,40 +591,44 @@ class Scheduler:
         for group in groups:
             if not group:
                 continue
-            for (seq, count), out in self._forward(group):
-                if self._guarded(seq, lambda s=seq, c=count, o=out: self._advance(s, c, o), "serving"):
+            for seq, count in self._forward(group):
+                if self._guarded(seq, lambda s=seq, c=count: self._advance(s, c), "serving"):
                     finished += 1
         return finished
 
-    def _forward(self, group: list[tuple[Sequence, int]]) -> list[tuple[tuple[Sequence, int], RowOutput]]:
+    def _forward(self, group: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int]]:
         """Run one batched forward; when it raises, each row again alone, so that only the rows that fail
-        by themselves end (with their error) and the others go on."""
-        rows = [BatchRow(s.tokens[s.num_computed:s.num_computed + n], s.num_computed, s.kv, s.request.adapter)
+        by themselves end (with their error) and the others go on. Returns the rows that were computed."""
+        rows = [ForwardRow(s.seq_id, s.tokens[s.num_computed:s.num_computed + n], s.num_computed, s.request.adapter)
                 for s, n in group]
         try:
-            return list(zip(group, self.engine.forward_batch(rows)))
+            self.engine.forward(rows)
+            return group
         except Exception as exc:
             if len(group) == 1:
                 self._fail(group[0][0], exc, "forward")
                 return []
             LOGGER.warning("batched forward of %d sequences failed; running each alone", len(group), exc_info=True)
-        # NOTE: a failed forward leaves each row's own KV as it was (the batch cache grows by new tensors,
-        # never by writing into a row's view), so each row can be run again from it.
-        results = []
+        # NOTE: a failed forward leaves each row's KV as it was (the engine commits a forward's KV only when it
+        # returned, and the batch cache grows by new tensors, never by writing into a row's view), so each row
+        # can be run again from it.
+        computed = []
         for item, row in zip(group, rows):
-            out = self._guarded(item[0], lambda r=row: self.engine.forward_batch([r])[0], "forward")
-            if out is not None:
-                results.append((item, out))
-        return results
+            try:
+                self.engine.forward([row])
+            except Exception as exc:  # noqa: BLE001 - NOTE: one sequence's fault ends that sequence only
+                self._fail(item[0], exc, "forward")
+            else:
+                computed.append(item)
+        return computed
 
-    def _advance(self, seq: Sequence, count: int, out: RowOutput) -> bool:
-        """Take one row's forward output: its KV, its completed blocks, and its next token once its tokens
-        are all computed; True when the sequence finished."""
-        seq.kv = out.kv
+    def _advance(self, seq: Sequence, count: int) -> bool:
+        """Take one computed row: its completed blocks, and its next token once its tokens are all computed;
+        True when the sequence finished."""
         seq.num_computed += count
         seq.steps += 1
         self._store_blocks(seq)
-        return seq.remaining == 0 and self._emit(seq, out.logits)
+        return seq.remaining == 0 and self._emit(seq)
 
     def _guarded(self, seq: Sequence, fn: Callable[[], T], doing: str) -> T | None:
         """``fn()`` for one sequence; when it raises, that sequence ends with the error and None is returned."""
@@ -677,13 +661,10 @@ class Scheduler:
             # token is always computed, because its logits pick the first output token.
             usable = min(len(hashes), (len(request.prompt_ids) - 1) // cache.block_size)
         live = klass is SequenceClass.LIVE
-        seq = Sequence(
-            seq_id=self._next_id, request=request, sink=sink, klass=klass, tokens=list(request.prompt_ids),
+        return Sequence(
+            seq_id=next(_SEQ_IDS), request=request, sink=sink, klass=klass, tokens=list(request.prompt_ids),
             hashes=hashes, usable_blocks=usable, public_blocks=public, start=time.perf_counter(),
-            generator=make_generator(request.sampling, self.engine.device) if live else None,
             detok=IncrementalDetokenizer(self.engine.tokenizer) if live else None)
-        self._next_id += 1
-        return seq
 
     def _reserve(self, seq: Sequence, count: int) -> bool:
         cache = self.engine.prefix_cache
@@ -704,7 +685,9 @@ class Scheduler:
         self._changes += 1
 
     def _release(self, seq: Sequence) -> None:
-        """Free what a sequence holds: its KV memory, its cache match, its single-flight claim."""
+        """Free what a sequence holds: its KV (in the engine) and its memory, its cache match, its single-flight
+        claim."""
+        self.engine.release(seq.seq_id)
         cache = self.engine.prefix_cache
         if cache is not None:
             cache.unreserve(seq.reserved_bytes)
@@ -712,24 +695,26 @@ class Scheduler:
                 cache.release(seq.match)
         seq.reserved_bytes = 0
         seq.match = None
-        seq.kv = None
         seq.num_computed = 0
         if seq.flight_key is not None and self._inflight.get(seq.flight_key) == seq.seq_id:
             del self._inflight[seq.flight_key]
         seq.flight_key = None
 
     def _remove(self, seq: Sequence) -> None:
-        """Take a sequence out of every queue and free it."""
+        """Take a sequence out of every queue and free it, for good (the engine forgets it)."""
         for queue in (self._running, self._waiting, self._warm_waiting):
             if seq in queue:
                 queue.remove(seq)
         if self._warm is seq:
             self._warm = None
         self._release(seq)
+        self.engine.close(seq.seq_id)
 
     def _finish(self, seq: Sequence, error: BaseException | None = None) -> None:
-        """Report the end of a sequence: an error to its sink or future, or a warm result."""
+        """Report the end of a sequence: an error to its sink or future, or a warm result. The engine forgets
+        the sequence (every way out passes here or through :meth:`_remove`)."""
         self._changes += 1
+        self.engine.close(seq.seq_id)
         if seq.done is not None:
             if error is None:
                 seq.done.set_result(seq.steps)
@@ -751,9 +736,10 @@ class Scheduler:
         full = min(seq.num_computed, seq.prompt_len) // cache.block_size
         if full > seq.stored_blocks:
             request = seq.request
-            cache.store(seq.hashes[:full], seq.kv, start_block=seq.stored_blocks, source=request.source,
-                        plan_id=request.plan_id, owner=request.adapter or "", tenant=request.tenant,
-                        public_blocks=seq.public_blocks, tokens=request.prompt_ids)
+            self.engine.store_prefix(
+                seq.seq_id, seq.hashes[:full], start_block=seq.stored_blocks, source=request.source,
+                plan_id=request.plan_id, owner=request.adapter or "", tenant=request.tenant,
+                public_blocks=seq.public_blocks, tokens=request.prompt_ids)
             seq.stored_blocks = full
         if seq.flight_key is not None:
             # NOTE: the claim moves with the frontier, so a follower admitted between two chunks waits
@@ -765,7 +751,7 @@ class Scheduler:
                 seq.flight_key = seq.hashes[full]
                 self._inflight.setdefault(seq.flight_key, seq.seq_id)
 
-    def _emit(self, seq: Sequence, logits: torch.Tensor) -> bool:
+    def _emit(self, seq: Sequence) -> bool:
         """Sample the next token of a sequence whose tokens are all computed; True when it finished."""
         if seq.klass is SequenceClass.WARM:
             self._warm = None
@@ -773,7 +759,7 @@ class Scheduler:
             self._finish(seq)
             return True
         params = seq.request.sampling
-        token = next_token(logits, params, seq.generator, seq.tokens)
+        token = self.engine.sample(seq.seq_id, params, seq.tokens)
         seq.output_tokens += 1
         is_eos = not params.ignore_eos and token in self.engine.eos_token_ids
         finished = is_eos or seq.output_tokens >= params.max_tokens

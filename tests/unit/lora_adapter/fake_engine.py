@@ -1,11 +1,13 @@
 """A stand-in for :class:`~warmup_tools.lora_adapter.engine.LoraEngine` with the members the scheduler uses
-(:class:`~warmup_tools.lora_adapter.scheduler.ScheduledEngine`), so scheduling tests run without a model.
+(:class:`~warmup_tools.lora_adapter.engine_api.SequenceEngine`), so scheduling tests run without a model.
 
 Its "model" is exact arithmetic a test can check: every token's KV holds the token id, its position and the
 adapter's number; the next token is a function of the whole KV it attends to (every id, every position) and
 the adapter. A row that computes on the wrong KV (another sequence's, a stale prefix, a lost block) therefore
 produces other tokens than the same request alone, which is what the scheduler tests compare. The prefix
-cache, the block hashes and their scopes, the sampler and the detokenizer are the real ones.
+cache, the block hashes and their scopes, the per-sequence state (KV, logits, generator: the real engine's
+:class:`~warmup_tools.lora_adapter.runner.SequenceRunner`, inherited), the sampler and the detokenizer are the
+real ones; only ``forward_batch`` is arithmetic.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from warmup_tools.common.errors import InvalidInputError, UnknownAdapterError
 from warmup_tools.kv.hashing import CacheScope, block_hashes
 from warmup_tools.kv.prefix_cache import PrefixCache
-from warmup_tools.lora_adapter.engine import BatchRow, RowOutput
+from warmup_tools.lora_adapter.runner import BatchRow, RowOutput, SequenceRunner
 
 VOCAB = 97
 #: The end-of-sequence token; the arithmetic reaches it now and then, so sequences end early too.
@@ -36,7 +38,7 @@ class FakeTokenizer:
 
 
 @dataclasses.dataclass
-class FakeEngine:
+class FakeEngine(SequenceRunner):
     """The scheduler's engine, without a model; ``forwards`` records each call's rows (adapter, tokens)."""
 
     budget_bytes: int = 1 << 20
@@ -45,6 +47,7 @@ class FakeEngine:
     context_length: int = 512
 
     def __post_init__(self) -> None:
+        super().__init__()
         self.device = torch.device("cpu")
         self.dtype = torch.float32
         self.eos_token_ids = frozenset({EOS})

@@ -18,8 +18,9 @@ from tests.unit.lora_adapter.fake_engine import VOCAB, FakeEngine
 from tests.unit.lora_adapter.test_scheduler import RecordingSink, drain
 from warmup_tools.common.errors import RequestCancelledError, ServerBusyError
 from warmup_tools.lora_adapter.engine import LoraEngine
+from warmup_tools.lora_adapter.engine_api import SequenceEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
-from warmup_tools.lora_adapter.scheduler import ScheduledEngine, Scheduler
+from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.settings import SchedulerConfig
 
 ADAPTERS = (None, "support", "legal", "sql")
@@ -52,17 +53,19 @@ def assert_nothing_held(scheduler, engine):
     if engine.prefix_cache is not None:
         assert engine.prefix_cache.stats.running_bytes == 0
         assert all(block.ref_count == 0 for block in engine.prefix_cache._blocks.values())
+    assert engine.held_sequences() == 0  # the engine forgot every sequence: no KV, logits or generator left
 
 
 def test_the_fake_has_every_member_the_scheduler_uses_and_so_does_the_real_engine():
-    members = {name for name in ScheduledEngine.__dict__ if not name.startswith("_")}
-    members |= set(ScheduledEngine.__annotations__)
-    assert members >= {"forward_batch", "prefix_cache", "check_request", "kv_bytes_per_token"}
+    members = {name for name in SequenceEngine.__dict__ if not name.startswith("_")}
+    members |= set(SequenceEngine.__annotations__)
+    assert members >= {"open", "load_prefix", "forward", "store_prefix", "sample", "release", "close",
+                       "prefix_cache", "check_request", "kv_bytes_per_token"}
+    assert not members & {"forward_batch", "device", "dtype"}  # tensors stay behind the interface
     fake = FakeEngine()
     assert all(hasattr(fake, name) for name in members)
     real_methods = {name for name in members if callable(getattr(LoraEngine, name, None))}
-    assert real_methods | {"prefix_cache", "device", "dtype", "eos_token_ids", "tokenizer", "kv_bytes_per_token"} \
-        >= members
+    assert real_methods | {"prefix_cache", "eos_token_ids", "tokenizer", "kv_bytes_per_token"} >= members
 
 
 def test_batched_output_equals_each_request_alone_with_chunked_prefill_and_a_shared_prefix():

@@ -20,7 +20,7 @@ from tests.unit.lora_adapter.test_scheduler import ADAPTERS, RecordingSink, drai
 from warmup_tools.common.errors import InvalidInputError, RequestCancelledError, RequestError
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.prefix_cache import PrefixCache
-from warmup_tools.lora_adapter import scheduler as scheduler_module
+from warmup_tools.lora_adapter import runner as runner_module
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.settings import SchedulerConfig
@@ -37,6 +37,7 @@ def assert_nothing_held(scheduler, engine):
     cache = engine.prefix_cache
     assert cache.stats.running_bytes == 0
     assert all(block.ref_count == 0 for block in cache._blocks.values())
+    assert engine.held_sequences() == 0  # no KV, logits or generator left in the engine
     assert scheduler.step().idle  # and a step finds nothing to do
 
 
@@ -69,14 +70,14 @@ def test_a_denormal_temperature_ends_only_its_sequences_with_invalid_arg_and_fre
 def test_an_exception_while_sampling_one_sequence_ends_it_with_internal_and_the_batch_goes_on(
         fresh_cache, reference, monkeypatch):
     engine = fresh_cache
-    real = scheduler_module.next_token
+    real = runner_module.next_token
 
     def faulty(logits, params, generator, tokens=()):
         if params.seed == 666:
             raise ValueError("a fault inside the sampler")
         return real(logits, params, generator, tokens)
 
-    monkeypatch.setattr(scheduler_module, "next_token", faulty)
+    monkeypatch.setattr(runner_module, "next_token", faulty)
     scheduler = Scheduler(engine)
     requests = [make_request(engine, "Tell me a story", None, max_tokens=5, temperature=1.0, seed=seed)
                 for seed in (1, 666, 2)]

@@ -1,0 +1,112 @@
+"""Each sequence's tensors, random generator and sampling, over an engine's batched forward.
+
+:class:`SequenceRunner` implements the per-sequence half of
+:class:`~warmup_tools.lora_adapter.engine_api.SequenceEngine` once, for every engine that has a
+``forward_batch(rows: list[BatchRow]) -> list[RowOutput]`` (:class:`~warmup_tools.lora_adapter.engine.LoraEngine`
+and the scheduler tests' stand-in inherit it). It holds three maps keyed by the scheduler's ``seq_id``: the
+sequence's KV (per layer keys and values), the logits after its last computed token, and its generator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from warmup_tools.kv.blocks import BlockSource, PrefixMatch
+from warmup_tools.kv.hashing import BlockHash
+from warmup_tools.lora_adapter.engine_api import ForwardRow
+from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+from warmup_tools.lora_adapter.sampling import make_generator, next_token
+
+if TYPE_CHECKING:
+    from warmup_tools.kv.prefix_cache import PrefixCache
+
+#: Per layer ``(keys, values)``, each ``[1, kv_heads, tokens, head_dim]``: one sequence's KV.
+SequenceKV = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchRow:
+    """One sequence's share of a batched forward: its new tokens on top of its KV so far."""
+
+    token_ids: Sequence[int]
+    #: Tokens already computed for this sequence (the length of ``past``).
+    position: int
+    past: SequenceKV | None
+    adapter: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RowOutput:
+    """The logits after a row's last new token, and the row's KV including its new tokens."""
+
+    logits: torch.Tensor
+    kv: SequenceKV
+
+
+class SequenceRunner:
+    """The per-sequence state of an engine: KV, last logits and generator per ``seq_id``.
+
+    A subclass provides ``forward_batch``, ``prefix_cache``, ``device`` and ``dtype``, and calls
+    ``SequenceRunner.__init__``.
+    """
+
+    prefix_cache: PrefixCache | None
+    device: torch.device
+    dtype: torch.dtype
+
+    def __init__(self) -> None:
+        self._kv: dict[int, SequenceKV] = {}
+        self._logits: dict[int, torch.Tensor] = {}
+        #: Every open sequence has an entry (None: greedy, or a warm prompt).
+        self._generators: dict[int, torch.Generator | None] = {}
+
+    def forward_batch(self, rows: Sequence[BatchRow]) -> list[RowOutput]:
+        raise NotImplementedError
+
+    def open(self, seq_id: int, request: GenerateRequest, *, sampled: bool) -> None:
+        self._kv.pop(seq_id, None)
+        self._logits.pop(seq_id, None)
+        self._generators[seq_id] = make_generator(request.sampling, self.device) if sampled else None
+
+    def load_prefix(self, seq_id: int, match: PrefixMatch | None) -> None:
+        self._logits.pop(seq_id, None)
+        if match is not None and match.num_tokens:
+            self._kv[seq_id] = self.prefix_cache.load(match, self.dtype)
+        else:
+            self._kv.pop(seq_id, None)
+
+    def forward(self, rows: list[ForwardRow]) -> None:
+        # NOTE: the stored KV object goes back as ``past`` as it is: LoraEngine reuses a recent batch's cache
+        # when each row's past *is* the KV that batch returned (steady decoding grows it by one column).
+        outputs = self.forward_batch([BatchRow(row.token_ids, row.position, self._kv.get(row.seq_id), row.adapter)
+                                      for row in rows])
+        # Committed only once the whole forward returned: a forward that raises leaves every row as it was.
+        for row, out in zip(rows, outputs, strict=True):
+            self._kv[row.seq_id] = out.kv
+            self._logits[row.seq_id] = out.logits
+
+    def store_prefix(self, seq_id: int, hashes: list[BlockHash], *, start_block: int, source: BlockSource,
+                     plan_id: str | None, owner: str, tenant: str, public_blocks: int,
+                     tokens: Sequence[int]) -> None:
+        self.prefix_cache.store(hashes, self._kv[seq_id], start_block=start_block, source=source, plan_id=plan_id,
+                                owner=owner, tenant=tenant, public_blocks=public_blocks, tokens=tokens)
+
+    def sample(self, seq_id: int, params: SamplingParams, tokens: Sequence[int]) -> int:
+        # The logits are consumed: the next forward of this sequence gives the next ones.
+        logits = self._logits.pop(seq_id)
+        return next_token(logits, params, self._generators.get(seq_id), tokens)
+
+    def release(self, seq_id: int) -> None:
+        self._kv.pop(seq_id, None)
+        self._logits.pop(seq_id, None)
+
+    def close(self, seq_id: int) -> None:
+        self.release(seq_id)
+        self._generators.pop(seq_id, None)
+
+    def held_sequences(self) -> int:
+        """How many sequences have any state here (tests: 0 once every request ended)."""
+        return len(self._kv.keys() | self._logits.keys() | self._generators.keys())

@@ -61,9 +61,14 @@ class PrefixCache:
         ttl_s: float = DEFAULT_TTL_S,
         storage: str = DEFAULT_STORAGE,
         clock: Callable[[], float] = time.monotonic,
+        bytes_per_token: int | None = None,
     ) -> None:
+        """``bytes_per_token``: what one cached token counts against the budget instead of its payload and token
+        ids (a simulated engine's modelled KV size: its payloads are a few bytes); None: the stored bytes."""
         if budget_bytes < 0 or block_size < 1 or not 0.0 <= live_reserve < 1.0:
             raise ValueError("budget_bytes >= 0, block_size >= 1 and 0 <= live_reserve < 1 are required")
+        if bytes_per_token is not None and bytes_per_token < 1:
+            raise ValueError("bytes_per_token must be >= 1 (or None: the stored bytes)")
         try:
             self._policy = EVICTION_POLICIES[eviction](ttl_s)
             self._codec = STORAGE_CODECS[storage]()
@@ -76,6 +81,8 @@ class PrefixCache:
         self.block_size = block_size
         self.live_reserve = live_reserve
         self.storage = storage
+        #: Bytes every block counts (None: each block's stored bytes); see ``bytes_per_token``.
+        self.block_bytes = None if bytes_per_token is None else bytes_per_token * block_size
         self.active_plan: str | None = None
         self.stats = PrefixCacheStats()
         self._clock = clock
@@ -188,6 +195,8 @@ class PrefixCache:
                 block_tokens = _block_tokens(tokens, index, self.block_size)
                 if block_tokens is not None:
                     nbytes += block_tokens.nbytes
+                if self.block_bytes is not None:
+                    nbytes = self.block_bytes
                 if not self._make_room(nbytes, source):
                     self.stats.rejected_blocks += len(hashes) - index
                     break
@@ -216,6 +225,9 @@ class PrefixCache:
         with self._lock:
             if block.block_hash in self._blocks or (block.parent != NONE_HASH and block.parent not in self._blocks):
                 return False
+            if self.block_bytes is not None:
+                # NOTE: a snapshot reader counts the payload it read; this cache counts its modelled size.
+                block = dataclasses.replace(block, nbytes=self.block_bytes)
             if block.source is BlockSource.WARMUP and self.stats.warmup_bytes + block.nbytes > self.warmup_budget:
                 return False
             if self.stats.bytes_used + self.stats.running_bytes + block.nbytes > self.budget_bytes:

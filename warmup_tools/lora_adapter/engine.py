@@ -25,14 +25,12 @@ from typing import Iterator, Sequence
 import torch
 
 from warmup_tools.common.digests import fingerprint_folder
-from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT, AssetError, InvalidInputError, UnknownAdapterError
+from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT, AssetError, UnknownAdapterError
 from warmup_tools.kv.config import KVShape
-from warmup_tools.kv.hashing import BlockHash, CacheScope, block_hashes
-from warmup_tools.kv.prefix_cache import PrefixCache
 from warmup_tools.lora_adapter.devices import select_device, select_dtype
 from warmup_tools.lora_adapter.engine_api import GenerationStep  # noqa: F401 (imported from here too)
-from warmup_tools.lora_adapter.requests import GenerateRequest
-from warmup_tools.lora_adapter.runner import BatchRow, RowOutput, SequenceKV, SequenceRunner
+from warmup_tools.lora_adapter.runner import BatchRow, RowOutput, SequenceKV
+from warmup_tools.lora_adapter.serving import ServingEngine, make_prefix_cache
 from warmup_tools.lora_adapter.settings import DEFAULT_CONTEXT_LENGTH, EngineConfig, discover_adapters
 
 LOGGER = logging.getLogger(__name__)
@@ -42,7 +40,7 @@ LOGGER = logging.getLogger(__name__)
 BASE_ADAPTER_NAME = "__base__"
 
 
-class LoraEngine(SequenceRunner):
+class LoraEngine(ServingEngine):
     """Loads a base causal LM plus LoRA adapters; runs batched forwards and holds each sequence's state."""
 
     def __init__(self, config: EngineConfig) -> None:
@@ -72,14 +70,7 @@ class LoraEngine(SequenceRunner):
         #: KV bytes one token of a running sequence takes (full precision, as the forward computes it).
         self.kv_bytes_per_token = int(KVShape.from_model_config(model.config.to_dict()).bytes_per_token(
             "fp", torch.empty((), dtype=self.dtype).element_size(), config.kv.block_size))
-        self.prefix_cache: PrefixCache | None = None
-        if config.kv.budget_bytes > 0:
-            try:
-                self.prefix_cache = PrefixCache(
-                    config.kv.budget_bytes, config.kv.block_size, live_reserve=config.kv.live_reserve,
-                    eviction=config.kv.eviction, ttl_s=config.kv.ttl_s, storage=config.kv.storage)
-            except ValueError as exc:
-                raise AssetError(f"KV prefix cache configuration: {exc}") from None
+        self.prefix_cache = make_prefix_cache(config.kv)
         self._peft = None
         self._lm = model
         #: Adapter name per batch row of the forward running now (None: not a mixed-adapter forward).
@@ -93,25 +84,6 @@ class LoraEngine(SequenceRunner):
             self._load_adapter(name, path)
 
     # ----------------------------------------------------------------------------------- public API
-    def check_request(self, request: GenerateRequest) -> None:
-        """Raise the request's error if it cannot be served: empty, a token id outside the vocabulary, too long
-        for the context, an unknown adapter. NOTE: parse_generate_request refuses the same inputs; this keeps
-        every other way in (warm prompts, plans, tests) from reaching a forward that would fail on them."""
-        prompt_len, max_tokens = len(request.prompt_ids), request.sampling.max_tokens
-        if not prompt_len:
-            raise InvalidInputError("the prompt is empty: send at least one token id")
-        if min(request.prompt_ids) < 0 or max(request.prompt_ids) >= self.vocab_size:
-            raise InvalidInputError(f"the prompt holds a token id outside the vocabulary [0, {self.vocab_size})")
-        if max_tokens < 1:
-            raise InvalidInputError("max_tokens must be at least 1")
-        if prompt_len + max_tokens > self.context_length:
-            raise InvalidInputError(
-                f"the prompt has {prompt_len} tokens and max_tokens is {max_tokens}: together they exceed "
-                f"the model's context of {self.context_length} tokens; shorten the prompt or lower max_tokens"
-            )
-        if request.adapter is not None and request.adapter not in self.adapters:
-            raise UnknownAdapterError(f"unknown adapter '{request.adapter}': {UNKNOWN_ADAPTER_HINT}")
-
     def forward_batch(self, rows: Sequence[BatchRow]) -> list[RowOutput]:
         """One forward for several sequences, each with its own KV, position and adapter.
 
@@ -201,39 +173,6 @@ class LoraEngine(SequenceRunner):
                 return cache
         return None
 
-    def block_hashes(self, request: GenerateRequest) -> tuple[list[BlockHash], int]:
-        """The chained block hashes of a request's prompt in its scope, and how many leading blocks are
-        public (shared by all tenants; store them with that count)."""
-        assert self.prefix_cache is not None
-        public = self.public_blocks(request.prompt_ids)
-        return block_hashes(request.prompt_ids, self.prefix_cache.block_size,
-                            self.scope(request.adapter, request.tenant), public), public
-
-    def public_blocks(self, prompt_ids: Sequence[int]) -> int:
-        """How many leading full blocks of ``prompt_ids`` lie inside a declared public prefix.
-
-        NOTE: a prefix's last token may merge with the text after it, so only its first ``len - 1``
-        tokens are compared, and only whole blocks of those are public.
-        """
-        if self.prefix_cache is None or not self._public_ids:
-            return 0
-        bs = self.prefix_cache.block_size
-        best = 0
-        for ids in self._public_ids:
-            blocks = (len(ids) - 1) // bs
-            if blocks > best and tuple(prompt_ids[: blocks * bs]) == ids[: blocks * bs]:
-                best = blocks
-        return best
-
-    def scope(self, adapter: str | None, tenant: str) -> CacheScope:
-        """The KV cache scope of a request: base model, adapter identity and tenant."""
-        # NOTE: the salt rides in the base fingerprint, so every chained block hash carries it.
-        base = f"{self.base_fingerprint}+{self.config.cache_salt}" if self.config.cache_salt else self.base_fingerprint
-        return CacheScope(base, adapter or "", self.adapter_fingerprints.get(adapter or "", ""), tenant)
-
-    def has_adapter(self, name: str) -> bool:
-        return name in self.adapters
-
     def load_adapter(self, name: str, folder: str | None = None) -> None:
         """Load (or reload, after its weights changed) the adapter ``name`` from under adapter_root."""
         paths = discover_adapters(self.config.adapter_root, (folder or name,))
@@ -263,10 +202,6 @@ class LoraEngine(SequenceRunner):
             cache = DynamicCache(config=self.model_config)
             self._forward(torch.tensor([list(token_ids)], dtype=torch.long, device=self.device), cache)
             return [(layer.keys, layer.values) for layer in cache.layers]
-
-    def encode(self, text: str) -> tuple[int, ...]:
-        """Token ids of ``text`` as a request would carry them (with the tokenizer's special tokens)."""
-        return tuple(self.tokenizer.encode(text, add_special_tokens=True))
 
     # ------------------------------------------------------------------------------------- helpers
     def _forward(self, input_ids: torch.Tensor, cache: object) -> torch.Tensor:

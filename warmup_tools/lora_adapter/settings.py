@@ -18,6 +18,7 @@ from warmup_tools.common.errors import AssetError, ConfigError
 from warmup_tools.common.names import replica_name as check_replica_name
 from warmup_tools.common.settings import check_settings, setting
 from warmup_tools.kv.config import KVCacheConfig, KVShape
+from warmup_tools.lora_adapter.profile import DEFAULT_PROFILE, load_profile
 from warmup_tools.lora_adapter.requests import RequestLimits
 from warmup_tools.triton.metrics import MetricsSettings
 from warmup_tools.triton.params import ModelSettings
@@ -27,6 +28,10 @@ MODEL_NAME = "lora_adapter"
 
 #: ``dtype`` values: ``auto`` is bfloat16 on a GPU and float32 on the CPU.
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+#: ``engine`` values: the Hugging Face LM, or a simulated one that waits a profile's step times
+#: (:mod:`warmup_tools.lora_adapter.simulated`); model.py maps each to its class (``lora_adapter.engines``).
+ENGINE_KINDS = ("real", "simulated")
 
 #: Bytes per value of each torch dtype name the ``dtype`` parameter resolves to.
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -45,7 +50,8 @@ def read_public_prefixes(path: Path) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """What the engine loads and how (:class:`warmup_tools.lora_adapter.engine.LoraEngine`)."""
+    """What the engine loads and how (:class:`warmup_tools.lora_adapter.engine.LoraEngine`, or with
+    ``engine=simulated`` :class:`warmup_tools.lora_adapter.simulated.SimulatedEngine`)."""
 
     base_model: Path = setting(doc="Hugging Face model folder of the base causal LM (config.json, safetensors "
                                    "weights, tokenizer).")
@@ -66,9 +72,18 @@ class EngineConfig:
         (), "Operator-declared public prefixes (a platform system prompt every tenant uses): their full blocks "
             "are shared by all tenants on purpose, everything after them stays per tenant.",
         parameter="public_prefixes_file", load=read_public_prefixes, kind="path to a JSON list of texts")
+    kind: str = setting("real", "real runs the base model; simulated loads no weights (the tokenizer only) and "
+                                "waits the step times of engine_profile, its tokens a function of the context.",
+                        parameter="engine", choices=ENGINE_KINDS)
+    profile: str = setting(DEFAULT_PROFILE, "The simulated engine's profile: a shipped one's name or a JSON file's "
+                                          "path (docs/serving.md, A simulated engine).", parameter="engine_profile")
+    speedup: float = setting(1.0, "The simulated engine waits its modelled step times divided by this.",
+                             parameter="engine_speedup", gt=0)
 
     def __post_init__(self) -> None:
         check_settings(self)
+        if self.kind == "simulated":
+            load_profile(self.profile)  # a missing or bad profile fails here, naming it
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -165,11 +180,14 @@ class LoraAdapterSettings(ModelSettings):
         check_settings(self)
 
     def kv_bytes_per_token(self, device_dtype: str | None = None) -> float:
-        """KV bytes one cached token takes: from the base model's config.json, dtype and ``kv_storage``.
+        """KV bytes one cached token takes: from the base model's config.json, dtype and ``kv_storage`` (a
+        simulated engine: its profile's ``kv_bytes_per_token``).
 
         ``device_dtype`` is the torch dtype name ``dtype=auto`` resolves to on the serving device;
         by default ``auto`` resolves as it would on this machine.
         """
+        if self.engine.kind == "simulated":
+            return float(load_profile(self.engine.profile).kv_bytes_per_token)
         dtype = device_dtype or self.engine.dtype
         if dtype == "auto":
             from warmup_tools.lora_adapter.devices import select_device, select_dtype  # torch

@@ -17,7 +17,7 @@ from warmup_tools.triton.io import chat_roles, collect_inputs, error_for, log_un
 from warmup_tools.triton.metrics import GenerationMetrics, SchedulerMetrics, SnapshotMetrics
 from warmup_tools.triton.trust import TenantTrust
 from warmup_tools.triton.warmup import OwnWarmupSamples, own_plan_id
-from warmup_tools.lora_adapter.engine import LoraEngine
+from warmup_tools.lora_adapter.engines import make_engine
 from warmup_tools.lora_adapter.responses import ResponseSink
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.service import LoraService
@@ -33,7 +33,7 @@ class TritonPythonModel:
     def initialize(self, args):
         settings = LoraAdapterSettings.from_parameters(model_parameters(args))
         self.trust = TenantTrust.from_settings(settings.trust, model="lora_adapter")
-        engine = LoraEngine(dataclasses.replace(settings.engine, cache_salt=self.trust.cache_salt()))
+        engine = make_engine(dataclasses.replace(settings.engine, cache_salt=self.trust.cache_salt()))
         self.instance = args["model_instance_name"]
         self.own_samples = OwnWarmupSamples.from_args(args)  # only they, while loading, may carry warmup_plan
         self.limits = dataclasses.replace(settings.limits, vocab_size=engine.vocab_size)

@@ -1,0 +1,203 @@
+"""Fit an engine profile to the real engine on this machine: time ``LoraEngine.forward_batch``, solve for the
+coefficients (:mod:`warmup_tools.lora_adapter.profile`) by least squares, write the profile.
+
+``python -m warmup_tools.lora_adapter.profile_fit --out PROFILE.json`` times prefill batches (prompt sizes,
+chunks after a context, several rows) and decode batches (1 to 16 rows at several contexts) of the demo LM
+and its adapters, each the median of ``--repeats`` runs after one unrecorded run, with ``--threads`` torch
+threads (1: what ``lora_adapter`` runs with here), and fits the prefill and the decode coefficients each on
+its own steps. The profile records how well they fit (``fit``: relative residuals per point).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from warmup_tools.common.errors import WarmupToolsError
+from warmup_tools.kv.config import DEFAULT_BUDGET_BYTES
+from warmup_tools.lora_adapter.profile import DecodeCost, EngineProfile, PrefillCost, StepShape
+
+#: Prefill steps timed: each a list of rows ``(new_tokens, position)``.
+PREFILL_BATCHES: tuple[tuple[tuple[int, int], ...], ...] = (
+    ((16, 0),), ((64, 0),), ((128, 0),), ((256, 0),), ((512, 0),), ((1024, 0),),
+    ((64, 256),), ((64, 1024),), ((256, 768),), ((128, 1536),), ((32, 1900),),
+    ((64, 0),) * 4, ((128, 0),) * 2, ((32, 512),) * 4, ((256, 0), (16, 1024)),
+)
+#: Decode steps timed: ``(rows, context)``.
+DECODE_BATCHES: tuple[tuple[int, int], ...] = tuple((rows, context) for rows in (1, 2, 4, 8, 16)
+                                                    for context in (64, 512, 1536))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FitReport:
+    """How well the fitted coefficients reproduce the measured steps."""
+
+    points: int
+    rms_rel_error: float
+    max_rel_error: float
+    #: ``(shape, measured_ms, modelled_ms)`` per point.
+    residuals: tuple[tuple[StepShape, float, float], ...]
+
+
+def fit_prefill(samples: Sequence[tuple[StepShape, float]]) -> tuple[PrefillCost, FitReport]:
+    """``overhead_ms``, ``ms_per_token``, ``ms_per_token_context`` from prefill-only steps' milliseconds."""
+    coef, report = _fit(samples, lambda s: (1.0, s.prefill_tokens, s.prefill_context_k))
+    return PrefillCost(*coef), report
+
+
+def fit_decode(samples: Sequence[tuple[StepShape, float]]) -> tuple[DecodeCost, FitReport]:
+    """``base_ms``, ``ms_per_row``, ``ms_per_1k_context_tokens`` from decode-only steps' milliseconds."""
+    coef, report = _fit(samples, lambda s: (1.0, s.decode_rows, s.decode_context_k))
+    return DecodeCost(*coef), report
+
+
+def measure(engine: object, *, repeats: int = 5, seed: int = 0,
+            clock: Callable[[], float] = time.perf_counter) -> tuple[list[tuple[StepShape, float]],
+                                                                     list[tuple[StepShape, float]]]:
+    """Median milliseconds of :data:`PREFILL_BATCHES` and :data:`DECODE_BATCHES` on a real engine."""
+    from warmup_tools.lora_adapter.runner import BatchRow
+
+    rng = random.Random(seed)
+    names: list[str | None] = sorted(engine.adapters) or [None]
+    longest = engine.context_length
+    ids = [rng.randrange(3, engine.vocab_size) for _ in range(longest)]
+    full = engine.compute_kv(None, ids)
+
+    def past(position: int) -> list | None:
+        return [(k[:, :, :position], v[:, :, :position]) for k, v in full] if position else None
+
+    def timed(rows: list) -> float:
+        runs = []
+        for attempt in range(repeats + 1):
+            engine.forget_batches()
+            started = clock()
+            engine.forward_batch(rows)
+            if attempt:  # the first run is not recorded (allocations, peft's adapter switch)
+                runs.append((clock() - started) * 1000.0)
+        return statistics.median(runs)
+
+    prefill = []
+    for batch in PREFILL_BATCHES:
+        rows = [BatchRow(ids[pos:pos + new], pos, past(pos), names[i % len(names)])
+                for i, (new, pos) in enumerate(batch)]
+        prefill.append((StepShape.of(batch), timed(rows)))
+    decode = []
+    for count, context in DECODE_BATCHES:
+        batch = [(1, context)] * count
+        rows = [BatchRow(ids[context:context + 1], context, past(context), names[i % len(names)])
+                for i in range(count)]
+        decode.append((StepShape.of(batch), timed(rows)))
+    return prefill, decode
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m warmup_tools.lora_adapter.profile_fit", description=__doc__)
+    parser.add_argument("--assets", type=Path, default=Path(".assets"), help="demo assets folder (lm/, adapters/)")
+    parser.add_argument("--out", type=Path, required=True, help="profile JSON to write")
+    parser.add_argument("--name", default="cpu-demo-lm", help="the profile's name")
+    parser.add_argument("--hardware", default="", help="the machine, in words (default: from /proc/cpuinfo)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (lora_adapter runs with 1 here)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per step (median)")
+    args = parser.parse_args(argv)
+    try:
+        profile = fit_profile(args.assets, name=args.name, hardware=args.hardware or _cpu_name(),
+                              threads=args.threads, repeats=args.repeats)
+    except WarmupToolsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    args.out.write_text(json.dumps(profile.to_json(), indent=2) + "\n", encoding="utf-8")
+    fit = profile.fit
+    print(f"wrote {args.out}: prefill {dataclasses.asdict(profile.prefill)}, "
+          f"decode {dataclasses.asdict(profile.decode)}")
+    print(f"fit: prefill rms {fit['prefill_rms_rel_error']:.1%} max {fit['prefill_max_rel_error']:.1%} over "
+          f"{fit['prefill_points']} steps; decode rms {fit['decode_rms_rel_error']:.1%} max "
+          f"{fit['decode_max_rel_error']:.1%} over {fit['decode_points']} steps")
+    return 0
+
+
+def fit_profile(assets: Path, *, name: str, hardware: str, threads: int, repeats: int) -> EngineProfile:
+    """Time the real engine on the demo LM in ``assets`` and return the fitted profile."""
+    import torch
+
+    from warmup_tools.kv.config import KVCacheConfig
+    from warmup_tools.lora_adapter.engine import LoraEngine
+    from warmup_tools.lora_adapter.settings import EngineConfig
+
+    torch.set_num_threads(threads)
+    engine = LoraEngine(EngineConfig(base_model=assets / "lm", adapter_root=assets / "adapters", device="cpu",
+                                     dtype="float32", num_threads=threads, kv=KVCacheConfig(budget_bytes=0)))
+    prefill_samples, decode_samples = measure(engine, repeats=repeats)
+    prefill, prefill_report = fit_prefill(prefill_samples)
+    decode, decode_report = fit_decode(decode_samples)
+    kv_bytes = int(engine.kv_bytes_per_token)
+    fit = {"command": f"python -m warmup_tools.lora_adapter.profile_fit --threads {threads} --repeats {repeats}",
+           "date": datetime.date.today().isoformat(), "threads": threads, "repeats": repeats,
+           "torch": torch.__version__}
+    for label, report in (("prefill", prefill_report), ("decode", decode_report)):
+        fit |= {f"{label}_points": report.points, f"{label}_rms_rel_error": round(report.rms_rel_error, 4),
+                f"{label}_max_rel_error": round(report.max_rel_error, 4),
+                f"{label}_measured_vs_modelled_ms": [[dataclasses.asdict(s), round(m, 3), round(f, 3)]
+                                                     for s, m, f in report.residuals]}
+    return EngineProfile(
+        name=name, hardware=hardware, model=f"the project's demo LM ({assets / 'lm'}), float32, its LoRA adapters",
+        source="fitted by warmup_tools.lora_adapter.profile_fit on the real LoraEngine.forward_batch",
+        kv_bytes_per_token=kv_bytes, kv_capacity_tokens=DEFAULT_BUDGET_BYTES // kv_bytes,
+        prefill=_rounded(prefill), decode=_rounded(decode),
+        notes="Modelled. kv_bytes_per_token is the demo LM's float32 KV (2 x 6 layers x 2 KV heads x 64 x 4 bytes); "
+              "kv_capacity_tokens is the default kv_cache_bytes (256 MiB) over it (a CPU has no fixed KV memory).",
+        fit=fit)
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _fit(samples: Sequence[tuple[StepShape, float]],
+         features: Callable[[StepShape], tuple[float, ...]]) -> tuple[list[float], FitReport]:
+    """Least squares with every coefficient >= 0: a column whose coefficient comes out negative is dropped
+    (fixed at 0) and the rest refitted. NOTE: relative errors are what matter (a 2 ms step off by 1 ms is
+    worse than a 200 ms step off by 2 ms), so each row is weighted by 1 / measured."""
+    if not samples:
+        raise WarmupToolsError("no timed steps to fit")
+    x = np.array([features(shape) for shape, _ in samples], dtype=float)
+    y = np.array([ms for _, ms in samples], dtype=float)
+    w = 1.0 / np.maximum(y, 1e-6)
+    active = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
+    while active:
+        solution, *_ = np.linalg.lstsq(x[:, active] * w[:, None], y * w, rcond=None)
+        if (solution >= 0).all():
+            coef[active] = solution
+            break
+        active.pop(int(np.argmin(solution)))
+    modelled = x @ coef
+    rel = (modelled - y) / np.maximum(y, 1e-9)
+    residuals = tuple((shape, float(ms), float(m)) for (shape, ms), m in zip(samples, modelled))
+    return [float(c) for c in coef], FitReport(len(samples), float(np.sqrt(np.mean(rel ** 2))),
+                                               float(np.abs(rel).max()), residuals)
+
+
+def _rounded(cost: PrefillCost | DecodeCost) -> PrefillCost | DecodeCost:
+    return type(cost)(**{k: round(v, 5) for k, v in dataclasses.asdict(cost).items()})
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, one torch thread"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

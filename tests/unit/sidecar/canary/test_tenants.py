@@ -148,8 +148,9 @@ def test_one_tenant_s_warm_flood_on_both_sides_cannot_save_a_bad_plan(tmp_path, 
     assert "tenants counted: acme 3, globex 3, hooli 3, initech 3, umbrella 3" in caplog.text
 
 
-def test_one_tenant_s_cold_requests_cannot_roll_back_a_good_plan_on_a_whole_replica(tmp_path):
-    # Six tenants on each replica before the trial, all warm; the plan on trial changes nothing for them.
+def _whole_replica_trial(tmp_path):
+    """Six warm tenants on each of two replicas before the trial, then a plan on trial on the whole of r1 (applied
+    there): the fleet's logs, the canary controller of r1, the tenants of each replica and the plans promoted."""
     fleet = FleetLogs(tmp_path)
     mine, theirs = [f"a{i}" for i in range(6)], [f"b{i}" for i in range(6)]
     for tenant in mine:
@@ -157,13 +158,19 @@ def test_one_tenant_s_cold_requests_cannot_roll_back_a_good_plan_on_a_whole_repl
     for tenant in theirs:
         fleet.serve("r2", cold=0, n=4, tenant=tenant)
     fleet.now = 1000.0
-    good, new = plan_of(0), plan_of(0, 100)
+    good, trial = plan_of(0), plan_of(0, 100)
     write_live_plan(fleet.control, good, by=BY)
     for replica in ("r1", "r2"):
         fleet.report(replica, good.plan_id)
     controller, promoted = fleet.controller("r1", canary_min_requests=5)
-    controller.propose(new, "test")
-    fleet.report("r1", new.plan_id)
+    controller.propose(trial, "test")
+    fleet.report("r1", trial.plan_id)
+    return fleet, controller, mine, theirs, trial, promoted
+
+
+def test_one_tenant_s_cold_requests_cannot_roll_back_a_good_plan_on_a_whole_replica(tmp_path):
+    # Six tenants on each replica before the trial, all warm; the plan on trial changes nothing for them.
+    fleet, controller, mine, theirs, new, promoted = _whole_replica_trial(tmp_path)
     assert controller.tick().action == "wait"
     fleet.now += 1
     # 120 s in: a0 sends 6 prompts never seen before (cold on any plan), and so does a newcomer; the others
@@ -193,20 +200,7 @@ def test_one_tenant_s_cold_requests_cannot_roll_back_a_good_plan_on_a_whole_repl
 
 def test_the_same_cold_requests_from_most_tenants_roll_the_plan_back_at_once(tmp_path):
     # The check of the test above: when the plan is what changed, every tenant of the canary replica sees it.
-    fleet = FleetLogs(tmp_path)
-    mine, theirs = [f"a{i}" for i in range(6)], [f"b{i}" for i in range(6)]
-    for tenant in mine:
-        fleet.serve("r1", cold=0, n=4, tenant=tenant)
-    for tenant in theirs:
-        fleet.serve("r2", cold=0, n=4, tenant=tenant)
-    fleet.now = 1000.0
-    good, bad = plan_of(0), plan_of(0, 100)
-    write_live_plan(fleet.control, good, by=BY)
-    for replica in ("r1", "r2"):
-        fleet.report(replica, good.plan_id)
-    controller, _ = fleet.controller("r1", canary_min_requests=5)
-    controller.propose(bad, "test")
-    fleet.report("r1", bad.plan_id)
+    fleet, controller, mine, theirs, bad, _ = _whole_replica_trial(tmp_path)
     controller.tick()
     fleet.now += 1
     for tenant in mine:
@@ -216,7 +210,7 @@ def test_the_same_cold_requests_from_most_tenants_roll_the_plan_back_at_once(tmp
     fleet.now += 119
     verdict = controller.tick()
     assert verdict.action == "rollback" and "cold share 0.0% -> 100.0%" in verdict.reason, verdict.reason
-    assert PlanHistory(fleet.control).current().id == plan_digest(good)
+    assert PlanHistory(fleet.control).current().id == plan_digest(plan_of(0))  # the plan before the trial
 
 
 def test_a_whole_replica_waits_for_the_tenants_of_its_baseline_or_all_of_them_when_fewer():

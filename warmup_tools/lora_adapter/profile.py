@@ -6,9 +6,9 @@ gives for each batched forward. Its step time is linear in a few counts of the b
 least squares, :mod:`warmup_tools.lora_adapter.profile_fit`):
 
 * a *decode row* brings one new token on top of its KV; any other row is a *prefill row* (a prompt or a chunk);
-* ``prefill_ms = overhead_ms + ms_per_token * T + ms_per_token_context * A / 1000``, where ``T`` is the prefill
-  rows' new tokens and ``A`` the keys those tokens attend to (a row of ``n`` tokens after ``p`` has
-  ``n * p + n * (n + 1) / 2``): the attention's cost grows with the context;
+* ``prefill_ms = overhead_ms + ms_per_row * (P - 1) + ms_per_token * T + ms_per_token_context * A / 1000``,
+  where ``P`` is the prefill rows, ``T`` their new tokens and ``A`` the keys those tokens attend to (a row of
+  ``n`` tokens after ``p`` has ``n * p + n * (n + 1) / 2``): the attention's cost grows with the context;
 * ``decode_ms = base_ms + ms_per_row * R + ms_per_1k_context_tokens * C / 1000``, where ``R`` is the decode rows
   and ``C`` their context (each row's ``p + 1`` keys);
 * a step takes ``prefill_ms`` if it has prefill rows plus ``decode_ms`` if it has decode rows.
@@ -46,6 +46,8 @@ class PrefillCost:
     """Milliseconds of a step's prefill rows (module doc)."""
 
     overhead_ms: float
+    #: Per prefill row beyond the first (an engine that pads and masks a batch pays per row).
+    ms_per_row: float
     ms_per_token: float
     ms_per_token_context: float
 
@@ -108,7 +110,7 @@ class EngineProfile:
         ms = 0.0
         if shape.prefill_rows:
             p = self.prefill
-            ms += (p.overhead_ms + p.ms_per_token * shape.prefill_tokens
+            ms += (p.overhead_ms + p.ms_per_row * (shape.prefill_rows - 1) + p.ms_per_token * shape.prefill_tokens
                    + p.ms_per_token_context * shape.prefill_context_k)
         if shape.decode_rows:
             d = self.decode

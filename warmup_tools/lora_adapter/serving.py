@@ -34,6 +34,8 @@ class ServingEngine(SequenceRunner):
     adapter_fingerprints: dict[str, str]
     #: Token ids of each declared public prefix.
     _public_ids: tuple[tuple[int, ...], ...]
+    #: What the engine is, in words (the simulated one: ``modelled, profile <name>``).
+    label: str = "real model"
 
     def check_request(self, request: GenerateRequest) -> None:
         """Raise the request's error if it cannot be served: empty, a token id outside the vocabulary, too long

@@ -52,7 +52,8 @@ class TritonPythonModel:
         self.request_log = (RequestLogWriter(settings.request_log_dir, self.instance)
                             if settings.request_log_dir is not None else None)
         self.metrics = GenerationMetrics(pb_utils, "lora_adapter", self.instance)
-        pb_utils.Logger.log_info(f"lora_adapter: device {engine.device}, adapters {sorted(engine.adapters)}")
+        pb_utils.Logger.log_info(f"lora_adapter: {engine.label}, device {engine.device}, "
+                                 f"adapters {sorted(engine.adapters)}")
         self.snapshots = None
         if settings.snapshots.folder is not None and engine.prefix_cache is not None:
             # Before Triton runs the warm-up samples: they then find their prefixes cached.

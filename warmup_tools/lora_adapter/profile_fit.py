@@ -1,7 +1,7 @@
 """Fit an engine profile to the real engine on this machine: time ``LoraEngine.forward_batch``, solve for the
 coefficients (:mod:`warmup_tools.lora_adapter.profile`) by least squares, write the profile.
 
-``python -m warmup_tools.lora_adapter.profile_fit --out PROFILE.json`` times prefill batches (prompt sizes,
+``python -m warmup_tools profile-fit --out PROFILE.json`` times prefill batches (prompt sizes,
 chunks after a context, several rows) and decode batches (1 to 16 rows at several contexts) of the demo LM
 and its adapters, each the median of ``--repeats`` runs after one unrecorded run, with ``--threads`` torch
 threads (1: what ``lora_adapter`` runs with here), and fits the prefill and the decode coefficients each on
@@ -10,21 +10,19 @@ its own steps. The profile records how well they fit (``fit``: relative residual
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
-import json
 import platform
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Annotated, Callable, Sequence
 
 import numpy as np
 
 from warmup_tools.common.errors import WarmupToolsError
+from warmup_tools.common.settings import arg
 from warmup_tools.kv.config import DEFAULT_BUDGET_BYTES
 from warmup_tools.lora_adapter.profile import DecodeCost, EngineProfile, PrefillCost, StepShape
 
@@ -117,32 +115,10 @@ def measure(engine: object, *, repeats: int = 7, seed: int = 0,
     return prefill, decode
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m warmup_tools.lora_adapter.profile_fit", description=__doc__)
-    parser.add_argument("--assets", type=Path, default=Path(".assets"), help="demo assets folder (lm/, adapters/)")
-    parser.add_argument("--out", type=Path, required=True, help="profile JSON to write")
-    parser.add_argument("--name", default="cpu-demo-lm", help="the profile's name")
-    parser.add_argument("--hardware", default="", help="the machine, in words (default: from /proc/cpuinfo)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (lora_adapter runs with 1 here)")
-    parser.add_argument("--repeats", type=int, default=7, help="timed runs per step (median)")
-    args = parser.parse_args(argv)
-    try:
-        profile = fit_profile(args.assets, name=args.name, hardware=args.hardware or _cpu_name(),
-                              threads=args.threads, repeats=args.repeats)
-    except WarmupToolsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    args.out.write_text(json.dumps(profile.to_json(), indent=2) + "\n", encoding="utf-8")
-    fit = profile.fit
-    print(f"wrote {args.out}: prefill {dataclasses.asdict(profile.prefill)}, "
-          f"decode {dataclasses.asdict(profile.decode)}")
-    print(f"fit: prefill rms {fit['prefill_rms_rel_error']:.1%} max {fit['prefill_max_rel_error']:.1%} over "
-          f"{fit['prefill_points']} steps; decode rms {fit['decode_rms_rel_error']:.1%} max "
-          f"{fit['decode_max_rel_error']:.1%} over {fit['decode_points']} steps")
-    return 0
-
-
-def fit_profile(assets: Path, *, name: str, hardware: str, threads: int, repeats: int) -> EngineProfile:
+def fit_profile(assets: Path, *, name: Annotated[str, arg("the profile's name")] = "cpu-demo-lm",
+                hardware: Annotated[str, arg("the machine, in words (empty: the CPU's name)")] = "",
+                threads: Annotated[int, arg("torch CPU threads (lora_adapter runs with 1 here)", ge=1)] = 1,
+                repeats: Annotated[int, arg("timed runs per step (their median is kept)", ge=1)] = 7) -> EngineProfile:
     """Time the real engine on the demo LM in ``assets`` and return the fitted profile."""
     import torch
 
@@ -157,7 +133,8 @@ def fit_profile(assets: Path, *, name: str, hardware: str, threads: int, repeats
     prefill, prefill_report = fit_prefill(prefill_samples)
     decode, decode_report = fit_decode(decode_samples)
     kv_bytes = int(engine.kv_bytes_per_token)
-    fit = {"command": f"python -m warmup_tools.lora_adapter.profile_fit --threads {threads} --repeats {repeats}",
+    hardware = hardware or _cpu_name()
+    fit = {"command": f"python -m warmup_tools profile-fit --threads {threads} --repeats {repeats}",
            "date": datetime.date.today().isoformat(), "threads": threads, "repeats": repeats,
            "torch": torch.__version__}
     for label, report in (("prefill", prefill_report), ("decode", decode_report)):
@@ -167,7 +144,7 @@ def fit_profile(assets: Path, *, name: str, hardware: str, threads: int, repeats
                                                      for s, m, f in report.residuals]}
     return EngineProfile(
         name=name, hardware=hardware, model=f"the project's demo LM ({assets / 'lm'}), float32, its LoRA adapters",
-        source="fitted by warmup_tools.lora_adapter.profile_fit on the real LoraEngine.forward_batch",
+        source="fitted by `python -m warmup_tools profile-fit` on the real LoraEngine.forward_batch",
         kv_bytes_per_token=kv_bytes, kv_capacity_tokens=DEFAULT_BUDGET_BYTES // kv_bytes,
         prefill=_rounded(prefill), decode=_rounded(decode),
         notes="Modelled. kv_bytes_per_token is the demo LM's float32 KV (2 x 6 layers x 2 KV heads x 64 x 4 bytes); "
@@ -215,5 +192,11 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+
+def summary(profile: EngineProfile) -> str:
+    """The fitted coefficients and how well they fit, in two lines."""
+    fit = profile.fit
+    return (f"prefill {dataclasses.asdict(profile.prefill)}, decode {dataclasses.asdict(profile.decode)}\n"
+            f"fit: prefill rms {fit['prefill_rms_rel_error']:.1%} max {fit['prefill_max_rel_error']:.1%} over "
+            f"{fit['prefill_points']} steps; decode rms {fit['decode_rms_rel_error']:.1%} max "
+            f"{fit['decode_max_rel_error']:.1%} over {fit['decode_points']} steps")

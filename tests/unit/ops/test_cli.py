@@ -115,3 +115,17 @@ def test_a_replica_name_that_is_no_single_safe_path_component_is_refused_where_i
     assert main(["sidecar", "--replica-name", name, "--control-dir", str(tmp_path)]) == 2
     assert f"the replica name {name!r} cannot name a folder or file" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_profile_fit_writes_a_profile_the_simulated_engine_loads(tmp_path, demo_assets, capsys):
+    from warmup_tools.lora_adapter.profile import load_profile
+    from warmup_tools.ops.cli import main
+
+    out = tmp_path / "fitted.json"
+    assert main(["profile-fit", "--assets-dir", str(demo_assets.root), "--out", str(out), "--repeats", "1",
+                 "--name", "test-fit", "--hardware", "this machine"]) == 0
+    profile = load_profile(out)
+    assert (profile.name, profile.hardware) == ("test-fit", "this machine")
+    assert profile.fit["command"] == "python -m warmup_tools profile-fit --threads 1 --repeats 1"
+    assert profile.fit["prefill_points"] == profile.fit["decode_points"] == 15
+    assert f"wrote {out}" in capsys.readouterr().out

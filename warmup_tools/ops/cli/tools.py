@@ -67,6 +67,14 @@ def add_commands(sub: Any) -> None:
     add_arguments(secrets, make_deployment_secrets)
     secrets.set_defaults(func=_cmd_deploy_secrets)
 
+    fit = sub.add_parser("profile-fit", help="fit a simulated engine's profile to the real engine on this machine "
+                                             "(times LoraEngine.forward_batch on the demo LM, least squares)")
+    fit.add_argument("--assets-dir", type=Path, default=_DEFAULTS.assets_dir,
+                     help="the demo assets (built there when missing)")
+    fit.add_argument("--out", type=Path, required=True, help="the profile JSON to write")
+    add_arguments(fit, _fit_profile())
+    fit.set_defaults(func=_cmd_profile_fit)
+
     params = sub.add_parser("parameters", help="print the parameter reference (docs/parameters.md) generated from "
                                                "the settings objects")
     params.set_defaults(func=_cmd_parameters)
@@ -133,6 +141,24 @@ def _cmd_tenant_key(args: argparse.Namespace) -> int:
 def _cmd_deploy_secrets(args: argparse.Namespace) -> int:
     files = make_deployment_secrets(args.dir, **function_kwargs(make_deployment_secrets, args))
     print(f"deployment secrets ready in {files.folder}")
+    return 0
+
+
+def _fit_profile() -> Any:
+    from warmup_tools.lora_adapter.profile_fit import fit_profile
+
+    return fit_profile
+
+
+def _cmd_profile_fit(args: argparse.Namespace) -> int:
+    import json
+
+    from warmup_tools.demo.assets import ensure_demo_assets
+    from warmup_tools.lora_adapter.profile_fit import summary
+
+    profile = _fit_profile()(ensure_demo_assets(args.assets_dir).root, **function_kwargs(_fit_profile(), args))
+    args.out.write_text(json.dumps(profile.to_json(), indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}: {summary(profile)}")
     return 0
 
 

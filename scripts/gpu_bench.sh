@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The concurrency benchmark on a GPU (not part of the tests): the continuous-batching scheduler
-# alone, in process (`warmup_tools.sim.bench.engine`), on CUDA in bfloat16 and float32, 1/4/8/16 streams.
+# alone, in process (`warmup_tools.sim.bench.engine`), on CUDA in bfloat16 and float32, 1/4/8/16 streams;
+# then the simulated engine's profile of this GPU and the demo LM (`profile-fit`'s fit_profile), written
+# to OUT_DIR/profile-gpu-demo-lm.json (copy it into warmup_tools/lora_adapter/profiles/ to use it).
 # It needs torch, transformers and peft, not tritonserver, so it runs on a machine that has only those
 # (a GPU machine with a bare Python image); the assets' lm/ and adapters/ come from `make assets` here.
 #
@@ -24,3 +26,11 @@ for dtype in bfloat16 float32; do
   python3 -m warmup_tools.sim.bench.engine --assets-dir "$assets" --device cuda --dtype "$dtype" \
     --lm-threads 0 2>&1 | tee "$out/engine-$dtype.txt"
 done
+python3 - "$assets" "$out/profile-gpu-demo-lm.json" <<'PY'
+import json, sys
+from pathlib import Path
+from warmup_tools.lora_adapter.profile_fit import fit_profile, summary
+profile = fit_profile(Path(sys.argv[1]), name="gpu-demo-lm", device="cuda", dtype="bfloat16")
+Path(sys.argv[2]).write_text(json.dumps(profile.to_json(), indent=2) + "\n", encoding="utf-8")
+print(f"wrote {sys.argv[2]}: {summary(profile)}")
+PY

@@ -116,9 +116,13 @@ def measure(engine: object, *, repeats: int = 7, seed: int = 0,
 
 
 def fit_profile(assets: Path, *, name: Annotated[str, arg("the profile's name")] = "cpu-demo-lm",
-                hardware: Annotated[str, arg("the machine, in words (empty: the CPU's name)")] = "",
+                hardware: Annotated[str, arg("the machine, in words (empty: the CPU's or the GPU's name)")] = "",
                 threads: Annotated[int, arg("torch CPU threads (lora_adapter runs with 1 here)", ge=1)] = 1,
-                repeats: Annotated[int, arg("timed runs per step (their median is kept)", ge=1)] = 7) -> EngineProfile:
+                repeats: Annotated[int, arg("timed runs per step (their median is kept)", ge=1)] = 7,
+                device: Annotated[str, arg("the engine's device: auto (the first CUDA device, else CPU), cpu, cuda, "
+                                           "cuda:1")] = "auto",
+                dtype: Annotated[str, arg("auto (bfloat16 on a GPU, float32 on the CPU), float32, float16, "
+                                          "bfloat16")] = "auto") -> EngineProfile:
     """Time the real engine on the demo LM in ``assets`` and return the fitted profile."""
     import torch
 
@@ -127,29 +131,47 @@ def fit_profile(assets: Path, *, name: Annotated[str, arg("the profile's name")]
     from warmup_tools.lora_adapter.settings import EngineConfig
 
     torch.set_num_threads(threads)
-    engine = LoraEngine(EngineConfig(base_model=assets / "lm", adapter_root=assets / "adapters", device="cpu",
-                                     dtype="float32", num_threads=threads, kv=KVCacheConfig(budget_bytes=0)))
-    prefill_samples, decode_samples = measure(engine, repeats=repeats)
+    engine = LoraEngine(EngineConfig(base_model=assets / "lm", adapter_root=assets / "adapters", device=device,
+                                     dtype=dtype, num_threads=threads, kv=KVCacheConfig(budget_bytes=0)))
+    gpu = engine.device.type == "cuda"
+    prefill_samples, decode_samples = measure(engine, repeats=repeats, clock=_clock(engine.device))
     prefill, prefill_report = fit_prefill(prefill_samples)
     decode, decode_report = fit_decode(decode_samples)
     kv_bytes = int(engine.kv_bytes_per_token)
-    hardware = hardware or _cpu_name()
-    fit = {"command": f"python -m warmup_tools profile-fit --threads {threads} --repeats {repeats}",
+    dtype_name = str(engine.dtype).removeprefix("torch.")
+    hardware = hardware or (f"{torch.cuda.get_device_name(engine.device)}, {dtype_name}" if gpu else _cpu_name())
+    fit = {"command": f"python -m warmup_tools profile-fit --threads {threads} --repeats {repeats}"
+                      + (f" --device {device} --dtype {dtype}" if (device, dtype) != ("auto", "auto") else ""),
            "date": datetime.date.today().isoformat(), "threads": threads, "repeats": repeats,
-           "torch": torch.__version__}
+           "device": str(engine.device), "torch": torch.__version__}
     for label, report in (("prefill", prefill_report), ("decode", decode_report)):
         fit |= {f"{label}_points": report.points, f"{label}_rms_rel_error": round(report.rms_rel_error, 4),
                 f"{label}_max_rel_error": round(report.max_rel_error, 4),
                 f"{label}_measured_vs_modelled_ms": [[dataclasses.asdict(s), round(m, 3), round(f, 3)]
                                                      for s, m, f in report.residuals]}
     return EngineProfile(
-        name=name, hardware=hardware, model=f"the project's demo LM ({assets / 'lm'}), float32, its LoRA adapters",
+        name=name, hardware=hardware,
+        model=f"the project's demo LM ({assets / 'lm'}), {dtype_name}, its LoRA adapters",
         source="fitted by `python -m warmup_tools profile-fit` on the real LoraEngine.forward_batch",
         kv_bytes_per_token=kv_bytes, kv_capacity_tokens=DEFAULT_BUDGET_BYTES // kv_bytes,
         prefill=_rounded(prefill), decode=_rounded(decode),
-        notes="Modelled. kv_bytes_per_token is the demo LM's float32 KV (2 x 6 layers x 2 KV heads x 64 x 4 bytes); "
-              "kv_capacity_tokens is the default kv_cache_bytes (256 MiB) over it (a CPU has no fixed KV memory).",
+        notes=f"Modelled. kv_bytes_per_token is the demo LM's {dtype_name} KV (2 x layers x KV heads x head_dim x "
+              "bytes); kv_capacity_tokens is the default kv_cache_bytes (256 MiB) over it.",
         fit=fit)
+
+
+def _clock(device: object) -> Callable[[], float]:
+    """``time.perf_counter``, after the device's queued work on a GPU (a CUDA forward returns before it ran)."""
+    import torch
+
+    if getattr(device, "type", "cpu") != "cuda":
+        return time.perf_counter
+
+    def synchronized() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return synchronized
 
 
 # ------------------------------------------------------------------------------------------ helpers

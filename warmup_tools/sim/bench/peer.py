@@ -100,26 +100,23 @@ class OpenAIStreams:
 
 
 class Prompts:
-    """Seeded text of a given token length, distinct from its first words on (no two prompts share a block)."""
+    """Seeded text of a given token length, distinct from its first words on (no two prompts share a block): a
+    "Note <n>:" label, then words that are each one token after a space (:func:`warmup_tools.sim.traces.
+    single_token_words`), so the length needs no tokenising of the text."""
 
     def __init__(self, tokenizer_dir: Path, seed: int) -> None:
         from transformers import AutoTokenizer
 
-        from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
+        from warmup_tools.sim.traces import single_token_words
 
-        self._tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        text = " ".join([*SYSTEM_PROMPTS.values(), *(q for qs in USER_QUESTIONS.values() for q in qs)])
-        self._words = sorted({w.strip(".,:;?!()\"'") for w in text.split()} - {""})
+        self._words = single_token_words(AutoTokenizer.from_pretrained(tokenizer_dir))
         self._rng = random.Random(seed)
         self._count = 0
 
     def text(self, tokens: int) -> str:
-        """About ``tokens`` tokens (never fewer; the servers' ``usage`` gives the exact count)."""
+        """At least ``tokens`` tokens: the label's few and ``tokens`` words (the servers' ``usage`` gives the count)."""
         self._count += 1
-        words = [f"Note {self._count}:"]
-        while len(self._tokenizer.encode(" ".join(words), add_special_tokens=False)) < tokens:
-            words.append(self._rng.choice(self._words))
-        return " ".join(words)
+        return " ".join([f"Note {self._count}:", *(self._rng.choice(self._words) for _ in range(tokens))])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -38,8 +38,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, Callable, Iterator, TextIO
+from typing import Annotated, Callable, Iterator, TextIO
 
+from warmup_tools.common.errors import ServerError
 from warmup_tools.common.settings import arg
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer, free_port
@@ -303,6 +304,7 @@ def vllm_server(python: Path, assets_dir: Path, *, lora: bool, threads: int, max
     """A vLLM OpenAI server (a :class:`~warmup_tools.fleet.process.Child`: it dies with this process), its URL
     while it runs; stopped with SIGINT, then its whole tree killed after 30 s (its engine core is a child)."""
     from warmup_tools.fleet.process import Child
+    from warmup_tools.fleet.replica import wait_warm
 
     port = free_port()
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0" if threads == 1 else f"0-{threads - 1}",
@@ -311,7 +313,10 @@ def vllm_server(python: Path, assets_dir: Path, *, lora: bool, threads: int, max
     child.start()
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_http(url + "/v1/models", child, START_TIMEOUT_S, f"vLLM (its log: {log})")
+        try:
+            wait_warm(url, START_TIMEOUT_S, gone=child.exited)  # vLLM's /health: 200 once its engine is up
+        except ServerError as exc:
+            raise ServerError(f"vLLM: {exc}; its log: {log}") from None
         yield url
     finally:
         child.stop(signal.SIGINT, timeout_s=30.0)
@@ -328,20 +333,3 @@ def project_server(assets_dir: Path, *, threads: int, max_num_seqs: int) -> Iter
         server.wait_ready(timeout=START_TIMEOUT_S)
         with front_process(server, assets_dir, "composing") as front:
             yield front.url
-
-
-def _wait_http(url: str, child: Any, timeout_s: float, what: str) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(url, timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if child.exited():
-            raise RuntimeError(f"{what} exited with {child.returncode} before it was ready")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} was not ready after {timeout_s:.0f} s")
-        time.sleep(0.5)

@@ -30,7 +30,7 @@ from warmup_tools.kv.config import KVShape
 from warmup_tools.lora_adapter.devices import select_device, select_dtype
 from warmup_tools.lora_adapter.engine_api import GenerationStep  # noqa: F401 (imported from here too)
 from warmup_tools.lora_adapter.runner import BatchRow, RowOutput, SequenceKV
-from warmup_tools.lora_adapter.serving import ServingEngine, make_prefix_cache
+from warmup_tools.lora_adapter.serving import ServingEngine, eos_ids, make_prefix_cache
 from warmup_tools.lora_adapter.settings import DEFAULT_CONTEXT_LENGTH, EngineConfig, discover_adapters
 
 LOGGER = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class LoraEngine(ServingEngine):
     """Loads a base causal LM plus LoRA adapters; runs batched forwards and holds each sequence's state."""
 
     def __init__(self, config: EngineConfig) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         super().__init__()
         self.config = config
@@ -57,15 +57,13 @@ class LoraEngine(ServingEngine):
                 f"base model folder {config.base_model} has no config.json; "
                 "build the demo assets with `python -m warmup_tools assets` or point base_model at a model folder"
             )
-        self.tokenizer = AutoTokenizer.from_pretrained(config.base_model)
-        self._public_ids = tuple(tuple(self.tokenizer.encode(text, add_special_tokens=True))
-                                 for text in config.public_prefixes)
+        self._load_tokenizer(config)
         model = AutoModelForCausalLM.from_pretrained(config.base_model, dtype=self.dtype, use_safetensors=True)
         model.to(self.device).eval()
         self.model_config = model.config
         self.context_length = int(getattr(model.config, "max_position_embeddings", DEFAULT_CONTEXT_LENGTH))
         self.vocab_size = int(model.config.vocab_size)
-        self.eos_token_ids = _eos_ids(model.config, self.tokenizer)
+        self.eos_token_ids = eos_ids(getattr(model.config, "eos_token_id", None), self.tokenizer)
         self.base_fingerprint = fingerprint_folder(config.base_model)
         #: KV bytes one token of a running sequence takes (full precision, as the forward computes it).
         self.kv_bytes_per_token = int(KVShape.from_model_config(model.config.to_dict()).bytes_per_token(
@@ -78,8 +76,6 @@ class LoraEngine(ServingEngine):
         self._row_hooked: set[int] = set()
         #: The last two batched forwards (cache, rows' KV, all rows of one length), for reuse.
         self._recent_batches: list[tuple[object, list[SequenceKV], bool]] = []
-        self.adapters: dict[str, Path] = {}
-        self.adapter_fingerprints: dict[str, str] = {}
         for name, path in discover_adapters(config.adapter_root, config.adapters).items():
             self._load_adapter(name, path)
 
@@ -292,16 +288,3 @@ class LoraEngine(ServingEngine):
         self.adapters[name] = path
         self.adapter_fingerprints[name] = fingerprint_folder(path)
         self._install_row_hooks()
-
-
-def _eos_ids(model_config: object, tokenizer: object) -> frozenset[int]:
-    ids: set[int] = set()
-    eos = getattr(model_config, "eos_token_id", None)
-    if isinstance(eos, int):
-        ids.add(eos)
-    elif isinstance(eos, (list, tuple)):
-        ids.update(int(e) for e in eos)
-    tok_eos = getattr(tokenizer, "eos_token_id", None)
-    if tok_eos is not None:
-        ids.add(int(tok_eos))
-    return frozenset(ids)

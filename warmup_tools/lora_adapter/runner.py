@@ -67,8 +67,7 @@ class SequenceRunner:
         raise NotImplementedError
 
     def open(self, seq_id: int, request: GenerateRequest, *, sampled: bool) -> None:
-        self._kv.pop(seq_id, None)
-        self._logits.pop(seq_id, None)
+        self.release(seq_id)
         self._generators[seq_id] = make_generator(request.sampling, self.device) if sampled else None
 
     def load_prefix(self, seq_id: int, match: PrefixMatch | None) -> None:

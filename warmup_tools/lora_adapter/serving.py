@@ -37,6 +37,19 @@ class ServingEngine(SequenceRunner):
     #: What the engine is, in words (the simulated one: ``modelled, profile <name>``).
     label: str = "real model"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.adapters = {}
+        self.adapter_fingerprints = {}
+
+    def _load_tokenizer(self, config: EngineConfig) -> None:
+        """The base model folder's tokenizer, and the token ids of each declared public prefix."""
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(config.base_model)
+        self._public_ids = tuple(tuple(self.tokenizer.encode(text, add_special_tokens=True))
+                                 for text in config.public_prefixes)
+
     def check_request(self, request: GenerateRequest) -> None:
         """Raise the request's error if it cannot be served: empty, a token id outside the vocabulary, too long
         for the context, an unknown adapter. NOTE: parse_generate_request refuses the same inputs; this keeps
@@ -103,3 +116,13 @@ def make_prefix_cache(kv: KVCacheConfig, *, bytes_per_token: int | None = None) 
                            ttl_s=kv.ttl_s, storage=kv.storage, bytes_per_token=bytes_per_token)
     except ValueError as exc:
         raise AssetError(f"KV prefix cache configuration: {exc}") from None
+
+
+def eos_ids(eos: object, tokenizer: object) -> frozenset[int]:
+    """The end-of-sequence token ids: the model config's ``eos_token_id`` (an id or a list of them) and the
+    tokenizer's."""
+    ids = {int(e) for e in eos} if isinstance(eos, (list, tuple)) else ({int(eos)} if isinstance(eos, int) else set())
+    tok_eos = getattr(tokenizer, "eos_token_id", None)
+    if tok_eos is not None:
+        ids.add(int(tok_eos))
+    return frozenset(ids)

@@ -37,7 +37,7 @@ from warmup_tools.common.digests import fingerprint_folder, tokenizer_fingerprin
 from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT, AssetError, UnknownAdapterError
 from warmup_tools.lora_adapter.profile import EngineProfile, StepShape, load_profile
 from warmup_tools.lora_adapter.runner import BatchRow, RowOutput, SequenceKV
-from warmup_tools.lora_adapter.serving import ServingEngine, make_prefix_cache
+from warmup_tools.lora_adapter.serving import ServingEngine, eos_ids, make_prefix_cache
 from warmup_tools.lora_adapter.settings import DEFAULT_CONTEXT_LENGTH, EngineConfig, discover_adapters
 
 LOGGER = logging.getLogger(__name__)
@@ -70,8 +70,6 @@ class SimulatedEngine(ServingEngine):
 
     def __init__(self, config: EngineConfig, *, profile: EngineProfile | None = None,
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.perf_counter) -> None:
-        from transformers import AutoTokenizer
-
         super().__init__()
         self.config = config
         self.profile = profile or load_profile(config.profile)
@@ -80,15 +78,13 @@ class SimulatedEngine(ServingEngine):
         self.device = torch.device("cpu")
         self.dtype = torch.float32
         model_config = _read_model_config(config.base_model)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.base_model)
-        self._public_ids = tuple(tuple(self.tokenizer.encode(text, add_special_tokens=True))
-                                 for text in config.public_prefixes)
+        self._load_tokenizer(config)
         self.model_config = SimulatedModelConfig()
         self.context_length = int(model_config.get("max_position_embeddings", DEFAULT_CONTEXT_LENGTH))
         self.vocab_size = int(model_config.get("vocab_size") or len(self.tokenizer))
         #: Generated tokens are drawn below this (ids the tokenizer can decode).
         self._token_range = min(self.vocab_size, len(self.tokenizer))
-        self.eos_token_ids = _eos_ids(model_config, self.tokenizer)
+        self.eos_token_ids = eos_ids(model_config.get("eos_token_id"), self.tokenizer)
         self._eos = min(self.eos_token_ids) if self.eos_token_ids else None
         # NOTE: not the weights' fingerprint (none are read): this engine's KV is not the model's, so its block
         # hashes and snapshots must never meet a real engine's.
@@ -101,8 +97,6 @@ class SimulatedEngine(ServingEngine):
         if budget > self.profile.kv_capacity_tokens * self.kv_bytes_per_token:
             LOGGER.warning("kv_cache_bytes %d is more than profile %s's device holds (%d tokens of %d bytes)",
                            budget, self.profile.name, self.profile.kv_capacity_tokens, self.kv_bytes_per_token)
-        self.adapters: dict[str, Path] = {}
-        self.adapter_fingerprints: dict[str, str] = {}
         self._adapter_salts: dict[str | None, int] = {}
         #: Forwards run and their modelled seconds (before ``speedup``), for benchmarks.
         self.steps = 0
@@ -211,12 +205,3 @@ def _read_model_config(model_dir: Path) -> dict[str, Any]:
                          "tokenizer, vocabulary and context from there") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise AssetError(f"{path} is not readable JSON ({exc})") from None
-
-
-def _eos_ids(model_config: dict[str, Any], tokenizer: object) -> frozenset[int]:
-    eos = model_config.get("eos_token_id")
-    ids = {int(e) for e in eos} if isinstance(eos, list) else ({int(eos)} if isinstance(eos, int) else set())
-    tok_eos = getattr(tokenizer, "eos_token_id", None)
-    if tok_eos is not None:
-        ids.add(int(tok_eos))
-    return frozenset(ids)

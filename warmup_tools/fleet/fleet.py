@@ -79,11 +79,13 @@ class Fleet:
         self._join(replica)
         return replica
 
-    def launch(self, *, restore: bool = True, warm_gate: bool = True) -> Replica:
+    def launch(self, *, restore: bool = True, warm_gate: bool = True,
+               model_repository: Path | None = None) -> Replica:
         """One more replica, started but not added to the router (:meth:`join` adds it). ``restore=False``: no
         snapshot folder (it starts from its model_warmup stanzas alone); ``warm_gate=False``: its /health says
-        200 as soon as tritonserver is READY (the sidecar does not wait for the planned hot set)."""
-        return self._launch(restore=restore, warm_gate=warm_gate)
+        200 as soon as tritonserver is READY (the sidecar does not wait for the planned hot set);
+        ``model_repository``: this replica's instead of the fleet's (a repository without stanzas: a cold one)."""
+        return self._launch(restore=restore, warm_gate=warm_gate, model_repository=model_repository)
 
     def join(self, replica: Replica) -> None:
         """Add ``replica`` to the router once its /health says 200; from then on its membership follows the
@@ -94,6 +96,16 @@ class Fleet:
         """Take ``name`` out of the router (no new request goes to it), then SIGTERM: it drains, its
         tritonserver writes its KV snapshot, it exits."""
         return self._leave([name])[0]
+
+    def scale_in_many(self, names: list[str]) -> list[Departure]:
+        """:meth:`scale_in` of every one of ``names`` at once (all out of the router, then all SIGTERMed)."""
+        return self._leave(list(names))
+
+    def restart_router(self) -> None:
+        """Stop the router and start it again on its port, without workers: each replica's membership adds its
+        workers again at its next look (``membership_interval_s``)."""
+        self.router.stop()
+        self.router.start()
 
     def stop(self) -> None:
         """Every replica (drained as in :meth:`scale_in`, all at once), then the router; nothing is left running."""
@@ -131,9 +143,12 @@ class Fleet:
         return departures
 
     # ---------------------------------------------------------------------------------- helpers
-    def _launch(self, restore: bool = True, warm_gate: bool = True) -> Replica:
+    def _launch(self, restore: bool = True, warm_gate: bool = True, model_repository: Path | None = None) -> Replica:
         self._started += 1
-        replica = Replica(f"r{self._started}", self.settings, self.work_dir, self.control_dir,
+        settings = self.settings
+        if model_repository is not None:
+            settings = dataclasses.replace(settings, model_repository=model_repository)
+        replica = Replica(f"r{self._started}", settings, self.work_dir, self.control_dir,
                           self.snapshot_dir if restore else None, warm_gate=warm_gate,
                           request_log_dir=self.request_log_dir)
         self.replicas[replica.name] = replica

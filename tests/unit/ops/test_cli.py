@@ -13,7 +13,7 @@ from warmup_tools.ops.cli.bench import BENCHES
 
 @pytest.mark.parametrize("name", sorted(BENCHES))
 def test_every_bench_flag_binds_to_its_run_function(name):
-    module = importlib.import_module(f"warmup_tools.sim.bench.{name}")
+    module = importlib.import_module(f"warmup_tools.sim.bench.{name.replace('-', '_')}")
     parser = _parser()
     bench = parser._subparsers._group_actions[0].choices["bench"]
     sub = bench._subparsers._group_actions[0].choices[name]
@@ -31,6 +31,23 @@ def test_every_bench_flag_binds_to_its_run_function(name):
     assert set(options) == {a.dest for a in flags}
     inspect.signature(module.run).bind(args.assets_dir, **options)
     assert bench_options(parser.parse_args(["bench", name])) == {}, "run()'s own defaults apply"
+
+
+def test_a_server_command_line_imports_no_benchmark_and_no_torch():
+    """The sidecar and the front parse their command line with the same parser as ``bench``: only a benchmark the
+    command line names is imported for its flags (some import torch, about 200 MB a process)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from warmup_tools.ops.cli import parser; p = parser(['sidecar', '--help']); "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('warmup_tools.sim.bench.')))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "[]"
+    code = ("import sys; from warmup_tools.ops.cli import parser; p = parser(['bench', 'fidelity']); "
+            "print(sorted(m for m in sys.modules if m.startswith('warmup_tools.sim.bench.') and m.count('.') == 3))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "['warmup_tools.sim.bench.fidelity', " \
+        "'warmup_tools.sim.bench.openai_stream', 'warmup_tools.sim.bench.params', 'warmup_tools.sim.bench.tables']"
 
 
 def test_duration_flags_parse_and_refuse_nonsense(capsys):

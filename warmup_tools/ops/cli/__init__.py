@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         command_line = plans.actions_parser()
         del argv[words[0]]
     else:
-        command_line = parser()
+        command_line = parser(argv)
     args = command_line.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -49,13 +49,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def parser() -> argparse.ArgumentParser:
-    """Every command's parser (``plan``'s actions have their own: :func:`plans.actions_parser`)."""
+def parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """Every command's parser (``plan``'s actions have their own: :func:`plans.actions_parser`). ``argv``: the
+    command line it is for (only the benchmark it names, if any, gets its flags; None: every one)."""
     root = argparse.ArgumentParser(prog="warmup_tools", description=__doc__.splitlines()[0])
     root.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = root.add_subparsers(dest="command", required=True)
     for group in GROUPS:
-        group.add_commands(sub)
+        if group is bench:
+            bench.add_commands(sub, argv)
+        else:
+            group.add_commands(sub)
     return root
 
 

@@ -38,6 +38,11 @@ BENCHES = {
     "fleet": "the real-text replay through the smg router: 1 replica vs 2 with round_robin, cache_aware, "
              "prefix_hash; scale-out at +30 min (stanzas only vs snapshot, joined warm); scale-in with SIGTERM "
              "under load",
+    "fleet-scale": "1 to 8 replicas of the simulated engine (a profile's step times) behind the smg router replaying a "
+                   "public production trace: policies against an oracle cache, the plan whole vs split vs none, three "
+                   "replicas joining under load (cold, warmed, restored), scale-in and a router restart",
+    "fidelity": "the simulated engine (this machine's fitted profile) against the real one on the same trace slice: "
+                "TTFT and inter-token latency p50/p90, and cached prompt tokens per request",
     "recovery": "kill the lora_adapter stub beside the sidecar: seconds to /ready 503 and back to 200, how requests "
                 "failed meanwhile, failures after recovery",
     "temperature": "what the sidecar reads per probe round (lowest warm coverage, lora_adapter probe TTFT, "
@@ -51,11 +56,14 @@ BENCHES = {
 
 
 def bench_run(name: str) -> Any:
-    """The ``run`` function of benchmark ``name``."""
-    return importlib.import_module(f"warmup_tools.sim.bench.{name}").run
+    """The ``run`` function of benchmark ``name`` (module ``warmup_tools.sim.bench.<name, - as _>``)."""
+    return importlib.import_module(f"warmup_tools.sim.bench.{name.replace('-', '_')}").run
 
 
-def add_commands(sub: Any) -> None:
+def add_commands(sub: Any, argv: list[str] | None = None) -> None:
+    """The ``bench`` commands. Given the command line (``argv``), only a benchmark it names gets its flags: a
+    benchmark's module is imported for them, and some import torch, which a server process (``sidecar``,
+    ``front``) must not carry for nothing (docs/fleet.md, memory per replica)."""
     bench = sub.add_parser("bench", help="benchmarks that print figures")
     bench.set_defaults(func=_cmd_bench)
     which = bench.add_subparsers(dest="bench", required=True)
@@ -63,7 +71,8 @@ def add_commands(sub: Any) -> None:
         parser = which.add_parser(name, help=help_text)
         parser.add_argument("--assets-dir", type=Path, default=ServeConfig().assets_dir,
                             help="the demo assets (built there when missing)")
-        add_arguments(parser, bench_run(name))
+        if argv is None or name in argv:
+            add_arguments(parser, bench_run(name))
 
 
 def bench_options(args: argparse.Namespace) -> dict[str, object]:

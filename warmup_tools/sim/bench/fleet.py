@@ -44,6 +44,7 @@ from warmup_tools.fleet.settings import POLICIES, FleetSettings
 from warmup_tools.sim.bench.openai_stream import StreamError, stream_completion
 from warmup_tools.sim.bench.params import LmThreads, Seed
 from warmup_tools.sim.bench.replay import prepare
+from warmup_tools.sim.bench.tables import markdown, p99
 
 #: The routing policies compared on two replicas (against one replica alone).
 ROUTING_POLICIES = ("round_robin", "cache_aware", "prefix_hash")
@@ -83,11 +84,6 @@ def figures(label: str, answers: Sequence[Answer], per_replica: str = "") -> Fig
     return Figures(label, len(answers), sum(a.cached_tokens == 0 for a in ok) / max(1, len(ok)),
                    sum(a.cached_tokens for a in ok) / prompt if prompt else 0.0, statistics.median(ttfts),
                    p99(ttfts), per_replica, len(answers) - len(ok))
-
-
-def p99(values: Sequence[float]) -> float:
-    ordered = sorted(values) or [0.0]
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 def send(client: httpx.Client, url: str, record: RequestRecord, max_tokens: int = 1) -> Answer:
@@ -292,8 +288,3 @@ def scale_table(rows: Sequence[ScaleOut]) -> str:
                      "fleet p99 before", "ratio"),
                     [(r.variant, f"{r.join_s:.0f} s", str(r.new_requests), f"{r.new_cold_share:.1%}",
                       f"{r.new_p99_ms:.1f} ms", f"{r.before_p99_ms:.1f} ms", f"{r.ratio:.2f}x") for r in rows])
-
-
-def markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])

@@ -1,0 +1,462 @@
+"""``python -m warmup_tools bench fleet-scale``: fleets of 1 to 8 replicas (or more) whose ``lora_adapter`` runs the
+simulated engine (``engine=simulated``, a profile's step times waited), behind the smg router, replaying a public
+production trace (:mod:`warmup_tools.sim.traces`). Everything but the forward is the real one: tritonserver, the
+ensemble, the KV prefix cache with its budget, plans and stanzas, snapshots, the sidecar, the front, the router.
+
+The trace's first ``plan_min`` minutes are the planner's request log; the next ``replay_min`` minutes are replayed
+open-loop (each request at its arrival, divided by ``speedup``) through the router. Every replica's KV budget is
+the profile's device capacity in the trace's blocks (``kv_capacity_tokens / source_block`` blocks of
+``block_tokens`` tokens): the fleet's caches are as full, relative to the trace, as the modelled GPUs' would be.
+
+Runs (each a fleet of its own, one after the other):
+
+1. **Routing**: ``replicas`` x ``policies``, every replica warming the whole plan (its stanzas).
+2. **Oracle**: one replica with the largest fleet's KV capacity and engine speed (one cache of the fleet's size).
+3. **Plans** at the largest fleet with ``plan_policy``: the whole plan on every replica, the plan split across
+   the replicas (a plan for the fleet's total warm-up budget, its prompts sent once through the router before
+   the replay, so each lands on the replica the router will send it to), no plan.
+4. **Scale-out**: ``largest - 3`` replicas; at half the replay three replicas join together: cold (no stanzas,
+   joined at READY), warmed (the plan's stanzas, joined once warm), restored (the fleet's KV snapshots and the
+   stanzas, joined once warm). Figure per joiner: modelled TTFT p99 of its first ``window_min`` minutes over the
+   fleet's p99 before the join.
+5. **Scale-in and router restart** at the largest fleet: two replicas leave together at a third of the replay
+   (failed requests meanwhile), the router restarts at two thirds (refused requests, seconds until every
+   replica's workers are back).
+
+Per run: share of prompt tokens served from the KV cache (all, and in the first ``window_min`` minutes), cold
+share (requests with no cached token), modelled TTFT p50/p99 (``lora_adapter``'s own TTFT from its request log,
+times ``speedup``), requests per replica, each replica's KV bytes at the end over its budget.
+
+Every TTFT here is **modelled** (the profile named in the output); cached-token shares and request counts are
+counted, not modelled. Every process of every replica, the router and the client share this machine's cores.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any, Sequence, TextIO
+
+import httpx
+
+from warmup_tools.common.records import RequestRecord, log_files, read_request_log
+from warmup_tools.common.settings import arg, environ_overrides
+from warmup_tools.fleet.fleet import Fleet
+from warmup_tools.fleet.replica import Replica
+from warmup_tools.fleet.settings import POLICIES, FleetSettings
+from warmup_tools.lora_adapter.profile import EngineProfile, load_profile
+from warmup_tools.server.client import metric_sum, scrape_metrics
+from warmup_tools.server.config import REPO_ROOT
+from warmup_tools.sim.bench.fleet import Answer, send
+from warmup_tools.sim.bench.tables import markdown, p99
+from warmup_tools.sim.traces import TRACES, TracePrompts, TraceScale, load_trace
+
+LOGGER = logging.getLogger(__name__)
+
+#: The profile the bench models by default: a published H100 figure set for Llama-3.1-8B.
+DEFAULT_PROFILE = "h100-llama-3.1-8b"
+#: Seconds between the replicas' periodic KV snapshots (the restored joiner reads them).
+SNAPSHOT_INTERVAL_S = 10
+#: Joiners of the scale-out run, in the order they are launched.
+JOINERS = ("cold", "warmed", "restored")
+#: Modelled minutes the scale-out run's replay goes on beyond the joiners' window (they start, restore and warm
+#: after half the replay before they join: a few wall seconds, so minutes at ``speedup``).
+JOIN_LEAD_MIN = 5.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Item:
+    """One replayed request: its arrival (modelled seconds from the replay's start), text and output length."""
+
+    at_s: float
+    prompt: str
+    max_tokens: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Workload:
+    """What every run replays, and the plans and repositories made from the trace's first part."""
+
+    #: Every run replays the items before ``replay_s``; the scale-out run goes on for its joiners' window.
+    items: list[Item]
+    replay_s: float
+    plan_records: list[RequestRecord]
+    base_repo: Path
+    whole_repo: Path
+    #: The split plan's prompts (a plan for the fleet's total warm-up budget).
+    split_prompts: list[str]
+    kv_budget_bytes: int
+    plan_summary: str
+
+    @property
+    def replayed(self) -> list[Item]:
+        return [i for i in self.items if i.at_s < self.replay_s]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Row:
+    label: str
+    replicas: int
+    requests: int
+    failed: int
+    cached_share: float
+    early_cached_share: float
+    cold_share: float
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    per_replica: str
+    kv_use: str
+
+
+def run(assets_dir: Path, *,
+        trace: Annotated[str, arg("the public trace replayed", choices=tuple(TRACES))] = "conversation",
+        replicas: Annotated[str, arg("fleet sizes of the routing runs, comma-separated (the largest is used for "
+                                     "the oracle, plan, scale-out and scale-in runs)")] = "1,2,4,8",
+        policies: Annotated[str, arg("router policies of the routing runs at the largest size, comma-separated "
+                                     "(the smaller sizes use plan_policy)")] = "round_robin,cache_aware,prefix_hash",
+        plan_policy: Annotated[str, arg("the router's policy in the oracle, plan, scale-out and scale-in runs",
+                                        choices=POLICIES)] = "cache_aware",
+        profile: Annotated[str, arg("the simulated engine's profile (a shipped name or a JSON path)")]
+        = DEFAULT_PROFILE,
+        block_tokens: Annotated[int, arg("tokens each of the trace's hash blocks becomes", ge=1)] = 16,
+        plan_min: Annotated[float, arg("minutes of the trace's start the plan is made from", ge=0.001)] = 10.0,
+        replay_min: Annotated[float, arg("minutes of the trace after the plan's part replayed", ge=0.001)] = 20.0,
+        window_min: Annotated[float, arg("modelled minutes of the early figures (after the start, after a join)",
+                                         ge=0.001)] = 10.0,
+        speedup: Annotated[float, arg("arrivals and step times divided by this (modelled times multiplied back)",
+                                      ge=0.001)] = 4.0,
+        max_output_tokens: Annotated[int, arg("cap on each request's scaled output tokens", ge=1)] = 4,
+        runs: Annotated[str, arg("which runs, comma-separated: routing, oracle, plans, scale-out, scale-in")]
+        = "routing,oracle,plans,scale-out,scale-in",
+        concurrency: Annotated[int, arg("most requests in flight from the client", ge=1)] = 64,
+        out: TextIO = sys.stdout) -> None:
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    sizes = sorted({int(n) for n in replicas.split(",") if n.strip()})
+    chosen = {r.strip() for r in runs.split(",") if r.strip()}
+    largest = sizes[-1]
+    engine = load_profile(profile)
+    source = TRACES[trace]
+    kv_tokens = replica_kv_tokens(engine, block_tokens, trace)
+    kv_bytes = kv_tokens * engine.kv_bytes_per_token
+    work = Path(tempfile.mkdtemp(prefix="bench-fleet-scale-"))
+    env = {**simulated_environment(profile, speedup, kv_bytes), "WARMUP_SNAPSHOT_INTERVAL_S": str(SNAPSHOT_INTERVAL_S)}
+    try:
+        with environ_overrides(env):
+            load = workload(work, assets_dir, trace, TraceScale(block_tokens=block_tokens,
+                                                                 max_output_tokens=max_output_tokens,
+                                                                 duration_s=(plan_min + replay_min + window_min
+                                                                             + JOIN_LEAD_MIN) * 60),
+                            plan_min=plan_min, replay_min=replay_min, split_replicas=largest)
+            out.write(f"trace {trace}: {source.about}; {len(load.plan_records)} requests planned from its first "
+                      f"{plan_min:g} min, {len(load.replayed)} replayed from the next {replay_min:g} min at "
+                      f"x{speedup:g}"
+                      f"\nmodelled: profile {engine.name} ({engine.hardware}, {engine.model}); each replica's KV "
+                      f"budget {kv_tokens} tokens ({kv_tokens // block_tokens} blocks of {block_tokens}); "
+                      f"outputs capped at {max_output_tokens} tokens\n{load.plan_summary}\n")
+            out.flush()
+            bench = Bench(work, assets_dir, load, speedup=speedup, window_s=window_min * 60, concurrency=concurrency,
+                          out=out)
+            rows: list[Row] = []
+            if "routing" in chosen:
+                for n in sizes:
+                    routing = [p.strip() for p in policies.split(",")] if n == largest else [plan_policy]
+                    for policy in routing if n > 1 else ["round_robin"]:
+                        rows.append(bench.replay_run(f"{n} x {policy}", n, policy, load.whole_repo))
+            if "oracle" in chosen:
+                with environ_overrides({"WARMUP_KV_CACHE_BYTES": str(kv_bytes * largest),
+                                        "WARMUP_ENGINE_SPEEDUP": str(speedup * largest)}):
+                    rows.append(bench.replay_run(f"oracle: 1 cache of {largest} replicas' capacity", 1,
+                                                 "round_robin", load.whole_repo, modelled_ttft=False))
+            if "plans" in chosen:
+                rows.append(bench.replay_run(f"{largest} x {plan_policy}, plan split", largest, plan_policy,
+                                             load.base_repo, prime=load.split_prompts))
+                rows.append(bench.replay_run(f"{largest} x {plan_policy}, no plan", largest, plan_policy,
+                                             load.base_repo))
+            if rows:
+                out.write("\n" + table(rows) + "\n")
+                out.flush()
+            if "scale-out" in chosen:
+                bench.scale_out(max(1, largest - len(JOINERS)), plan_policy)
+            if "scale-in" in chosen:
+                bench.scale_in_and_restart(largest, plan_policy)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def replica_kv_tokens(engine: EngineProfile, block_tokens: int, trace: str) -> int:
+    """A replica's KV budget in tokens: the profile's device capacity in the trace's blocks, each ``block_tokens``
+    tokens (the fleet's caches as full, relative to the scaled trace, as the modelled devices' would be)."""
+    return engine.kv_capacity_tokens * block_tokens // TRACES[trace].source_block
+
+
+def simulated_environment(profile: str, speedup: float, kv_bytes: int) -> dict[str, str]:
+    """The variables that make a replica's ``lora_adapter`` the simulated engine of ``profile`` (its step times
+    divided by ``speedup``) with a KV budget of ``kv_bytes`` (modelled bytes)."""
+    return {"WARMUP_ENGINE": "simulated", "WARMUP_ENGINE_PROFILE": profile, "WARMUP_ENGINE_SPEEDUP": str(speedup),
+            "WARMUP_KV_CACHE_BYTES": str(kv_bytes)}
+
+
+def workload(work: Path, assets_dir: Path, trace: str, scale: TraceScale, *, plan_min: float, replay_min: float,
+             split_replicas: int) -> Workload:
+    """The replayed items and the plans of the trace's first ``plan_min`` minutes (under the environment the
+    replicas get: the simulated engine's profile and KV budget)."""
+    from warmup_tools.embedding_cache.embedder import OnnxEmbedder
+    from warmup_tools.planning.plan_stanzas import COMPOSING_MODELS, write_plan_stanzas
+    from warmup_tools.planning.select import build_plan, format_summary
+    from warmup_tools.planning.stanzas import write_model_warmup
+    from warmup_tools.planning.target import PlanTarget
+
+    base_repo, whole_repo = work / "repo-without-plan", work / "repo-with-plan"
+    for repo in (base_repo, whole_repo):
+        shutil.copytree(REPO_ROOT / "model_repository", repo)
+        for model in COMPOSING_MODELS:
+            write_model_warmup(repo / model, [])
+    target = PlanTarget.from_repository(whole_repo, {**os.environ, "WARMUP_ASSETS_DIR": str(assets_dir),
+                                                     "WARMUP_CONTROL_DIR": ""})
+    tokenizer = target.load_tokenizer()
+    prompts = TracePrompts(tokenizer, scale.block_tokens)
+    requests = load_trace(trace, scale)
+    split_at = plan_min * 60
+    epoch = time.time() - 86400  # the plan's log: yesterday, in the trace's own spacing
+    plan_records = [RequestRecord(ts=epoch + r.at_s, prompt=prompts.prompt(r))
+                    for r in requests if r.at_s < split_at]
+    items = [Item(r.at_s - split_at, prompts.prompt(r), r.output_tokens) for r in requests if r.at_s >= split_at]
+    embedder = OnnxEmbedder(dataclasses.replace(target.embedder, num_threads=2))
+    now = epoch + split_at
+
+    def plan(scale_budget: int) -> Any:
+        budgets = target.default_budgets()
+        budgets = dataclasses.replace(budgets, kv_bytes_total=budgets.kv_bytes_total * scale_budget,
+                                      kv_bytes_per_adapter=budgets.kv_bytes_per_adapter * scale_budget,
+                                      warm_seconds=budgets.warm_seconds * scale_budget)
+        return build_plan(plan_records, tokenizer, embedder, budgets, now=now, block_size=target.block_size,
+                          kv_bytes_per_token=target.kv_bytes_per_token, progress=False)
+
+    whole = plan(1)
+    write_plan_stanzas(whole, whole_repo, target=target, tokenizer=tokenizer)
+    split = plan(split_replicas)
+    split_prompts = [tokenizer.decode(item["token_ids"], skip_special_tokens=True) for item in split.items
+                     if item.get("kind") == "kv_prefix"]
+    summary = (f"plan (whole, each replica): {format_summary(whole)}\nplan (split, {split_replicas} replicas' "
+               f"budget): {len(split_prompts)} prefixes")
+    return Workload(items, replay_min * 60, plan_records, base_repo, whole_repo, split_prompts,
+                    target.settings.engine.kv.budget_bytes,
+                    summary)
+
+
+class Bench:
+    """The runs of one ``bench fleet-scale`` (module doc), each a fleet of its own under ``work``."""
+
+    def __init__(self, work: Path, assets_dir: Path, load: Workload, *, speedup: float, window_s: float,
+                 concurrency: int, out: TextIO) -> None:
+        self.work, self.assets_dir, self.load = work, assets_dir, load
+        self.speedup, self.window_s, self.concurrency, self.out = speedup, window_s, concurrency, out
+        self._runs = 0
+
+    def settings(self, replicas: int, policy: str, repo: Path) -> FleetSettings:
+        self._runs += 1
+        return FleetSettings(replicas=replicas, policy=policy, port=0, work_dir=self.work / f"run{self._runs}",
+                             model_repository=repo, assets_dir=self.assets_dir, lm_threads=1)
+
+    def replay_run(self, label: str, replicas: int, policy: str, repo: Path, *, prime: Sequence[str] = (),
+                   modelled_ttft: bool = True) -> Row:
+        started = time.perf_counter()
+        with Fleet(self.settings(replicas, policy, repo)) as fleet:
+            if prime:
+                replay(fleet.router.url, [Item(0.0, p, 1) for p in prime], math.inf, self.concurrency)
+            taken = {name: r.requests_taken() for name, r in fleet.replicas.items()}
+            replay_epoch = time.time()
+            answers = replay(fleet.router.url, self.load.replayed, self.speedup, self.concurrency)
+            per_replica = "/".join(str(r.requests_taken() - taken[n]) for n, r in fleet.replicas.items())
+            kv_use = "/".join(f"{kv_bytes(r) / self.load.kv_budget_bytes:.0%}" for r in fleet.replicas.values())
+            logs = fleet.request_log_dir
+        ttfts = [t for ts, t in self.modelled_ttfts(logs) if ts >= replay_epoch] if modelled_ttft else []
+        row = summarise(label, replicas, answers, ttfts, self.window_s, per_replica, kv_use)
+        self.out.write(f"  {label}: {len(answers)} requests, {row.failed} failed, "
+                       f"{time.perf_counter() - started:.0f} s\n")
+        self.out.flush()
+        return row
+
+    def modelled_ttfts(self, logs: Path) -> list[tuple[float, float]]:
+        """(arrival epoch, modelled TTFT ms) of every request the replicas under ``logs`` served."""
+        return [(r.ts, r.ttft_ms * self.speedup) for r in read_request_log(log_files(logs)) if r.ttft_ms is not None]
+
+    def scale_out(self, start: int, policy: str) -> None:
+        """``start`` replicas; at half the replay the three :data:`JOINERS` join together (module doc). The replay
+        goes on for the joiners' window after the replay's end (the trace's next minutes)."""
+        items = self.load.items
+        half = self.load.replay_s / 2
+        joined: dict[str, float] = {}
+        with Fleet(self.settings(start, policy, self.load.whole_repo)) as fleet:
+            joiners: dict[str, Replica] = {}
+
+            def join_all() -> None:
+                joiners["cold"] = fleet.launch(restore=False, warm_gate=False, model_repository=self.load.base_repo)
+                joiners["warmed"] = fleet.launch(restore=False, warm_gate=True)
+                joiners["restored"] = fleet.launch(restore=True, warm_gate=True)
+                with concurrent.futures.ThreadPoolExecutor(len(joiners)) as pool:
+                    for kind, future in [(k, pool.submit(join_at, fleet, r)) for k, r in joiners.items()]:
+                        joined[kind] = future.result()
+
+            replay_epoch = time.time()
+            answers = replay(fleet.router.url, items, self.speedup, self.concurrency,
+                             events=[(half, join_all)])
+            logs = fleet.request_log_dir
+            names = {kind: r.name for kind, r in joiners.items()}
+        first_join = min(joined.values())
+        steady = [t for ts, t in self.modelled_ttfts(logs) if replay_epoch <= ts < first_join]
+        steady_p99 = p99(steady)
+        lines = []
+        for kind in JOINERS:
+            at = joined[kind]
+            window = (at, at + self.window_s / self.speedup)
+            mine = [t for ts, t in self.modelled_ttfts(logs / names[kind]) if window[0] <= ts < window[1]]
+            ratio = p99(mine) / steady_p99 if mine and steady_p99 else float("nan")
+            lines.append((kind, f"{(at - replay_epoch) * self.speedup / 60:.1f}", str(len(mine)),
+                          f"{p99(mine):.0f}" if mine else "-", f"{ratio:.2f}"))
+        failed = sum(1 for a in answers if a.error)
+        self.out.write(f"\nscale-out: a fleet of {start} ({policy}), three replicas joining at {half / 60:.1f} "
+                       f"modelled min; fleet's modelled TTFT p99 before: {steady_p99:.0f} ms; {failed} of "
+                       f"{len(answers)} requests "
+                       f"failed\n\n")
+        self.out.write(markdown(("joiner", "joined at (modelled min)", f"its requests in {self.window_s / 60:g} min",
+                                 "its TTFT p99 (modelled ms)", "over the fleet's p99 before"), lines) + "\n")
+        self.out.flush()
+
+    def scale_in_and_restart(self, size: int, policy: str) -> None:
+        """Two replicas leave at a third of the replay, the router restarts at two thirds (module doc)."""
+        items = self.load.replayed
+        end = self.load.replay_s
+        marks: dict[str, float] = {}
+        with Fleet(self.settings(size, policy, self.load.whole_repo)) as fleet:
+            def leave() -> None:
+                marks["leave"] = time.time()
+                departures = fleet.scale_in_many(list(fleet.replicas)[:2])
+                marks["left"] = time.time()
+                marks["clean"] = float(all(d.clean for d in departures))
+
+            def restart() -> None:
+                marks["restart"] = time.time()
+                fleet.restart_router()
+                marks["router_up"] = time.time()
+                expected = sum(1 for _ in fleet.replicas)
+                deadline = time.monotonic() + 120
+                while len({w.get("url") for w in fleet.router.workers()}) < expected and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                marks["workers_back"] = time.time()
+
+            answers = replay(fleet.router.url, items, self.speedup, self.concurrency,
+                             events=[(end / 3, leave), (2 * end / 3, restart)], epoch_out=marks)
+        start = marks["epoch"]
+        def between(since: str, until: str) -> list[Answer]:
+            return [a for a in answers if marks[since] <= start + a.ts / self.speedup < marks[until]]
+
+        in_leave, in_restart = between("leave", "left"), between("restart", "workers_back")
+        other = [a for a in answers if not (marks["leave"] <= start + a.ts / self.speedup < marks["left"]
+                                            or marks["restart"] <= start + a.ts / self.speedup < marks["workers_back"])]
+        self.out.write(
+            f"\nscale-in: 2 of {size} replicas left together under load ({policy}): {len(in_leave)} requests "
+            f"arrived meanwhile, {sum(bool(a.error) for a in in_leave)} failed; drained and exited by themselves: "
+            f"{bool(marks.get('clean'))}\nrouter restart: {marks['router_up'] - marks['restart']:.1f} s to answer "
+            f"again, {marks['workers_back'] - marks['router_up']:.1f} s more until every replica was a worker again; "
+            f"{len(in_restart)} requests arrived meanwhile, {sum(bool(a.error) for a in in_restart)} failed "
+            f"(refused while it restarted); outside both windows {sum(bool(a.error) for a in other)} of "
+            f"{len(other)} failed\n")
+        self.out.flush()
+
+
+def join_at(fleet: Fleet, replica: Replica) -> float:
+    """Join ``replica`` once warm; the epoch it joined at."""
+    fleet.join(replica)
+    return time.time()
+
+
+def kv_bytes(replica: Replica) -> float:
+    """The KV bytes the replica's ``lora_adapter`` instances hold now (0 when its metrics do not answer)."""
+    try:
+        samples = scrape_metrics(replica.metrics_url, prefix="warmup_kv_cache_bytes")
+    except (OSError, ValueError):
+        return 0.0
+    return metric_sum(samples, "warmup_kv_cache_bytes")
+
+
+def replay(url: str, items: Sequence[Item], speedup: float, concurrency: int, *,
+           events: Sequence[tuple[float, Any]] = (), epoch_out: dict[str, float] | None = None) -> list[Answer]:
+    """``items`` sent open-loop through ``url``: each at its ``at_s / speedup`` (``inf``: all at once), at most
+    ``concurrency`` in flight; ``events``: (modelled seconds, callable) run on a thread of their own at that time.
+    Answers in item order, each with its ``at_s`` as ``ts``."""
+    local = threading.local()
+    clients: list[httpx.Client] = []
+    lock = threading.Lock()
+
+    def one(item: Item) -> Answer:
+        client = getattr(local, "client", None)
+        if client is None:
+            client = local.client = httpx.Client(timeout=600)
+            with lock:
+                clients.append(client)
+        answer = send(client, url, RequestRecord(ts=item.at_s, prompt=item.prompt), item.max_tokens)
+        return dataclasses.replace(answer, ts=item.at_s)
+
+    pending = sorted(events, key=lambda e: e[0])
+    threads = []
+    start = time.perf_counter()
+    if epoch_out is not None:
+        epoch_out["epoch"] = time.time()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+            futures = []
+            for item in items:
+                while pending and pending[0][0] <= item.at_s:
+                    thread = threading.Thread(target=pending.pop(0)[1], daemon=True)
+                    thread.start()
+                    threads.append(thread)
+                if math.isfinite(speedup):
+                    delay = start + item.at_s / speedup - time.perf_counter()
+                    if delay > 0:
+                        time.sleep(delay)
+                futures.append(pool.submit(one, item))
+            answers = [f.result() for f in futures]
+        for thread in threads:
+            thread.join()
+    finally:
+        for client in clients:
+            client.close()
+    return answers
+
+
+def summarise(label: str, replicas: int, answers: Sequence[Answer], ttfts: Sequence[float], window_s: float,
+              per_replica: str, kv_use: str) -> Row:
+    ok = [a for a in answers if not a.error]
+    early = [a for a in ok if a.ts < window_s]
+
+    def share(group: Sequence[Answer]) -> float:
+        prompt = sum(a.prompt_tokens for a in group)
+        return sum(a.cached_tokens for a in group) / prompt if prompt else 0.0
+
+    ordered = sorted(ttfts)
+    return Row(label, replicas, len(answers), len(answers) - len(ok), share(ok), share(early),
+               sum(a.cached_tokens == 0 for a in ok) / max(1, len(ok)),
+               statistics.median(ordered) if ordered else None, p99(ordered) if ordered else None, per_replica, kv_use)
+
+
+def table(rows: Sequence[Row]) -> str:
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0f}"
+
+    return markdown(("run", "requests (failed)", "prompt tokens from cache", "in the first window", "cold share",
+                     "TTFT p50 (modelled ms)", "TTFT p99 (modelled ms)", "requests per replica",
+                     "KV use per replica"),
+                    [(r.label, f"{r.requests} ({r.failed})", f"{r.cached_share:.1%}", f"{r.early_cached_share:.1%}",
+                      f"{r.cold_share:.1%}", ms(r.ttft_p50_ms), ms(r.ttft_p99_ms), r.per_replica, r.kv_use)
+                     for r in rows])

@@ -20,11 +20,13 @@ instance warms it. The KV cache of each instance is sized at ``kv_cache_ratio`` 
 (``--kv-cache-bytes`` to set it), so that a plan's warm-up competes with what it unpins, as it does on a busy
 server.
 
-``fleet=True`` (``--fleet``): the same run on a whole replica of a fleet. Two replicas (one ``lora_adapter``
-instance and one LM thread each) behind the smg router (the fleet's default policy), sharing the control and
-request log folders, each with the day-1 plan; the requests go through the router, and the plans go on trial on
-every instance of replica :data:`CANARY_REPLICA` (the replica whose sidecar re-plans for a fleet: the first by
-name), judged against the other replica by difference of differences. The controller is the one that replica's
+``fleet=True`` (``--fleet``): the same run on a whole replica of a fleet. ``replicas`` replicas (2 by default; one
+``lora_adapter`` instance and one LM thread each) behind the smg router (the fleet's default policy), sharing the
+control and request log folders, each with the day-1 plan; the requests go through the router, and the plans go on
+trial on every instance of replica :data:`CANARY_REPLICA` (the replica whose sidecar re-plans for a fleet: the first
+by name), judged against all the other replicas by difference of differences. ``engine="simulated"``: every
+``lora_adapter`` runs the simulated engine with the demo LM's profile, its step times divided by ``speedup`` (as
+the trace's arrivals are), so that eight replicas fit on a small machine. The controller is the one that replica's
 sidecar builds (:func:`~warmup_tools.sidecar.app.replica_canary`), ticked by the bench after every request; the
 replicas' sidecars are told not to judge (``canary_judge`` false), so that a trial has one judge. A trial is
 stamped with the moment the replay stopped for it (:class:`ReplayClock`): the whole replica's baseline is the
@@ -36,6 +38,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -193,6 +196,11 @@ def run(assets_dir: Path, *, seed: Seed = 0,
                                                   "ratio)")] = None,
         fleet: Annotated[bool, arg("two replicas behind the smg router, the plans on trial on a whole replica, "
                                    "judged against the other one; each replica's cold share")] = False,
+        replicas: Annotated[int, arg("with --fleet: replicas behind the router (the canary is one of them, judged "
+                                     "against all the others)", ge=2)] = 2,
+        engine: Annotated[str, arg("lora_adapter's engine: real, or simulated (the demo LM's profile, its step "
+                                   "times divided by speedup, as the trace's)", choices=("real", "simulated"))]
+        = "real",
         out: TextIO = sys.stdout) -> dict[str, Any]:
     defaults = SidecarConfig()
     window_min = defaults.canary_window_s / 60 if window_min is None else window_min
@@ -208,23 +216,25 @@ def run(assets_dir: Path, *, seed: Seed = 0,
         plan_bytes = sum(int(item.get("kv_bytes", 0)) for item in repos.plan.items)
         cache_bytes = kv_cache_bytes or int(plan_bytes * kv_cache_ratio)
         env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": str(control),
-               "WARMUP_REQUEST_LOG_DIR": str(logs), "WARMUP_KV_CACHE_BYTES": str(cache_bytes), "WARMUP_REDIS_URL": ""}
+               "WARMUP_REQUEST_LOG_DIR": str(logs), "WARMUP_KV_CACHE_BYTES": str(cache_bytes), "WARMUP_REDIS_URL": "",
+               "WARMUP_ENGINE": engine, "WARMUP_ENGINE_SPEEDUP": str(speedup)}
         bad = bad_plan(work, repo, env, seed=seed, requests_per_day=requests_per_day, now=day2_start)
         out.write(f"day-1 plan {repos.plan.plan_id}: {len(repos.plan.items)} items, {plan_bytes / 2**20:.1f} MiB; "
                   f"bad plan {bad.plan_id} (tenants {', '.join(OTHER_TENANTS)}): {len(bad.items)} items; KV cache "
                   f"{cache_bytes / 2**20:.1f} MiB per instance, "
-                  f"{'2 replicas of 1 instance' if fleet else '2 instances'}\n")
+                  f"{f'{replicas} replicas of 1 instance' if fleet else '2 instances'}, engine {engine}\n")
         write_live_plan(control, repos.plan, by=("bench rollout", ""))
         settings = dataclasses.replace(defaults, canary_window_s=window_min * 60 / speedup)
         clock = ReplayClock()
-        with (_fleet_stage if fleet else _server_stage)(work, repo, assets_dir, env, settings, clock) as stage:
+        stage_of = functools.partial(_fleet_stage, replicas=replicas) if fleet else _server_stage
+        with stage_of(work, repo, assets_dir, env, settings, clock) as stage:
             controller = stage.controller
             planner = RollingPlanner(repo, control, plan_logs, environ={**os.environ, **env}, write_stanzas=False,
                                      propose=lambda plan: controller.propose(plan, "bench rollout re-plan") is not None)
             out.write(f"canary: on {stage.unit} {next(iter(stage.logs))}; window {window_min:g} "
                       f"simulated min ({settings.canary_window_s:.1f} s at x{speedup:g}), "
                       f"{settings.canary_min_requests} requests a side"
-                      f"{' (the early tests: on the canary, and 1 on the other replica)' if fleet else ''}, "
+                      f"{' (the early tests: on the canary, and 1 on the other replicas)' if fleet else ''}, "
                       f"cold margin {settings.canary_cold_margin:.0%} "
                       f"(alpha {settings.canary_alpha:g}), cached margin {settings.canary_cached_margin:.0%}\n")
             out.flush()
@@ -259,10 +269,10 @@ def _server_stage(work: Path, repo: Path, assets_dir: Path, env: dict[str, str],
 
 @contextlib.contextmanager
 def _fleet_stage(work: Path, repo: Path, assets_dir: Path, env: dict[str, str], settings: SidecarConfig,
-                 clock: ReplayClock) -> Iterator[Stage]:
-    """Two replicas behind the router, sharing the control and request log folders, both with the served plan
-    applied; the canary is the whole replica :data:`CANARY_REPLICA`, judged by the controller its sidecar would
-    build, and by it alone."""
+                 clock: ReplayClock, *, replicas: int = 2) -> Iterator[Stage]:
+    """``replicas`` replicas behind the router, sharing the control and request log folders, all with the served
+    plan applied; the canary is the whole replica :data:`CANARY_REPLICA`, judged against all the others by the
+    controller its sidecar would build, and by it alone."""
     import logging
 
     import httpx
@@ -276,9 +286,10 @@ def _fleet_stage(work: Path, repo: Path, assets_dir: Path, env: dict[str, str], 
     sidecar = work / "sidecar.json"
     sidecar.write_text(json.dumps({"canary_judge": False}), encoding="utf-8")
     # NOTE: the replicas inherit the KV cache size; their folders and assets are the fleet's settings.
-    inherited = {name: env[name] for name in ("WARMUP_KV_CACHE_BYTES", "WARMUP_REDIS_URL")}
+    inherited = {name: env[name] for name in ("WARMUP_KV_CACHE_BYTES", "WARMUP_REDIS_URL", "WARMUP_ENGINE",
+                                              "WARMUP_ENGINE_SPEEDUP")}
     with environ_overrides(inherited):
-        settings_of_fleet = FleetSettings(replicas=2, port=0, work_dir=work / "fleet", control_dir=control,
+        settings_of_fleet = FleetSettings(replicas=replicas, port=0, work_dir=work / "fleet", control_dir=control,
                                           request_log_dir=logs, sidecar_config=sidecar, model_repository=repo,
                                           assets_dir=assets_dir, lm_threads=1)
         with Fleet(settings_of_fleet) as fleet, httpx.Client(timeout=600) as client:
@@ -288,11 +299,14 @@ def _fleet_stage(work: Path, repo: Path, assets_dir: Path, env: dict[str, str], 
                 if canary.get("judging") is not False:
                     raise ServerError(f"replica {name}'s sidecar judges trials itself (canary: {canary}): its "
                                       f"settings ({sidecar}) did not reach it")
-            wait_applied(control, planner_plan_id(control), instances=2, timeout_s=900)
+            wait_applied(control, planner_plan_id(control), instances=replicas, timeout_s=900)
             controller = replica_canary(dataclasses.replace(settings, fleet_log_dir=logs), control, CANARY_REPLICA,
                                         clock)
+            others = [name for name in fleet.replicas if name != CANARY_REPLICA]
+            rest = OTHER_REPLICA if others == [OTHER_REPLICA] else f"the other {len(others)} replicas"
             yield Stage(lambda record: send(client, fleet.router.url, record).error, controller,
-                        {r: _globber(logs / r, "requests-*.jsonl*") for r in (CANARY_REPLICA, OTHER_REPLICA)},
+                        {CANARY_REPLICA: _globber(logs / CANARY_REPLICA, "requests-*.jsonl*"),
+                         rest: lambda: sorted(p for r in others for p in (logs / r).glob("requests-*.jsonl*"))},
                         "replica")
 
 

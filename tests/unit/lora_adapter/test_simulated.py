@@ -166,17 +166,27 @@ def test_adapters_are_discovered_and_fingerprinted_without_weights(demo_assets):
     assert engine.has_adapter("sql") and engine.scope("sql", "t").adapter_fingerprint
 
 
-def test_the_shipped_profiles_load_and_the_gpu_one_keeps_its_sources():
-    assert {"cpu-demo-lm", "h100-llama-3.1-8b"} <= set(profile_names())
+#: Each published GPU profile: KV bytes per token from the model's config (layers, KV heads, head_dim, 2 bytes),
+#: the source's TTFT of a 256-token prompt, its ITL at one request and at its max-num-seqs (time-factor-under-load).
+GPU_PROFILES = {
+    "h100-llama-3.1-8b": ((32, 8, 128), 30 + 256 * 0.25, 12.0, (16, 24.0)),
+    "h100x8-llama-3.1-70b": ((80, 8, 128), 80 + 256 * 0.5, 25.0, (64, 75.0)),
+    "l40s-llama-3.2-3b": ((28, 8, 128), 20 + 256 * 0.35, 15.0, (4, 22.5)),
+}
+
+
+def test_the_shipped_profiles_load_and_the_gpu_ones_keep_their_sources():
+    assert {"cpu-demo-lm", *GPU_PROFILES} <= set(profile_names())
     for name in profile_names():
         assert load_profile(name).name == name
-    h100 = load_profile("h100-llama-3.1-8b")
-    assert h100.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
-    assert h100.step_ms(StepShape.of([(256, 0)])) == pytest.approx(94.0)  # in the source's 60-120 ms
-    assert h100.step_ms(StepShape.of([(1, 10)])) == pytest.approx(12.0)
-    assert h100.step_ms(StepShape.of([(1, 10)] * 16)) == pytest.approx(24.0)
-    figures = {f"{section}.{key}" for section in ("prefill", "decode") for key in h100.to_json()[section]}
-    assert figures | {"kv_bytes_per_token", "kv_capacity_tokens"} <= set(h100.sources)
+    for name, ((layers, kv_heads, head_dim), ttft_256, itl_1, (seqs, itl_full)) in GPU_PROFILES.items():
+        gpu = load_profile(name)
+        assert gpu.kv_bytes_per_token == 2 * layers * kv_heads * head_dim * 2
+        assert gpu.step_ms(StepShape.of([(256, 0)])) == pytest.approx(ttft_256)
+        assert gpu.step_ms(StepShape.of([(1, 10)])) == pytest.approx(itl_1, abs=1e-3)
+        assert gpu.step_ms(StepShape.of([(1, 10)] * seqs)) == pytest.approx(itl_full, abs=1e-3)
+        figures = {f"{section}.{key}" for section in ("prefill", "decode") for key in gpu.to_json()[section]}
+        assert figures | {"kv_bytes_per_token", "kv_capacity_tokens"} <= set(gpu.sources)
 
 
 @pytest.mark.parametrize("change, message", [

@@ -176,7 +176,8 @@ def run(assets_dir: Path, *,
                 with environ_overrides({"WARMUP_KV_CACHE_BYTES": str(kv_bytes * largest),
                                         "WARMUP_ENGINE_SPEEDUP": str(speedup * largest)}):
                     rows.append(bench.replay_run(f"oracle: 1 cache of {largest} replicas' capacity", 1,
-                                                 "round_robin", load.whole_repo, modelled_ttft=False))
+                                                 "round_robin", load.whole_repo, modelled_ttft=False,
+                                                 kv_budget_bytes=load.kv_budget_bytes * largest))
             if "plans" in chosen:
                 rows.append(bench.replay_run(f"{largest} x {plan_policy}, plan split", largest, plan_policy,
                                              load.base_repo, prime=load.split_prompts))
@@ -269,7 +270,9 @@ class Bench:
                              model_repository=repo, assets_dir=self.assets_dir, lm_threads=1)
 
     def replay_run(self, label: str, replicas: int, policy: str, repo: Path, *, prime: Sequence[str] = (),
-                   modelled_ttft: bool = True) -> Row:
+                   modelled_ttft: bool = True, kv_budget_bytes: int | None = None) -> Row:
+        """One replay through a fleet of its own; ``kv_budget_bytes``: each replica's, when not the workload's."""
+        budget = kv_budget_bytes or self.load.kv_budget_bytes
         started = time.perf_counter()
         with Fleet(self.settings(replicas, policy, repo)) as fleet:
             if prime:
@@ -278,7 +281,7 @@ class Bench:
             replay_epoch = time.time()
             answers = replay(fleet.router.url, self.load.replayed, self.speedup, self.concurrency)
             per_replica = "/".join(str(r.requests_taken() - taken[n]) for n, r in fleet.replicas.items())
-            kv_use = "/".join(f"{kv_bytes(r) / self.load.kv_budget_bytes:.0%}" for r in fleet.replicas.values())
+            kv_use = "/".join(f"{kv_bytes(r) / budget:.0%}" for r in fleet.replicas.values())
             logs = fleet.request_log_dir
         ttfts = [t for ts, t in self.modelled_ttfts(logs) if ts >= replay_epoch] if modelled_ttft else []
         row = summarise(label, replicas, answers, ttfts, self.window_s, per_replica, kv_use)

@@ -9,7 +9,10 @@ it a fake.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import logging
+import threading
 import time
 from typing import Any
 
@@ -20,6 +23,63 @@ from warmup_tools.lora_adapter.engine_api import GenerationStep
 from warmup_tools.lora_adapter.request_log import RequestLogWriter
 from warmup_tools.lora_adapter.requests import GenerateRequest
 from warmup_tools.triton.io import error_for
+
+LOGGER = logging.getLogger(__name__)
+#: Responses a :class:`ResponseQueue` holds before the scheduler's next send waits for room.
+QUEUE_LIMIT = 4096
+
+
+class ResponseQueue:
+    """Sends responses on one thread of its own, in the order they were queued.
+
+    A Python-backend ``sender.send`` is a round trip to tritonserver (about 0.3 ms a token at 8 streams, 0.5 ms
+    at 1: docs/benchmarks.md): made by the scheduler's thread, it holds every sequence's next forward for it.
+    Queued, the forward runs while the send goes out. A send that fails is reported to its sink
+    (:meth:`ResponseSink.send` raises it at the sequence's next token, and :meth:`ResponseSink.is_cancelled`
+    says so), so the scheduler ends the sequence as when a send fails in its own thread. At most
+    ``limit`` responses wait; then queuing waits for room. :meth:`close` sends what is queued, then stops.
+    """
+
+    def __init__(self, name: str = "lora-adapter-responses", limit: int = QUEUE_LIMIT) -> None:
+        self._jobs: collections.deque[tuple[ResponseSink, Any, int]] = collections.deque()
+        self._cond = threading.Condition()
+        self._limit = limit
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, sink: ResponseSink, response: Any, flags: int) -> None:
+        with self._cond:
+            while len(self._jobs) >= self._limit and not self._closing:
+                self._cond.wait()
+            if self._closing:
+                raise RuntimeError("the instance is shutting down")
+            self._jobs.append((sink, response, flags))
+            self._cond.notify_all()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Send what is queued (at most ``timeout`` seconds), then end the thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs and not self._closing:
+                    self._cond.wait()
+                if not self._jobs:
+                    return
+                sink, response, flags = self._jobs.popleft()
+                self._cond.notify_all()
+            if sink.send_error is not None:
+                continue  # its client is gone: nothing more of it goes out
+            try:
+                sink.sender.send(response, flags=flags)
+            except Exception as exc:  # noqa: BLE001 - NOTE: one request's fault; the sink reports it
+                LOGGER.debug("a response could not be sent", exc_info=True)
+                sink.send_error = exc
 
 
 @dataclasses.dataclass(slots=True)
@@ -43,17 +103,23 @@ class ResponseSink:
     arrived: float = dataclasses.field(default_factory=time.time)
     _pieces: list[str] = dataclasses.field(default_factory=list)
     _ttft_ms: float = 0.0
+    #: Sends the responses on a thread of its own (None: this one, at once).
+    queue: ResponseQueue | None = None
     #: True once the FINAL response went out: the request gets no other.
     _closed: bool = False
+    #: What a queued send of this request raised (the client is gone): the next send raises it.
+    send_error: BaseException | None = None
 
     def send(self, step: GenerationStep) -> None:
+        if self.send_error is not None:
+            raise self.send_error
         final = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if self.request.stream:
-            self.sender.send(self._response(step.text, step), flags=final if step.finished else 0)
+            self._send(self._response(step.text, step), final if step.finished else 0)
         else:
             self._pieces.append(step.text)
             if step.finished:
-                self.sender.send(self._response("".join(self._pieces), step), flags=final)
+                self._send(self._response("".join(self._pieces), step), final)
         self._closed = step.finished
         if step.output_tokens == 1:  # NOTE: after the send, so metrics never delay the first token
             self._ttft_ms = step.elapsed * 1000
@@ -75,14 +141,22 @@ class ResponseSink:
         if self._closed:
             return
         self._closed = True
-        self.sender.send(self.pb_utils.InferenceResponse(error=error_for(self.pb_utils, error)),
-                         flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self._send(self.pb_utils.InferenceResponse(error=error_for(self.pb_utils, error)),
+                   self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def is_cancelled(self) -> bool:
         # NOTE: true only for a client of lora_adapter itself (gRPC). Through ``ensemble`` Triton 2.51 checks
         # the client's cancellation between steps only, so a running lora_adapter step is never told.
+        if self.send_error is not None:
+            return True
         check = getattr(self.sender, "is_cancelled", None)
         return bool(check()) if check is not None else False
+
+    def _send(self, response: Any, flags: int) -> None:
+        if self.queue is None:
+            self.sender.send(response, flags=flags)
+        else:
+            self.queue.put(self, response, flags)
 
     def _response(self, text: str, step: GenerationStep) -> Any:
         tensor = self.pb_utils.Tensor

@@ -18,7 +18,7 @@ from warmup_tools.triton.metrics import GenerationMetrics, SchedulerMetrics, Sna
 from warmup_tools.triton.trust import TenantTrust
 from warmup_tools.triton.warmup import OwnWarmupSamples, own_plan_id
 from warmup_tools.lora_adapter.engines import make_engine
-from warmup_tools.lora_adapter.responses import ResponseSink
+from warmup_tools.lora_adapter.responses import ResponseQueue, ResponseSink
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.service import LoraService
 from warmup_tools.lora_adapter.settings import LoraAdapterSettings
@@ -52,6 +52,7 @@ class TritonPythonModel:
         self.request_log = (RequestLogWriter(settings.request_log_dir, self.instance)
                             if settings.request_log_dir is not None else None)
         self.metrics = GenerationMetrics(pb_utils, "lora_adapter", self.instance)
+        self.responses = ResponseQueue()
         pb_utils.Logger.log_info(f"lora_adapter: {engine.label}, device {engine.device}, "
                                  f"adapters {sorted(engine.adapters)}")
         self.snapshots = None
@@ -84,7 +85,8 @@ class TritonPythonModel:
                 sink = ResponseSink(pb_utils, sender, req, metrics=self.metrics, request_log=self.request_log,
                                     prompt_text=prompt, redact=self.redact, digest_key=self.digest_key,
                                     expose_cached_tokens=self.expose_cached_tokens,
-                                    roles=chat_roles(request) if prompt is not None else None)
+                                    roles=chat_roles(request) if prompt is not None else None,
+                                    queue=self.responses)
                 self.service.serve(req, sink)  # queued on the scheduler: returns at once
             except Exception as exc:  # noqa: BLE001 (one bad request never fails the batch)
                 log_unexpected(pb_utils, "lora_adapter", exc)
@@ -94,6 +96,7 @@ class TritonPythonModel:
 
     def finalize(self):
         self.service.close()
+        self.responses.close()  # the last responses of the requests that ran, sent
         if self.snapshots is not None:
             self.snapshots.close()  # the last snapshot, once no request runs
         if self.request_log is not None:

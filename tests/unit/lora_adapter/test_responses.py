@@ -11,7 +11,7 @@ import pytest
 from warmup_tools.common.errors import ServerBusyError
 from warmup_tools.lora_adapter.engine import GenerationStep
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
-from warmup_tools.lora_adapter.responses import ResponseSink
+from warmup_tools.lora_adapter.responses import ResponseQueue, ResponseSink
 from warmup_tools.lora_adapter.scheduler import SchedulerStats, StepReport
 from warmup_tools.triton.metrics import SchedulerMetrics
 
@@ -114,6 +114,45 @@ def test_non_streaming_sends_the_whole_text_once_and_errors_carry_their_code():
     assert not sink.is_cancelled()
     sender.cancelled = True
     assert sink.is_cancelled()
+
+
+class FailingSender(FakeSender):
+    """A client gone after its first response."""
+
+    def send(self, response, flags=0):
+        if self.sent:
+            raise RuntimeError("the stream is closed")
+        super().send(response, flags)
+
+
+def test_a_queue_sends_every_requests_responses_in_order_on_its_thread_and_close_sends_what_is_queued():
+    queue = ResponseQueue()
+    senders = [FakeSender(), FakeSender()]
+    sinks = [ResponseSink(fake_pb_utils(), s, request(stream=True), queue=queue) for s in senders]
+    for a, b in zip(steps(3), steps(3)):
+        sinks[0].send(a)
+        sinks[1].send(b)
+    sinks[1].fail(ServerBusyError("late error after the final: not sent"))
+    queue.close()
+    for sender in senders:
+        assert [r["outputs"]["text_output"] for r, _ in sender.sent] == [[b"t1"], [b"t2"], [b"t3"]]
+        assert [flags for _, flags in sender.sent] == [0, 0, FINAL]
+    with pytest.raises(RuntimeError, match="shutting down"):
+        ResponseSink(fake_pb_utils(), FakeSender(), request(stream=True), queue=queue).send(steps(1)[0])
+
+
+def test_a_queued_send_that_fails_ends_its_sequence_at_the_next_token_and_nothing_more_goes_out():
+    queue = ResponseQueue()
+    sender = FailingSender()
+    sink = ResponseSink(fake_pb_utils(), sender, request(stream=True), queue=queue)
+    first, second, third = steps(3)
+    sink.send(first)
+    sink.send(second)  # fails on the queue's thread
+    queue.close()  # everything queued was tried
+    assert sink.is_cancelled(), "the scheduler's cancellation check sees the client gone"
+    with pytest.raises(RuntimeError, match="closed"):
+        sink.send(third)  # the scheduler's send raises: it drops the sequence as for a failed send of its own
+    assert len(sender.sent) == 1
 
 
 def test_scheduler_metrics_send_gauges_at_once_and_counts_every_flush_or_when_idle():

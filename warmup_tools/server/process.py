@@ -442,11 +442,48 @@ class TritonServer:
         self.cleanup()
 
 
+#: Where :func:`free_port` picks from: below the kernel's ephemeral range, which outgoing connections draw from.
+_PORT_FLOOR = 10000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_handed_out: set[int] = set()
+_ports_lock = threading.Lock()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago."""
+    """A TCP port that was free a moment ago, for a server this process is about to start.
+
+    NOTE: not a port the kernel picks for ``bind(0)``: those come from the ephemeral range, which every outgoing
+    connection on the host draws from too, so one of them could take the port before the server binds it (a fleet
+    of eight replicas starting at once, 40 ports and their clients' connections, hit that). The port is drawn at
+    random below the ephemeral range, checked bindable, and never handed out twice by this process."""
+    low = _ephemeral_low()
+    with _ports_lock:
+        for _ in range(200) if low > _PORT_FLOOR + 1000 else ():
+            port = secrets.randbelow(low - _PORT_FLOOR) + _PORT_FLOOR
+            if port not in _handed_out and _bindable(host, port):
+                _handed_out.add(port)
+                return port
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # no room below the range: the kernel's
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        _handed_out.add(port)
+        return port
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _die_with_parent() -> None:

@@ -77,7 +77,7 @@ class ResponseQueue:
                 continue  # its client is gone: nothing more of it goes out
             try:
                 sink.sender.send(response, flags=flags)
-            except Exception as exc:  # noqa: BLE001 - NOTE: one request's fault; the sink reports it
+            except Exception as exc:  # NOTE: one request's fault; the sink reports it
                 LOGGER.debug("a response could not be sent", exc_info=True)
                 sink.send_error = exc
 

@@ -9,8 +9,14 @@ import math
 from warmup_tools.lora_adapter.profile import load_profile
 from warmup_tools.sim.bench.fidelity import Served, percentile, report
 from warmup_tools.sim.bench.fleet import Answer
-from warmup_tools.sim.bench.fleet_scale import (Item, Workload, replica_kv_tokens, simulated_environment, summarise,
-                                                table)
+from warmup_tools.sim.bench.fleet_scale import (
+    Item,
+    Workload,
+    replica_kv_tokens,
+    simulated_environment,
+    summarise,
+    table,
+)
 
 
 def test_a_replicas_kv_budget_is_the_profiles_device_in_the_traces_blocks():

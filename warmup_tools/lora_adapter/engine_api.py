@@ -69,6 +69,9 @@ class SequenceEngine(Protocol):
     tokenizer: object
     #: KV bytes one token of a running sequence takes.
     kv_bytes_per_token: int
+    #: Rows of different lengths share a forward at no padding cost (decode rows and prefill chunks then run
+    #: as one forward; otherwise as two).
+    mixed_rows: bool
 
     def check_request(self, request: GenerateRequest) -> None:
         """Raise the request's error if it cannot be served (empty, out of the vocabulary or context, unknown

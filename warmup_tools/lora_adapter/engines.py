@@ -1,18 +1,32 @@
-"""Which engine class serves ``lora_adapter``, by its ``engine`` parameter."""
+"""Which engine class serves ``lora_adapter``, by its ``engine`` and ``engine_forward`` parameters."""
 
 from __future__ import annotations
 
+import logging
 from typing import Callable, Mapping
 
 from warmup_tools.lora_adapter.engine import LoraEngine
+from warmup_tools.lora_adapter.packed import PackedEngine, model_packed_support
 from warmup_tools.lora_adapter.serving import ServingEngine
 from warmup_tools.lora_adapter.settings import EngineConfig
 from warmup_tools.lora_adapter.simulated import SimulatedEngine
 
-#: One class per ``engine`` value (:data:`~warmup_tools.lora_adapter.settings.ENGINE_KINDS`; a test keeps them equal).
-ENGINES: Mapping[str, Callable[[EngineConfig], ServingEngine]] = {"real": LoraEngine, "simulated": SimulatedEngine}
+LOGGER = logging.getLogger(__name__)
+
+
+def _real(config: EngineConfig) -> ServingEngine:
+    if config.forward == "packed":
+        reason = model_packed_support(config.base_model) if (config.base_model / "config.json").exists() else None
+        if reason is None:
+            return PackedEngine(config)
+        LOGGER.warning("engine_forward=packed: %s; this model runs the Hugging Face forward", reason)
+    return LoraEngine(config)
+
+
+#: One factory per ``engine`` value (:data:`~warmup_tools.lora_adapter.settings.ENGINE_KINDS`; a test keeps them equal).
+ENGINES: Mapping[str, Callable[[EngineConfig], ServingEngine]] = {"real": _real, "simulated": SimulatedEngine}
 
 
 def make_engine(config: EngineConfig) -> ServingEngine:
-    """The engine ``config.kind`` names."""
+    """The engine ``config.kind`` (and for the real one ``config.forward``) names."""
     return ENGINES[config.kind](config)

@@ -56,6 +56,8 @@ class SequenceRunner:
     prefix_cache: PrefixCache | None
     device: torch.device
     dtype: torch.dtype
+    #: A ``forward_batch`` pads its rows to the longest (:attr:`SequenceEngine.mixed_rows`).
+    mixed_rows = False
 
     def __init__(self) -> None:
         self._kv: dict[int, SequenceKV] = {}

@@ -32,6 +32,8 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 #: ``engine`` values: the Hugging Face LM, or a simulated one that waits a profile's step times
 #: (:mod:`warmup_tools.lora_adapter.simulated`); model.py maps each to its class (``lora_adapter.engines``).
 ENGINE_KINDS = ("real", "simulated")
+#: How the real engine computes a forward: packed (its own Llama-family forward, the default) or Hugging Face's.
+ENGINE_FORWARDS = ("packed", "hf")
 
 #: Bytes per value of each torch dtype name the ``dtype`` parameter resolves to.
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -75,6 +77,10 @@ class EngineConfig:
     kind: str = setting("real", "real runs the base model; simulated loads no weights (the tokenizer only) and "
                                 "waits the step times of engine_profile, its tokens a function of the context.",
                         parameter="engine", choices=ENGINE_KINDS)
+    forward: str = setting("packed", "The real engine's forward: packed computes Llama, Mistral and Qwen2 models in "
+                                     "one packed batch over a pool of KV (other models fall back to hf); hf runs "
+                                     "the Hugging Face model with peft's LoRA layers.",
+                           parameter="engine_forward", choices=ENGINE_FORWARDS)
     profile: str = setting(DEFAULT_PROFILE, "The simulated engine's profile: a shipped one's name or a JSON file's "
                                           "path (docs/serving.md, A simulated engine).", parameter="engine_profile")
     speedup: float = setting(1.0, "The simulated engine waits its modelled step times divided by this.",

@@ -15,20 +15,24 @@ from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.lora_adapter.engine import LoraEngine
+from warmup_tools.lora_adapter.engines import make_engine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.settings import EngineConfig
 
 
 @pytest.fixture(scope="module")
 def engine(demo_assets):
-    return LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
+    return make_engine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
                                    kv=KVCacheConfig(budget_bytes=64 << 20)))
 
 
 @pytest.fixture(scope="module")
 def plain_engine(demo_assets):
-    return LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
-                                   kv=KVCacheConfig(budget_bytes=0)))
+    """The Hugging Face forward (``engine_forward=hf``), no prefix cache: its batched path's own tests."""
+    engine = make_engine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
+                                      kv=KVCacheConfig(budget_bytes=0), forward="hf"))
+    assert type(engine) is LoraEngine
+    return engine
 
 
 def request(engine, text, adapter="support", tenant="acme", max_tokens=12, plan=None, **sampling):
@@ -80,13 +84,13 @@ def test_changed_adapter_weights_never_reuse_stale_kv(demo_assets, tmp_path):
     root = tmp_path / "adapters"
     shutil.copytree(demo_assets.adapter_root / "support", root / "support")
     config = EngineConfig(base_model=demo_assets.lm_dir, adapter_root=root, kv=KVCacheConfig(budget_bytes=16 << 20))
-    before = LoraEngine(config)
+    before = make_engine(config)
     from safetensors.torch import load_file, save_file
 
     weights_path = root / "support" / "adapter_model.safetensors"
     weights = load_file(weights_path)
     save_file({k: v * 1.5 for k, v in weights.items()}, weights_path)
-    after = LoraEngine(config)
+    after = make_engine(config)
     assert before.adapter_fingerprints["support"] != after.adapter_fingerprints["support"]
     prompt = tuple(before.tokenizer.encode(SYSTEM_PROMPTS["support"]))
     assert before.scope("support", "acme") != after.scope("support", "acme")
@@ -123,7 +127,7 @@ def test_seeded_sampling_is_reproducible(engine):
 
 def test_a_public_prefix_is_shared_across_tenants_and_what_follows_is_not(demo_assets):
     platform = SYSTEM_PROMPTS["support"]
-    shared = LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
+    shared = make_engine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
                                      kv=KVCacheConfig(budget_bytes=64 << 20), public_prefixes=(platform,)))
     public_tokens = shared.public_blocks(shared.tokenizer.encode(platform + "User: hi")) * 16
     assert public_tokens >= 160
@@ -135,7 +139,7 @@ def test_a_public_prefix_is_shared_across_tenants_and_what_follows_is_not(demo_a
     _, a_again = run(shared, request(shared, platform + tenant_part, tenant="acme"))
     assert a_again.cached_tokens > public_tokens  # acme's own blocks after the prefix are still acme's
     # Without the declaration nothing crosses tenants, the platform prompt included.
-    private = LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
+    private = make_engine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
                                       kv=KVCacheConfig(budget_bytes=64 << 20)))
     run(private, request(private, platform + tenant_part, tenant="acme"))
     _, other = run(private, request(private, platform + tenant_part, tenant="globex"))

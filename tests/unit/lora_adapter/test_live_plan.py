@@ -15,7 +15,7 @@ from warmup_tools.control.plan_history import write_live_plan
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.config import KVCacheConfig
-from warmup_tools.lora_adapter.engine import LoraEngine
+from warmup_tools.lora_adapter.engines import make_engine
 from warmup_tools.lora_adapter.live_plan import diff_hot_sets
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
@@ -27,7 +27,7 @@ DEADLINE_S = 120.0
 
 @pytest.fixture(scope="module")
 def engine(demo_assets):
-    return LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
+    return make_engine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
                                    adapters=("support", "sql"), kv=KVCacheConfig(budget_bytes=64 << 20),
                                    num_threads=1))
 
@@ -160,7 +160,7 @@ def test_a_sample_in_flight_during_a_live_plan_change_leaves_the_new_plan_pinned
 
 def test_a_plan_the_warm_up_budget_cannot_hold_says_so(engine, tmp_path):
     block = 16 * engine.kv_bytes_per_token
-    small = LoraEngine(dataclasses.replace(engine.config, adapters=("support",),
+    small = make_engine(dataclasses.replace(engine.config, adapters=("support",),
                                            kv=KVCacheConfig(budget_bytes=10 * block, live_reserve=0.5)))
     ids = prefix(small, SYSTEM_PROMPTS["support"], 8)
     service = start_service(small, ServiceConfig(control_dir=None), instance="inst_0")

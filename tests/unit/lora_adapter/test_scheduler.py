@@ -10,7 +10,7 @@ from warmup_tools.common.errors import RequestCancelledError, ServerBusyError, U
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.kv.prefix_cache import PrefixCache
-from warmup_tools.lora_adapter.engine import LoraEngine
+from warmup_tools.lora_adapter.engines import make_engine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.settings import EngineConfig, SchedulerConfig
@@ -240,7 +240,7 @@ def test_warm_up_stays_out_of_live_prefills_and_takes_small_chunks_while_live_tr
 
 
 def test_adapter_unload_runs_between_steps_and_ends_its_sequences(demo_assets):
-    engine = LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
+    engine = make_engine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
                                      adapters=("support", "sql"), dtype="float32",
                                      kv=KVCacheConfig(budget_bytes=8 << 20)))
     scheduler = Scheduler(engine)
@@ -283,13 +283,13 @@ def test_warm_up_gives_its_memory_way_to_live_sequences(fresh_cache, reference):
 def test_warm_up_rests_after_each_chunk_so_it_keeps_within_warm_share(fresh_cache, monkeypatch):
     engine = fresh_cache
     now = [0.0]
-    forward = engine.forward_batch
+    forward = engine.forward
 
     def slow_forward(*args, **kwargs):  # NOTE: a fake clock: every forward "takes" 0.1 s
         now[0] += 0.1
         return forward(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "forward_batch", slow_forward)
+    monkeypatch.setattr(engine, "forward", slow_forward)
     scheduler = Scheduler(engine, SchedulerConfig(warm_chunk_tokens=16, warm_share=0.25, live_quiet_s=5.0),
                           clock=lambda: now[0])
     live = RecordingSink()

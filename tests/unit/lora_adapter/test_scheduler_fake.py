@@ -65,7 +65,7 @@ def test_the_fake_has_every_member_the_scheduler_uses_and_so_does_the_real_engin
     fake = FakeEngine()
     assert all(hasattr(fake, name) for name in members)
     real_methods = {name for name in members if callable(getattr(LoraEngine, name, None))}
-    assert real_methods | {"prefix_cache", "eos_token_ids", "tokenizer", "kv_bytes_per_token"} >= members
+    assert real_methods | {"prefix_cache", "eos_token_ids", "tokenizer", "kv_bytes_per_token", "mixed_rows"} >= members
 
 
 def test_batched_output_equals_each_request_alone_with_chunked_prefill_and_a_shared_prefix():

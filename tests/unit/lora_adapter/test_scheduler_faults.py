@@ -94,7 +94,7 @@ def test_an_exception_while_sampling_one_sequence_ends_it_with_internal_and_the_
 def test_a_failed_batched_forward_is_retried_row_by_row_so_only_the_failing_row_ends(fresh_cache, reference,
                                                                                       monkeypatch):
     engine = fresh_cache
-    forward = engine.forward_batch
+    forward = engine.forward
     calls = []
 
     def faulty(rows):
@@ -103,7 +103,7 @@ def test_a_failed_batched_forward_is_retried_row_by_row_so_only_the_failing_row_
             raise RuntimeError("a fault in the sql rows' forward")
         return forward(rows)
 
-    monkeypatch.setattr(engine, "forward_batch", faulty)
+    monkeypatch.setattr(engine, "forward", faulty)
     scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256))
     requests = [make_request(engine, "Hello, who are you?", adapter, max_tokens=4) for adapter in ADAPTERS]
     sinks = [RecordingSink() for _ in requests]
@@ -125,7 +125,7 @@ def test_a_forward_that_always_fails_ends_every_sequence_with_one_error(fresh_ca
     def broken(rows):
         raise RuntimeError("the device is gone")
 
-    monkeypatch.setattr(engine, "forward_batch", broken)
+    monkeypatch.setattr(engine, "forward", broken)
     scheduler = Scheduler(engine)
     sinks = [RecordingSink() for _ in range(3)]
     for sink, text in zip(sinks, ("Hello", "Hello there", "Hi")):

@@ -9,7 +9,7 @@ from warmup_tools.control.registry import ControlRegistry
 from warmup_tools.control.state import AdapterState
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.config import KVCacheConfig
-from warmup_tools.lora_adapter.engine import LoraEngine
+from warmup_tools.lora_adapter.engines import make_engine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.service import LoraService
 from warmup_tools.lora_adapter.settings import EngineConfig, SchedulerConfig, ServiceConfig
@@ -18,7 +18,7 @@ from warmup_tools.lora_adapter.settings import EngineConfig, SchedulerConfig, Se
 @pytest.fixture(scope="module")
 def engine(demo_assets):
     # Only "support" at start; "sql" is under the root for the operator to add.
-    return LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
+    return make_engine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
                                    adapters=("support",), kv=KVCacheConfig(budget_bytes=64 << 20),
                                    num_threads=1))
 

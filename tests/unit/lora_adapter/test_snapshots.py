@@ -23,7 +23,7 @@ from warmup_tools.kv.snapshot import prefix_tokens, write_snapshot
 from warmup_tools.kv.snapshot_files import snapshot_name
 from warmup_tools.kv.snapshot_verify import SnapshotIdentity, list_snapshots, read_snapshot, salt_fingerprint
 from warmup_tools.lora_adapter import snapshot_restore
-from warmup_tools.lora_adapter.engine import LoraEngine
+from warmup_tools.lora_adapter.engines import make_engine as build_engine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.settings import EngineConfig, SnapshotConfig
 from warmup_tools.lora_adapter.snapshot_restore import RestoreReport, SnapshotRestorer, engine_identity
@@ -33,7 +33,7 @@ PLAN = "plan-1"
 
 
 def make_engine(demo_assets, **kv):
-    return LoraEngine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
+    return build_engine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
                                    kv=KVCacheConfig(budget_bytes=64 << 20, **kv), num_threads=1))
 
 

@@ -50,3 +50,14 @@ def test_the_table_gives_each_figure_of_both_servers_and_their_ratio():
     assert "| TTFT, new 512-token prefix + 16 (cold), ms | 300 / 200 (1.50) | 200 / 300 (0.67) |" in lines
     assert "| output tokens/s, 8 streams | 200 / 400 (0.50) | 400 / 200 (2.00) |" in lines
     assert lines[-1] == "| cached prompt tokens of the warm request | 512 / 512 | 512 / 512 |"
+
+
+def test_the_ab_table_compares_the_project_with_its_other_forward():
+    packed = Figures(150.0, 30.0, 25.0, 120.0, 600.0, 200.0, 512)
+    hf = Figures(300.0, 50.0, 40.0, 60.0, 300.0, 500.0, 512)
+    table = format_table({BASE: {"project": packed, "project-hf": hf}}, streams=8, threads=1, version="0.32.0",
+                         adapter="sql", ours="project", theirs="project-hf")
+    lines = table.strip().splitlines()
+    assert "project / project-hf, 1 LM thread(s) each" in lines[0]
+    assert lines[1] == "| | base model: project / project-hf (ratio) |"
+    assert "| output tokens/s, 8 streams | 600 / 300 (2.00) |" in lines

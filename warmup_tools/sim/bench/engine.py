@@ -27,6 +27,7 @@ from warmup_tools.common.settings import arg
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.lora_adapter.engine import GenerationStep, LoraEngine
+from warmup_tools.lora_adapter.engines import make_engine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING, EngineConfig
@@ -53,7 +54,7 @@ def run(assets_dir: Path, *, levels: Annotated[Sequence[int], arg("comma-separat
         out: TextIO = sys.stdout) -> list[LevelResult]:
     """Measure each level on one engine; prints a table and the 8-vs-1 ratios."""
     assets_dir = Path(assets_dir)
-    engine = LoraEngine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",
+    engine = make_engine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",
                                      device=device, dtype=dtype, num_threads=lm_threads,
                                      kv=KVCacheConfig()))
     config = dataclasses.replace(DEFAULT_BATCHING, max_num_seqs=max_num_seqs,

@@ -180,12 +180,12 @@ class FloodResult:
 def run_flood(assets_dir: Path, *, prompts: int = 10_000, prompt_tokens: int = 40,
               budget_bytes: int = 16 << 20, seed: int = 2) -> FloodResult:
     """Unique prompts through one engine with a small KV budget: the cache never exceeds it."""
-    from warmup_tools.lora_adapter.engine import LoraEngine
+    from warmup_tools.lora_adapter.engines import make_engine
     from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
     from warmup_tools.lora_adapter.scheduler import Scheduler
     from warmup_tools.lora_adapter.settings import EngineConfig
 
-    eng = LoraEngine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",
+    eng = make_engine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",
                                   kv=KVCacheConfig(budget_bytes=budget_bytes)))
     scheduler = Scheduler(eng)
     rng = random.Random(seed)

@@ -157,9 +157,11 @@ def run(assets_dir: Path, *, threads: Annotated[int, arg("LM threads of each ser
                              ] = VLLM_VENV,
         vllm_package: Annotated[str, arg("what pip installs into a new vllm_venv")] = VLLM_PACKAGE,
         seed: Annotated[int, arg("seed of the prompts' text")] = 0,
+        ab_forward: Annotated[str, arg("also run this project with this engine_forward (hf) in the same "
+                                       "alternation: an A/B of the engine's forward through the served path")] = "",
         out: TextIO = sys.stdout) -> dict[str, dict[str, Figures]]:
     """Both servers on ``assets_dir``'s LM and adapters, ``threads`` LM threads each; prints the table and
-    returns ``{"base"|adapter: {"project"|"vllm": Figures}}``."""
+    returns ``{"base"|adapter: {"project"|"vllm"|"project-<ab_forward>": Figures}}``."""
     assets_dir = Path(assets_dir).resolve()
     python = ensure_vllm(Path(vllm_venv), vllm_package, out)
     version = vllm_version(python)
@@ -168,6 +170,8 @@ def run(assets_dir: Path, *, threads: Annotated[int, arg("LM threads of each ser
     results: dict[str, dict[str, Figures]] = {}
     with contextlib.ExitStack() as stack:
         project = stack.enter_context(project_server(assets_dir, threads=threads, max_num_seqs=streams))
+        other = (stack.enter_context(project_server(assets_dir, threads=threads, max_num_seqs=streams,
+                                                    forward=ab_forward)) if ab_forward else None)
         vllm_base = stack.enter_context(vllm_server(python, assets_dir, lora=False, threads=threads,
                                                     max_num_seqs=streams, log=logs / "vllm-base.log"))
         vllm_lora = stack.enter_context(vllm_server(python, assets_dir, lora=True, threads=threads,
@@ -177,6 +181,8 @@ def run(assets_dir: Path, *, threads: Annotated[int, arg("LM threads of each ser
         out.flush()
         for model, peer in ((BASE, vllm_base), (adapter, vllm_lora)):
             servers = {"project": OpenAIStreams(project), "vllm": OpenAIStreams(peer)}
+            if other is not None:
+                servers[f"project-{ab_forward}"] = OpenAIStreams(other)
             try:
                 results[model] = measure(servers, model, prompts, repeats=repeats, streams=streams,
                                          stream_requests=stream_requests, max_tokens=max_tokens)
@@ -184,6 +190,9 @@ def run(assets_dir: Path, *, threads: Annotated[int, arg("LM threads of each ser
                 for client in servers.values():
                     client.close()
     out.write(format_table(results, streams=streams, threads=threads, version=version, adapter=adapter))
+    if ab_forward:
+        out.write(format_table(results, streams=streams, threads=threads, version=version, adapter=adapter,
+                               ours="project", theirs=f"project-{ab_forward}"))
     out.flush()
     return results
 
@@ -242,18 +251,22 @@ def _phases(prompts: Prompts, *, streams: int, stream_requests: int, max_tokens:
 
 
 def format_table(results: dict[str, dict[str, Figures]], *, streams: int, threads: int, version: str,
-                 adapter: str) -> str:
+                 adapter: str, ours: str = "project", theirs: str = "vllm") -> str:
+    """The figures of server ``ours`` against ``theirs`` (by default this project against vLLM), with ratios."""
     models = list(results)
-    head = " | ".join(f"{m if m != BASE else 'base model'}: project / vLLM (ratio)" for m in models)
-    lines = [f"\nbench peer: this project / vLLM {version}, {threads} LM thread(s) each, medians",
+    names = {"project": "project", "vllm": "vLLM"}
+    a, b = names.get(ours, ours), names.get(theirs, theirs)
+    head = " | ".join(f"{m if m != BASE else 'base model'}: {a} / {b} (ratio)" for m in models)
+    title = (f"this project / vLLM {version}" if theirs == "vllm" else f"{a} / {b}")
+    lines = [f"\nbench peer: {title}, {threads} LM thread(s) each, medians",
              f"| | {head} |", "|---|" + "---|" * len(models)]
     for field, label, _ in ROWS:
         cells = []
         for m in models:
-            p, v = getattr(results[m]["project"], field), getattr(results[m]["vllm"], field)
+            p, v = getattr(results[m][ours], field), getattr(results[m][theirs], field)
             cells.append(f"{p:.0f} / {v:.0f} ({p / v:.2f})" if v else f"{p:.0f} / {v:.0f}")
         lines.append(f"| {label.format(streams=streams)} | " + " | ".join(cells) + " |")
-    cached = " | ".join(f"{results[m]['project'].cached_tokens_warm} / {results[m]['vllm'].cached_tokens_warm}"
+    cached = " | ".join(f"{results[m][ours].cached_tokens_warm} / {results[m][theirs].cached_tokens_warm}"
                         for m in models)
     lines.append(f"| cached prompt tokens of the warm request | {cached} |")
     return "\n".join(lines) + "\n"
@@ -323,12 +336,13 @@ def vllm_server(python: Path, assets_dir: Path, *, lora: bool, threads: int, max
 
 
 @contextlib.contextmanager
-def project_server(assets_dir: Path, *, threads: int, max_num_seqs: int) -> Iterator[str]:
-    """This project as ``serve`` runs it (tritonserver and the OpenAI front beside it), the front's URL."""
+def project_server(assets_dir: Path, *, threads: int, max_num_seqs: int, forward: str = "") -> Iterator[str]:
+    """This project as ``serve`` runs it (tritonserver and the OpenAI front beside it), the front's URL;
+    ``forward``: its ``engine_forward`` ("": the default)."""
     from warmup_tools.sim.bench.front import front_process
 
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_LM_THREADS": str(threads),
-           "WARMUP_MAX_NUM_SEQS": str(max_num_seqs)}
+           "WARMUP_MAX_NUM_SEQS": str(max_num_seqs), "WARMUP_ENGINE_FORWARD": forward}
     with TritonServer(REPO_ROOT / "model_repository", env=env) as server:
         server.wait_ready(timeout=START_TIMEOUT_S)
         with front_process(server, assets_dir, "composing") as front:

@@ -31,6 +31,7 @@ from warmup_tools.control.registry import ControlRegistry
 from warmup_tools.control.state import AdapterState
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 from warmup_tools.lora_adapter.engine import LoraEngine
+from warmup_tools.lora_adapter.engines import make_engine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.service import LoraService
@@ -74,7 +75,7 @@ def warm_prompts(count: int, tokens: int, engine: LoraEngine, seed: int) -> list
 
 def measure(assets_dir: Path, label: str, batching: SchedulerConfig, *, prompts: int, prompt_tokens: int,
             idle_s: float, think_s: float, lm_threads: int, seed: int) -> PreloadResult:
-    engine = LoraEngine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",
+    engine = make_engine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",
                                      adapters=("support",), num_threads=lm_threads))
     control = Path(tempfile.mkdtemp(prefix="bench-preload-"))
     scheduler = Scheduler(engine, batching)

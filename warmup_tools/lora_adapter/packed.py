@@ -258,7 +258,9 @@ class PackedModel:
         angles = torch.cat((freqs, freqs), dim=-1)
         # As transformers does: computed in float32, scaled, then cast to the model's dtype.
         self.cos = (angles.cos() * rotary.attention_scaling).to(self.dtype)
-        self.sin = (angles.sin() * rotary.attention_scaling).to(self.dtype)
+        sign = torch.ones(angles.shape[-1], device=self.device)
+        sign[: angles.shape[-1] // 2] = -1
+        self.sin = (angles.sin() * rotary.attention_scaling * sign).to(self.dtype)  # signed: see _rope
         self.layers: list[_Layer] = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -356,8 +358,12 @@ class PackedModel:
             # key only (its output is never read, and a row with every key masked would be NaN).
             lengths = torch.ones(slots_count := max(slots) + 1, dtype=torch.long, device=device)
             lengths[decode_slots] = decode_positions + 1
-            decode_masked = (torch.arange(decode_len, device=device)[None, :] >= lengths[:, None])
-            decode_masked = decode_masked.view(slots_count, 1, 1, decode_len)
+            masked = torch.arange(decode_len, device=device)[None, :] >= lengths[:, None]
+            # Additive: 0 where a slot's query may attend, -inf elsewhere, per slot and KV head (every grouped query
+            # head of a slot shares its row). NOTE: the pool is zero-filled, so a masked key is finite and adding
+            # -inf to its score gives -inf, never NaN.
+            decode_masked = torch.zeros(masked.shape, dtype=self.dtype, device=device).masked_fill_(
+                masked, float("-inf")).repeat_interleave(self.n_kv, 0).view(slots_count * self.n_kv, 1, decode_len)
         by_adapter: dict[str, list[int]] = {}
         for row, offset in zip(rows, offsets):
             if row.adapter is not None:
@@ -375,8 +381,9 @@ class PackedModel:
         x = F.rms_norm(h, (h.shape[-1],), layer.in_norm, self.eps)
         qkv = layer.qkv(x)
         _add_lora(qkv, x, layer.lora["qkv"], batch.adapters)
-        q = _rope(qkv[:, :self.q_size].view(tokens, heads, dim), batch.cos, batch.sin)
-        k = _rope(qkv[:, self.q_size:self.q_size + self.kv_size].view(tokens, kv_heads, dim), batch.cos, batch.sin)
+        # q and k rotate in one go (they are adjacent in the fused output)
+        qk = _rope(qkv[:, :self.q_size + self.kv_size].view(tokens, heads + kv_heads, dim), batch.cos, batch.sin)
+        q, k = qk[:, :heads], qk[:, heads:]
         v = qkv[:, self.q_size + self.kv_size:].view(tokens, kv_heads, dim)
         attn = self._attention(q, k, v, kv, batch)
         o = layer.o(attn)
@@ -415,14 +422,16 @@ class PackedModel:
         kv[1, slots, :, positions] = v_new
         # Every slot up to the highest decode slot attends to the first decode_len keys in one product; the grouped
         # query heads of a KV head share its keys (no repeated K/V).
-        count, length = batch.decode_masked.shape[0], batch.decode_len
+        count, length = batch.decode_masked.shape[0] // kv_heads, batch.decode_len
         q_new = q if batch.all_decode else q.index_select(0, offsets)
         queries = q.new_zeros((count, kv_heads, group, dim))
         queries.index_copy_(0, slots, q_new.view(-1, kv_heads, group, dim))
-        keys, values = kv[0, :count, :, :length], kv[1, :count, :, :length]
-        scores = torch.matmul(queries, keys.transpose(-1, -2)).mul_(dim ** -0.5)
-        scores.masked_fill_(batch.decode_masked, float("-inf"))
-        rows = torch.matmul(torch.softmax(scores, -1), values).index_select(0, slots).view(-1, heads * dim)
+        keys = kv[0, :count, :, :length].reshape(count * kv_heads, length, dim)
+        values = kv[1, :count, :, :length].reshape(count * kv_heads, length, dim)
+        scores = torch.baddbmm(batch.decode_masked, queries.view(count * kv_heads, group, dim), keys.transpose(1, 2),
+                               alpha=dim ** -0.5)
+        rows = torch.bmm(torch.softmax(scores, -1), values).view(count, kv_heads * group * dim)
+        rows = rows.index_select(0, slots)
         if batch.all_decode:
             return rows
         out.index_copy_(0, offsets, rows)
@@ -437,10 +446,10 @@ def _offsets(rows: Sequence[ForwardRow]) -> list[int]:
     return offsets
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary positions as transformers applies them (``x * cos + rotate_half(x) * sin``): rotating the halves is
+    a roll by half the head, with the sign of the first half folded into ``signed_sin``."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
 
 
 def _add_lora(out: torch.Tensor, x: torch.Tensor, loras: dict[str, _Lora],

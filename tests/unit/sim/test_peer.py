@@ -24,6 +24,9 @@ def test_vllm_runs_the_same_model_with_prefix_caching_and_every_adapter_folder_a
     assert lora[lora.index("--max-lora-rank") + 1] == "16" and lora[lora.index("--max-loras") + 1] == "2"
     modules = lora[lora.index("--lora-modules") + 1:]
     assert modules == [f"legal={tmp_path / 'adapters' / 'legal'}", f"sql={tmp_path / 'adapters' / 'sql'}"]
+    assert "--block-size" not in base  # vLLM's own default unless asked
+    small = vllm_argv(python, tmp_path, lora=False, max_num_seqs=8, port=9, block_size=32)
+    assert small[small.index("--block-size") + 1] == "32"
 
 
 def test_prompts_have_at_least_the_tokens_asked_and_no_two_share_their_first_words(demo_assets):
@@ -61,3 +64,15 @@ def test_the_ab_table_compares_the_project_with_its_other_forward():
     assert "project / project-hf, 1 LM thread(s) each" in lines[0]
     assert lines[1] == "| | base model: project / project-hf (ratio) |"
     assert "| output tokens/s, 8 streams | 600 / 300 (2.00) |" in lines
+
+
+def test_the_replay_figures_count_cold_requests_cached_tokens_and_ttft_percentiles():
+    from warmup_tools.sim.bench.peer_replay import format_replay, summarise
+
+    project = summarise([(10.0, 100, 96), (30.0, 50, 0), (20.0, 80, 64), (40.0, 10, 0)], warm_s=12.0)
+    assert project.requests == 4 and project.cold == 2 and project.cold_share == 0.5
+    assert project.cached_share == (96 + 64) / 240 and project.ttft_p50_ms == 25.0 and project.ttft_p90_ms == 30.0
+    vllm = summarise([(5.0, 100, 100)], warm_s=1.0)
+    table = format_replay({"project": project, "vllm": vllm}, traffic="real")
+    assert "| cold share (no prompt token from cache) | 50.0% | 0.0% |" in table
+    assert "| TTFT p50 / p90, ms | 25 / 30 | 5 / 5 |" in table

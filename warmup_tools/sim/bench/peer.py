@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Callable, Iterator, TextIO
 
-from warmup_tools.common.errors import ServerError
+from warmup_tools.common.errors import ConfigError, ServerError
 from warmup_tools.common.settings import arg
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer, free_port
@@ -159,6 +159,11 @@ def run(assets_dir: Path, *, threads: Annotated[int, arg("LM threads of each ser
         seed: Annotated[int, arg("seed of the prompts' text")] = 0,
         ab_forward: Annotated[str, arg("also run this project with this engine_forward (hf) in the same "
                                        "alternation: an A/B of the engine's forward through the served path")] = "",
+        replay_traffic: Annotated[str, arg("then replay this traffic's day 2 through both, each warmed with the "
+                                           "plan from day 1 (real, heldout, generated; empty: no replay)")] = "",
+        replay_only: Annotated[bool, arg("only the replay (with replay_traffic)")] = False,
+        vllm_block_size: Annotated[int, arg("vLLM's --block-size (0: its default, 128 tokens on the CPU; its CPU "
+                                            "backend prefers multiples of 32)", ge=0)] = 0,
         out: TextIO = sys.stdout) -> dict[str, dict[str, Figures]]:
     """Both servers on ``assets_dir``'s LM and adapters, ``threads`` LM threads each; prints the table and
     returns ``{"base"|adapter: {"project"|"vllm"|"project-<ab_forward>": Figures}}``."""
@@ -168,14 +173,19 @@ def run(assets_dir: Path, *, threads: Annotated[int, arg("LM threads of each ser
     prompts = Prompts(assets_dir / "lm", seed)
     logs = Path(vllm_venv).parent / "logs"
     results: dict[str, dict[str, Figures]] = {}
+    if replay_only:
+        return _replay(python, assets_dir, replay_traffic, threads=threads, streams=streams, seed=seed, logs=logs,
+                       block_size=vllm_block_size, out=out)
     with contextlib.ExitStack() as stack:
         project = stack.enter_context(project_server(assets_dir, threads=threads, max_num_seqs=streams))
         other = (stack.enter_context(project_server(assets_dir, threads=threads, max_num_seqs=streams,
                                                     forward=ab_forward)) if ab_forward else None)
         vllm_base = stack.enter_context(vllm_server(python, assets_dir, lora=False, threads=threads,
-                                                    max_num_seqs=streams, log=logs / "vllm-base.log"))
+                                                    max_num_seqs=streams, log=logs / "vllm-base.log",
+                                                    block_size=vllm_block_size))
         vllm_lora = stack.enter_context(vllm_server(python, assets_dir, lora=True, threads=threads,
-                                                    max_num_seqs=streams, log=logs / "vllm-lora.log"))
+                                                    max_num_seqs=streams, log=logs / "vllm-lora.log",
+                                                    block_size=vllm_block_size))
         out.write(f"servers ready: this project (serve with its front) and vLLM {version} ({vllm_package}), "
                   f"{threads} LM thread(s) each\n")
         out.flush()
@@ -194,7 +204,21 @@ def run(assets_dir: Path, *, threads: Annotated[int, arg("LM threads of each ser
         out.write(format_table(results, streams=streams, threads=threads, version=version, adapter=adapter,
                                ours="project", theirs=f"project-{ab_forward}"))
     out.flush()
+    if replay_traffic:
+        _replay(python, assets_dir, replay_traffic, threads=threads, streams=streams, seed=seed, logs=logs,
+                block_size=vllm_block_size, out=out)
     return results
+
+
+def _replay(python: Path, assets_dir: Path, traffic: str, *, threads: int, streams: int, seed: int, logs: Path,
+            block_size: int, out: TextIO) -> dict:
+    from warmup_tools.sim.bench.peer_replay import run_replay
+    from warmup_tools.sim.bench.replay import TRAFFIC
+
+    if traffic not in TRAFFIC:
+        raise ConfigError(f"--replay-traffic must be one of {', '.join(TRAFFIC)}, not {traffic!r}")
+    return run_replay(python, assets_dir, threads=threads, max_num_seqs=streams, traffic=traffic, seed=seed,
+                      requests_per_day=6000, logs=logs, block_size=block_size, out=out)
 
 
 def measure(servers: dict[str, OpenAIStreams], model: str, prompts: Prompts, *, repeats: int, streams: int,
@@ -297,12 +321,16 @@ def _imports_vllm(python: Path) -> bool:
     return subprocess.run([str(python), "-c", "import vllm"], capture_output=True).returncode == 0
 
 
-def vllm_argv(python: Path, assets_dir: Path, *, lora: bool, max_num_seqs: int, port: int) -> list[str]:
-    """vLLM's OpenAI server on ``assets_dir``'s LM (and its adapters with ``lora``), as PEER_NOTES-style flags."""
+def vllm_argv(python: Path, assets_dir: Path, *, lora: bool, max_num_seqs: int, port: int,
+              block_size: int = 0) -> list[str]:
+    """vLLM's OpenAI server on ``assets_dir``'s LM (and its adapters with ``lora``), as PEER_NOTES-style flags;
+    ``block_size`` 0 keeps vLLM's (128 tokens on the CPU)."""
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(assets_dir / "lm"),
             "--served-model-name", BASE, "--dtype", "float32", "--max-model-len", "2048",
             "--enable-prefix-caching", "--enable-prompt-tokens-details", "--max-num-seqs", str(max_num_seqs),
             "--host", "127.0.0.1", "--port", str(port)]
+    if block_size:
+        argv += ["--block-size", str(block_size)]
     if lora:
         adapters = sorted(p for p in (assets_dir / "adapters").iterdir() if (p / "adapter_config.json").exists())
         rank = max(json.loads((p / "adapter_config.json").read_text()).get("r", 8) for p in adapters)
@@ -313,7 +341,7 @@ def vllm_argv(python: Path, assets_dir: Path, *, lora: bool, max_num_seqs: int, 
 
 @contextlib.contextmanager
 def vllm_server(python: Path, assets_dir: Path, *, lora: bool, threads: int, max_num_seqs: int,
-                log: Path) -> Iterator[str]:
+                log: Path, block_size: int = 0) -> Iterator[str]:
     """A vLLM OpenAI server (a :class:`~warmup_tools.fleet.process.Child`: it dies with this process), its URL
     while it runs; stopped with SIGINT, then its whole tree killed after 30 s (its engine core is a child)."""
     from warmup_tools.fleet.process import Child
@@ -322,7 +350,8 @@ def vllm_server(python: Path, assets_dir: Path, *, lora: bool, threads: int, max
     port = free_port()
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0" if threads == 1 else f"0-{threads - 1}",
            "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    child = Child("vllm", vllm_argv(python, assets_dir, lora=lora, max_num_seqs=max_num_seqs, port=port), env, log)
+    child = Child("vllm", vllm_argv(python, assets_dir, lora=lora, max_num_seqs=max_num_seqs, port=port,
+                                    block_size=block_size), env, log)
     child.start()
     try:
         url = f"http://127.0.0.1:{port}"
@@ -336,14 +365,16 @@ def vllm_server(python: Path, assets_dir: Path, *, lora: bool, threads: int, max
 
 
 @contextlib.contextmanager
-def project_server(assets_dir: Path, *, threads: int, max_num_seqs: int, forward: str = "") -> Iterator[str]:
+def project_server(assets_dir: Path, *, threads: int, max_num_seqs: int, forward: str = "",
+                   repository: Path | None = None) -> Iterator[str]:
     """This project as ``serve`` runs it (tritonserver and the OpenAI front beside it), the front's URL;
-    ``forward``: its ``engine_forward`` ("": the default)."""
+    ``forward``: its ``engine_forward`` ("": the default); ``repository``: another copy of the model repository
+    (one with a plan's stanzas)."""
     from warmup_tools.sim.bench.front import front_process
 
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_LM_THREADS": str(threads),
            "WARMUP_MAX_NUM_SEQS": str(max_num_seqs), "WARMUP_ENGINE_FORWARD": forward}
-    with TritonServer(REPO_ROOT / "model_repository", env=env) as server:
+    with TritonServer(repository or REPO_ROOT / "model_repository", env=env) as server:
         server.wait_ready(timeout=START_TIMEOUT_S)
         with front_process(server, assets_dir, "composing") as front:
             yield front.url

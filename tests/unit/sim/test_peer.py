@@ -66,13 +66,15 @@ def test_the_ab_table_compares_the_project_with_its_other_forward():
     assert "| output tokens/s, 8 streams | 600 / 300 (2.00) |" in lines
 
 
-def test_the_replay_figures_count_cold_requests_cached_tokens_and_ttft_percentiles():
-    from warmup_tools.sim.bench.peer_replay import format_replay, summarise
+def test_the_replay_table_gives_both_servers_cold_share_cached_share_and_ttft():
+    from warmup_tools.sim.bench.peer_replay import format_replay
+    from warmup_tools.sim.bench.replay import Served, figures
 
-    project = summarise([(10.0, 100, 96), (30.0, 50, 0), (20.0, 80, 64), (40.0, 10, 0)], warm_s=12.0)
-    assert project.requests == 4 and project.cold == 2 and project.cold_share == 0.5
-    assert project.cached_share == (96 + 64) / 240 and project.ttft_p50_ms == 25.0 and project.ttft_p90_ms == 30.0
-    vllm = summarise([(5.0, 100, 100)], warm_s=1.0)
-    table = format_replay({"project": project, "vllm": vllm}, traffic="real")
+    project = figures("project", [Served(0, False, 10.0, 96, 100), Served(1, True, 30.0, 0, 50),
+                                  Served(2, False, 20.0, 64, 80), Served(3, True, 40.0, 0, 10)])
+    vllm = figures("vllm", [Served(0, False, 5.0, 100, 100)])
+    table = format_replay({"project": project, "vllm": vllm}, traffic="real", block_size=32)
+    assert "vLLM with --block-size 32" in table
     assert "| cold share (no prompt token from cache) | 50.0% | 0.0% |" in table
+    assert "| prompt tokens from cache | 66.7% | 100.0% |" in table
     assert "| TTFT p50 / p90, ms | 25 / 30 | 5 / 5 |" in table

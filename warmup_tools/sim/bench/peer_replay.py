@@ -11,51 +11,25 @@ OpenAI APIs, one request at a time, the servers alternated request by request.
   each record's tenant in ``X-Tenant-Id``; vLLM ignores the header).
 
 Printed: requests, the cold share (no prompt token from cache), the share of prompt tokens from cache, and TTFT p50
-and p90 of each server, with the cache sizes they ran with.
+and p90 of each server, with vLLM's block size.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, TextIO
 
 from warmup_tools.sim.bench.openai_stream import StreamError, stream_completion
+from warmup_tools.sim.bench.replay import Served, WindowFigures, figures, prepare
 
 #: Day 2's hours replayed.
 REPLAY_HOURS = 1.0
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class ReplayFigures:
-    """One server's answers to the replay."""
-
-    requests: int
-    cold: int
-    cached_share: float
-    ttft_p50_ms: float
-    ttft_p90_ms: float
-    warm_s: float
-
-    @property
-    def cold_share(self) -> float:
-        return self.cold / self.requests if self.requests else 0.0
-
-
-def summarise(samples: Sequence[tuple[float, int, int]], warm_s: float) -> ReplayFigures:
-    """``samples``: (TTFT ms, prompt tokens, cached tokens) per request."""
-    ttfts = sorted(s[0] for s in samples) or [0.0]
-    prompt = sum(s[1] for s in samples)
-    return ReplayFigures(len(samples), sum(1 for s in samples if s[2] == 0),
-                         sum(s[2] for s in samples) / prompt if prompt else 0.0,
-                         statistics.median(ttfts), ttfts[int(0.9 * (len(ttfts) - 1))], warm_s)
-
-
-def _complete(client: Any, model: str, prompt: str | list[int], tenant: str | None) -> tuple[float, int, int]:
+def _complete(client: Any, model: str, prompt: str | list[int], tenant: str | None, ts: float = 0.0) -> Served:
     body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0}
     headers = {"X-Tenant-Id": tenant} if tenant else None
     try:
@@ -63,16 +37,16 @@ def _complete(client: Any, model: str, prompt: str | list[int], tenant: str | No
     except StreamError as exc:
         raise RuntimeError(f"{client.base_url}: {exc}") from None
     ttft = streamed.ttft_s if streamed.ttft_s is not None else streamed.total_s
-    return ttft * 1000, int(streamed.usage.get("prompt_tokens", 0)), streamed.cached_tokens
+    return Served(ts, streamed.cached_tokens == 0, ttft * 1000, streamed.cached_tokens,
+                  int(streamed.usage.get("prompt_tokens", 0)))
 
 
 def run_replay(python: Path, assets_dir: Path, *, threads: int, max_num_seqs: int, traffic: str, seed: int,
-               requests_per_day: int, logs: Path, out: TextIO, block_size: int = 0) -> dict[str, ReplayFigures]:
+               requests_per_day: int, logs: Path, out: TextIO, block_size: int = 0) -> dict[str, WindowFigures]:
     """Plan, start both servers, warm vLLM with the plan's prompts, replay; prints and returns the figures."""
     import httpx
 
     from warmup_tools.sim.bench.peer import BASE, project_server, vllm_server
-    from warmup_tools.sim.bench.replay import prepare
 
     work = Path(tempfile.mkdtemp(prefix="bench-peer-replay-"))
     try:
@@ -95,15 +69,14 @@ def run_replay(python: Path, assets_dir: Path, *, threads: int, max_num_seqs: in
                           f"vLLM warmed with the plan's {len(repos.plan.items)} prompts in {vllm_warm_s:.1f} s, "
                           f"this project ready with its stanzas in {project_ready_s:.0f} s\n")
                 out.flush()
-                answers: dict[str, list[tuple[float, int, int]]] = {"project": [], "vllm": []}
+                answers: dict[str, list[Served]] = {"project": [], "vllm": []}
                 clients = {"project": project, "vllm": vllm}
                 for index, record in enumerate(records):
                     order = ("project", "vllm") if index % 2 == 0 else ("vllm", "project")
                     for name in order:
                         answers[name].append(_complete(clients[name], record.adapter or BASE, record.prompt or "",
-                                                       record.tenant))
-        results = {"project": summarise(answers["project"], project_ready_s),
-                   "vllm": summarise(answers["vllm"], vllm_warm_s)}
+                                                       record.tenant, record.ts))
+        results = {name: figures(name, served) for name, served in answers.items()}
         out.write(format_replay(results, traffic=traffic, block_size=block_size))
         out.flush()
         return results
@@ -111,7 +84,7 @@ def run_replay(python: Path, assets_dir: Path, *, threads: int, max_num_seqs: in
         shutil.rmtree(work, ignore_errors=True)
 
 
-def format_replay(results: dict[str, ReplayFigures], *, traffic: str, block_size: int = 0) -> str:
+def format_replay(results: dict[str, WindowFigures], *, traffic: str, block_size: int = 0) -> str:
     p, v = results["project"], results["vllm"]
     blocks = f"--block-size {block_size}" if block_size else "its default blocks (128 tokens on the CPU)"
     lines = [f"\nbench peer, replay ({traffic} text, day 2's first {REPLAY_HOURS:g} h, max_tokens 1, both warmed "

@@ -513,6 +513,10 @@ class PackedEngine(LoraEngine):
         finally:
             self._pool.free(slot)
 
+    def forward_batch(self, rows: Sequence[object]) -> list[object]:
+        raise NotImplementedError("the packed engine runs forward(); forward_batch is the Hugging Face forward's "
+                                  "(engine_forward=hf, LoraEngine)")
+
     # ------------------------------------------------------------------------------------ sequence state
     def load_prefix(self, seq_id: int, match: PrefixMatch | None) -> None:
         self._logits.pop(seq_id, None)

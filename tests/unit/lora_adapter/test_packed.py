@@ -120,6 +120,12 @@ def test_adapters_load_and_unload_in_the_packed_forward(demo_assets):
         engine.compute_kv("legal", ids)
 
 
+def test_the_hugging_face_batch_path_is_not_reachable_on_the_packed_engine(engines):
+    packed, _ = engines
+    with pytest.raises(NotImplementedError, match="engine_forward=hf"):
+        packed.forward_batch([])
+
+
 def test_a_forward_at_the_wrong_position_is_refused_and_changes_nothing(engines):
     packed, _ = engines
     packed.forward([ForwardRow(1, [5, 6, 7], 0, None)])

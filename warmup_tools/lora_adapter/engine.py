@@ -1,4 +1,6 @@
-"""The generation engine behind the ``lora_adapter`` model: a causal LM with many LoRA adapters.
+"""The generation engine behind the ``lora_adapter`` model: a causal LM with many LoRA adapters, computed by the
+Hugging Face model with peft's layers (``engine_forward=hf``; the default forward is
+:class:`~warmup_tools.lora_adapter.packed.PackedEngine`, which loads through this class).
 
 The base model and adapters load through the ordinary Hugging Face paths (``AutoModelForCausalLM``,
 ``PeftModel``), so a real model folder and real adapter folders work by changing config parameters.

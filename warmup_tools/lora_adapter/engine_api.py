@@ -52,8 +52,9 @@ class GenerationStep:
 
 
 class SequenceEngine(Protocol):
-    """What the scheduler uses of its engine: :class:`~warmup_tools.lora_adapter.engine.LoraEngine` in serving,
-    a model-free stand-in in the scheduler's unit tests (``tests/unit/lora_adapter/fake_engine.py``).
+    """What the scheduler uses of its engine: :class:`~warmup_tools.lora_adapter.packed.PackedEngine` (the default)
+    or :class:`~warmup_tools.lora_adapter.engine.LoraEngine` (``engine_forward=hf``) in serving, the simulated engine,
+    and a model-free stand-in in the scheduler's unit tests (``tests/unit/lora_adapter/fake_engine.py``).
 
     A sequence's life, as the scheduler calls it: :meth:`open` at its first admission; then, each time it is
     admitted, :meth:`load_prefix` with its cache match, :meth:`forward` of its chunks and decode tokens,

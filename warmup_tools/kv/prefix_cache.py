@@ -136,12 +136,8 @@ class PrefixCache:
 
     def load(self, match: PrefixMatch, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer ``(keys, values)`` of shape ``[1, kv_heads, match.num_tokens, head_dim]``."""
-        joined = self.load_joined(match, dtype)
+        joined = torch.cat(self.load_blocks(match, dtype), dim=3)  # [layers, 2, heads, tokens, dim], a new tensor
         return [(joined[i, 0].unsqueeze(0), joined[i, 1].unsqueeze(0)) for i in range(joined.shape[0])]
-
-    def load_joined(self, match: PrefixMatch, dtype: torch.dtype) -> torch.Tensor:
-        """The matched blocks as one tensor ``[layers, 2, kv_heads, match.num_tokens, head_dim]``."""
-        return torch.cat(self.load_blocks(match, dtype), dim=3)  # a new tensor: the caller may write into it
 
     def load_blocks(self, match: PrefixMatch, dtype: torch.dtype) -> list[torch.Tensor]:
         """Each matched block ``[layers, 2, kv_heads, block_size, head_dim]``, in order; read only (a block may be

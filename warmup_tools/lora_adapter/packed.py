@@ -218,6 +218,8 @@ class _Batch:
     """What every layer of one forward shares: packed positions, the decode rows' slots and mask, adapter rows."""
 
     tokens: int
+    #: Each row's last token in the packed batch.
+    last: list[int]
     cos: torch.Tensor
     sin: torch.Tensor
     #: Decode rows (one new token each): their token offsets, slots, the longest context and the key mask.
@@ -248,19 +250,16 @@ class PackedModel:
         self.eps = float(cfg.rms_norm_eps)
         self.embed = inner.embed_tokens.weight.detach()
         self.norm = inner.norm.weight.detach()
-        self.lm_head = model.lm_head.weight.detach()
         self.dtype, self.device = self.embed.dtype, self.embed.device
         self.q_size = self.n_heads * self.head_dim
         self.kv_size = self.n_kv * self.head_dim
         rotary = inner.rotary_emb
-        positions = torch.arange(int(cfg.max_position_embeddings), dtype=torch.float32, device=self.device)
-        freqs = positions[:, None] * rotary.inv_freq.to(self.device, torch.float32)[None, :]
-        angles = torch.cat((freqs, freqs), dim=-1)
-        # As transformers does: computed in float32, scaled, then cast to the model's dtype.
-        self.cos = (angles.cos() * rotary.attention_scaling).to(self.dtype)
-        sign = torch.ones(angles.shape[-1], device=self.device)
-        sign[: angles.shape[-1] // 2] = -1
-        self.sin = (angles.sin() * rotary.attention_scaling * sign).to(self.dtype)  # signed: see _rope
+        inv_freq = rotary.inv_freq.to(self.device, torch.float32)
+        self.inv_freq = torch.cat((inv_freq, inv_freq))  # both halves of a head
+        self.rope_scaling = float(rotary.attention_scaling)
+        #: The sign of rotate_half's first half, folded into sin (see _rope).
+        self.rope_sign = torch.ones(self.inv_freq.shape[0], device=self.device)
+        self.rope_sign[: inv_freq.shape[0]] = -1
         self.layers: list[_Layer] = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -274,7 +273,7 @@ class PackedModel:
                 gate_up=_Linear(_fuse([_base(mlp.gate_proj), _base(mlp.up_proj)])),
                 down=_Linear(_base(mlp.down_proj).weight.detach()), modules=modules, lora={g: {} for g in GROUPS}))
         self.intermediate = self.layers[0].down.weight.shape[1] if self.layers else 0
-        self.head = _Linear(self.lm_head)
+        self.head = _Linear(model.lm_head.weight.detach())
 
     def new_pool(self, max_capacity: int) -> KVPool:
         return KVPool(len(self.layers), self.n_kv, self.head_dim, dtype=self.dtype, device=self.device,
@@ -327,16 +326,18 @@ class PackedModel:
             h = self.embed.index_select(0, ids)
             for index, layer in enumerate(self.layers):
                 h = self._layer(h, layer, pool.buf[index], batch)
-            last = [offset + len(row.token_ids) - 1 for offset, row in zip(_offsets(rows), rows)]
             if batch.tokens != len(rows):
-                h = h.index_select(0, torch.tensor(last, dtype=torch.long, device=self.device))
+                h = h.index_select(0, torch.tensor(batch.last, dtype=torch.long, device=self.device))
             return self.head(F.rms_norm(h, (h.shape[-1],), self.norm, self.eps))
 
     def _batch(self, rows: Sequence[ForwardRow], slots: Sequence[int]) -> _Batch:
         device = self.device
         offsets = _offsets(rows)
         positions = [p for row in rows for p in range(row.position, row.position + len(row.token_ids))]
-        pos = torch.tensor(positions, dtype=torch.long, device=device)
+        # As transformers does: angles in float32, cos and sin scaled, then cast to the model's dtype.
+        angles = torch.tensor(positions, dtype=torch.float32, device=device)[:, None] * self.inv_freq
+        cos = (angles.cos() * self.rope_scaling).to(self.dtype)
+        sin = (angles.sin() * self.rope_scaling * self.rope_sign).to(self.dtype)
         decode = [i for i, row in enumerate(rows) if len(row.token_ids) == 1]
         prefill = []
         for i, row in enumerate(rows):
@@ -370,11 +371,11 @@ class PackedModel:
                 by_adapter.setdefault(row.adapter, []).extend(range(offset, offset + len(row.token_ids)))
         adapters = [(name, None if len(index) == len(positions)
                      else torch.tensor(index, dtype=torch.long, device=device)) for name, index in by_adapter.items()]
-        return _Batch(tokens=len(positions), cos=self.cos.index_select(0, pos)[:, None, :],
-                      sin=self.sin.index_select(0, pos)[:, None, :], decode_offsets=decode_offsets,
-                      decode_slots=decode_slots, decode_positions=decode_positions, decode_len=decode_len,
-                      decode_masked=decode_masked, all_decode=len(decode) == len(rows), prefill=prefill,
-                      adapters=adapters)
+        last = [offset + len(row.token_ids) - 1 for offset, row in zip(offsets, rows)]
+        return _Batch(tokens=len(positions), last=last, cos=cos[:, None, :], sin=sin[:, None, :],
+                      decode_offsets=decode_offsets, decode_slots=decode_slots, decode_positions=decode_positions,
+                      decode_len=decode_len, decode_masked=decode_masked, all_decode=len(decode) == len(rows),
+                      prefill=prefill, adapters=adapters)
 
     def _layer(self, h: torch.Tensor, layer: _Layer, kv: torch.Tensor, batch: _Batch) -> torch.Tensor:
         tokens, heads, kv_heads, dim = batch.tokens, self.n_heads, self.n_kv, self.head_dim
@@ -558,10 +559,6 @@ class PackedEngine(LoraEngine):
 
     def held_sequences(self) -> int:
         return len(self._slot.keys() | self._logits.keys() | self._generators.keys())
-
-    def kv_pool_bytes(self) -> int:
-        """Bytes the pool of running sequences' KV holds now."""
-        return self._pool.nbytes()
 
     def _slot_of(self, seq_id: int) -> int:
         slot = self._slot.get(seq_id)

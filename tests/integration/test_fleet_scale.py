@@ -52,7 +52,7 @@ def test_three_simulated_replicas_replay_a_trace_slice_through_the_router(served
             taken = [r.requests_taken() for r in fleet.replicas.values()]
 
             fleet.restart_router()
-            wait_for(lambda: len({w.get("url") for w in fleet.router.workers()}) == 3, "every replica a worker again")
+            wait_for(fleet.workers_listed, "every model of every replica a worker again")
             with httpx.Client(timeout=120) as client:
                 after = send(client, fleet.router.url, RequestRecord(ts=0.0, prompt=load.replayed[0].prompt), 2)
             logs = fleet.request_log_dir

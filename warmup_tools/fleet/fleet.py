@@ -60,6 +60,11 @@ class Fleet:
         """The router's workers of each replica that joined (one per model it serves now)."""
         return {name: list(m.workers.values()) for name, m in self.memberships.items()}
 
+    def workers_listed(self) -> bool:
+        """Whether the router lists a worker for every model of every replica that joined (after
+        :meth:`restart_router`: once each membership added them all again)."""
+        return all(m.listed() for m in list(self.memberships.values()))
+
     def start(self) -> None:
         """The router, then ``replicas`` replicas started together, each added to the router once warm."""
         for folder in (self.work_dir, self.control_dir, self.snapshot_dir, self.request_log_dir):

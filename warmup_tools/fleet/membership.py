@@ -106,6 +106,16 @@ class Membership:
                 self._remember(model, self.router.add(url, model))
                 LOGGER.info("%s: worker added for model %s", self.replica_url, model)
 
+    def listed(self) -> bool:
+        """Whether the router lists a worker (not draining) for every model the replica serves now (a router that
+        restarted: once this loop added them all again). ServerError when the router does not answer."""
+        try:
+            models = served_models(self.replica_url, self.replica_key)
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        urls = {str(w.get("url")) for w in self.router.workers() if w.get("status") != "draining"}
+        return bool(models) and all(self.worker_url(model) in urls for model in models)
+
     def run(self) -> None:
         """Look every ``interval_s`` until :meth:`stop`, then leave the router (:meth:`leave`)."""
         self._running = True

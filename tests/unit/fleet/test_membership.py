@@ -213,6 +213,20 @@ def test_workers_come_back_after_a_router_restart(parts):
     assert not before & set(membership.workers.values())  # new registrations, not the lost ids
 
 
+def test_listed_means_every_model_served_has_a_worker_at_the_router(parts):
+    router, front, membership = parts
+    assert not membership.listed()  # nothing registered yet
+    membership.sync()
+    assert membership.listed()
+    router.restart()
+    assert not membership.listed()
+    membership.sync()
+    front.models = ["base", "support", "legal"]  # one of three still missing is not listed
+    assert not membership.listed()
+    membership.sync()
+    assert membership.listed()
+
+
 def test_a_loop_that_restarted_adopts_the_workers_it_registered_before(parts):
     router, front, membership = parts
     membership.sync()

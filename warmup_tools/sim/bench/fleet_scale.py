@@ -352,9 +352,8 @@ class Bench:
                 marks["restart"] = time.time()
                 fleet.restart_router()
                 marks["router_up"] = time.time()
-                expected = sum(1 for _ in fleet.replicas)
                 deadline = time.monotonic() + 120
-                while len({w.get("url") for w in fleet.router.workers()}) < expected and time.monotonic() < deadline:
+                while not fleet.workers_listed() and time.monotonic() < deadline:
                     time.sleep(0.2)
                 marks["workers_back"] = time.time()
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from warmup_tools.sim.bench import peer
 from warmup_tools.sim.bench.peer import BASE, Figures, Prompts, format_table, vllm_argv
 
 
@@ -78,3 +81,37 @@ def test_the_replay_table_gives_both_servers_cold_share_cached_share_and_ttft():
     assert "| cold share (no prompt token from cache) | 50.0% | 0.0% |" in table
     assert "| prompt tokens from cache | 66.7% | 100.0% |" in table
     assert "| TTFT p50 / p90, ms | 25 / 30 | 5 / 5 |" in table
+
+
+class _Clock:
+    """A fake monotonic clock that sleeping advances (no real waiting)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _settle_with(monkeypatch, samples):
+    clock, reads = _Clock(), iter(samples)
+    monkeypatch.setattr(peer.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(peer.time, "sleep", clock.sleep)
+    monkeypatch.setattr(peer, "_cpu_times", lambda: next(reads))
+    return peer.settle()
+
+
+def test_settle_waits_while_the_cores_are_busy_and_returns_after_a_quiet_window(monkeypatch):
+    # (total, idle) jiffies: two busy windows (a spinning peer), then a quiet one
+    busy_then_quiet = [(0, 0), (100, 0), (100, 0), (200, 10), (200, 10), (300, 105)]
+    assert _settle_with(monkeypatch, busy_then_quiet) == pytest.approx(3 * peer.SETTLE_WINDOW_S)
+
+
+def test_settle_gives_up_on_cores_busy_with_something_else_and_waits_one_window_without_proc_stat(monkeypatch):
+    always_busy = [(i * 100, 0) for i in range(1000)]
+    waited = _settle_with(monkeypatch, always_busy)
+    assert peer.SETTLE_MAX_S < waited <= peer.SETTLE_MAX_S + 2 * peer.SETTLE_WINDOW_S
+    assert _settle_with(monkeypatch, [None, None]) == pytest.approx(peer.SETTLE_WINDOW_S)

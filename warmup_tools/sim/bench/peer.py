@@ -20,6 +20,10 @@ its median kept:
 - output tokens/s of one stream (64-token prompts, 32 output tokens) and of 8 concurrent streams, and TTFT p95
   at 8 streams.
 
+Before each phase on each server the client waits until the machine's cores are quiet
+(:func:`settle`): vLLM's worker keeps polling its message queue (``sched_yield`` in a loop) for a second after
+each request, and on shared cores that would slow whichever server runs next.
+
 It prints one table with each figure of both servers and their ratio (this project / vLLM), and the vLLM version
 and flags it ran. What the figures are on the development machine: docs/benchmarks.md.
 """
@@ -230,10 +234,42 @@ def measure(servers: dict[str, OpenAIStreams], model: str, prompts: Prompts, *, 
         phases = _phases(prompts, streams=streams, stream_requests=stream_requests, max_tokens=max_tokens)
         for run_phase in phases:
             for name in order:
+                settle()
                 for key, value in run_phase(servers[name], model).items():
                     raw[name].setdefault(key, []).append(value)
     return {name: Figures(**{k: (statistics.median(v) if k != "cached_tokens_warm" else int(min(v)))
                              for k, v in raw[name].items()}) for name in names}
+
+
+#: What :func:`settle` calls quiet: the share of the cores busy over one window, and the most it waits.
+SETTLE_BUSY, SETTLE_WINDOW_S, SETTLE_MAX_S = 0.1, 0.1, 5.0
+
+
+def settle() -> float:
+    """Wait until the cores were less than ``SETTLE_BUSY`` busy over one ``SETTLE_WINDOW_S`` window (at most
+    ``SETTLE_MAX_S``: on a machine busy with something else it gives up); the seconds waited. Reads
+    ``/proc/stat``; where there is none it waits one window."""
+    started = time.monotonic()
+    while True:
+        before = _cpu_times()
+        time.sleep(SETTLE_WINDOW_S)
+        after = _cpu_times()
+        if before is None or after is None:
+            break
+        total, idle = after[0] - before[0], after[1] - before[1]
+        if total <= 0 or (total - idle) / total < SETTLE_BUSY or time.monotonic() - started > SETTLE_MAX_S:
+            break
+    return time.monotonic() - started
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """All cores' (total, idle + iowait) jiffies from ``/proc/stat``; None where it cannot be read."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)
 
 
 def _phases(prompts: Prompts, *, streams: int, stream_requests: int, max_tokens: int

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 
 from warmup_tools.common.errors import ServerError
-from warmup_tools.fleet.membership import Membership
+from warmup_tools.fleet.membership import Membership, routed_urls
 from warmup_tools.fleet.replica import Replica
 from warmup_tools.fleet.router import Router
 from warmup_tools.fleet.settings import FleetSettings
@@ -63,7 +63,8 @@ class Fleet:
     def workers_listed(self) -> bool:
         """Whether the router lists a worker for every model of every replica that joined (after
         :meth:`restart_router`: once each membership added them all again)."""
-        return all(m.listed() for m in list(self.memberships.values()))
+        routed = routed_urls(self.router)  # one read of the router for every replica
+        return all(m.listed(routed) for m in list(self.memberships.values()))
 
     def start(self) -> None:
         """The router, then ``replicas`` replicas started together, each added to the router once warm."""

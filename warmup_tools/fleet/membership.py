@@ -106,14 +106,16 @@ class Membership:
                 self._remember(model, self.router.add(url, model))
                 LOGGER.info("%s: worker added for model %s", self.replica_url, model)
 
-    def listed(self) -> bool:
+    def listed(self, routed: set[str] | None = None) -> bool:
         """Whether the router lists a worker (not draining) for every model the replica serves now (a router that
-        restarted: once this loop added them all again). ServerError when the router does not answer."""
+        restarted: once this loop added them all again). ``routed``: the URLs of the router's workers that are not
+        draining, when the caller read them already (:func:`routed_urls`). ServerError when the router does not
+        answer."""
         try:
             models = served_models(self.replica_url, self.replica_key)
         except (OSError, ValueError, KeyError, TypeError):
             return False
-        urls = {str(w.get("url")) for w in self.router.workers() if w.get("status") != "draining"}
+        urls = routed_urls(self.router) if routed is None else routed
         return bool(models) and all(self.worker_url(model) in urls for model in models)
 
     def run(self) -> None:
@@ -176,4 +178,9 @@ class Membership:
 
     def __repr__(self) -> str:
         return f"Membership({self.replica_url!r}, workers={self.workers!r})"
+
+
+def routed_urls(router: RouterClient) -> set[str]:
+    """The URLs of the router's workers that take new requests (not draining)."""
+    return {str(w.get("url")) for w in router.workers() if w.get("status") != "draining"}
 

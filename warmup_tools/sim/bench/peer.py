@@ -249,9 +249,8 @@ def settle() -> float:
     """Wait until the cores were less than ``SETTLE_BUSY`` busy over one ``SETTLE_WINDOW_S`` window (at most
     ``SETTLE_MAX_S``: on a machine busy with something else it gives up); the seconds waited. Reads
     ``/proc/stat``; where there is none it waits one window."""
-    started = time.monotonic()
+    started, before = time.monotonic(), _cpu_times()
     while True:
-        before = _cpu_times()
         time.sleep(SETTLE_WINDOW_S)
         after = _cpu_times()
         if before is None or after is None:
@@ -259,6 +258,7 @@ def settle() -> float:
         total, idle = after[0] - before[0], after[1] - before[1]
         if total <= 0 or (total - idle) / total < SETTLE_BUSY or time.monotonic() - started > SETTLE_MAX_S:
             break
+        before = after  # each window starts where the last one ended
     return time.monotonic() - started
 
 

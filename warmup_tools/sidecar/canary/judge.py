@@ -23,6 +23,10 @@ change over the same time, a difference of differences (:func:`judge_replica`).
 - a trial on a whole replica also waits until ``canary_min_tenants`` of the tenants each side served in its
   baseline (all of them, when it served fewer) are back on that side.
 
+- each tested measure (cold share, cached tokens, tokens from the plan) leaves out, once :data:`TRIM_FROM` tenants
+  have it in both windows, the tenant whose share moved most each way (:meth:`Comparison.trimmed`): the weights
+  bound how much one tenant counts, this which way it can pull, so a verdict needs the change in many tenants.
+
 The requests a comparison *counts* are the sum of its weights; every threshold on requests below is on them.
 
 **The measures**, canary against the rest (one instance) or the canary replica's change against the others'
@@ -67,6 +71,9 @@ MIN_P99_REQUESTS = 100
 MAX_SAMPLES = 100_000
 #: Tenants one window keeps; the requests of tenants beyond them are left out (and counted).
 MAX_TENANTS = 10_000
+#: From this many tenants with a measure in both windows, the measure leaves out the tenant that moved most each
+#: way (:meth:`Comparison.trimmed`): no one tenant decides a verdict. Fewer leave nobody out.
+TRIM_FROM = 3
 
 
 @dataclasses.dataclass(slots=True)
@@ -230,6 +237,23 @@ class Comparison:
         """The requests the comparison counts (in each of its windows): the sum of the weights."""
         return sum(self.weights.values())
 
+    def trimmed(self, share: Callable[[TenantWindow], float | None]) -> Comparison:
+        """The comparison without its two most extreme tenants by a per-tenant share: the one whose share rose most
+        from ``b`` to ``a`` and the one whose share fell most (ties: by name), once :data:`TRIM_FROM` tenants have
+        the share in both windows; before that, the comparison itself."""
+        # NOTE: the weights cap a flood, not a direction: a tenant of a tenth of the weight that turns all cold moves
+        # a share by ten points, past every margin, and the tests count its requests as evidence. Left out at each
+        # end, one tenant that pulls either way is the one left out, or it lies between two tenants that are not
+        # and moves the measure no further than they do. Both ends, whatever the measure's direction: one end
+        # alone would let a tenant at the other end roll back a good plan, or hide a bad one (docs/planner.md).
+        moved = sorted((x - y, tenant) for tenant in self.weights
+                       if (x := share(self.a.tenants[tenant])) is not None
+                       and (y := share(self.b.tenants[tenant])) is not None)
+        if len(moved) < TRIM_FROM:
+            return self
+        out = {moved[0][1], moved[-1][1]}
+        return Comparison(self.a, self.b, {t: w for t, w in self.weights.items() if t not in out})
+
     def shares(self, share: Callable[[TenantWindow], float | None]) -> tuple[float, float] | None:
         """Each window's weighted mean of a per-tenant share, over the tenants whose share is known in both
         windows (None when there is no such tenant)."""
@@ -361,12 +385,29 @@ def _unplanned(t: TenantWindow) -> Values:
     return t.unplanned
 
 
+def _cold_share(t: TenantWindow) -> float:
+    return t.cold_share
+
+
+def _cached_share(t: TenantWindow) -> float | None:
+    return t.cached_share
+
+
+def _planned_share(t: TenantWindow) -> float | None:
+    return t.planned_share
+
+
+#: The tested measures: their name in the evidence, the per-request measure the test is on, and the per-tenant
+#: share each is trimmed by (:meth:`Comparison.trimmed`) and held to its margin on.
+TESTS: tuple[tuple[str, Callable[[TenantWindow], Values], Callable[[TenantWindow], float | None]], ...] = (
+    ("cold", _cold, _cold_share), ("uncached", _uncached, _cached_share), ("unplanned", _unplanned, _planned_share))
+
+
 def evidence(canary: WindowStats, rest: WindowStats, settings: SidecarConfig) -> dict[str, float]:
     """The one-sided tests' p-values so far (what an early rollback needs below ``canary_alpha``): cold share,
     per-request uncached share, per-request share not from the plan's pinned blocks."""
     both = Comparison.of(canary, rest, settings)
-    return {f"{name}_p": round(greater(*both.moments(measure)), 5)
-            for name, measure in (("cold", _cold), ("uncached", _uncached), ("unplanned", _unplanned))}
+    return {f"{name}_p": round(greater(*both.trimmed(share).moments(measure)), 5) for name, measure, share in TESTS}
 
 
 def replica_evidence(canary: WindowStats, rest: WindowStats, before: tuple[WindowStats, WindowStats],
@@ -374,8 +415,8 @@ def replica_evidence(canary: WindowStats, rest: WindowStats, before: tuple[Windo
     """:func:`evidence` for a trial on a whole replica: the difference-of-differences tests' p-values."""
     mine, theirs = Comparison.of(canary, before[0], settings), Comparison.of(rest, before[1], settings)
     out = {}
-    for name, measure in (("cold", _cold), ("uncached", _uncached), ("unplanned", _unplanned)):
-        (c, c0), (r, r0) = mine.moments(measure), theirs.moments(measure)
+    for name, measure, share in TESTS:
+        (c, c0), (r, r0) = mine.trimmed(share).moments(measure), theirs.trimmed(share).moments(measure)
         out[f"{name}_p"] = round(rise_greater(c, c0, r, r0), 5)
     return out
 
@@ -389,22 +430,23 @@ def judge(canary: WindowStats, rest: WindowStats, elapsed_s: float, settings: Si
     if waiting is not None:
         return waiting
     worse = []
-    cold = both.shares(lambda t: t.cold_share)
+    trimmed = {name: both.trimmed(share) for name, _, share in TESTS}
+    cold = trimmed["cold"].shares(_cold_share)
     assert cold is not None  # every counted tenant has requests in both windows
     if cold[0] - cold[1] > settings.canary_cold_margin:
-        p = greater(*both.moments(_cold))
+        p = greater(*trimmed["cold"].moments(_cold))
         if p < settings.canary_alpha:
             worse.append(f"cold share {cold[0]:.1%} against {cold[1]:.1%} (p={p:.3g})")
-    cached = both.shares(lambda t: t.cached_share)
+    cached = trimmed["uncached"].shares(_cached_share)
     cached_down = cached is not None and cached[1] - cached[0] > settings.canary_cached_margin
     if cached is not None and cached_down:
-        p = greater(*both.moments(_uncached))
+        p = greater(*trimmed["uncached"].moments(_uncached))
         if p < settings.canary_alpha:
             worse.append(f"prompt tokens from cache {cached[0]:.1%} against {cached[1]:.1%} "
                          f"(per-request uncached shares higher, p={p:.3g})")
-    planned = both.shares(lambda t: t.planned_share)
+    planned = trimmed["unplanned"].shares(_planned_share)
     if planned is not None and planned[1] - planned[0] > settings.canary_cached_margin:
-        p = greater(*both.moments(_unplanned))
+        p = greater(*trimmed["unplanned"].moments(_unplanned))
         if p < settings.canary_alpha:
             worse.append(f"prompt tokens from the plan's pinned blocks {planned[0]:.1%} against {planned[1]:.1%} "
                          f"(per-request shares lower, p={p:.3g})")
@@ -451,33 +493,36 @@ def judge_replica(canary: WindowStats, rest: WindowStats, before: tuple[WindowSt
         return waiting
 
     def moved(name: str, share: Callable[[TenantWindow], float | None]) -> tuple[float, str] | None:
-        """The difference of differences of a per-tenant share and its words (None: a side does not say)."""
-        ours, others = mine.shares(share), theirs.shares(share)
+        """The difference of differences of a per-tenant share and its words (None: a side does not say), each
+        side without its two most extreme tenants (:meth:`Comparison.trimmed`)."""
+        ours, others = mine.trimmed(share).shares(share), theirs.trimmed(share).shares(share)
         if ours is None or others is None:
             return None
         (c, c0), (r, r0) = ours, others
         return ((c - c0) - (r - r0), f"{name} {c0:.1%} -> {c:.1%} on {mine.counted} requests of the canary "
                                      f"replica, {r0:.1%} -> {r:.1%} on {theirs.counted} of the others")
 
-    def tested(measure: Callable[[TenantWindow], Values], words: str) -> None:
-        """Worse, when the test on the per-request measure falls below ``canary_alpha``."""
-        (c, c0), (r, r0) = mine.moments(measure), theirs.moments(measure)
+    def tested(measure: Callable[[TenantWindow], Values], share: Callable[[TenantWindow], float | None],
+               words: str) -> None:
+        """Worse, when the test on the per-request measure (on the tenants ``share`` keeps) falls below
+        ``canary_alpha``."""
+        (c, c0), (r, r0) = mine.trimmed(share).moments(measure), theirs.trimmed(share).moments(measure)
         p = rise_greater(c, c0, r, r0)
         if p < settings.canary_alpha:
             worse.append(f"{words} (p={p:.3g})")
 
     worse = []
-    cold = moved("cold share", lambda t: t.cold_share)
+    cold = moved("cold share", _cold_share)
     assert cold is not None  # every counted tenant has requests in both windows
-    cached = moved("prompt tokens from cache", lambda t: t.cached_share)
-    planned = moved("prompt tokens from the plan's pinned blocks", lambda t: t.planned_share)
+    cached = moved("prompt tokens from cache", _cached_share)
+    planned = moved("prompt tokens from the plan's pinned blocks", _planned_share)
     # Worse: the cold share rising more than the others', the shares from cache and from the plan falling more.
     if cold[0] > settings.canary_cold_margin:
-        tested(_cold, cold[1])
+        tested(_cold, _cold_share, cold[1])
     if cached is not None and -cached[0] > settings.canary_cached_margin:
-        tested(_uncached, cached[1])
+        tested(_uncached, _cached_share, cached[1])
     if planned is not None and -planned[0] > settings.canary_cached_margin:
-        tested(_unplanned, planned[1])
+        tested(_unplanned, _planned_share, planned[1])
     if worse:
         return Verdict("rollback", "worse than the plan served now: " + "; ".join(worse))
     if elapsed_s < settings.canary_window_s:

@@ -300,3 +300,114 @@ def test_a_whole_replica_s_reasons_word_for_word():
                          (requests(100, ttft=10.0), requests(100, ttft=10.0)), 600, SETTINGS).reason
     assert slow == ("worse than the plan served now: TTFT p99 10.0 -> 40.0 ms on the canary replica, 10.0 -> 10.0 ms "
                     "on the others")
+
+
+# ------------------------------------------------------------------------ no one tenant decides a verdict
+def tenants(spec):
+    """A window of ``spec``: each tenant's (requests, of them cold)."""
+    stats = WindowStats()
+    for tenant, (n, cold) in spec.items():
+        add(stats, n, cold=cold, tenant=tenant)
+    return stats
+
+
+def fleet(honest, *, worse, adversary=None):
+    """A trial on a whole replica: ``honest`` tenants on each side (their requests), 10 to 30% cold in both
+    baselines; a worse plan turns half of each canary tenant's requests more cold. ``adversary``: (its requests,
+    its side, the way it pulls): it goes from all warm to all cold to pull toward a rollback, the other way
+    round to pull toward a promotion, on whichever side that takes."""
+    base = [(n, n * (i % 3 + 1) // 10) for i, n in enumerate(honest)]
+    c0 = {f"c{i}": spec for i, spec in enumerate(base)}
+    r0 = {f"r{i}": spec for i, spec in enumerate(base)}
+    c = {t: (n, min(n, cold + (n // 2 if worse else 0))) for t, (n, cold) in c0.items()}
+    r = dict(r0)
+    if adversary is not None:
+        n, where, pull = adversary
+        rises = (pull == "rollback") == (where == "canary")
+        before, during = ((n, 0), (n, n)) if rises else ((n, n), (n, 0))
+        baseline, trial = (c0, c) if where == "canary" else (r0, r)
+        baseline["adversary"], trial["adversary"] = before, during
+    return tenants(c), tenants(r), (tenants(c0), tenants(r0))
+
+
+#: (honest tenants' requests on each side, the adversary's requests, the share of its side's weight it carries).
+#: A third is the most one tenant weighs among three; among six or ten, the most the third-busiest bound lets it.
+ONE_AGAINST_MANY = [([20, 20], 20, 1 / 3), ([50] * 5, 28, 1 / 10), ([20, 20, 6, 6, 6], 20, 0.26),
+                    ([60] * 9, 60, 1 / 10), ([60, 60] + [4] * 7, 60, 0.29)]
+
+
+@pytest.mark.parametrize("honest,requests,weight", ONE_AGAINST_MANY,
+                         ids=[f"{len(h) + 1}-tenants-weight-{w:.2f}" for h, _, w in ONE_AGAINST_MANY])
+@pytest.mark.parametrize("where", ["canary", "rest"])
+def test_one_tenant_cannot_roll_back_a_good_plan_on_a_whole_replica(honest, requests, weight, where):
+    settings = dataclasses.replace(SETTINGS, canary_min_requests=5)
+    canary, rest, before = fleet(honest, worse=False, adversary=(requests, where, "rollback"))
+    side = (canary, before[0]) if where == "canary" else (rest, before[1])
+    weights = canary_judge.tenant_weights(*side, settings)
+    assert weights["adversary"] / sum(weights.values()) == pytest.approx(weight, abs=0.01)
+    assert judge_replica(canary, rest, before, 30, settings).action == "wait"
+    verdict = judge_replica(canary, rest, before, 600, settings)
+    assert verdict.action == "promote", verdict.reason
+    assert judge_replica(*fleet(honest, worse=False), 600, settings).action == "promote"  # the same without it
+
+
+@pytest.mark.parametrize("honest,requests,weight", ONE_AGAINST_MANY,
+                         ids=[f"{len(h) + 1}-tenants-weight-{w:.2f}" for h, _, w in ONE_AGAINST_MANY])
+@pytest.mark.parametrize("where", ["canary", "rest"])
+def test_one_tenant_cannot_get_a_bad_plan_promoted_on_a_whole_replica(honest, requests, weight, where):
+    settings = dataclasses.replace(SETTINGS, canary_min_requests=5)
+    canary, rest, before = fleet(honest, worse=True, adversary=(requests, where, "promote"))
+    for elapsed in (30, 600):
+        verdict = judge_replica(canary, rest, before, elapsed, settings)
+        assert verdict.action == "rollback" and "cold share" in verdict.reason, (elapsed, verdict.reason)
+    assert judge_replica(*fleet(honest, worse=True), 30, settings).action == "rollback"  # the same without it
+
+
+def test_without_leaving_a_tenant_out_each_way_one_tenant_flips_the_verdicts_above(monkeypatch):
+    # The attack the tests above defeat (issue 41): weights bound a flood, not the way a tenant pulls.
+    settings = dataclasses.replace(SETTINGS, canary_min_requests=5)
+    monkeypatch.setattr(canary_judge, "TRIM_FROM", 10**9)
+    flipped = []
+    for honest, requests, weight in ONE_AGAINST_MANY:
+        for where in ("canary", "rest"):
+            good = judge_replica(*fleet(honest, worse=False, adversary=(requests, where, "rollback")), 600, settings)
+            bad = judge_replica(*fleet(honest, worse=True, adversary=(requests, where, "promote")), 600, settings)
+            flipped.append((len(honest) + 1, round(weight, 2), where, good.action, bad.action))
+    assert [case for case in flipped if case[3] == "rollback" or case[4] == "promote"] == [
+        (3, 0.33, "canary", "rollback", "promote"), (3, 0.33, "rest", "rollback", "promote"),
+        (6, 0.26, "canary", "rollback", "promote"), (6, 0.26, "rest", "rollback", "promote"),
+        (10, 0.1, "canary", "rollback", "rollback"), (10, 0.1, "rest", "rollback", "rollback"),
+        (10, 0.29, "canary", "rollback", "promote"), (10, 0.29, "rest", "rollback", "promote")]
+
+
+@pytest.mark.parametrize("count", [3, 6, 10])
+def test_one_tenant_cannot_steer_a_trial_on_one_instance_either_way(count):
+    # Triton deals a tenant's requests to both sides; were one to reach only the canary cold and only the
+    # others warm (or the other way round), it still decides nothing.
+    honest = {f"t{i}": 40 for i in range(count - 1)}
+
+    def sides(worse, pull):
+        canary = {t: (n, n // 10 + (n // 2 if worse else 0)) for t, n in honest.items()}
+        rest = {t: (n, n // 10) for t, n in honest.items()}
+        if pull is not None:
+            canary["adversary"], rest["adversary"] = ((40, 40), (40, 0)) if pull == "rollback" else ((40, 0), (40, 40))
+        return tenants(canary), tenants(rest)
+
+    for worse, pull, expected in ((False, "rollback", "promote"), (True, "promote", "rollback")):
+        assert judge(*sides(worse, None), 600, SETTINGS).action == expected
+        verdict = judge(*sides(worse, pull), 600, SETTINGS)
+        assert verdict.action == expected, (worse, verdict.reason)
+    assert judge(*sides(True, "promote"), 30, SETTINGS).action == "rollback"
+
+
+def test_a_comparison_leaves_out_the_tenant_that_moved_most_each_way_from_three_tenants():
+    a = tenants({"up": (10, 10), "mid": (10, 5), "down": (10, 0), "still": (10, 3)})
+    b = tenants({"up": (10, 0), "mid": (10, 4), "down": (10, 9), "still": (10, 3)})
+    both = Comparison.of(a, b, SETTINGS)
+    assert set(both.trimmed(lambda t: t.cold_share).weights) == {"mid", "still"}
+    # Ties go by name; the share must be known in both windows to rank a tenant; under three nobody is left out.
+    assert set(Comparison.of(tenants({"x": (4, 0), "y": (4, 0), "z": (4, 0)}), tenants(
+        {"x": (4, 0), "y": (4, 0), "z": (4, 0)}), SETTINGS).trimmed(lambda t: t.cold_share).weights) == {"y"}
+    two = Comparison.of(tenants({"x": (4, 4), "y": (4, 0)}), tenants({"x": (4, 0), "y": (4, 0)}), SETTINGS)
+    assert two.trimmed(lambda t: t.cold_share) is two
+    assert both.trimmed(lambda t: None) is both

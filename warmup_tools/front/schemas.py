@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from warmup_tools.common.wire import sampling_values
 
@@ -24,6 +24,28 @@ MAX_TOKENS_FIELD = 1 << 20
 MAX_STOP_CHARS = 256
 
 
+def _valid_unicode(value: Any) -> Any:
+    """A text field (or each string of a list, or each content part's ``text``) as given, or a ``ValueError`` when
+    UTF-8 cannot encode it."""
+    for index, item in enumerate(value if isinstance(value, list) else [value]):
+        text = item.get("text") if isinstance(item, dict) else item
+        if isinstance(text, str) and not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                where = f" (item {index})" if isinstance(value, list) else ""
+                raise ValueError(f"must be valid Unicode text{where}: it holds a lone surrogate (a JSON escape "
+                                 "\\ud800 to \\udfff not in a pair), which UTF-8 cannot encode") from None
+    return value
+
+
+#: The check of every text field of a request (``Annotated[<its type>, UNICODE]``): JSON's ``"\ud800"`` escape
+#: decodes to a lone surrogate that no part of the front or the engine can encode as UTF-8 (it failed deep in
+#: the engine, a 500), so it is a 400 here that names the field and never echoes the text (app.py's handler).
+#: NOTE: before the field's own type, so that a union (a string or a list) or a length bound reports this once.
+UNICODE = BeforeValidator(_valid_unicode)
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
@@ -34,14 +56,14 @@ class StreamOptions(_Request):
 
 class TextPart(_Request):
     type: Literal["text"]
-    text: str
+    text: Annotated[str, UNICODE]
 
 
 class ChatMessage(_Request):
     #: ``developer`` is OpenAI's newer name for ``system`` and is rendered as one.
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    content: Annotated[str | list[TextPart] | None, UNICODE] = None
+    name: Annotated[str | None, UNICODE] = None
 
     def text(self) -> str:
         if self.content is None:
@@ -52,7 +74,7 @@ class ChatMessage(_Request):
 
 
 class _SamplingRequest(_Request):
-    model: Annotated[str, Field(min_length=1, max_length=256)]
+    model: Annotated[str, UNICODE, Field(min_length=1, max_length=256)]
     temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
@@ -60,11 +82,12 @@ class _SamplingRequest(_Request):
     repetition_penalty: float | None = None
     #: vLLM's extra parameter (not OpenAI's).
     ignore_eos: bool | None = None
-    stop: str | list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]] | None = None
+    stop: Annotated[str | list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]] | None,
+                    UNICODE] = None
     n: Annotated[int, Field(ge=1, le=128)] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    user: Annotated[str, Field(max_length=256)] | None = None
+    user: Annotated[str | None, UNICODE, Field(max_length=256)] = None
 
     def sampling(self) -> dict[str, Any]:
         """The sampling inputs of the generate request (common/wire.py) this request sets: a field named like
@@ -92,13 +115,13 @@ class ChatCompletionRequest(_SamplingRequest):
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: str | list[str]
+    prompt: Annotated[str | list[str], UNICODE]
     #: OpenAI's default for completions is 16 tokens.
     max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_FIELD)] | None = 16
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: bool | None = False
     best_of: Annotated[int, Field(ge=1, le=128)] | None = None
-    suffix: str | None = None
+    suffix: Annotated[str | None, UNICODE] = None
 
 
 # ------------------------------------------------------------------------------------------- responses

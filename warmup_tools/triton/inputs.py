@@ -100,10 +100,11 @@ def _single_string(array: np.ndarray, name: str, max_bytes: int = MAX_TEXT_BYTES
         raise InvalidInputError(f"input '{name}' must hold exactly one string, got {array.size} elements")
     value = array.reshape(-1)[0]
     _check_length(value, name, max_bytes)  # before decoding; refuses anything but str and bytes too
-    if isinstance(value, str):
-        return value
+    # NOTE: a str (tests, in-process callers) goes through the same strict decode: a lone surrogate in it is
+    # refused as its UTF-8 form (an encoded surrogate) is, not left to fail in whoever encodes it next.
+    raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else bytes(value)
     try:
-        return bytes(value).decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidInputError(
             f"input '{name}' is not valid UTF-8 (byte {exc.start}: {exc.reason}); encode the text as UTF-8"
@@ -113,7 +114,7 @@ def _single_string(array: np.ndarray, name: str, max_bytes: int = MAX_TEXT_BYTES
 def _check_length(value: object, name: str, max_bytes: int) -> None:
     """Refuse a string element longer than ``max_bytes`` UTF-8 bytes (bytes are not decoded for it)."""
     if isinstance(value, str):
-        too_long = len(value) > max_bytes or len(value.encode("utf-8")) > max_bytes
+        too_long = len(value) > max_bytes or len(value.encode("utf-8", "surrogatepass")) > max_bytes
     elif isinstance(value, (bytes, np.bytes_)):
         too_long = len(value) > max_bytes
     else:

@@ -60,6 +60,16 @@ def test_text_exactly_at_the_bound_passes_as_bytes_or_str():
     assert parse_text({"text_input": np.array([two_byte], dtype=object)}) == two_byte
 
 
+@pytest.mark.parametrize("value", [b"\xed\xa0\x80", b"a\xed\xbf\xbfb", "\ud800", "a\udfffb", b"\xff"],
+                         ids=["encoded-high-surrogate", "encoded-low-surrogate", "str-high", "str-low", "not-utf8"])
+def test_a_lone_surrogate_or_other_invalid_utf8_is_refused_as_bytes_or_str(value):
+    with pytest.raises(InvalidInputError, match=r"^input 'text_input' is not valid UTF-8 \(byte \d+: "):
+        parse_text({"text_input": np.array([value], dtype=object)})
+    # A pair is one character: it passes, either way.
+    assert parse_text({"text_input": np.array(["\U0001F600"], dtype=object)}) == "\U0001F600"
+    assert parse_text({"text_input": s("\U0001F600".encode())}) == "\U0001F600"
+
+
 def test_a_text_checks_its_own_input_name_and_bound():
     assert parse_text({"prompt": s("x" * 10)}, "prompt", max_bytes=10) == "x" * 10
     with pytest.raises(InvalidInputError, match=r"^input 'prompt' is longer than 10 bytes: send a shorter text$"):

@@ -89,6 +89,15 @@ class ServerBusyError(RequestError):
     kind = ErrorKind.BUSY
 
 
+class TenantBusyError(RequestError):
+    """The request's tenant already holds its share of the instance (its running slots and its share of the
+    queue: ``tenant_queue_share``); the instance still takes other tenants' requests. Triton code UNAVAILABLE
+    (its Python backend has no RESOURCE_EXHAUSTED); the kind tells a client it is its own rate limit."""
+
+    code = "UNAVAILABLE"
+    kind = ErrorKind.RATE_LIMITED
+
+
 class RequestCancelledError(RequestError):
     """The client cancelled the request (or went away) before it finished."""
 

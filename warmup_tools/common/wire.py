@@ -36,6 +36,7 @@ class ErrorKind(str, enum.Enum):
     NOT_FOUND = "not_found"  # the adapter is unknown or not live (404)
     TOO_LARGE = "too_large"  # the request is larger than a bound (413)
     BUSY = "busy"  # the instance's queue is full: retry later (429)
+    RATE_LIMITED = "rate_limited"  # this tenant holds its share of the instance: retry once its requests end (429)
     UNAVAILABLE = "unavailable"  # the replica cannot serve now: retry elsewhere (503)
     CANCELLED = "cancelled"  # the client cancelled the request (nobody reads the answer)
     TIMEOUT = "timeout"  # no answer within the deadline (504)

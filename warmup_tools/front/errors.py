@@ -34,6 +34,8 @@ class OpenAIError(Exception):
 
     def response(self) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        if self.status == 429:
+            headers = {"Retry-After": RETRY_AFTER_S}  # NOTE: a rate limit or a full queue frees within a generation
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
@@ -44,6 +46,9 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 def model_not_found(message: str) -> OpenAIError:
     return OpenAIError(404, message, param="model", code="model_not_found")
 
+
+#: What a 429 answer asks a client to wait, in seconds (``Retry-After``).
+RETRY_AFTER_S = "1"
 
 #: The one message for a missing or wrong key: it never says whether the tenant exists.
 INVALID_KEY = ("Incorrect API key provided: send 'Authorization: Bearer <key>' with a tenant key of this deployment "

@@ -20,10 +20,10 @@ LOGGER = logging.getLogger(__name__)
 
 #: HTTP status of each error kind (common/wire.py), whatever the words of its message.
 _STATUS = {ErrorKind.INVALID: 400, ErrorKind.UNAUTHENTICATED: 401, ErrorKind.NOT_FOUND: 404,
-           ErrorKind.TOO_LARGE: 413, ErrorKind.BUSY: 429, ErrorKind.UNAVAILABLE: 503, ErrorKind.CANCELLED: 503,
-           ErrorKind.TIMEOUT: 504, ErrorKind.INTERNAL: 500}
+           ErrorKind.TOO_LARGE: 413, ErrorKind.BUSY: 429, ErrorKind.RATE_LIMITED: 429, ErrorKind.UNAVAILABLE: 503,
+           ErrorKind.CANCELLED: 503, ErrorKind.TIMEOUT: 504, ErrorKind.INTERNAL: 500}
 _CODES = {ErrorKind.NOT_FOUND: "model_not_found", ErrorKind.BUSY: "server_busy",
-          ErrorKind.UNAUTHENTICATED: "invalid_api_key"}
+          ErrorKind.RATE_LIMITED: "rate_limit_exceeded", ErrorKind.UNAUTHENTICATED: "invalid_api_key"}
 
 
 #: What a client is told of a failure on the server's side, whatever tritonserver said.

@@ -11,7 +11,9 @@ step
 
 1. runs the calls queued for between steps (adapter load / unload: never while a forward runs);
 2. drops sequences whose client cancelled (or whose last send failed), freeing their memory;
-3. admits waiting sequences, up to ``max_num_seqs`` running, each first matching its longest cached
+3. admits waiting sequences, up to ``max_num_seqs`` running, tenant by tenant (the one that runs the fewest
+   first, a tenant over its slot share yielding a slot to one that waits; the sidecar's probes in a slot of
+   their own: :mod:`~warmup_tools.lora_adapter.admission`), each first matching its longest cached
    KV block prefix (prefix cache, single flight: a sequence whose next uncached block another running
    sequence is computing waits for it); at its first admission the engine opens the sequence (its
    seeded generator), and at each admission it loads the matched blocks as the sequence's KV;
@@ -28,7 +30,8 @@ step
    token, and hands that token to the sequence's sink. A sequence that ends, however it ends, is closed
    in the engine (its state there forgotten).
 
-Requests arrive through :meth:`Scheduler.submit` with a :class:`SequenceSink` (model.py's sends
+Requests arrive through :meth:`Scheduler.submit` with a :class:`SequenceSink` (a tenant past its share of the
+queue is refused at once, as is anyone once the instance holds ``max_num_seqs + max_queue``) (model.py's sends
 responses through the request's response sender); errors go to the one sequence they concern. Tests
 drive :meth:`step` directly, without the thread.
 
@@ -59,10 +62,21 @@ from warmup_tools.common.errors import (
     RequestCancelledError,
     RequestError,
     ServerBusyError,
+    TenantBusyError,
 )
+from warmup_tools.common.records import PROBE_TENANT
 from warmup_tools.common.wire import ErrorKind
 from warmup_tools.kv.blocks import BlockSource, PrefixMatch
 from warmup_tools.kv.hashing import BlockHash
+from warmup_tools.lora_adapter.admission import (
+    PROBE_HELD,
+    PROBE_SLOTS,
+    TenantQueues,
+    TenantShares,
+    fair_order,
+    is_probe,
+    slot_to_yield,
+)
 from warmup_tools.lora_adapter.detokenize import IncrementalDetokenizer
 from warmup_tools.lora_adapter.engine_api import ForwardRow, GenerationStep, SequenceEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
@@ -133,6 +147,8 @@ class Sequence:
     steps: int = 0
     #: When its client's cancellation was last asked for (the scheduler's clock).
     cancel_checked: float = float("-inf")
+    #: Counted in its tenant's held requests (live sequences, from submit until they end).
+    counted: bool = False
 
     @property
     def prompt_len(self) -> int:
@@ -166,6 +182,11 @@ class SchedulerStats:
     running: int = 0
     waiting: int = 0
     preemptions: int = 0
+    #: Of those, running sequences preempted to give a waiting tenant under its slot share a slot.
+    fair_preemptions: int = 0
+    #: Requests refused because their tenant held its share (TenantBusyError), and because the instance was full.
+    tenant_refusals: int = 0
+    busy_refusals: int = 0
     #: Warm prompts whose KV was dropped to make room for live sequences (they start again later).
     warm_restarts: int = 0
     steps: int = 0
@@ -196,7 +217,10 @@ class Scheduler:
         self._cond = threading.Condition()
         self._inbox: list[Sequence] = []
         self._calls: list[tuple[Callable[[], object], concurrent.futures.Future]] = []
-        self._waiting: collections.deque[Sequence] = collections.deque()
+        self._waiting = TenantQueues()
+        self._shares = TenantShares.of(config)
+        #: Live requests each tenant holds (inbox, waiting, running); a tenant has an entry only while it holds one.
+        self._held: dict[str, int] = {}
         self._running: list[Sequence] = []  # in admission order
         self._warm_waiting: collections.deque[Sequence] = collections.deque()
         self._warm: Sequence | None = None
@@ -208,20 +232,43 @@ class Scheduler:
     # ----------------------------------------------------------------------------------- public API
     def submit(self, request: GenerateRequest, sink: SequenceSink) -> int:
         """Queue a live request; its tokens go to ``sink``. Raises its RequestError at once when it cannot
-        be served (too long, unknown adapter) or the queue is full (ServerBusyError: UNAVAILABLE)."""
+        be served (too long, unknown adapter), when its tenant holds its share (TenantBusyError, ``rate_limited``)
+        or the instance is full (ServerBusyError, ``busy``); both with Triton's UNAVAILABLE.
+
+        NOTE: the request's tenant is trusted here: the model proved it (trust mode) or took it from the request
+        (open mode), and only the sidecar can prove the probe tenant, whose requests take the reserved probe slot."""
         self.engine.check_request(request)
+        tenant = request.tenant
         with self._cond:
             if self._stopped:
                 raise AdapterUnavailableError("lora_adapter is shutting down; retry on another instance",
                                               kind=ErrorKind.UNAVAILABLE)
-            # NOTE: the bound is on everything this instance holds (running slots plus the queue), so a
-            # request that finds a free slot is never refused, whatever max_queue says.
-            held = len(self._inbox) + len(self._waiting) + len(self._running)
-            if held >= self.config.max_num_seqs + self.config.max_queue:
-                raise ServerBusyError(
-                    f"server busy: this instance already holds {held} requests ({self.config.max_num_seqs} "
-                    f"running at most, max_queue {self.config.max_queue} waiting); retry later")
+            mine = self._held.get(tenant, 0)
+            if is_probe(tenant):
+                if mine >= PROBE_HELD:
+                    self.stats.busy_refusals += 1
+                    raise ServerBusyError(f"server busy: this instance already holds {mine} readiness probes; "
+                                          "retry later")
+            else:
+                # NOTE: the bound is on everything this instance holds (running slots plus the queue), so a
+                # request that finds a free slot is never refused, whatever max_queue says; probes not counted.
+                bound = self.config.max_num_seqs + self.config.max_queue
+                held = len(self._inbox) + len(self._waiting) + len(self._running) - self._held.get(PROBE_TENANT, 0)
+                if mine >= self._shares.max_held and self._shares.max_held < bound:
+                    self.stats.tenant_refusals += 1
+                    raise TenantBusyError(
+                        f"too many concurrent requests from this tenant: it already has {mine} requests on this "
+                        f"instance, its share ({self.config.max_num_seqs} running, "
+                        f"{self._shares.max_held - self.config.max_num_seqs} waiting); wait for some of them to "
+                        "finish before sending more, or lower your concurrency")
+                if held >= bound:
+                    self.stats.busy_refusals += 1
+                    raise ServerBusyError(
+                        f"server busy: this instance already holds {held} requests ({self.config.max_num_seqs} "
+                        f"running at most, max_queue {self.config.max_queue} waiting); retry later")
             seq = self._new_sequence(request, sink, SequenceClass.LIVE)
+            seq.counted = True
+            self._held[tenant] = mine + 1
             self._inbox.append(seq)
             self._cond.notify_all()
         return seq.seq_id
@@ -431,27 +478,64 @@ class Scheduler:
                 self._finish(seq, RequestCancelledError("the request was cancelled"))
 
     def _admit(self) -> None:
-        for seq in list(self._waiting):
-            if len(self._running) >= self.config.max_num_seqs:
+        """The probes into their own slot, then the tenants' sequences, fairly (see admission.py)."""
+        probes = sum(1 for s in self._running if is_probe(s.request.tenant))
+        for seq in self._waiting.of(PROBE_TENANT):
+            if probes >= PROBE_SLOTS:
                 break
-            try:
-                admitted = self._try_admit(seq)
-            except Exception as exc:  # noqa: BLE001 - NOTE: one sequence's fault ends that sequence only
-                self._fail(seq, exc, "admitting")
-                continue
-            if admitted is None and not self._running:
-                # Nothing runs that could free memory: this request can never fit within the budget.
-                self._waiting.remove(seq)
-                self._finish(seq, KVBudgetError(
-                    f"the KV memory budget of this instance (kv_cache_bytes) is too small for a request of "
-                    f"{len(seq.tokens)} tokens"))
-                continue
-            if admitted is None:  # memory is full: admit nothing more this step
+            # NOTE: first in the running list, so that memory preemption (newest first) reaches it last.
+            if self._admit_one(seq, front=True) is True:
+                probes += 1
+        running = collections.Counter(s.request.tenant for s in self._running if not is_probe(s.request.tenant))
+        slots = self.config.max_num_seqs - sum(running.values())
+        if slots <= 0 and self._waiting:
+            holder = slot_to_yield(self._waiting, running, self._shares)
+            if holder is not None:
+                # NOTE: one slot per step: a newcomer waits one step, and a holder loses one sequence's KV at most.
+                victim = next(s for s in reversed(self._running) if s.request.tenant == holder)
+                LOGGER.info("tenant over its slot share yields sequence %d to a waiting tenant", victim.seq_id)
+                self._preempt(victim)
+                self.stats.fair_preemptions += 1
+                running[holder] -= 1
+                slots = 1
+        if slots <= 0:
+            return
+        for seq in fair_order(self._waiting, running):
+            admitted = self._admit_one(seq)
+            if admitted is None and self._running:  # memory is full: admit nothing more this step
                 break
             if admitted:
-                self._waiting.remove(seq)
+                running[seq.request.tenant] += 1
+                slots -= 1
+                if slots <= 0:
+                    break
+        self._admit_warm()
+
+    def _admit_one(self, seq: Sequence, front: bool = False) -> bool | None:
+        """Admit one waiting live sequence if it fits: True admitted, False waits (single flight, or it ended),
+        None when its memory does not fit (ended when nothing runs that could free memory)."""
+        try:
+            admitted = self._try_admit(seq)
+        except Exception as exc:  # noqa: BLE001 - NOTE: one sequence's fault ends that sequence only
+            self._fail(seq, exc, "admitting")
+            return False
+        if admitted is None and not self._running:
+            # Nothing runs that could free memory: this request can never fit within the budget.
+            self._waiting.remove(seq)
+            self._finish(seq, KVBudgetError(
+                f"the KV memory budget of this instance (kv_cache_bytes) is too small for a request of "
+                f"{len(seq.tokens)} tokens"))
+            return None
+        if admitted:
+            self._waiting.remove(seq)
+            if front:
+                self._running.insert(0, seq)
+            else:
                 self._running.append(seq)
-                self._changes += 1
+            self._changes += 1
+        return admitted
+
+    def _admit_warm(self) -> None:
         if self._warm is None and self._warm_waiting:
             seq = self._warm_waiting[0]
             try:
@@ -519,9 +603,12 @@ class Scheduler:
             # NOTE: cannot happen (a sequence is sampled, or ended, when its last token is computed); if it
             # ever did, the sequence could never be planned again and would hold its slot for good.
             self._fail(seq, RuntimeError(f"sequence {seq.seq_id} has no token left to compute"), "planning")
-        decoding = [s for s in self._running if s.remaining == 1]
-        prefilling = [s for s in self._running if s.remaining > 1]
-        for seq in [*decoding, *prefilling]:
+        # NOTE: the probes first: a probe row is a few tokens, and a readiness probe never waits behind tenants.
+        probes = [s for s in self._running if is_probe(s.request.tenant)]
+        decoding = [s for s in self._running if s.remaining == 1 and s not in probes]
+        prefilling = [s for s in self._running if s.remaining > 1 and s not in probes]
+        last_victim: Sequence | None = None
+        for seq in [*probes, *decoding, *prefilling]:
             if seq not in self._running:  # preempted for an earlier row
                 continue
             used = sum(n for _, n in planned.values())
@@ -537,15 +624,17 @@ class Scheduler:
                     continue
                 victim = self._running[-1]
                 self._preempt(victim)
+                last_victim = victim
                 preempted += 1
                 planned.pop(victim.seq_id, None)
                 if victim is seq:
                     break
             else:
                 planned[seq.seq_id] = (seq, count)
-        if self._running == [] and preempted and self._waiting:
+        if self._running == [] and last_victim is not None and last_victim in self._waiting:
             # Alone it still does not fit: this request can never run within the budget.
-            seq = self._waiting.popleft()
+            seq = last_victim
+            self._waiting.remove(seq)
             self._finish(seq, KVBudgetError(
                 f"the KV memory budget of this instance (kv_cache_bytes) is too small for a request of "
                 f"{len(seq.tokens)} tokens"))
@@ -710,12 +799,27 @@ class Scheduler:
         if self._warm is seq:
             self._warm = None
         self._release(seq)
+        self._uncount(seq)
         self.engine.close(seq.seq_id)
+
+    def _uncount(self, seq: Sequence) -> None:
+        """Take an ended live sequence out of its tenant's held requests (once, however it ended)."""
+        if not seq.counted:
+            return
+        seq.counted = False
+        tenant = seq.request.tenant
+        with self._cond:
+            left = self._held.get(tenant, 0) - 1
+            if left > 0:
+                self._held[tenant] = left
+            else:
+                self._held.pop(tenant, None)
 
     def _finish(self, seq: Sequence, error: BaseException | None = None) -> None:
         """Report the end of a sequence: an error to its sink or future, or a warm result. The engine forgets
         the sequence (every way out passes here or through :meth:`_remove`)."""
         self._changes += 1
+        self._uncount(seq)
         self.engine.close(seq.seq_id)
         if seq.done is not None:
             if error is None:

@@ -98,7 +98,19 @@ class SchedulerConfig:
 
     max_num_seqs: int = setting(8, "Sequences running at once (in one batch).", ge=1, le=1024)
     max_queue: int = setting(64, "Requests that may wait for a running slot; one more is refused with "
-                                 "UNAVAILABLE.", ge=0)
+                                 "UNAVAILABLE (server busy: HTTP 429 at the front).", ge=0)
+    tenant_queue_share: float = setting(0.5, "The share of max_queue one tenant's waiting requests may take (at "
+                                              "least one request): a tenant holding its running slots and this "
+                                              "many waiting is refused with its own rate-limit error (HTTP 429 at "
+                                              "the front) while other tenants are still queued; 1: no tenant "
+                                              "bound below max_queue (one tenant may fill it: a single-tenant "
+                                              "deployment).", gt=0, le=1)
+    tenant_slot_share: float = setting(0.75, "The share of max_num_seqs one tenant keeps running while another "
+                                             "tenant's request waits for a slot (at least one slot): above it, "
+                                             "its most recently admitted sequence is preempted (recomputed "
+                                             "later, invisible to its client), one per step; free slots go to "
+                                             "the waiting tenant that runs the fewest; 1: a tenant never yields "
+                                             "a running slot.", gt=0, le=1)
     max_num_batched_tokens: int = setting(256, "New tokens per step (decode tokens plus prefill chunks); at least "
                                                "max_num_seqs.", ge=1)
     warm_chunk_tokens: int = setting(16, "Warm-up tokens per step while live traffic flows: warm chunks never "

@@ -114,7 +114,8 @@ def test_a_cancelled_request_ends_with_cancelled_and_frees_its_slot_and_memory()
 
 
 def test_beyond_the_queue_bound_a_request_is_refused_at_once():
-    scheduler = Scheduler(FakeEngine(), SchedulerConfig(max_num_seqs=1, max_queue=2))
+    # NOTE: one tenant may fill the queue here (tenant_queue_share 1): the bound tested is the instance's.
+    scheduler = Scheduler(FakeEngine(), SchedulerConfig(max_num_seqs=1, max_queue=2, tenant_queue_share=1))
     for ids in prompts(3):
         scheduler.submit(request(ids), RecordingSink())
     with pytest.raises(ServerBusyError):

@@ -206,7 +206,7 @@ def test_through_the_thread_sixteen_denormal_requests_end_with_errors_then_an_or
         fresh_cache, reference):
     engine = fresh_cache
     seen: queue.Queue = queue.Queue()
-    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=4, max_queue=16),
+    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=4, max_queue=16, tenant_queue_share=1),  # one tenant
                           on_wait=lambda s: seen.put((s.stats.steps, s.has_work())))
     scheduler.start()
     try:

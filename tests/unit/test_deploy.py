@@ -235,8 +235,7 @@ def _router_argv(command):
     args = _parser().parse_args(command[3:])
     settings = fleet_settings(args)
     assert str(settings.secrets_dir) == "/run/warmup"  # trust mode: the worker API behind the control-plane key
-    key = "k" * 64
-    return smg_argv(settings, port=settings.port, prometheus_port=settings.prometheus_port, control_key=key)
+    return smg_argv(settings, port=settings.port, prometheus_port=settings.prometheus_port)
 
 
 def test_each_replica_pod_keeps_its_own_membership_in_the_router():
@@ -318,17 +317,53 @@ def test_the_replicas_of_compose_and_kubernetes_run_one_sidecar_command_under_st
     assert _doc("HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]["kind"] == "StatefulSet"
 
 
-def test_the_routers_worker_api_is_not_reachable_from_outside():
-    """compose publishes the gateway, which passes /v1/ only; Kubernetes exposes /v1 only through its Ingress and
-    admits the router's port from the ingress controller and the replica pods only."""
+#: The routes the product serves (warmup_tools/front/routers/): generation through the router, the model list.
+SERVED_ROUTES = {"/v1/chat/completions": "router", "/v1/completions": "router", "/v1/models": "fronts",
+                 "/v1/models/": "fronts"}
+
+
+def _gateway_routes(conf: str) -> dict[str, str]:
+    """Each nginx location that proxies, and the upstream it proxies to."""
+    return {path.split()[-1]: upstream for path, upstream in
+            re.findall(r"location\s+([^{]+?)\s*\{[^}]*proxy_pass\s+http://(\w+);", conf)}
+
+
+def test_the_gateway_and_the_ingress_pass_exactly_the_served_routes():
+    """Not smg's worker API, nor its conversations and responses; /v1/models from a front (it asks a tenant key in
+    trust mode, smg's own list answers anyone); no response names a replica's internal URL."""
+    from warmup_tools.front.routers import chat, completions, models
+    from warmup_tools.front.settings import FrontSettings
+
+    served = {route.path for r in (chat, completions, models) for route in r.router.routes}
+    assert served == {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model:path}"}
     conf = (ROOT / "deploy" / "gateway" / "nginx.conf").read_text()
-    proxied = re.findall(r"location\s+([^{]+?)\s*\{[^}]*proxy_pass", conf)
-    assert proxied == ["/v1/"] and conf.count("proxy_pass") == 1
+    routes = _gateway_routes(conf)
+    assert routes == SERVED_ROUTES and conf.count("proxy_pass") == len(SERVED_ROUTES)
+    assert re.search(r"location = /v1/models \{", conf) and re.search(r"location \^~ /v1/models/ \{", conf)
+    assert all(re.search(rf"location = {p} \{{", conf) for p, u in SERVED_ROUTES.items() if u == "router")
     assert "server router:30000;" in conf
+    assert re.findall(r"server (triton(?:-2)?):9000;", conf) == ["triton", "triton-2"]
+    assert "proxy_hide_header x-smg-routed-worker-id;" in conf
+    assert re.search(r"client_max_body_size (\d+)m;", conf).group(1) == str(FrontSettings().max_body_bytes >> 20)
     assert "./deploy/gateway/nginx.conf:/etc/nginx/nginx.conf:ro" in COMPOSE["services"]["gateway"]["volumes"]
     ingress = _doc("Ingress", "warmup-router")
     paths = [p for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]]
-    assert [(p["path"], p["pathType"]) for p in paths] == [("/v1", "Prefix")]
+    assert [(p["path"], p["pathType"], p["backend"]["service"]["name"]) for p in paths] == [
+        ("/v1/chat/completions", "Exact", "warmup-router"), ("/v1/completions", "Exact", "warmup-router"),
+        ("/v1/models", "Prefix", "triton-warmup")]
+    assert all(p["backend"]["service"]["port"] == {"name": "openai"} for p in paths)
+    assert _doc("Service", "triton-warmup")["spec"]["ports"][-1]["name"] == "openai"
+    annotations = ingress["metadata"]["annotations"]
+    snippet = annotations["nginx.ingress.kubernetes.io/configuration-snippet"]
+    assert "proxy_hide_header x-smg-routed-worker-id;" in snippet
+    assert annotations["nginx.ingress.kubernetes.io/proxy-body-size"] == f"{FrontSettings().max_body_bytes >> 20}m"
+
+
+def test_the_routers_worker_api_is_not_reachable_from_outside():
+    """compose publishes the gateway, which proxies the served routes only; Kubernetes exposes them through its
+    Ingress and admits the router's port from the ingress controller and the replica pods only."""
+    conf = (ROOT / "deploy" / "gateway" / "nginx.conf").read_text()
+    assert not any(p.startswith("/workers") or p == "/" for p in _gateway_routes(conf))
     assert _doc("Service", "warmup-router")["spec"].get("type", "ClusterIP") == "ClusterIP"
     policy = _doc("NetworkPolicy", "warmup-router")
     assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "warmup-router"}
@@ -384,6 +419,6 @@ def test_the_routers_of_compose_and_kubernetes_run_the_local_fleets_command_line
     compose = COMPOSE["services"]["router"]["command"]
     k8s = _doc("Deployment", "warmup-router")["spec"]["template"]["spec"]["containers"][0]["command"]
     assert compose == k8s
-    local = smg_argv(FleetSettings(host="0.0.0.0"), port=30000, prometheus_port=29000, control_key="k" * 64)
+    local = smg_argv(FleetSettings(host="0.0.0.0", secrets_dir=Path("/run/warmup")), port=30000, prometheus_port=29000)
     assert _router_argv(compose) == local
     assert not {"--policy", "--cache-threshold", "--balance-abs-threshold", "--health-check-interval-secs"} & set(k8s)

@@ -14,7 +14,6 @@ which compose and Kubernetes run."""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import sys
 import time
@@ -27,6 +26,8 @@ from warmup_tools.common.deployment import DeploymentSecrets
 from warmup_tools.common.errors import ServerError
 from warmup_tools.fleet.process import Child
 from warmup_tools.fleet.settings import FleetSettings
+from warmup_tools.fleet.smg_launch import SECRETS_FLAG
+from warmup_tools.front.settings import FrontSettings
 from warmup_tools.server.process import free_port
 
 #: Deadline of one worker registration or removal (smg runs them as background jobs).
@@ -108,11 +109,10 @@ class Router(RouterClient):
         self.prometheus_port = settings.prometheus_port or free_port(host)
         self.url = f"http://{host if host not in ('0.0.0.0', '::') else '127.0.0.1'}:{self.port}"
         self.metrics_url = f"http://127.0.0.1:{self.prometheus_port}/metrics"
-        key = control_key(settings)
-        argv = smg_argv(settings, port=self.port, prometheus_port=self.prometheus_port, control_key=key)
+        argv = smg_argv(settings, port=self.port, prometheus_port=self.prometheus_port)
         super().__init__(self.url, settings.health_check_interval_s,
                          Child("router", argv, {"PATH": str(Path(sys.executable).parent), "HOME": str(work_dir)},
-                               work_dir / "router.log"), control_key=key)
+                               work_dir / "router.log"), control_key=control_key(settings))
 
     def start(self, timeout_s: float = 60.0) -> None:
         self.process.start()
@@ -132,26 +132,28 @@ class Router(RouterClient):
         self.process.stop(signal.SIGTERM, 30.0)
 
 
-#: The id, name and role smg gives the control-plane key (``--control-plane-api-keys id:name:role:key``).
-_CONTROL_KEY_ID = "warmup-control:warmup join:admin"
-
-
-def smg_argv(settings: FleetSettings, *, port: int, prometheus_port: int, control_key: str | None) -> list[str]:
-    """The router's command line: ``smg launch`` with the fleet's policy, thresholds and health checks, its worker
-    API behind ``control_key`` (None: open, for a fleet in open mode on the loopback)."""
-    argv = [_smg(), "launch", "--host", settings.host, "--port", str(port),
-            "--prometheus-host", settings.host, "--prometheus-port", str(prometheus_port),
-            "--policy", settings.policy, "--cache-threshold", str(settings.cache_threshold),
-            "--balance-abs-threshold", str(settings.balance_abs_threshold),
-            "--balance-rel-threshold", str(settings.balance_rel_threshold),
-            "--health-check-endpoint", "/health",
-            "--health-check-interval-secs", str(settings.health_check_interval_s),
-            "--health-failure-threshold", "1", "--health-success-threshold", "1",
-            "--shutdown-grace-period-secs", str(round(settings.router_shutdown_grace_s)), "--log-level", "warn"]
-    if control_key is not None:
-        # NOTE: smg 1.13 takes the key only on its command line (no variable, no file): it is visible to the
-        # processes of the router's own container, which is why the router runs alone in its container or pod.
-        argv += ["--control-plane-api-keys", f"{_CONTROL_KEY_ID}:{control_key}"]
+def smg_argv(settings: FleetSettings, *, port: int, prometheus_port: int) -> list[str]:
+    """The router's command line: smg (through :mod:`~warmup_tools.fleet.smg_launch`) with the fleet's policy,
+    thresholds and health checks, no conversation or response store, the front's bound on a request body, and in
+    trust mode (``secrets_dir``) its worker API behind the deployment's ``router_control.key``, which the launcher
+    reads from that folder: the key is on no command line (smg 1.13 takes it on its own command line only)."""
+    argv = [sys.executable, "-m", "warmup_tools.fleet.smg_launch"]
+    if settings.secrets_dir is not None:
+        argv += [SECRETS_FLAG, str(settings.secrets_dir)]
+    argv += ["--host", settings.host, "--port", str(port),
+             "--prometheus-host", settings.host, "--prometheus-port", str(prometheus_port),
+             "--policy", settings.routed_policy, "--cache-threshold", str(settings.cache_threshold),
+             "--balance-abs-threshold", str(settings.balance_abs_threshold),
+             "--balance-rel-threshold", str(settings.balance_rel_threshold),
+             "--health-check-endpoint", "/health",
+             "--health-check-interval-secs", str(settings.health_check_interval_s),
+             "--health-failure-threshold", "1", "--health-success-threshold", "1",
+             # NOTE: the product serves chat and completions, never smg's conversations and responses; its default
+             # in-memory store answered anyone and grew with what they stored (bounded by items, not bytes).
+             "--history-backend", "none",
+             # NOTE: a body the front would refuse (413) is refused here already, before smg buffers it to route.
+             "--max-payload-size", str(FrontSettings().max_body_bytes),
+             "--shutdown-grace-period-secs", str(round(settings.router_shutdown_grace_s)), "--log-level", "warn"]
     return argv
 
 
@@ -161,12 +163,3 @@ def control_key(settings: FleetSettings) -> str | None:
         return None
     secrets = DeploymentSecrets(settings.secrets_dir)
     return secrets.read_key(secrets.router_key)
-
-
-def _smg() -> str:
-    """The ``smg`` console script of this environment (the pinned wheel)."""
-    here = Path(sys.executable).parent / "smg"
-    found = str(here) if here.exists() else shutil.which("smg")
-    if not found:
-        raise ServerError("smg is not installed: `pip install smg==1.13.0` (a dependency of this package)")
-    return found

@@ -14,6 +14,11 @@ from warmup_tools.common.settings import check_settings, setting
 POLICIES: tuple[str, ...] = ("cache_aware", "round_robin", "prefix_hash", "consistent_hashing", "power_of_two",
                              "least_load", "random")
 
+#: The policies that choose a replica from the request's text (smg's radix tree of what it routed, or a hash of
+#: the prompt's head): with tenants sharing a fleet, where one tenant's request goes then follows what the others
+#: sent, and the routing decision tells one tenant what another sent (docs/fleet.md, "Routing and tenants").
+TEXT_POLICIES: tuple[str, ...] = ("cache_aware", "prefix_hash")
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class FleetSettings:
@@ -23,7 +28,14 @@ class FleetSettings:
 
     replicas: int = setting(2, "Replicas started at once (each: tritonserver, its sidecar and its OpenAI front).",
                             ge=1, le=16)
-    policy: str = setting("cache_aware", "The router's policy (smg --policy).", choices=POLICIES)
+    policy: str = setting("cache_aware", "The router's policy (smg --policy) in open mode, and in trust mode when "
+                                         "it does not route on the request's text (otherwise trust_policy).",
+                          choices=POLICIES)
+    trust_policy: str = setting("least_load", "Trust mode: the router's policy in place of one that routes on the "
+                                              "request's text (cache_aware, prefix_hash), whose state is shared by "
+                                              "every tenant; this one keeps no state built from any request's text "
+                                              "(docs/fleet.md, \"Routing and tenants\").",
+                                choices=tuple(p for p in POLICIES if p not in TEXT_POLICIES))
     cache_threshold: float = setting(0.3, "cache_aware: the share of a request's text that must match what a "
                                           "replica was sent before for the router to send it there again "
                                           "(smg --cache-threshold; below it, the replica with the least cached "
@@ -85,3 +97,11 @@ class FleetSettings:
         check_settings(self)
         if self.port and self.port == self.prometheus_port:
             raise ConfigError("port and prometheus_port must differ")
+
+    @property
+    def routed_policy(self) -> str:
+        """The policy the router runs: ``policy``, except in trust mode where a policy that routes on the request's
+        text gives way to ``trust_policy``."""
+        if self.secrets_dir is not None and self.policy in TEXT_POLICIES:
+            return self.trust_policy
+        return self.policy

@@ -4,17 +4,20 @@ open. Also: one command line for every deployment (``smg_argv``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from tests.unit.fleet.test_membership import TENANT_KEY, FakeFront, _serve
-from warmup_tools.common.errors import ServerError
+from warmup_tools.common.errors import ConfigError, ServerError
 from warmup_tools.fleet.router import Router, RouterClient, smg_argv
-from warmup_tools.fleet.settings import FleetSettings
+from warmup_tools.fleet.settings import TEXT_POLICIES, FleetSettings
+from warmup_tools.front.settings import FrontSettings
 from warmup_tools.ops.deploy_secrets import make_deployment_secrets
 
 
@@ -71,13 +74,47 @@ def test_in_trust_mode_the_control_key_adds_a_worker_the_router_health_checks_an
     assert _call(f"{router.url}/v1/models", "GET") == 200
 
 
-def test_every_deployment_launches_the_router_with_one_command_line():
+def test_every_deployment_launches_the_router_with_one_command_line(tmp_path):
     settings = FleetSettings(host="0.0.0.0", policy="cache_aware")
-    open_mode = smg_argv(settings, port=30000, prometheus_port=29000, control_key=None)
-    trust = smg_argv(settings, port=30000, prometheus_port=29000, control_key="k" * 64)
-    assert trust[:len(open_mode)] == open_mode and "--control-plane-api-keys" not in open_mode
-    spec = trust[trust.index("--control-plane-api-keys") + 1]
-    assert spec.endswith(":admin:" + "k" * 64)  # smg's id:name:role:key
-    flags = dict(zip(open_mode[2::2], open_mode[3::2]))
+    open_mode = smg_argv(settings, port=30000, prometheus_port=29000)
+    trust = smg_argv(dataclasses.replace(settings, secrets_dir=tmp_path), port=30000, prometheus_port=29000)
+    assert open_mode[1:3] == ["-m", "warmup_tools.fleet.smg_launch"] and "--secrets-dir" not in open_mode
+    assert trust[3:5] == ["--secrets-dir", str(tmp_path)]  # the launcher reads router_control.key there
+    flags = dict(zip(open_mode[3::2], open_mode[4::2]))
     assert flags["--policy"] == "cache_aware" and flags["--health-check-endpoint"] == "/health"
     assert flags["--port"] == "30000" and flags["--prometheus-port"] == "29000"
+
+
+def test_the_router_keeps_no_history_and_refuses_a_body_the_front_would():
+    flags = dict(zip(*[iter(smg_argv(FleetSettings(), port=1, prometheus_port=2)[3:])] * 2))
+    assert flags["--history-backend"] == "none"  # no conversation or response store for anyone to fill
+    assert flags["--max-payload-size"] == str(FrontSettings().max_body_bytes)
+
+
+def test_in_trust_mode_the_router_never_routes_on_the_requests_text(tmp_path):
+    """cache_aware keeps one tree of what every tenant sent, prefix_hash hashes the prompt: in trust mode the router
+    runs trust_policy instead, which keeps no state built from any request's text."""
+    for policy in TEXT_POLICIES:
+        trust = FleetSettings(policy=policy, secrets_dir=tmp_path)
+        flags = dict(zip(*[iter(smg_argv(trust, port=1, prometheus_port=2)[5:])] * 2))
+        assert flags["--policy"] == trust.trust_policy == "least_load"
+        assert FleetSettings(policy=policy).routed_policy == policy  # open mode: as asked
+    assert FleetSettings(policy="round_robin", secrets_dir=tmp_path).routed_policy == "round_robin"
+    with pytest.raises(ConfigError):
+        FleetSettings(trust_policy="cache_aware")
+
+
+def test_the_routers_control_key_is_on_no_command_line(trust_router):
+    """smg 1.13 takes the key on its command line only; the launcher reads it from the secrets folder instead."""
+    router, key = trust_router
+    assert not any(key in arg for arg in router.process.argv)
+    # NOTE: smg renames its process once started (setproctitle), which hid an argv key from a later `ps` but not
+    # from one during its start, nor from exec auditing: the key must not be in the argv at all.
+    assert isinstance(router.workers(), list)  # up, and the key read from the folder works
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            assert key.encode() not in cmdline, f"the control key is on the command line of process {proc.name}"

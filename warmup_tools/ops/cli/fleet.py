@@ -59,7 +59,8 @@ def _cmd_fleet(args: argparse.Namespace) -> int:
     settings = fleet_settings(args)
     stop = stop_on_signals()
     with Fleet(settings) as fleet:
-        print(f"router ({settings.policy}) on {fleet.router.url}/v1, metrics {fleet.router.metrics_url}; replicas: "
+        print(f"router ({settings.routed_policy}) on {fleet.router.url}/v1, metrics {fleet.router.metrics_url}; "
+              "replicas: "
               + ", ".join(f"{name} {r.url}" for name, r in fleet.replicas.items())
               + f"; work folder {fleet.work_dir}; Ctrl-C stops (each replica drains first)", flush=True)
         while not stop.wait(1.0):
@@ -78,9 +79,9 @@ def _cmd_router(args: argparse.Namespace) -> int:
 
     settings = fleet_settings(args)
     port = settings.port or FleetSettings().port
-    argv = smg_argv(settings, port=port, prometheus_port=settings.prometheus_port or SMG_PROMETHEUS_PORT,
-                    control_key=control_key(settings))
-    print(f"smg {settings.policy} router on {settings.host}:{port}, worker API "
+    control_key(settings)  # a missing or empty key file fails here, with its name, before smg starts
+    argv = smg_argv(settings, port=port, prometheus_port=settings.prometheus_port or SMG_PROMETHEUS_PORT)
+    print(f"smg {settings.routed_policy} router on {settings.host}:{port}, worker API "
           + ("behind the deployment's control-plane key" if settings.secrets_dir else "open (open mode)"), flush=True)
     os.execv(argv[0], argv)  # NOTE: smg takes this process's place: signals reach it, its exit is ours
 

@@ -1,0 +1,50 @@
+"""``python -m warmup_tools.fleet.smg_launch [--secrets-dir DIR] <smg launch flags>``: smg's own launcher, with the
+router's control-plane key read from the deployment's ``router_control.key`` instead of its command line.
+
+smg 1.13's ``smg launch`` takes ``--control-plane-api-keys id:name:role:key`` on its command line only (its Python
+launcher reads no variable and no file for it), and a command line is readable by every process of the host
+(``ps``, ``/proc/<pid>/cmdline``). This launcher parses the other flags with smg's own parser
+(``smg.launch_router.parse_router_args``), adds the key it reads from ``DIR`` to the parsed arguments and starts
+smg in this process (``smg.launch_router.launch_router``), so the key is in no process's command line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+#: smg's id, name and role of the control-plane key (``RouterArgs.control_plane_api_keys``: (id, name, key, role)).
+CONTROL_KEY_ID, CONTROL_KEY_NAME, CONTROL_KEY_ROLE = "warmup-control", "warmup join", "admin"
+SECRETS_FLAG = "--secrets-dir"
+
+
+def main(argv: list[str]) -> int:
+    try:
+        from smg.launch_router import launch_router, parse_router_args
+    except ImportError:
+        print("smg_launch: smg is not installed: `pip install smg==1.13.0` (a dependency of this package)",
+              file=sys.stderr)
+        return 2
+
+    from warmup_tools.common.deployment import DeploymentSecrets
+    from warmup_tools.common.errors import WarmupToolsError
+
+    key = None
+    if argv[:1] == [SECRETS_FLAG]:
+        if len(argv) < 2:
+            print(f"smg_launch: {SECRETS_FLAG} needs the deployment's secrets folder", file=sys.stderr)
+            return 2
+        secrets, argv = DeploymentSecrets(Path(argv[1])), argv[2:]
+        try:
+            key = secrets.read_key(secrets.router_key)
+        except WarmupToolsError as exc:
+            print(f"smg_launch: {exc}", file=sys.stderr)
+            return 2
+    router_args = parse_router_args(argv)
+    if key is not None:
+        router_args.control_plane_api_keys = [(CONTROL_KEY_ID, CONTROL_KEY_NAME, key, CONTROL_KEY_ROLE)]
+    launch_router(router_args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

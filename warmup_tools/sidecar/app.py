@@ -70,7 +70,8 @@ class Sidecar:
                                coverage=coverage,
                                stub_faults=StubScanner(watched, config.models) if watched else None,
                                restart_server=self._restart_server if server is not None else None,
-                               stub_death=self._facts)
+                               stub_death=self._facts,
+                               progress=self._facts.output_tokens if self._facts is not None else None)
         self.replanner: Replanner | None = None
         self.canary: CanaryController | None = None
         log_dir = replica_log_dir(config, host)

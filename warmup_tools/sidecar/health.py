@@ -3,10 +3,12 @@
 Each probe round feeds one :class:`ProbeResult` per model to :meth:`HealthTracker.record`. A model is
 
 - ``unknown`` until its first probe,
-- ``healthy`` after a probe that passed,
+- ``healthy`` after a probe that passed, or that proved the model alive without passing: answered ``busy``
+  (saturation is not failure), or failed while the model went on generating tokens (it is serving:
+  ``progressed``, from the scheduler's token counter on Triton's ``/metrics``),
 - ``failing`` after a failed probe (not ready, but not yet worth a reload),
 - ``unhealthy`` once a probe failed with Triton's stub error or ``failures_to_recover`` probes in a row
-  failed: :meth:`HealthTracker.to_recover` names it,
+  failed (neither busy nor while the model generated tokens): :meth:`HealthTracker.to_recover` names it,
 - ``recovering`` while the monitor reloads it, and ``recovery_failed`` (retried after a backoff) when
   the reload failed.
 
@@ -45,6 +47,8 @@ class ProbeResult:
     #: The server refused the probe's request itself (INVALID_ARG): the probe is wrong for this
     #: repository, so the model is not ready but a reload would not help.
     rejected: bool = False
+    #: The model refused the probe for lack of room (``busy``, ``rate_limited``): it answered, so it is alive.
+    busy: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,6 +72,9 @@ class ModelHealth:
     recovery_reason: str = ""
     recoveries: int = 0
     failed_recoveries: int = 0
+    #: Probes that did not pass but proved the model alive: answered busy, or failed while it generated tokens.
+    busy_probes: int = 0
+    stalled_probes: int = 0
     #: Reloads since a probe last passed; each one doubles the wait before the next (see ``retry_at``).
     reloads_without_success: int = 0
     retry_at: float = 0.0
@@ -139,13 +146,26 @@ class HealthTracker:
             old = self.health[model]
             self.health[model] = ModelHealth(recoveries=old.recoveries, failed_recoveries=old.failed_recoveries)
 
-    def record(self, model: str, result: ProbeResult) -> None:
-        """Fold one probe of ``model`` into its state."""
+    def record(self, model: str, result: ProbeResult, progressed: bool = False) -> None:
+        """Fold one probe of ``model`` into its state; ``progressed``: the model generated tokens since the last
+        look (a failed probe of a model that is serving is not a failure, unless its stub died)."""
         health = self.health[model]
         health.last_probe = result
         if health.state is ModelState.RECOVERING:
             return  # the monitor's reload decides what comes next
-        if result.ok:
+        stub_died = not result.ok and unhealthy_stub_model(result.error, self.models) is not None
+        # NOTE: saturation is not failure. A full instance answers busy, and a probe that times out behind a
+        # flood while tokens still flow has met a model that serves: a reload would cost every request it holds
+        # and fix nothing (issue 41: one tenant's burst reloaded every replica).
+        alive = result.busy or (progressed and not result.rejected and not stub_died)
+        if not result.ok and alive:
+            if result.busy:
+                health.busy_probes += 1
+            else:
+                health.stalled_probes += 1
+            if health.state in (ModelState.UNHEALTHY, ModelState.RECOVERY_FAILED):
+                return  # NOTE: a stub that died (another instance may still serve) is reloaded all the same
+        if result.ok or alive:
             health.consecutive_failures = 0
             health.reloads_without_success = 0
             health.retry_at = 0.0
@@ -259,4 +279,6 @@ def _health_json(health: ModelHealth) -> dict[str, object]:
         "recovery_reason": health.recovery_reason,
         "recoveries": health.recoveries,
         "failed_recoveries": health.failed_recoveries,
+        "busy_probes": health.busy_probes,
+        "stalled_probes": health.stalled_probes,
     }

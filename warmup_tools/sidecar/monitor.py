@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from warmup_tools.common.errors import WarmupToolsError
 from warmup_tools.sidecar.background import BackgroundThread
@@ -45,6 +45,8 @@ class StubDeathFacts(Protocol):
 SERVER = "tritonserver"
 #: Whose probe latency is the replica's probe TTFT (a one-token generation), the first one probed.
 TTFT_PROBE_MODELS = ("lora_adapter", ENSEMBLE_MODEL)
+#: Whose generated tokens prove a model serving, for the models that generate (the ensemble's last step generates).
+PROGRESS_OF = {"lora_adapter": "lora_adapter", ENSEMBLE_MODEL: "lora_adapter"}
 
 
 class Monitor:
@@ -62,6 +64,7 @@ class Monitor:
         stub_faults: Callable[[], dict[str, StubFault]] | None = None,
         restart_server: Callable[[], None] | None = None,
         stub_death: StubDeathFacts | None = None,
+        progress: Callable[[], Mapping[str, float] | None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``coverage`` (a :class:`~warmup_tools.sidecar.coverage.CoverageReader`) is asked once per round
@@ -71,7 +74,10 @@ class Monitor:
         a round at once, which reloads the model before any probe.
         ``restart_server`` restarts tritonserver and returns once it is ready (raises a WarmupToolsError when
         it is not); with it and ``on_stub_death`` restart, a dead stub of a decoupled model
-        (``stub_death`` tells) restarts the server instead of reloading the model."""
+        (``stub_death`` tells) restarts the server instead of reloading the model.
+        ``progress`` (:meth:`StubDeathFacts.output_tokens`) gives the tokens each model generated so far; read
+        once per round, after the probes: a probe that failed while its model's count rose since the last
+        round is no failure (:data:`PROGRESS_OF`; a model still producing tokens is never reloaded for it)."""
         self.config = config
         self.plan_id = plan_id
         self._coverage = coverage
@@ -88,6 +94,9 @@ class Monitor:
         self._restart_server = restart_server
         self._stub_death = stub_death
         self._server_ready = server_ready
+        self._progress = progress
+        #: The tokens each model had generated at the last round's look.
+        self._tokens: Mapping[str, float] | None = None
         self._repository = repository
         self._clock = clock
         self._tracker = HealthTracker(config.models, config.failures_to_recover, config.recovery_backoff_s,
@@ -122,10 +131,11 @@ class Monitor:
                     self._tracker.record_stub_fault(model, fault.reason)
             # NOTE: with a dead stub known, reload first: a probe of it, and of the ensemble, would only spend
             # a second each finding out what the scan already said, while requests wait for the reload.
-            for model in () if faults else self.config.models:
-                result = self._probe(model)
-                with self._lock:
-                    self._tracker.record(model, result)
+            results = [(model, self._probe(model)) for model in (() if faults else self.config.models)]
+            progressed = self._progressed()
+            with self._lock:
+                for model, result in results:
+                    self._tracker.record(model, result, progressed=PROGRESS_OF.get(model) in progressed)
             with self._lock:
                 self._log_transition(self._readiness())
                 due = self._tracker.to_recover(self._clock())
@@ -253,6 +263,21 @@ class Monitor:
             self._tracker.restart_finished(result)
             self._covered = frozenset()  # every instance starts again
         self._pending_faults = {}  # the old server's stubs are gone with it
+
+    def _progressed(self) -> frozenset[str]:
+        """The models whose generated tokens rose since the last round's look (one read of /metrics, the next
+        round's baseline)."""
+        if self._progress is None:
+            return frozenset()
+        try:
+            tokens = self._progress()
+        except Exception:  # NOTE: no reading is no evidence, never a failed round
+            LOGGER.warning("cannot read the models' generated tokens", exc_info=True)
+            tokens = None
+        before, self._tokens = self._tokens, tokens
+        if tokens is None or before is None:
+            return frozenset()
+        return frozenset(m for m, n in tokens.items() if n > before.get(m, 0.0))
 
     def _scan_stubs(self) -> dict[str, StubFault]:
         """Faults seen since the last call (each dead stub is reported once: see StubScanner)."""

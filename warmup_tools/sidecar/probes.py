@@ -6,12 +6,18 @@ own tenant (``PROBE_TENANT``: their cache entries never mix with a real tenant's
 heat statistics skip them), proven with a credential only the sidecar holds (its probe tenant's key in
 trust mode, the per-start probe secret in open mode) and a fresh token per probe for the later steps, and
 ask for one token; their prompts are shorter than a KV block, so they cache no KV.
+
+lora_adapter runs the probe tenant's requests in a running slot of their own, never behind the tenants'
+queue (:mod:`warmup_tools.lora_adapter.admission`). A probe answered ``busy`` or ``rate_limited`` (a full
+instance: an older lora_adapter, or more probes held than its bound) still proves the model alive: its
+:class:`ProbeResult` says ``busy``, which the health tracker never counts as a failure.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import queue
+import re
 import time
 import uuid
 from typing import Any, Callable, Union
@@ -30,6 +36,8 @@ TokenSource = Union[str, Callable[[], str], None]
 # The demo tokenizer's ids are small integers; any few ids the LM's vocabulary holds will do.
 _PROBE_IDS = np.array([1, 2, 3, 4], dtype=np.int32)
 _PROBE_TEXT = b"sidecar readiness probe"
+#: A model's refusal for lack of room (common/wire.py's tags), wherever tritonserver's prefixes put it.
+_BUSY = re.compile(r"\[(busy|rate_limited)\] ")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,7 +87,9 @@ class TritonProbes:
                 self._client.infer(model, inputs, client_timeout=self.timeout_s)
         except InferenceServerException as exc:
             rejected = "INVALID_ARG" in str(exc.status() or "")
-            return ProbeResult(False, time.perf_counter() - start, at, _message(exc), rejected=rejected)
+            message = _message(exc)
+            return ProbeResult(False, time.perf_counter() - start, at, message, rejected=rejected,
+                               busy=_BUSY.search(message) is not None)
         except TimeoutError as exc:
             return ProbeResult(False, time.perf_counter() - start, at, str(exc))
         return ProbeResult(True, time.perf_counter() - start, at)

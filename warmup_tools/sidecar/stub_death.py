@@ -28,6 +28,8 @@ LOGGER = logging.getLogger(__name__)
 #: The scheduler's gauges per instance, as lora_adapter exports them (triton/metrics.py, SchedulerMetrics).
 RUNNING_SEQUENCES = "warmup_scheduler_running_sequences"
 WAITING_SEQUENCES = "warmup_scheduler_waiting_sequences"
+#: The tokens a model generated, by adapter (SchedulerMetrics): what the monitor reads as the model's progress.
+OUTPUT_TOKENS = "warmup_output_tokens_total"
 
 RESTART = "restart"
 RELOAD = "reload"
@@ -102,6 +104,27 @@ class StubDeathFacts:
         if len(values) != 2 or not all(math.isfinite(v) and v >= 0 for v in values):
             return None  # the instance never reported both gauges
         return int(sum(values))
+
+    def output_tokens(self) -> dict[str, float] | None:
+        """Tokens each model generated so far (its adapters summed), None when ``/metrics`` cannot be read. The
+        counts are sent by the scheduler every ``metrics_flush_s`` while it runs (and when it falls idle)."""
+        if self.metrics_url is None:
+            return None
+        import requests
+        from prometheus_client.parser import text_string_to_metric_families
+
+        totals: dict[str, float] = {}
+        try:
+            text = self._session.get(self.metrics_url, timeout=self.timeout_s).text
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name == OUTPUT_TOKENS and math.isfinite(sample.value):
+                        model = sample.labels.get("model", "")
+                        totals[model] = totals.get(model, 0.0) + sample.value
+        except (requests.RequestException, ValueError) as exc:
+            LOGGER.warning("cannot read the generated tokens on /metrics: %s", exc)
+            return None
+        return totals
 
     def close(self) -> None:
         self._session.close()

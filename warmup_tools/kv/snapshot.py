@@ -44,7 +44,7 @@ from warmup_tools.kv.snapshot_verify import (
     SnapshotIdentity,
     block_digest,
     manifest_checksum,
-    manifest_mac,
+    sign_manifest,
 )
 
 
@@ -98,10 +98,8 @@ def write_snapshot(folder: Path, name: str, identity: SnapshotIdentity, adapters
         "blocks": records,
     }
     manifest = folder / f"{name}{MANIFEST_SUFFIX}"
-    if mac_key:
-        body["mac"] = manifest_mac(body, mac_key)
-    write_atomic(manifest, json.dumps({**body, "checksum": manifest_checksum(body)}, separators=(",", ":")),
-                 mode=0o600)
+    raw = json.dumps({**body, "checksum": manifest_checksum(body)}, separators=(",", ":")).encode("ascii")
+    write_atomic(manifest, sign_manifest(raw, mac_key) if mac_key else raw, mode=0o600)
     _prune_payloads(folder, name, keep=payload_path)
     return SnapshotInfo(manifest, payload_path, len(records), len(data))
 

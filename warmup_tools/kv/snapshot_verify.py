@@ -22,12 +22,14 @@ import hmac
 import json
 import math
 import random
+import re
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 import torch
 
+from warmup_tools.common.regular_file import FileTooLarge, read_regular
 from warmup_tools.kv.blocks import BlockSource, CachedBlock
 from warmup_tools.kv.hashing import NONE_HASH, BlockHash, CacheScope, hash_block_tokens
 from warmup_tools.kv.snapshot_files import MANIFEST_SUFFIX, PAYLOAD_SUFFIX
@@ -35,8 +37,16 @@ from warmup_tools.kv.snapshot_files import MANIFEST_SUFFIX, PAYLOAD_SUFFIX
 FORMAT = "warmup-kv-snapshot"
 #: 2: per-block digests bound to the block hash, unknown keys refused, the trust-mode ``mac``.
 FORMAT_VERSION = 2
-#: A manifest larger than this is not read (about 600 bytes per block: 100,000 blocks).
+#: A manifest larger than this is never read, whatever the payload bound (:func:`manifest_bound`).
 MAX_MANIFEST_BYTES = 64 << 20
+#: The most one block's record may weigh in a manifest besides its token ids: the keys, three 64-digit hex
+#: digests, a tenant, an owner and a plan id (names of at most 64 bytes), the numbers. A record the writer
+#: writes weighs about 500 bytes with these (tests/unit/kv/test_snapshot_verify.py measures one).
+BLOCK_RECORD_BYTES = 1024
+#: The most one token id weighs in a record: up to 10 digits and a comma.
+TOKEN_ID_BYTES = 11
+#: The rest of a manifest: the format's fields, the identity, the payload and the adapters' fingerprints.
+MANIFEST_HEAD_BYTES = 1 << 20
 #: Snapshots a reader looks at, newest first (a folder shared by many replicas over time keeps growing).
 MAX_SNAPSHOTS = 16
 #: Payload parts per block, by ``kv_storage`` (fp: the tensor; int8: values and scales).
@@ -138,13 +148,15 @@ def read_snapshot(manifest_path: Path, identity: SnapshotIdentity, *, max_payloa
                   mac_key: bytes = b"") -> Snapshot:
     """Read and check one snapshot against this reader's ``identity``; raises :class:`SnapshotRejected`.
 
-    Checked: the manifest's size, JSON, format, version, keys (none the format does not name, at any
-    level), checksum and, with ``mac_key`` (trust mode), its MAC; the identity; the payload file's size
+    Checked: that the manifest and the payload are regular files (a FIFO would block the read for good), the
+    manifest's size (:func:`manifest_bound`) and, with ``mac_key`` (trust mode), its MAC over the raw bytes,
+    both before any parsing; its JSON, format, version, keys (none the format does not name, at any
+    level) and checksum; the identity; the payload file's size
     (at most ``max_payload_bytes``), SHA-256 and safetensors header; each block's record, payload shape,
     dtype and digest (bound to its hash), and that every value of its payload is finite; that every
     parent precedes its children.
     """
-    body = _read_manifest(Path(manifest_path), mac_key)
+    body = _read_manifest(Path(manifest_path), mac_key, manifest_bound(identity, max_payload_bytes))
     try:
         theirs = SnapshotIdentity.from_json(body["identity"])
     except (KeyError, TypeError, ValueError) as exc:
@@ -216,15 +228,48 @@ def block_digest(block_hash: bytes, tensors: Sequence[torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def manifest_mac(body: Mapping[str, Any], key: bytes) -> str:
-    """HMAC-SHA256 under ``key`` of a manifest's content (every key but ``checksum`` and ``mac``)."""
-    signed = {k: v for k, v in body.items() if k not in ("checksum", "mac")}
-    return hmac.new(key, _canonical(signed), hashlib.sha256).hexdigest()
+def manifest_bound(identity: SnapshotIdentity, max_payload_bytes: int) -> int:
+    """The most a manifest this reader would take may weigh: a record for each block its payload bound holds
+    (:data:`BLOCK_RECORD_BYTES` and :data:`TOKEN_ID_BYTES` per token id), the head, at most
+    :data:`MAX_MANIFEST_BYTES`. Checked on the file before it is parsed, so parsing is bounded too."""
+    layers, heads, dim = identity.kv_shape
+    values = layers * 2 * heads * identity.block_size * dim
+    try:
+        itemsize = _torch_dtype(identity.dtype).itemsize
+    except SnapshotRejected:
+        itemsize = 1
+    per_block = max(1, values * (1 if identity.storage == "int8" else itemsize))
+    blocks = max_payload_bytes // per_block + 1
+    return min(MAX_MANIFEST_BYTES,
+               MANIFEST_HEAD_BYTES + blocks * (BLOCK_RECORD_BYTES + TOKEN_ID_BYTES * identity.block_size))
+
+
+#: The 64 hex digits a manifest's MAC holds while it is computed (:func:`sign_manifest`).
+MAC_PLACEHOLDER = b"0" * 64
+#: How a signed manifest ends: its MAC, the last member of the top-level object.
+_MAC_TAIL = re.compile(rb',"mac":"([0-9a-f]{64})"\}\Z')
+
+
+def manifest_mac(raw: bytes, key: bytes) -> str:
+    """HMAC-SHA256 under ``key`` of a manifest file's bytes, its MAC's digits as :data:`MAC_PLACEHOLDER`."""
+    return hmac.new(key, raw, hashlib.sha256).hexdigest()
+
+
+def sign_manifest(raw: bytes, key: bytes) -> bytes:
+    """A manifest (compact JSON, one object) with its MAC added as the last member: what a trust-mode writer writes.
+
+    NOTE: over the file's bytes, not a canonical form of the parsed JSON: the reader checks it before it parses
+    anything, so a writer without the key cannot make any reader spend time or memory on its JSON."""
+    if not raw.endswith(b"}"):
+        raise ValueError("a manifest is one JSON object")
+    placeheld = raw[:-1] + b',"mac":"' + MAC_PLACEHOLDER + b'"}'
+    return raw[:-1] + b',"mac":"' + manifest_mac(placeheld, key).encode("ascii") + b'"}'
 
 
 def manifest_checksum(body: Mapping[str, Any]) -> str:
-    """The SHA-256 of a manifest's content (every key but ``checksum``), unkeyed: it catches damage, not a forger."""
-    return hashlib.sha256(_canonical(body)).hexdigest()
+    """The SHA-256 of a manifest's content (every key but ``checksum`` and ``mac``), unkeyed: it catches damage,
+    not a forger."""
+    return hashlib.sha256(_canonical({k: v for k, v in body.items() if k != "mac"})).hexdigest()
 
 
 def verify_tolerance(storage: str, dtype: torch.dtype) -> float:
@@ -272,16 +317,12 @@ def _unknown_keys(body: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _read_manifest(path: Path, mac_key: bytes) -> dict[str, Any]:
+def _read_manifest(path: Path, mac_key: bytes, max_bytes: int) -> dict[str, Any]:
+    raw = _read_file(path, max_bytes, "manifest", "format")
+    if mac_key:
+        _check_mac(raw, mac_key)
     try:
-        size = path.stat().st_size
-        if size > MAX_MANIFEST_BYTES:
-            raise SnapshotRejected("format", f"manifest of {size} bytes is over the {MAX_MANIFEST_BYTES} limit")
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_MANIFEST_BYTES + 1)
         data = json.loads(raw.decode("utf-8"))
-    except OSError as exc:
-        raise SnapshotRejected("unreadable", f"manifest: {exc.strerror or exc}") from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise SnapshotRejected("format", f"manifest is not JSON ({type(exc).__name__})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -291,15 +332,10 @@ def _read_manifest(path: Path, mac_key: bytes) -> dict[str, Any]:
     unknown = _unknown_keys(data)
     if unknown is not None:
         raise SnapshotRejected("unknown_key", f"{unknown}; this reader knows format version {FORMAT_VERSION} only")
-    given = data.get("mac")
-    if mac_key:
-        if not isinstance(given, str) or not hmac.compare_digest(given.encode("utf-8", "replace"),
-                                                                 manifest_mac(data, mac_key).encode("ascii")):
-            raise SnapshotRejected("mac", "the manifest has no valid MAC under this deployment's key "
-                                          "(written without the deployment secret, or changed since)")
-    elif given is not None:
+    if not mac_key and data.get("mac") is not None:
         raise SnapshotRejected("mac", "the manifest carries a MAC: it was written in trust mode, and this "
                                       "instance runs open mode (no deployment secret)")
+    data.pop("mac", None)  # checked above, on the raw bytes
     checksum = data.pop("checksum", None)
     if checksum != manifest_checksum(data):
         raise SnapshotRejected("checksum", "the manifest's checksum does not match its content")
@@ -307,22 +343,35 @@ def _read_manifest(path: Path, mac_key: bytes) -> dict[str, Any]:
     return data
 
 
+def _check_mac(raw: bytes, key: bytes) -> None:
+    """Refuse a manifest whose last member is not a MAC over its bytes under ``key`` (:func:`sign_manifest`)."""
+    tail = _MAC_TAIL.search(raw, max(0, len(raw) - 80))
+    if tail is None or not hmac.compare_digest(
+            tail[1], manifest_mac(raw[:tail.start(1)] + MAC_PLACEHOLDER + raw[tail.end(1):], key).encode("ascii")):
+        raise SnapshotRejected("mac", "the manifest has no valid MAC under this deployment's key "
+                                      "(written without the deployment secret, or changed since)")
+
+
+def _read_file(path: Path, max_bytes: int, kind: str, too_large: str) -> bytes:
+    """A snapshot file's bytes: a regular file (opened without blocking, never through a symbolic link) of at
+    most ``max_bytes``; else :class:`SnapshotRejected` (``unreadable``, or ``too_large`` for one too big)."""
+    try:
+        return read_regular(path, max_bytes)[0]
+    except FileTooLarge as exc:
+        raise SnapshotRejected(too_large, f"{kind} of {exc.size} bytes is over the {max_bytes}-byte bound") from None
+    except OSError as exc:  # NotARegularFile too: a FIFO, a device, a symbolic link
+        shown = kind if kind == "manifest" else f"{kind} {path.name}"
+        raise SnapshotRejected("unreadable", f"{shown}: {exc.strerror or exc}") from None
+
+
 def _read_payload(path: Path, digest: str, size: int, max_bytes: int) -> dict[str, torch.Tensor]:
     import safetensors.torch
 
-    try:
-        actual = path.stat().st_size
-    except OSError as exc:
-        raise SnapshotRejected("unreadable", f"payload {path.name}: {exc.strerror or exc}") from None
-    if actual > max_bytes or size > max_bytes:
-        raise SnapshotRejected("too_large", f"payload of {actual} bytes is over the {max_bytes}-byte bound")
-    if actual != size:
-        raise SnapshotRejected("truncated", f"payload has {actual} bytes, the manifest says {size}")
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(max_bytes + 1)
-    except OSError as exc:
-        raise SnapshotRejected("unreadable", f"payload {path.name}: {exc.strerror or exc}") from None
+    if size > max_bytes:
+        raise SnapshotRejected("too_large", f"payload of {size} bytes is over the {max_bytes}-byte bound")
+    data = _read_file(path, max_bytes, "payload", "too_large")
+    if len(data) != size:
+        raise SnapshotRejected("truncated", f"payload has {len(data)} bytes, the manifest says {size}")
     if hashlib.sha256(data).hexdigest() != digest:
         raise SnapshotRejected("checksum", f"payload {path.name} does not match its SHA-256")
     try:

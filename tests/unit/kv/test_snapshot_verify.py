@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
-import io
 import json
 import os
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,6 +30,7 @@ from tests.unit.kv.test_snapshot import (
     scope_for,
     write,
 )
+from warmup_tools.common import regular_file
 from warmup_tools.kv import snapshot_verify
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.hashing import NONE_HASH, block_hashes
@@ -47,6 +48,7 @@ from warmup_tools.kv.snapshot_verify import (
     read_snapshot,
     rederive_hashes,
     salt_fingerprint,
+    sign_manifest,
     verification_sample,
     verify_tolerance,
 )
@@ -88,16 +90,20 @@ def test_block_digest_is_a_known_answer_over_the_hash_and_each_part_s_dtype_shap
     assert block_digest(bytes(32), [values]) != by_hand
 
 
-def test_the_manifest_mac_and_checksum_are_known_answers_over_the_canonical_json():
+def test_the_manifest_mac_is_a_known_answer_over_the_file_s_bytes_and_the_checksum_over_the_canonical_json():
     key = b"k" * 32
-    body = {"b": 1, "a": [1, 2], "checksum": "x", "mac": "y"}
-    canonical = b'{"a":[1,2],"b":1}'
-    assert manifest_mac(body, key) == hmac.new(key, canonical, hashlib.sha256).hexdigest() == \
-        "fa3277721f15080adf247565ed8aaab50a60681ed736019466faed50b0ae155d"
-    assert manifest_mac(body, b"o" * 32) != manifest_mac(body, key)
-    without = {"b": 1, "a": [1, 2], "mac": "y"}  # the checksum covers the MAC
-    assert manifest_checksum(without) == hashlib.sha256(b'{"a":[1,2],"b":1,"mac":"y"}').hexdigest() == \
-        "2c599dce1e6e743b46f7e9c74d2cd161748c2a033c4a1cc859413f3b70af2350"
+    raw = b'{"a":[1,2],"checksum":"x"}'
+    signed = sign_manifest(raw, key)
+    placeheld = b'{"a":[1,2],"checksum":"x","mac":"' + b"0" * 64 + b'"}'
+    assert manifest_mac(placeheld, key) == hmac.new(key, placeheld, hashlib.sha256).hexdigest() == \
+        "1e117757f93473e0eea253d0192918bb0930e0a9d39f8d6430b490400f602e85"
+    assert signed == raw[:-1] + b',"mac":"1e117757f93473e0eea253d0192918bb0930e0a9d39f8d6430b490400f602e85"}'
+    assert sign_manifest(raw, b"o" * 32) != signed
+    with pytest.raises(ValueError):
+        sign_manifest(b"[1]", key)
+    # The checksum is over every key but itself and the MAC (the MAC, over the file, covers the checksum).
+    assert manifest_checksum({"b": 1, "a": [1, 2], "mac": "y"}) == hashlib.sha256(b'{"a":[1,2],"b":1}').hexdigest() \
+        == "94a786c3662bc7beeb598efa7d8cb58d7bea25d6c275ea9785a0230ff1f8c2ba"
 
 
 def test_salt_fingerprint_is_a_known_answer_and_empty_without_a_salt():
@@ -261,7 +267,7 @@ def test_the_manifest_size_bound_is_inclusive(tmp_path, monkeypatch):
     monkeypatch.setattr(snapshot_verify, "MAX_MANIFEST_BYTES", size)
     assert len(read_snapshot(info.manifest, IDENTITY, max_payload_bytes=BIG).blocks) == 6
     monkeypatch.setattr(snapshot_verify, "MAX_MANIFEST_BYTES", size - 1)
-    assert refusal(info.manifest) == ("format", f"manifest of {size} bytes is over the {size - 1} limit")
+    assert refusal(info.manifest) == ("format", f"manifest of {size} bytes is over the {size - 1}-byte bound")
 
 
 def test_a_manifest_that_is_missing_not_json_or_not_a_snapshot_is_refused_with_its_reason(tmp_path):
@@ -339,6 +345,55 @@ def test_a_trust_mode_reader_refuses_a_missing_malformed_or_wrong_mac(tmp_path, 
     assert refusal(info.manifest, mac_key=KEY) == NO_MAC
 
 
+def _no_parsing(monkeypatch):
+    def loads(*args, **kwargs):
+        raise AssertionError("the manifest was parsed")
+
+    monkeypatch.setattr(snapshot_verify.json, "loads", loads)
+
+
+def test_a_trust_mode_reader_checks_the_mac_over_the_raw_bytes_before_it_parses_anything(tmp_path, monkeypatch):
+    # A writer without the key wrote a large manifest of nested lists (a 63 MiB one took 6 s and 1.4 GiB to parse
+    # before its MAC was checked): refused on its bytes, the parser never called.
+    info = write_snapshot(tmp_path, "w", IDENTITY, ADAPTERS, filled_cache().snapshot_blocks(BIG), created=1.0,
+                          mac_key=KEY)
+    signed = info.manifest.read_bytes()
+    info.manifest.write_bytes(b"[" + b"[]," * (1 << 20) + b"[]]")
+    with monkeypatch.context() as patch:
+        _no_parsing(patch)
+        assert refusal(info.manifest, mac_key=KEY) == NO_MAC
+        # A MAC of another key, or one digit changed anywhere in the file, is refused the same way.
+        info.manifest.write_bytes(sign_manifest(signed[:signed.rindex(b',"mac"')] + b"}", b"o" * 32))
+        assert refusal(info.manifest, mac_key=KEY) == NO_MAC
+        info.manifest.write_bytes(signed.replace(b'"created":1.0', b'"created":2.0'))
+        assert refusal(info.manifest, mac_key=KEY) == NO_MAC
+    info.manifest.write_bytes(signed)
+    assert len(read_snapshot(info.manifest, IDENTITY, max_payload_bytes=BIG, mac_key=KEY).blocks) == 6
+
+
+def test_the_manifest_bound_follows_the_payload_bound_and_is_checked_before_parsing(tmp_path, monkeypatch):
+    # The demo LM's KV (6 layers, 2 KV heads, head_dim 64, float32, 16-token blocks) under snapshot_bytes' 128 MiB:
+    # 1,365 blocks of 98,304 bytes; their manifest weighs about 444 bytes a block (606,082 bytes, measured with
+    # real-shaped records: 16 token ids under 32,000, tenant, adapter and plan names). The bound is 2.7 MB, not
+    # the 64 MiB any snapshot got before.
+    demo = SnapshotIdentity("b", "t", "float32", "fp", 16, (6, 2, 64))
+    blocks = (128 << 20) // (6 * 2 * 2 * 16 * 64 * 4) + 1
+    assert snapshot_verify.manifest_bound(demo, 128 << 20) == (1 << 20) + blocks * (1024 + 11 * 16) == 2_687_776
+    int8 = dataclasses.replace(demo, storage="int8")  # a quarter of the bytes a block: four times the blocks
+    assert snapshot_verify.manifest_bound(int8, 128 << 20) > 4 * snapshot_verify.manifest_bound(demo, 128 << 20) - \
+        4 * (1 << 20)
+    assert snapshot_verify.manifest_bound(demo, 1 << 40) == snapshot_verify.MAX_MANIFEST_BYTES  # the ceiling
+    # Open mode: a manifest over the bound is refused before the parser sees it.
+    info = write(tmp_path)
+    bound = snapshot_verify.manifest_bound(IDENTITY, info.payload_bytes)
+    assert info.manifest.stat().st_size < bound  # a real one is far under it
+    assert len(read_snapshot(info.manifest, IDENTITY, max_payload_bytes=info.payload_bytes).blocks) == 6
+    info.manifest.write_bytes(b"[" + b"[]," * (bound // 3) + b"[]]")
+    _no_parsing(monkeypatch)
+    assert refusal(info.manifest, max_bytes=info.payload_bytes) == (
+        "format", f"manifest of {bound // 3 * 3 + 4} bytes is over the {bound}-byte bound")
+
+
 def test_an_open_mode_reader_refuses_a_manifest_with_a_mac(tmp_path):
     info = write_snapshot(tmp_path, "w", IDENTITY, ADAPTERS, filled_cache().snapshot_blocks(BIG), created=1.0,
                           mac_key=KEY)
@@ -358,7 +413,7 @@ def test_the_payload_bound_is_inclusive_and_applies_to_the_file_and_to_what_the_
     assert refusal(info.manifest, max_bytes=size - 1) == over
     info.manifest.write_text(text)
     forge(info, edit_manifest=lambda body: body["payload"].update(bytes=size + 1))  # the manifest says more
-    assert refusal(info.manifest, max_bytes=size) == ("too_large", f"payload of {size} bytes is over the "
+    assert refusal(info.manifest, max_bytes=size) == ("too_large", f"payload of {size + 1} bytes is over the "
                                                                    f"{size}-byte bound")
     assert refusal(info.manifest, max_bytes=size + 1) == ("truncated", f"payload has {size} bytes, the manifest "
                                                                        f"says {size + 1}")
@@ -377,54 +432,61 @@ def test_payload_damage_is_refused_with_its_reason(tmp_path):
     assert refusal(info.manifest) == ("unreadable", f"payload {name}: No such file or directory")
 
 
-class GrowingPayload(io.RawIOBase):
-    """A payload file that keeps growing after it was measured: endless zeros, however much is read."""
-
-    def __init__(self):
-        self.read_sizes = []
-
-    def readable(self):
-        return True
-
-    def read(self, size=-1):
-        self.read_sizes.append(size)
-        assert size is not None and size >= 0, "an unbounded read of a payload"
-        return bytes(size)
-
-
-def test_a_payload_that_grows_after_it_is_measured_is_read_only_up_to_the_bound(tmp_path, monkeypatch):
+def test_a_snapshot_file_that_grows_after_it_is_measured_is_read_only_up_to_the_bound(tmp_path, monkeypatch):
+    # fstat says the file fits; the reads find more (the file grew): refused once one byte over the bound came.
     info = write(tmp_path)
-    grown = GrowingPayload()
-    real_open = open
-    monkeypatch.setattr(snapshot_verify, "open", lambda path, mode="r": grown if path == info.payload
-                        else real_open(path, mode), raising=False)
-    assert refusal(info.manifest, max_bytes=BIG) == ("checksum", f"payload {info.payload.name} does not match its "
-                                                                 "SHA-256")
-    assert grown.read_sizes == [BIG + 1]
+    real_fstat, reads = regular_file.os.fstat, []
+
+    def shrunk(fd):
+        st = real_fstat(fd)
+        return os.stat_result((st.st_mode, *st[1:6], 1, *st[7:]))
+
+    real_read = regular_file.os.read
+    monkeypatch.setattr(regular_file.os, "fstat", shrunk)
+    monkeypatch.setattr(regular_file.os, "read", lambda fd, n: reads.append(n) or real_read(fd, n))
+    monkeypatch.setattr(snapshot_verify, "MAX_MANIFEST_BYTES", 100)
+    assert refusal(info.manifest) == ("format", "manifest of 101 bytes is over the 100-byte bound")
+    assert sum(reads) == 101
+    monkeypatch.setattr(snapshot_verify, "MAX_MANIFEST_BYTES", 64 << 20)
+    size = info.payload_bytes
+    forge(info, edit_manifest=lambda body: body["payload"].update(bytes=size - 1))
+    assert refusal(info.manifest, max_bytes=size - 1) == ("too_large", f"payload of {size} bytes is over the "
+                                                                       f"{size - 1}-byte bound")
 
 
-def test_a_manifest_that_grows_after_it_is_measured_is_read_only_up_to_the_bound(tmp_path, monkeypatch):
+def test_a_payload_that_cannot_be_opened_is_unreadable(tmp_path, monkeypatch):
     info = write(tmp_path)
-    grown = GrowingPayload()
-    real_open = open
-    monkeypatch.setattr(snapshot_verify, "MAX_MANIFEST_BYTES", 4096)
-    monkeypatch.setattr(snapshot_verify, "open", lambda path, mode="r": grown if path == info.manifest
-                        else real_open(path, mode), raising=False)
-    assert refusal(info.manifest) == ("format", "manifest is not JSON (JSONDecodeError)")
-    assert grown.read_sizes == [4096 + 1]
+    real_open = regular_file.os.open
 
-
-def test_a_payload_that_cannot_be_opened_after_it_was_measured_is_unreadable(tmp_path, monkeypatch):
-    info = write(tmp_path)
-    real_open = open
-
-    def refusing_open(path, mode="r"):
-        if path == info.payload:
+    def refusing_open(path, flags, *args):
+        if Path(path) == info.payload:
             raise PermissionError(13, "Permission denied")
-        return real_open(path, mode)
+        return real_open(path, flags, *args)
 
-    monkeypatch.setattr(snapshot_verify, "open", refusing_open, raising=False)
+    monkeypatch.setattr(regular_file.os, "open", refusing_open)
     assert refusal(info.manifest) == ("unreadable", f"payload {info.payload.name}: Permission denied")
+
+
+@pytest.mark.parametrize("which", ["manifest", "payload"])
+@pytest.mark.parametrize("mac_key", [b"", KEY], ids=["open", "trust"])
+def test_a_fifo_or_a_symbolic_link_in_place_of_a_snapshot_file_is_refused_without_blocking(tmp_path, which, mac_key):
+    # A plain open() of a FIFO waits for a writer that never comes: the restore hung for good.
+    info = write_snapshot(tmp_path, "w", IDENTITY, ADAPTERS, filled_cache().snapshot_blocks(BIG), created=1.0,
+                          mac_key=mac_key)
+    target = info.manifest if which == "manifest" else info.payload
+    target.unlink()
+    os.mkfifo(target)
+    label = "manifest" if which == "manifest" else f"payload {target.name}"
+    assert refusal(info.manifest, mac_key=mac_key) == ("unreadable", f"{label}: not a regular file (a FIFO)")
+    target.unlink()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"{}")
+    target.symlink_to(elsewhere)
+    assert refusal(info.manifest, mac_key=mac_key) == ("unreadable",
+                                                       f"{label}: a symbolic link, not a regular file")
+    target.unlink()
+    target.mkdir()
+    assert refusal(info.manifest, mac_key=mac_key) == ("unreadable", f"{label}: not a regular file (a directory)")
 
 
 @pytest.mark.parametrize("file", ["../x.safetensors", "sub/x.safetensors", "x.json"])

@@ -283,6 +283,19 @@ def test_trust_mode_snapshots_are_signed_and_a_manifest_without_the_deployment_s
     assert report.skipped == {"mac": 1} and report.blocks == 0
 
 
+@pytest.mark.parametrize("mac_key", [b"", b"k" * 32], ids=["open", "trust"])
+def test_a_restore_skips_a_snapshot_whose_payload_is_a_fifo_and_does_not_block(writer, fresh, tmp_path, mac_key):
+    import os
+
+    info = keeper(writer, tmp_path, mac_key=mac_key).write()
+    info.payload.unlink()
+    os.mkfifo(info.payload)  # a plain open() waits for a writer that never comes: the load hung for good
+    logs: list[str] = []
+    report = keeper(fresh, tmp_path, logs=logs, mac_key=mac_key).restore()
+    assert report.skipped == {"unreadable": 1} and report.blocks == 0
+    assert len(logs) == 1 and "not a regular file (a FIFO)" in logs[0]
+
+
 # ------------------------------------------------- the restore's rules in detail (pinned for mutation testing)
 def test_a_restorer_needs_a_prefix_cache_and_a_folder_and_is_named_after_its_instance_and_host(writer, tmp_path):
     message = "^a snapshot keeper needs a KV prefix cache and a snapshot folder$"

@@ -6,6 +6,7 @@ a worker, and a replica killed and started again takes requests again."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import subprocess
@@ -165,3 +166,89 @@ def test_warmup_tools_fleet_with_a_secrets_dir_runs_the_same_trust_mode(shipped,
                                             prompt=demo_prompt("support", USER_QUESTIONS["support"][1]))
         assert answer.usage.prompt_tokens_details.cached_tokens > 0
         assert _status(f"{fleet.router.url}/workers") == 401
+
+
+# ----------------------------------------------------------------------------------- the router's surface, routing
+#: Copies of tenant A's prompt that tenant B sends in the routing probe. Were B's copies routed by A's state (as
+#: cache_aware did: 10 of 10), every one would go to A's replica; routed without it, all N land there only by
+#: chance, at most 2**-N = 6e-8 were each a coin toss (least_load, the trust-mode policy, alternates them).
+PROBE_COPIES = 24
+
+
+@pytest.fixture(scope="module")
+def second_tenant(shipped) -> str:
+    """The key of a second tenant, ``acme`` (the front and tokenizer_cache read the keys file again on change)."""
+    secrets, _, _ = shipped
+    return _cli("tenant-key", "acme", "--keys-file", str(secrets.tenant_keys), "--secret-file",
+                str(secrets.deployment_secret)).strip()
+
+
+def _routed_to(replicas: list[Replica], send) -> int:
+    """Which replica (its index) took the one request ``send()`` makes (each front counts what it took)."""
+    before = [r.requests_taken() for r in replicas]
+    send()
+    after = [r.requests_taken() for r in replicas]
+    took = [i for i, (b, a) in enumerate(zip(before, after)) if a > b]
+    assert len(took) == 1, f"one request, taken by replicas {took}"
+    return took[0]
+
+
+def test_another_tenants_copy_of_a_prompt_does_not_follow_where_the_first_tenant_sent_it(shipped, second_tenant):
+    """The two-tenant probe: A sends prompt P several times, B then sends P; in trust mode the router keeps no state
+    built from requests' text, so B's copies land on A's replica no more than a fresh prompt of B's does."""
+    secrets, control, replicas = shipped
+    wait_for(lambda: _joined(control, replicas), "both replicas in rotation")
+    secret_prompt = (f"{uuid.uuid4().hex} Internal memo for tenant A only: the merger with Initech closes on "
+                     "Friday; tell nobody. Summarise the memo in one line.")
+
+    def sender(key: str, prompt: str):
+        def send() -> None:
+            with _sdk(control.url, key) as sdk:
+                sdk.completions.create(model="support", max_tokens=1, prompt=prompt)
+        return send
+
+    tenant_a = secrets.read_key(secrets.load_key)
+    a_took = [_routed_to(replicas, sender(tenant_a, secret_prompt)) for _ in range(6)]
+    x = a_took[-1] if a_took.count(0) == a_took.count(1) else max((0, 1), key=a_took.count)  # A's replica
+    copies = [_routed_to(replicas, sender(second_tenant, secret_prompt)) for _ in range(PROBE_COPIES)]
+    fresh = [_routed_to(replicas, sender(second_tenant, f"{uuid.uuid4().hex} What are your opening hours?"))
+             for _ in range(PROBE_COPIES)]
+    on_x, fresh_on_x = copies.count(x), fresh.count(x)
+    print(f"routing probe: A's {len(a_took)} went to replicas {a_took}; of B's {PROBE_COPIES} copies {on_x} went to "
+          f"A's replica, of B's {PROBE_COPIES} fresh prompts {fresh_on_x}")
+    assert on_x < PROBE_COPIES, (f"all {PROBE_COPIES} of tenant B's copies went to tenant A's replica "
+                                 f"(A's went {a_took}; B's fresh prompts: {fresh_on_x} there)")
+
+
+def test_the_router_stores_no_conversation_and_its_model_list_asks_a_key_where_the_gateway_sends_it(shipped):
+    """smg keeps no history (nothing to fill, nothing to read back by id); /v1/models, which the gateway and the
+    Ingress send to a replica's front, answers only a tenant key in trust mode."""
+    secrets, control, replicas = shipped
+    item = {"type": "message", "role": "user", "content": "x" * 4096}
+    request = urllib.request.Request(f"{control.url}/v1/conversations", data=json.dumps({"items": [item]}).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            created = json.loads(response.read()).get("id", "none")
+    except urllib.error.HTTPError:
+        created = "none"
+    assert _status(f"{control.url}/v1/conversations/{created}") == 404
+    assert _status(f"{control.url}/v1/conversations/{created}/items") == 404
+    for replica in replicas:
+        assert _status(f"{replica.url}/v1/models") == 401
+        assert _status(f"{replica.url}/v1/models/support") == 401
+        assert _status(f"{replica.url}/v1/models", key="sk-not-a-tenant-key") == 401
+        assert _status(f"{replica.url}/v1/models", key=secrets.read_key(secrets.load_key)) == 200
+    # The router refuses a body the front would refuse, from its declared length, before it reads it.
+    from warmup_tools.front.settings import FrontSettings
+
+    host, port = control.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        connection.putrequest("POST", "/v1/completions")
+        connection.putheader("Content-Type", "application/json")
+        connection.putheader("Content-Length", str(FrontSettings().max_body_bytes + 1))
+        connection.endheaders()
+        assert connection.getresponse().status == 413
+    finally:
+        connection.close()

@@ -24,10 +24,10 @@ from typing import Any
 
 from warmup_tools.common.deployment import DeploymentSecrets
 from warmup_tools.common.errors import ServerError
+from warmup_tools.common.limits import MAX_BODY_BYTES
 from warmup_tools.fleet.process import Child
 from warmup_tools.fleet.settings import FleetSettings
 from warmup_tools.fleet.smg_launch import SECRETS_FLAG
-from warmup_tools.front.settings import FrontSettings
 from warmup_tools.server.process import free_port
 
 #: Deadline of one worker registration or removal (smg runs them as background jobs).
@@ -152,7 +152,7 @@ def smg_argv(settings: FleetSettings, *, port: int, prometheus_port: int) -> lis
              # in-memory store answered anyone and grew with what they stored (bounded by items, not bytes).
              "--history-backend", "none",
              # NOTE: a body the front would refuse (413) is refused here already, before smg buffers it to route.
-             "--max-payload-size", str(FrontSettings().max_body_bytes),
+             "--max-payload-size", str(MAX_BODY_BYTES),
              "--shutdown-grace-period-secs", str(round(settings.router_shutdown_grace_s)), "--log-level", "warn"]
     return argv
 

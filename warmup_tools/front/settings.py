@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from warmup_tools.common.errors import ConfigError
+from warmup_tools.common.limits import MAX_BODY_BYTES
 from warmup_tools.common.settings import check_settings, setting
 
 #: How the front reaches the LM: the three composing models in turn (a client that goes away cancels the
@@ -40,8 +41,8 @@ class FrontSettings:
                                              "model; every live LoRA adapter is a model under its own name.")
     pipeline: str = setting("composing", "How requests reach the LM: the composing models in turn (a client's "
                                          "disconnect reaches the engine) or the ensemble.", choices=PIPELINES)
-    max_body_bytes: int = setting(1 << 20, "Largest request body; a larger one is answered 413 before it is read "
-                                           "whole.", ge=1024, le=64 << 20)
+    max_body_bytes: int = setting(MAX_BODY_BYTES, "Largest request body; a larger one is answered 413 before it is "
+                                                  "read whole.", ge=1024, le=64 << 20)
     max_header_bytes: int = setting(64 << 10, "Largest request line and headers together; more is answered 431 "
                                               "and the connection closed.", ge=4096, le=1 << 20)
     head_timeout_s: float = setting(10.0, "Seconds a client may take to send a request's line and headers, from "

@@ -33,8 +33,20 @@ def test_locust_users_report_ttft_and_itl_without_failures(triton, tmp_path):
     assert stats["ttft"].percentile(0.5) > 0
 
 
-@pytest.mark.parametrize("transport", ["grpc", "http"])
-def test_locust_replays_a_request_log_once_and_quits(triton, tmp_path, transport):
+@pytest.fixture(scope="module")
+def front(triton):
+    """The OpenAI front beside the session's server: what compose's Locust service streams through."""
+    from warmup_tools.front.server import FrontServer
+    from warmup_tools.front.settings import FrontSettings
+
+    settings = FrontSettings(port=0, triton_grpc_url=triton.grpc_url, triton_metrics_url=triton.metrics_url,
+                             model_repository=Path(__file__).resolve().parents[2] / "model_repository")
+    with FrontServer(settings, environ={"WARMUP_ASSETS_DIR": str(triton.assets_dir)}) as server:
+        yield server
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http", "openai"])
+def test_locust_replays_a_request_log_once_and_quits(triton, tmp_path, transport, request):
     from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 
     log = tmp_path / "requests.jsonl"
@@ -46,7 +58,8 @@ def test_locust_replays_a_request_log_once_and_quits(triton, tmp_path, transport
     # only after the requests still in flight on other users have been answered and counted.
     stats = run_locust(triton, tmp_path / "replay", "-u", "3", "-r", "3", "-t", "90s", "--transport", transport,
                        "--replay-log", str(log), "--max-tokens", "2",
-                       host=triton.http_url if transport == "http" else triton.grpc_url)
+                       host={"http": triton.http_url, "grpc": triton.grpc_url}.get(transport)
+                       or request.getfixturevalue("front").url)
     generated = sum(entry.requests for name, entry in stats.items() if name.startswith("generate "))
     assert generated == len(records)
     assert sum(entry.failures for entry in stats.values()) == 0

@@ -54,8 +54,9 @@ def test_the_pod_probes_the_sidecar_and_its_ports_match_the_command():
     container = pod["containers"][0]
     args = _sidecar_args(container["command"])
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"http": args.http_port, "grpc": args.grpc_port, "metrics": args.metrics_port,
-                     "sidecar": args.sidecar_port, "openai": args.front_port}
+    # tritonserver's HTTP and gRPC listen on the pod's loopback: no container port names them.
+    assert ports == {"metrics": args.metrics_port, "sidecar": args.sidecar_port, "openai": args.front_port}
+    assert args.host == "127.0.0.1" and args.metrics_host == "0.0.0.0"
     assert args.front and args.front_host == "0.0.0.0"  # the sidecar starts the OpenAI front beside tritonserver
     # Every pod logs into its own folder of the shared (ReadWriteMany) log volume.
     logs = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "logs")
@@ -134,7 +135,7 @@ def test_compose_publishes_only_the_inference_ports_beyond_the_loopback_and_rest
         assert service["restart"] in ({"on-failure"} if one_shot else {"unless-stopped", "always"}), name
         if not one_shot and "ports" in service:  # a join service has no port: a failure of it is an exit
             assert service["healthcheck"]["test"], name
-    assert public == {"8000:8000", "8001:8001", "9000:9000", "30000:30000"}
+    assert public == {"9000:9000", "30000:30000"}  # tritonserver's own ports are the replica's only
     # 30000 is the gateway's, which passes the OpenAI API only; the router (and its worker API) is not published.
     assert "30000:30000" in COMPOSE["services"]["gateway"]["ports"] and "ports" not in COMPOSE["services"]["router"]
     args = _sidecar_args(COMPOSE["services"]["triton"]["command"])
@@ -155,11 +156,11 @@ def test_the_pod_runs_trust_mode_from_a_secret_and_the_service_exposes_inference
         assert env[name]["value"].startswith(mount["mountPath"] + "/"), name
     assert "value" not in env["WARMUP_REDIS_URL"]  # from a Secret, never a literal
     service = _doc("Service")
-    assert {p["name"] for p in service["spec"]["ports"]} == {"http", "grpc", "openai"}
+    assert {p["name"] for p in service["spec"]["ports"]} == {"openai"}
     policy = _doc("NetworkPolicy")
     assert policy["spec"]["podSelector"] == deployment["spec"]["selector"]
     by_port = {p["port"]: rule for rule in policy["spec"]["ingress"] for p in rule["ports"]}
-    assert "from" not in by_port[8000] and "from" not in by_port[8001] and "from" not in by_port[9000]
+    assert "from" not in by_port[9000] and not {8000, 8001} & set(by_port)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     for name in ("metrics", "sidecar"):
         assert by_port[ports[name]]["from"], name  # only the monitoring may connect

@@ -1,4 +1,5 @@
-"""Client helpers for the ``ensemble`` model over gRPC streaming and the HTTP generate extension.
+"""Client helpers for the ``ensemble`` model over gRPC streaming and the HTTP generate extension, and for the
+replica's OpenAI front (streamed ``/v1/completions``), with one interface.
 
 Used by the demo, the tests and the benchmarks; they measure time to first token (TTFT) on the client.
 """
@@ -110,11 +111,15 @@ class _Collector:
         self.pieces.append(text)
         if self.on_piece is not None and text:
             self.on_piece(text)
+        self.counts(fields)
+        reason = fields.get("finish_reason", "")
+        self.last["finish_reason"] = reason.decode() if isinstance(reason, bytes) else str(reason)
+
+    def counts(self, fields: dict[str, Any]) -> None:
+        """The token counters among ``fields`` (a response that carries no text: OpenAI's usage chunk)."""
         for name in _COUNTERS:
             if name in fields:
                 self.last[name] = int(fields[name])
-        reason = fields.get("finish_reason", "")
-        self.last["finish_reason"] = reason.decode() if isinstance(reason, bytes) else str(reason)
 
     def result(self) -> GenerateResult:
         total = time.perf_counter() - self.start
@@ -262,11 +267,61 @@ class HttpStreamingClient(_Closeable):
         self._session.close()
 
 
+class OpenAIStreamingClient(_Closeable):
+    """:class:`StreamingClient`'s interface over the replica's OpenAI front: streamed ``POST /v1/completions``
+    (server-sent events, usage in the last chunk), one keep-alive session. ``url`` is the front's address
+    (``http://host:9000`` or ``host:9000``); the adapter is the request's model (``base_model``, the front's
+    ``served_model_name``, when none); the tenant is proven by its key as a bearer token (trust mode), or named in
+    ``X-Tenant-Id`` (open mode)."""
+
+    def __init__(self, url: str, base_model: str = "base", timeout_s: float = 300.0) -> None:
+        import requests
+
+        self.url = (url if "://" in url else f"http://{url}").rstrip("/")
+        self.base_model = base_model
+        self.timeout_s = timeout_s
+        self._session = requests.Session()
+
+    def generate(self, text: str, params: GenerateParams = GenerateParams(), *,
+                 on_piece: Callable[[str], None] | None = None) -> GenerateResult:
+        body: dict[str, Any] = {"model": params.adapter_id or self.base_model, "prompt": text, "stream": True,
+                                "stream_options": {"include_usage": True}}
+        body.update({k: v for k, v in (("max_tokens", params.max_tokens), ("temperature", params.temperature),
+                                       ("top_p", params.top_p), ("seed", params.seed)) if v is not None})
+        headers = ({"Authorization": f"Bearer {params.tenant_key}"} if params.tenant_key
+                   else {"X-Tenant-Id": params.tenant_id} if params.tenant_id else {})
+        collect = _Collector(on_piece)
+        with self._session.post(f"{self.url}/v1/completions", json=body, headers=headers, stream=True,
+                                timeout=self.timeout_s) as response:
+            if response.status_code != 200:
+                raise GenerateError(_error_text(response.text), response.status_code)
+            for line in response.iter_lines(decode_unicode=True):
+                if not line or not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                    continue
+                event = json.loads(line[5:])
+                if "error" in event:
+                    raise GenerateError(_error_text(json.dumps(event)), response.status_code)
+                for choice in event.get("choices") or ():
+                    collect.piece(choice.get("text") or "", {"finish_reason": choice.get("finish_reason") or ""})
+                usage = event.get("usage") or {}
+                if usage:
+                    collect.counts({"prompt_tokens": usage.get("prompt_tokens", 0),
+                                    "output_tokens": usage.get("completion_tokens", 0),
+                                    "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                                    or 0})
+        return collect.result()
+
+    def close(self) -> None:
+        self._session.close()
+
+
 def _error_text(body: str) -> str:
+    """The message of an error body: Triton's ``{"error": "..."}`` or OpenAI's ``{"error": {"message": "..."}}``."""
     try:
-        return str(json.loads(body).get("error", body))
-    except ValueError:
+        error = json.loads(body).get("error", body)
+    except (ValueError, AttributeError):
         return body
+    return str(error.get("message", error)) if isinstance(error, dict) else str(error)
 
 
 def scrape_metrics(metrics_url: str, prefix: str = "warmup_",

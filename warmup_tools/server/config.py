@@ -40,7 +40,11 @@ class ServeConfig:
     http_port: int = setting(8000, "tritonserver's HTTP port (0: any free port).", ge=0, le=65535)
     grpc_port: int = setting(8001, "tritonserver's gRPC port (0: any free port).", ge=0, le=65535)
     metrics_port: int = setting(8002, "tritonserver's metrics port (0: any free port).", ge=0, le=65535)
-    host: str = setting("127.0.0.1", "Address tritonserver listens on.")
+    host: str = setting("127.0.0.1", "Address tritonserver's HTTP and gRPC listen on. Only the OpenAI front and the "
+                                     "sidecar beside it need them: keep the loopback, and give clients from outside "
+                                     "the front, or deploy/gateway/triton-direct.conf (SECURITY.md, Ports).")
+    metrics_host: str = setting("", "Address tritonserver's metrics port listens on (Prometheus scrapes it there); "
+                                    "empty: host's.")
     log_verbose: int = setting(0, "tritonserver's --log-verbose level.", ge=0)
     ready_timeout_s: float = setting(600.0, "The longest wait for tritonserver to report ready.", gt=0)
     exit_timeout_s: int = setting(60, "Seconds tritonserver gets on SIGINT to unload its models (lora_adapter "

@@ -19,6 +19,7 @@ import ctypes.util
 import dataclasses
 import hashlib
 import hmac
+import ipaddress
 import logging
 import os
 import secrets
@@ -112,13 +113,26 @@ class TritonDistribution:
         return cls(dist / "bin" / "tritonserver", backend_dir, libs, dist / "caches")
 
 
+#: Triton's API groups that nothing outside the replica uses (``--http-restricted-api``,
+#: ``--grpc-restricted-protocol``): shared memory, logging, trace, statistics and the model repository answer only
+#: a request that carries the per-run key. Inference, health, metadata and model configuration stay open to the
+#: front and the sidecar beside the server (which alone reach its ports: SECURITY.md, "Ports").
+#: NOTE: the shared-memory API is the entry of CVE-2025-23319/23320/23334 (registering the Python backend's own
+#: regions), and none of these groups is needed to serve: a deployment that wants them passes the key.
+RESTRICTED_APIS: tuple[str, ...] = ("shared-memory", "logging", "trace", "statistics", "model-repository")
+
+#: The prefix tritonserver expects before a restricted protocol's header name in gRPC metadata.
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class RepositoryKey:
-    """The header a client must send to use Triton's model-repository API (load, unload, index).
+    """The per-run key of Triton's restricted APIs (:data:`RESTRICTED_APIS`: the model repository's load, unload
+    and index, shared memory, logging, trace and statistics).
 
-    Passed as ``--http-restricted-api=model-repository:<header>=<value>`` and
-    ``--grpc-restricted-protocol=model-repository:<header>=<value>`` (Triton's "Limit Endpoint Access";
-    over gRPC the header is ``triton-grpc-protocol-<header>``). Without it those endpoints answer 403.
+    Passed as ``--http-restricted-api=<apis>:<header>=<value>`` and ``--grpc-restricted-protocol=<apis>:<header>=
+    <value>`` (Triton's "Limit Endpoint Access"; over gRPC the metadata key is ``triton-grpc-protocol-<header>``).
+    Without it those endpoints answer 403 (gRPC: UNAVAILABLE with the restriction named).
     """
 
     header: str
@@ -130,11 +144,15 @@ class RepositoryKey:
         return cls(header, secrets.token_urlsafe(24))
 
     def server_args(self) -> list[str]:
-        spec = f"model-repository:{self.header}={self.value}"
+        spec = f"{','.join(RESTRICTED_APIS)}:{self.header}={self.value}"
         return [f"--http-restricted-api={spec}", f"--grpc-restricted-protocol={spec}"]
 
     def http_headers(self) -> dict[str, str]:
         return {self.header: self.value}
+
+    def grpc_headers(self) -> dict[str, str]:
+        """The key as gRPC metadata (tritonclient.grpc's ``headers=``)."""
+        return {GRPC_HEADER_PREFIX + self.header: self.value}
 
     def probe_secret(self) -> str:
         """The per-run secret the sidecar proves its probe tenant with in open mode (derived from the key;
@@ -177,6 +195,7 @@ class TritonServer:
         log_path: Path | None = None,
         log_verbose: int = 0,
         host: str = "127.0.0.1",
+        metrics_host: str = "",
         exit_timeout_s: int = 15,
         explicit_model_control: bool = False,
         repository_key: RepositoryKey | None = None,
@@ -186,6 +205,8 @@ class TritonServer:
             raise ServerError(f"model repository {self.model_repository} is not a folder")
         self.ports = ports or ServerPorts.free()
         self.host = host
+        #: Where the metrics port listens; empty: ``host``, as tritonserver itself does.
+        self.metrics_host = metrics_host or host
         self._own_work_dir = work_dir is None
         self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="warmup-triton-"))
         self.log_path = Path(log_path) if log_path else self.work_dir / "tritonserver.log"
@@ -194,7 +215,9 @@ class TritonServer:
         self._log_verbose = log_verbose
         self._exit_timeout_s = exit_timeout_s
         self.explicit_model_control = explicit_model_control
-        self.repository_key = repository_key
+        # NOTE: every server restricts RESTRICTED_APIS: without a key given, one nobody holds. A caller that needs
+        # those APIs (the sidecar's reloads) passes its own key or reads this one.
+        self.repository_key = repository_key or RepositoryKey.generate()
         self._process: subprocess.Popen[bytes] | None = None
         self._log_file = None
         #: Held by :meth:`restart` from the stop to the start, by :meth:`stop` and by :meth:`exited`.
@@ -203,15 +226,15 @@ class TritonServer:
     # ----------------------------------------------------------------------------------- public API
     @property
     def http_url(self) -> str:
-        return f"{self.host}:{self.ports.http}"
+        return f"{_connect_host(self.host)}:{self.ports.http}"
 
     @property
     def grpc_url(self) -> str:
-        return f"{self.host}:{self.ports.grpc}"
+        return f"{_connect_host(self.host)}:{self.ports.grpc}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.ports.metrics}/metrics"
+        return f"http://{_connect_host(self.metrics_host)}:{self.ports.metrics}/metrics"
 
     @property
     def pid(self) -> int | None:
@@ -226,10 +249,12 @@ class TritonServer:
         env = self.environment(dist)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "ab", buffering=0)
-        shown = " ".join(cmd)
-        if self.repository_key is not None:
-            shown = shown.replace(self.repository_key.value, "<hidden>")
-        LOGGER.info("starting tritonserver: %s", shown)
+        LOGGER.info("starting tritonserver: %s", " ".join(cmd).replace(self.repository_key.value, "<hidden>"))
+        if not is_loopback(self.host):
+            LOGGER.warning("tritonserver's HTTP and gRPC listen on %s: reachable from outside this host, they serve "
+                           "every model and every input; only the front and the sidecar beside it need them "
+                           "(keep 127.0.0.1, or put deploy/gateway/triton-direct.conf in front: SECURITY.md)",
+                           self.host)
         self._process = _SPAWNER.submit(
             subprocess.Popen,
             cmd,
@@ -376,6 +401,7 @@ class TritonServer:
             f"--metrics-port={self.ports.metrics}",
             f"--http-address={self.host}",
             f"--grpc-address={self.host}",
+            f"--metrics-address={self.metrics_host}",
             "--allow-metrics=true",
             "--strict-readiness=true",
             "--exit-on-error=true",
@@ -391,9 +417,7 @@ class TritonServer:
             # sidecar) repair a model: with the default mode "none" the repository API refuses load and
             # unload. A load of a model already loaded is a no-op, so a repair is unload, then load.
             cmd += ["--model-control-mode=explicit", "--load-model=*"]
-        if self.repository_key is not None:
-            cmd += self.repository_key.server_args()
-        return cmd + self._extra_args
+        return cmd + self.repository_key.server_args() + self._extra_args
 
     def environment(self, dist: TritonDistribution) -> dict[str, str]:
         """The server's environment: this one, the venv's ``bin`` first on PATH, Triton's libraries."""
@@ -422,8 +446,7 @@ class TritonServer:
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
-        if self.repository_key is not None:
-            env["WARMUP_PROBE_SECRET"] = self.repository_key.probe_secret()
+        env["WARMUP_PROBE_SECRET"] = self.repository_key.probe_secret()
         env.update(self._env_overrides)
         return env
 
@@ -484,6 +507,21 @@ def _bindable(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def is_loopback(host: str) -> bool:
+    """Whether an address to listen on is reachable from this host only (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _connect_host(host: str) -> str:
+    """The address a client on this host connects to for a server listening on ``host`` (a wildcard: the loopback)."""
+    return {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}.get(host, host)
 
 
 def _die_with_parent() -> None:

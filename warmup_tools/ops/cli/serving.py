@@ -199,7 +199,8 @@ def _server(config: ServeConfig, env: Mapping[str, str] | None = None, **options
                         ports=ServerPorts(config.http_port, config.grpc_port, config.metrics_port),
                         env={**config.server_env(), **(env or {})}, log_path=config.log_file,
                         log_verbose=config.log_verbose,
-                        host=config.host, exit_timeout_s=config.exit_timeout_s, **options)
+                        host=config.host, metrics_host=config.metrics_host,
+                        exit_timeout_s=config.exit_timeout_s, **options)
 
 
 def _wait_while_alive(server: Any, stop: threading.Event, front: Any = None) -> int:

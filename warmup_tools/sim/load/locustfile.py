@@ -1,7 +1,10 @@
-"""Locust load test of the ``ensemble`` over the gRPC stream (default) or HTTP ``generate_stream``.
+"""Locust load test of the ``ensemble`` over the gRPC stream (default), HTTP ``generate_stream``, or the OpenAI
+front's streamed ``/v1/completions`` (``--transport openai``, what compose's Locust service uses: tritonserver's
+own ports are reachable from inside the replica only).
 
     locust -f warmup_tools/sim/load/locustfile.py --host 127.0.0.1:8001 --headless -u 8 -r 2 -t 60s
     locust -f warmup_tools/sim/load/locustfile.py --host 127.0.0.1:8000 --transport http --headless -u 8 -t 60s
+    locust -f warmup_tools/sim/load/locustfile.py --host http://127.0.0.1:9000 --transport openai --headless -u 8 -t 60s
     locust -f warmup_tools/sim/load/locustfile.py --host 127.0.0.1:8001 --headless -u 4 -r 4 -t 10m \\
         --replay-log runs/traffic/day2.jsonl
 
@@ -35,7 +38,15 @@ from locust import User, between, events, task  # noqa: E402
 from locust.exception import StopUser  # noqa: E402
 
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS  # noqa: E402
-from warmup_tools.server.client import GenerateParams, HttpStreamingClient, StreamingClient  # noqa: E402
+from warmup_tools.server.client import (  # noqa: E402
+    GenerateParams,
+    HttpStreamingClient,
+    OpenAIStreamingClient,
+    StreamingClient,
+)
+
+#: ``--transport``: the client of each (all share StreamingClient's interface).
+CLIENTS = {"grpc": StreamingClient, "http": HttpStreamingClient, "openai": OpenAIStreamingClient}
 
 
 @events.init_command_line_parser.add_listener
@@ -44,9 +55,10 @@ def _options(parser: Any) -> None:
                         help="request log (JSON Lines, gzip too) to replay in order; empty: demo prompts")
     parser.add_argument("--max-tokens", type=int, default=16, include_in_web_ui=True,
                         help="max_tokens of every request")
-    parser.add_argument("--transport", choices=("grpc", "http"), default="grpc", include_in_web_ui=True,
+    parser.add_argument("--transport", choices=tuple(CLIENTS), default="grpc", include_in_web_ui=True,
                         help="grpc: the gRPC stream (--host is Triton's gRPC address); http: POST "
-                             "generate_stream, server-sent events (--host is Triton's HTTP address)")
+                             "generate_stream, server-sent events (--host is Triton's HTTP address); openai: "
+                             "streamed /v1/completions (--host is the OpenAI front's URL, the adapter the model)")
 
 
 class ReplayCursor:
@@ -95,7 +107,8 @@ def _quit_when_idle(environment: Any, cursor: ReplayCursor) -> None:
 
 
 class TritonUser(User):
-    """Owns one streaming client (gRPC stream or HTTP generate_stream); concrete users only declare tasks."""
+    """Owns one streaming client (gRPC stream, HTTP generate_stream or the OpenAI front); concrete users only declare
+    tasks."""
 
     abstract = True
 
@@ -103,8 +116,7 @@ class TritonUser(User):
         options = self.environment.parsed_options
         self.transport = options.transport if options is not None else "grpc"
         self.max_tokens = options.max_tokens if options is not None else 16
-        client = HttpStreamingClient if self.transport == "http" else StreamingClient
-        self.client = client(self.host, timeout_s=120)
+        self.client = CLIENTS[self.transport](self.host, timeout_s=120)
 
     def on_stop(self) -> None:
         self.client.close()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -118,3 +120,9 @@ def test_the_routers_control_key_is_on_no_command_line(trust_router):
             except OSError:
                 continue
             assert key.encode() not in cmdline, f"the control key is on the command line of process {proc.name}"
+
+
+def test_the_launcher_without_the_key_file_exits_with_one_line_naming_it(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "warmup_tools.fleet.smg_launch", "--secrets-dir", str(tmp_path),
+                           "--port", "1"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "router_control.key" in done.stderr and "Traceback" not in done.stderr

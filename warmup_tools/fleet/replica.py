@@ -41,7 +41,9 @@ class Replica:
         self.sidecar_url = f"http://127.0.0.1:{sidecar}"
         argv = [sys.executable, "-m", "warmup_tools", "sidecar", "--replica-name", name,
                 "--control-dir", str(control_dir),
-                "--host", host, "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                # NOTE: tritonserver on the loopback whatever the fleet's host: its front and sidecar are its clients.
+                "--host", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc),
+                "--metrics-port", str(metrics),
                 "--sidecar-port", str(sidecar), "--front-host", host, "--front-port", str(front),
                 "--log-file", str(work_dir / f"{name}.tritonserver.log"),
                 "--ready-timeout-s", str(settings.warm_timeout_s)]

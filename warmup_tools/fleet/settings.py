@@ -48,7 +48,8 @@ class FleetSettings:
     balance_rel_threshold: float = setting(1.2, "cache_aware: the same spill also needs that replica's requests "
                                                 "in flight above this multiple of the fleet's mean (smg "
                                                 "--balance-rel-threshold).", ge=1)
-    host: str = setting("127.0.0.1", "Address the router, the replicas' fronts and their servers listen on.")
+    host: str = setting("127.0.0.1", "Address the router and the replicas' fronts listen on (each replica's "
+                                     "tritonserver listens on the loopback: its front and sidecar are its clients).")
     port: int = setting(30000, "Port of the router's OpenAI API (0: any free port).", ge=0, le=65535)
     prometheus_port: int = setting(0, "Port of the router's Prometheus metrics (0: any free port; smg's own "
                                       "default, 29000, clashes with a second router on the host).", ge=0, le=65535)

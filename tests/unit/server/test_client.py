@@ -23,3 +23,12 @@ def test_generate_params_send_only_what_is_set():
     assert GenerateParams(max_tokens=None).as_json() == {}
     assert GenerateParams(max_tokens=4, adapter_id="sql", seed=3).as_json() == {
         "max_tokens": 4, "adapter_id": "sql", "seed": 3}
+
+
+def test_an_error_body_reads_the_same_from_triton_and_from_the_openai_front():
+    from warmup_tools.server.client import _error_text
+
+    assert _error_text('{"error": "model not found"}') == "model not found"
+    assert _error_text('{"error": {"message": "invalid tenant key", "type": "authentication_error"}}') == (
+        "invalid tenant key")
+    assert _error_text("<html>502</html>") == "<html>502</html>"

@@ -64,3 +64,4 @@ def test_stubs_import_this_checkouts_package(tmp_path, monkeypatch):
     env = server.environment(TritonDistribution(Path("/bin/tritonserver"), Path("/backends")))
     first, *rest = env["PYTHONPATH"].split(os.pathsep)
     assert Path(first) == Path(warmup_tools.__file__).resolve().parents[1] and rest == ["/elsewhere"]
+

@@ -8,9 +8,16 @@ recurses once per nesting level and raises ``RecursionError`` on a file of 100,0
 without recursion, against :data:`MAX_DEPTH`. Every failure is a
 :class:`~warmup_tools.common.errors.FileFormatError` that names the file and the cause.
 
-NOTE: no regular expression or other scan runs over the raw bytes first: a pre-scan that skipped strings with
-a backtracking pattern took exponential time on one unclosed quote, holding the GIL of every thread of the
-process that read the file.
+A reader that names ``max_values`` also bounds what parsing costs: the parser makes one Python object per JSON
+value (a ``[]`` of 3 bytes is a list of 56 bytes and more), so 16 MiB of ``[[],[],...]`` took 5.7 s and 774 MiB
+to parse. :func:`json_values` counts the values on the raw bytes first, with C-speed bytes operations only
+(``translate``, ``replace``, ``split``, ``join``: each one pass, no pattern), and a file with more is refused
+before it is parsed.
+
+NOTE: no regular expression runs over the raw bytes: a pre-scan that skipped strings with a backtracking
+pattern took exponential time on one unclosed quote, holding the GIL of every thread of the process that read
+the file (and a possessive pattern is still quadratic on an unclosed run of escaped quotes: each one starts a
+new attempt that scans to the end).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from warmup_tools.common.errors import FileFormatError
+from warmup_tools.common.regular_file import FileTooLarge, read_regular
 
 #: Deepest nesting a control file may have. The formats need 4 (document, adapters or items, one entry,
 #: its list); the margin is for formats that grow, not for documents that recurse.
@@ -32,6 +40,37 @@ def read_capped(file: BinaryIO, max_bytes: int, what: str) -> bytes:
     if len(raw) > max_bytes:
         raise FileFormatError(f"{what}: larger than {max_bytes} bytes")
     return raw
+
+
+#: Every byte but those :func:`json_values` counts with: the quote and ``,`` ``[`` ``{``.
+_NOT_COUNTED = bytes(b for b in range(256) if b not in b'",[{')
+#: Bytes :func:`json_values` splits at a time (its lists of pieces stay small).
+_CHUNK = 1 << 20
+
+
+def json_values(raw: bytes) -> int:
+    """At most how many values (arrays, objects, strings, numbers, literals; not the keys) the JSON ``raw`` holds,
+    counted without parsing it: one, and one per ``,``, ``[`` and ``{`` outside strings (each value but a
+    container's first follows a comma; each first one is in a container). Linear in ``len(raw)``.
+
+    Strings are found as JSON delimits them: every escaped backslash and escaped quote removed, the quotes left
+    alternate open and close. For a document that is not JSON the count is some number; the parser refuses it.
+    """
+    # Escapes out of the way, "\\" first (so that "\\\"" is a backslash and an escaped quote, and "\\"" a
+    # backslash and a closing quote), on the raw bytes (the byte after a backslash must still be there), then only
+    # the bytes that count; no backslash is left but one outside any string (not JSON: it counts nothing).
+    marks = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_COUNTED)
+    # Two quotes side by side hold nothing counted between them (an empty string, or a key's close and its
+    # value's open): out, they keep the parity and spare the split one piece each.
+    marks = marks.replace(b'""', b"")
+    count, inside = 1, False
+    for start in range(0, len(marks), _CHUNK):
+        pieces = marks[start:start + _CHUNK].split(b'"')
+        # Outside strings: the even pieces, or the odd ones while the chunk begins inside a string; every byte of
+        # a piece is a comma or a bracket.
+        count += len(b"".join(pieces[1::2] if inside else pieces[0::2]))
+        inside ^= (len(pieces) - 1) % 2 == 1
+    return count
 
 
 def nesting_depth(value: Any) -> int:
@@ -48,11 +87,17 @@ def nesting_depth(value: Any) -> int:
     return deepest
 
 
-def loads_bounded(raw: bytes, what: str, *, max_depth: int = MAX_DEPTH) -> Any:
-    """Parse ``raw`` as JSON that nests at most ``max_depth`` deep; FileFormatError naming ``what`` otherwise.
+def loads_bounded(raw: bytes, what: str, *, max_depth: int = MAX_DEPTH, max_values: int | None = None) -> Any:
+    """Parse ``raw`` as JSON that nests at most ``max_depth`` deep and, with ``max_values``, holds at most that
+    many values (:func:`json_values`, counted before parsing); FileFormatError naming ``what`` otherwise.
 
     The messages say what is wrong and where, never the bad content.
     """
+    if max_values is not None:
+        values = json_values(raw)
+        if values > max_values:
+            raise FileFormatError(f"{what}: {values} JSON values by its commas and brackets, more than the "
+                                  f"{max_values} allowed (refused before parsing)")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -70,11 +115,14 @@ def loads_bounded(raw: bytes, what: str, *, max_depth: int = MAX_DEPTH) -> Any:
     return value
 
 
-def read_json_bounded(path: Path, *, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
-    """Read and parse a control file of at most ``max_bytes``; FileFormatError (naming the file) otherwise."""
+def read_json_bounded(path: Path, *, max_bytes: int, max_depth: int = MAX_DEPTH,
+                      max_values: int | None = None) -> Any:
+    """Read and parse a control file of at most ``max_bytes`` (a regular file: a FIFO there is refused, not waited
+    on; :func:`~warmup_tools.common.regular_file.read_regular`); FileFormatError (naming the file) otherwise."""
     try:
-        with open(path, "rb") as file:
-            raw = read_capped(file, max_bytes, str(path))
+        raw, _ = read_regular(path, max_bytes, follow_symlinks=True)
+    except FileTooLarge:
+        raise FileFormatError(f"{path}: larger than {max_bytes} bytes") from None
     except OSError as exc:
         raise FileFormatError(f"{path}: cannot read ({exc.strerror or type(exc).__name__})") from None
-    return loads_bounded(raw, str(path), max_depth=max_depth)
+    return loads_bounded(raw, str(path), max_depth=max_depth, max_values=max_values)

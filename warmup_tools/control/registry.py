@@ -30,8 +30,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from warmup_tools.common.control_json import loads_bounded, read_capped, read_json_bounded
+from warmup_tools.common.control_json import loads_bounded, read_json_bounded
 from warmup_tools.common.files import stat_key, write_atomic
+from warmup_tools.common.regular_file import FileTooLarge, NotARegularFile, read_regular
 from warmup_tools.control.state import AdapterSpec, AdapterState, AdapterStatus, LifecycleError, validate_name
 
 LOGGER = logging.getLogger(__name__)
@@ -51,6 +52,11 @@ FORMAT_VERSION = 1
 
 #: Bounds on what a reader takes from the control folder (desired.json holds every adapter's warm prompts).
 MAX_DESIRED_BYTES = 16 * 1024 * 1024
+#: The most JSON values desired.json may hold, counted on its bytes before it is parsed (control_json.json_values):
+#: an adapter is 6 values and one per warm prompt, so this is e.g. 1,000 adapters of 59 prompts. Parsing is what
+#: costs (16 MiB of ``[[],[],...]``, 5.6 million values, took every reader 5.7 s and 774 MiB); this many cost a
+#: few milliseconds and megabytes, text of any length besides.
+MAX_DESIRED_VALUES = 65_536
 MAX_STATUS_BYTES = 1024 * 1024
 
 
@@ -228,15 +234,15 @@ class ControlRegistry:
     def _read_desired(self) -> tuple[int, dict[str, AdapterSpec], tuple[int, int, int] | None]:
         """Read and validate desired.json; the stat key is taken from the open file, so it matches the bytes."""
         try:
-            with open(self.desired_path, "rb") as file:
-                st = os.fstat(file.fileno())
-                raw = read_capped(file, MAX_DESIRED_BYTES, DESIRED_FILE)
+            # NOTE: a regular file only, opened without blocking: a FIFO here would hang every reader for good.
+            raw, st = read_regular(self.desired_path, MAX_DESIRED_BYTES, follow_symlinks=True)
         except FileNotFoundError:
             return 0, {}, None
+        except (FileTooLarge, NotARegularFile) as exc:  # refused like any other bad file, below (once per change)
+            cause = getattr(exc, "strerror", None) or exc
+            st, raw, bad = os.stat(self.desired_path), b"", ValueError(f"{DESIRED_FILE}: {cause}")
         except OSError as exc:
-            raise LifecycleError(f"cannot read {self.desired_path}: {exc}") from exc
-        except ValueError as exc:  # too big: refused like any other bad file, below
-            raw, bad = b"", exc
+            raise LifecycleError(f"cannot read {self.desired_path}: {exc.strerror or exc}") from exc
         else:
             bad = None
         key = (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -244,7 +250,7 @@ class ControlRegistry:
             if bad is not None:
                 raise bad
             # NOTE: bounded and iterative: a deeply nested file is a bad file, not a RecursionError.
-            document = _expect(loads_bounded(raw, DESIRED_FILE), dict, "desired.json")
+            document = _expect(loads_bounded(raw, DESIRED_FILE, max_values=MAX_DESIRED_VALUES), dict, "desired.json")
             unknown = set(document) - {"format", "generation", "adapters"}
             if unknown:
                 raise LifecycleError(f"unknown keys {sorted(unknown)}")
@@ -286,7 +292,7 @@ def _dump(document: Mapping[str, Any]) -> bytes:
 
 def _expect(value: Any, kind: type, what: str) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise LifecycleError(f"{what} must be a {kind.__name__}, got {value!r}")
+        raise LifecycleError(f"{what} must be a {kind.__name__}, got a {type(value).__name__}")  # not the content
     return value
 
 

@@ -2,13 +2,22 @@
 
 import io
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from tests.waiting import HANG_S
-from warmup_tools.common.control_json import MAX_DEPTH, loads_bounded, nesting_depth, read_capped, read_json_bounded
+from warmup_tools.common import regular_file
+from warmup_tools.common.control_json import (
+    MAX_DEPTH,
+    json_values,
+    loads_bounded,
+    nesting_depth,
+    read_capped,
+    read_json_bounded,
+)
 from warmup_tools.common.errors import FileFormatError
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -102,12 +111,71 @@ def test_every_failure_of_a_file_names_it_and_the_depth_bound_is_the_callers(tmp
         read_json_bounded(path, max_bytes=100)
     with pytest.raises(FileFormatError, match=rf"^{path}: larger than 3 bytes"):
         read_json_bounded(path, max_bytes=3)
-    with pytest.raises(FileFormatError, match=rf"^{tmp_path}: cannot read \(Is a directory\)$"):
+    with pytest.raises(FileFormatError, match=rf"^{tmp_path}: cannot read \(not a regular file \(a directory\)\)$"):
         read_json_bounded(tmp_path, max_bytes=3)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)  # a plain open() would wait for a writer forever
+    with pytest.raises(FileFormatError, match=rf"^{fifo}: cannot read \(not a regular file \(a FIFO\)\)$"):
+        read_json_bounded(fifo, max_bytes=3)
 
     def no_reason(*_args, **_kwargs):
         raise PermissionError()  # an OSError with no strerror: its type names the cause
 
-    monkeypatch.setattr("builtins.open", no_reason)
+    monkeypatch.setattr(regular_file.os, "open", no_reason)
     with pytest.raises(FileFormatError, match=rf"^{path}: cannot read \(PermissionError\)$"):
         read_json_bounded(path, max_bytes=3)
+
+
+@pytest.mark.parametrize("text", [
+    '1', '[]', '[1, 2]', '{"a": [1, {"b": []}]}', '["[[,,{", "}}]]\\"[[,"]', '{"k\\\\": [[]]}', '[[], [[[]]], {}]',
+    '"a,b"', '["\\\\", 1]', '["\\\\\\"", 1]', '["a\\n", 1, 2]', '{"a": "", "b": "", "c": [""]}',
+    '{"format": 1, "adapters": {"sql": {"target": "live", "warm_prompts": ["Hi, [you]", "{x}"], "path": null}}}',
+])
+def test_the_values_counted_on_the_bytes_are_at_least_those_parsed_and_ignore_strings(text):
+    parsed = json.loads(text)
+
+    def values(node):
+        inside = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        return 1 + sum(values(child) for child in inside)
+
+    counted = json_values(text.encode())
+    assert values(parsed) <= counted <= 2 * values(parsed)
+    assert json_values(text.replace(" ", "").encode()) == counted
+
+
+def test_the_count_crosses_the_pieces_it_splits_into_inside_and_outside_strings(monkeypatch):
+    from warmup_tools.common import control_json
+
+    monkeypatch.setattr(control_json, "_CHUNK", 3)
+    assert json_values(b'["a,b,c,d", [], "x[y", {}, ","]') == 1 + 7  # [ , [ , , { , outside the strings
+    assert json_values(b'["' + b"," * 10 + b'"]') == 2
+
+
+def test_a_document_of_more_values_than_its_reader_allows_is_refused_before_it_is_parsed(monkeypatch):
+    raw = b"[" + b"[]," * 99 + b"[]]"  # 101 values (100 lists in one), 201 by the count: 101 [ and 99 ,
+    assert len(loads_bounded(raw, "desired.json", max_values=201)) == 100
+
+    def parse(*_args, **_kwargs):
+        raise AssertionError("parsed")
+
+    monkeypatch.setattr(json, "loads", parse)
+    with pytest.raises(FileFormatError, match=r"^desired\.json: 201 JSON values by its commas and brackets, more "
+                                              r"than the 200 allowed \(refused before parsing\)$"):
+        loads_bounded(raw, "desired.json", max_values=200)
+    # Commas and brackets inside strings are text, not values.
+    monkeypatch.undo()
+    prose = json.dumps({"warm_prompts": ["Hello, world, [a], {b}, " * 1000]}).encode()
+    assert loads_bounded(prose, "desired.json", max_values=3)["warm_prompts"][0].startswith("Hello, world")
+
+
+@pytest.mark.parametrize("raw", [
+    b'["' + b'\\"' * (5 << 20),                               # 15 MiB of escaped quotes, never closed
+    b'"' * (16 << 20),                                          # 16 MiB of quotes
+    b"[" + b'",' * (8 << 20) + b'"]',                           # a quote and a comma, 8 million times
+])
+def test_counting_the_values_of_a_hostile_file_finishes(raw):
+    # A bound only a hang reaches (a pattern that restarts at each escaped quote is quadratic), not a speed check.
+    code = ("import sys\nfrom warmup_tools.common.control_json import json_values\n"
+            "print(json_values(sys.stdin.buffer.read()))\n")
+    done = subprocess.run([sys.executable, "-c", code], input=raw, capture_output=True, timeout=HANG_S)
+    assert done.returncode == 0 and int(done.stdout) >= 1, done.stderr

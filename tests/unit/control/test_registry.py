@@ -1,5 +1,6 @@
 import json
 import multiprocessing
+import os
 import threading
 import time
 
@@ -464,7 +465,8 @@ def test_a_deeply_nested_control_file_is_a_bad_file_and_the_instance_keeps_polli
     engine = FakeEngine()
     registry = ControlRegistry(tmp_path)
     reconciler = Reconciler(registry, AdapterLifecycle(), "i0", load=engine.load, warm=engine.warm)
-    (tmp_path / "desired.json").write_bytes(b'{"adapters": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    # 50,000 levels: past the parser's recursion limit, under the values bound (MAX_DESIRED_VALUES, checked first).
+    (tmp_path / "desired.json").write_bytes(b'{"adapters": ' + b"[" * 50_000 + b"]" * 50_000 + b"}")
     assert reconciler.maybe_reconcile() is False  # every poll: no RecursionError, one log line in all
     assert reconciler.maybe_reconcile() is False
     assert sum("not a valid control file" in r.getMessage() for r in caplog.records) == 1
@@ -473,6 +475,40 @@ def test_a_deeply_nested_control_file_is_a_bad_file_and_the_instance_keeps_polli
     (tmp_path / "desired.json").unlink()
     registry.add("a", ["warm me"])
     assert reconciler.maybe_reconcile() is True and reconciler.lifecycle.check_servable("a")
+
+
+def test_a_desired_file_of_millions_of_empty_lists_is_refused_before_parsing_and_the_instance_keeps_its_adapters(
+        tmp_path, caplog, monkeypatch):
+    # 16 MiB of [[],[],...] passed the size cap and cost every reader 5.7 s and 774 MiB to parse.
+    engine = FakeEngine()
+    registry = ControlRegistry(tmp_path)
+    reconciler = Reconciler(registry, AdapterLifecycle(), "i0", load=engine.load, warm=engine.warm)
+    registry.add("a", ["warm me"])
+    assert reconciler.maybe_reconcile() is True and reconciler.lifecycle.check_servable("a")
+    flood = b"[" + b"[]," * ((16 << 20) // 3 - 1) + b"[]]"
+    assert len(flood) <= adapters.MAX_DESIRED_BYTES
+    (tmp_path / "desired.json").write_bytes(flood)
+    parsed = []
+    real_loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda *args, **kwargs: parsed.append(1) or real_loads(*args, **kwargs))
+    assert reconciler.maybe_reconcile() is False and reconciler.maybe_reconcile() is False
+    assert parsed == []
+    lines = [r.getMessage() for r in caplog.records if "not a valid control file" in r.getMessage()]
+    assert len(lines) == 1 and "desired.json" in lines[0] and "JSON values" in lines[0], lines
+    assert "[[]" not in lines[0] and "more than the 65536 allowed (refused before parsing)" in lines[0]
+    reconciler.lifecycle.check_servable("a")  # still served as before
+
+
+def test_a_desired_file_that_is_a_fifo_is_refused_once_and_never_blocks_a_reader(tmp_path, caplog):
+    engine = FakeEngine()
+    registry = ControlRegistry(tmp_path)
+    reconciler = Reconciler(registry, AdapterLifecycle(), "i0", load=engine.load, warm=engine.warm)
+    os.mkfifo(tmp_path / "desired.json")  # a plain open() waits for a writer forever
+    assert reconciler.maybe_reconcile() is False and reconciler.maybe_reconcile() is False
+    lines = [r.getMessage() for r in caplog.records if "not a valid control file" in r.getMessage()]
+    assert len(lines) == 1 and "desired.json: not a regular file (a FIFO)" in lines[0], lines
+    with pytest.raises(LifecycleError, match=r"desired\.json: not a regular file \(a FIFO\)"):
+        registry.desired()
 
 
 def test_an_oversized_desired_file_is_refused_before_it_is_read(tmp_path, monkeypatch):

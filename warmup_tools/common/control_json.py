@@ -115,14 +115,22 @@ def loads_bounded(raw: bytes, what: str, *, max_depth: int = MAX_DEPTH, max_valu
     return value
 
 
+def read_file_capped(path: Path, max_bytes: int, what: str) -> bytes:
+    """A control file's bytes, at most ``max_bytes`` (FileFormatError naming ``what`` when it holds more), from a
+    regular file only: a FIFO there is refused, not waited on (:func:`~warmup_tools.common.regular_file.read_regular`,
+    whose OSErrors pass through: ``FileNotFoundError``, ``NotARegularFile``)."""
+    try:
+        return read_regular(path, max_bytes, follow_symlinks=True)[0]
+    except FileTooLarge:
+        raise FileFormatError(f"{what}: larger than {max_bytes} bytes") from None
+
+
 def read_json_bounded(path: Path, *, max_bytes: int, max_depth: int = MAX_DEPTH,
                       max_values: int | None = None) -> Any:
-    """Read and parse a control file of at most ``max_bytes`` (a regular file: a FIFO there is refused, not waited
-    on; :func:`~warmup_tools.common.regular_file.read_regular`); FileFormatError (naming the file) otherwise."""
+    """Read (:func:`read_file_capped`) and parse a control file of at most ``max_bytes``; FileFormatError (naming the
+    file) otherwise."""
     try:
-        raw, _ = read_regular(path, max_bytes, follow_symlinks=True)
-    except FileTooLarge:
-        raise FileFormatError(f"{path}: larger than {max_bytes} bytes") from None
+        raw = read_file_capped(path, max_bytes, str(path))
     except OSError as exc:
         raise FileFormatError(f"{path}: cannot read ({exc.strerror or type(exc).__name__})") from None
     return loads_bounded(raw, str(path), max_depth=max_depth, max_values=max_values)

@@ -19,6 +19,9 @@ from pathlib import Path
 class NotARegularFile(OSError):
     """The path is a FIFO, socket, device or directory (or, without ``follow_symlinks``, a symbolic link)."""
 
+    def __str__(self) -> str:
+        return str(self.strerror)  # what it is, without an errno that says less
+
 
 class FileTooLarge(ValueError):
     """The file holds more than the bound the reader took (``size``: what ``fstat`` said, or the bytes read)."""

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from warmup_tools.common.control_json import loads_bounded, read_capped
+from warmup_tools.common.control_json import loads_bounded, read_file_capped
 from warmup_tools.common.errors import FileFormatError
 from warmup_tools.common.files import stat_key, write_atomic
 from warmup_tools.common.plan import PLAN_FORMAT, Plan, PlanError
@@ -167,8 +167,7 @@ def read_canary(root: Path, *, max_bytes: int = MAX_CANARY_BYTES) -> CanaryAssig
     """The plan on trial in ``root`` (None: no ``canary.json``); :class:`PlanError` for a file that is not one."""
     path = Path(root) / CANARY_FILE
     try:
-        with open(path, "rb") as file:
-            raw = read_capped(file, max_bytes, CANARY_FILE)
+        raw = read_file_capped(path, max_bytes, CANARY_FILE)
     except FileNotFoundError:
         return None
     except (OSError, FileFormatError) as exc:
@@ -211,8 +210,7 @@ class PlanFileWatcher:
             return None
         self._key = (path, key)
         try:
-            with open(path, "rb") as file:
-                raw = read_capped(file, self.max_bytes, PLAN_FILE)
+            raw = read_file_capped(path, self.max_bytes, PLAN_FILE)
             plan = LivePlan.parse(raw, max_items=self.max_items)
             if self._canary is not None and plan.plan_id != self._canary.plan_id:
                 raise PlanError(f"the plan on trial is {self._canary.plan_id}, the file holds {plan.plan_id}")
@@ -328,10 +326,7 @@ class PlanStatusBoard:
             if path.name.startswith("."):
                 continue
             try:
-                with open(path, "rb") as file:
-                    raw = file.read(self.max_bytes + 1)
-                if len(raw) > self.max_bytes:
-                    raise ValueError(f"larger than {self.max_bytes} bytes")
+                raw = read_file_capped(path, self.max_bytes, "status file")  # a FIFO is refused, not waited on
                 status = PlanStatus.from_json(raw)
             except (OSError, ValueError) as exc:
                 skipped.append(f"{path.name}: {exc}")

@@ -26,7 +26,7 @@ def test_a_regular_file_is_read_whole_up_to_its_bound_inclusive(tmp_path):
 def test_a_fifo_socket_or_directory_is_refused_at_once(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)  # no writer: a plain open() would wait for one forever
-    with pytest.raises(NotARegularFile, match=r"not a regular file \(a FIFO\)"):
+    with pytest.raises(NotARegularFile, match=r"^not a regular file \(a FIFO\)$"):
         read_regular(fifo, 100)
     with pytest.raises(NotARegularFile, match=r"not a regular file \(a directory\)"):
         read_regular(tmp_path, 100)

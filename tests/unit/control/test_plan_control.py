@@ -16,6 +16,7 @@ from warmup_tools.control.plan_control import (
     PlanFileWatcher,
     PlanStatus,
     PlanStatusBoard,
+    read_canary,
 )
 from warmup_tools.control.plan_history import write_live_plan
 
@@ -110,3 +111,23 @@ def test_statuses_round_trip_and_unreadable_ones_are_skipped(tmp_path):
     bad["adapters"]["sql"]["resident"] = 11
     with pytest.raises(ValueError, match="resident"):
         PlanStatus.from_json(json.dumps(bad).encode())
+
+
+def test_a_fifo_in_place_of_plan_json_canary_json_or_a_status_file_is_refused_without_blocking(tmp_path, caplog):
+    # A plain open() of a FIFO waits for a writer that never comes: the instance's plan watcher, or the sidecar
+    # reading the status board, hung for good.
+    import os
+
+    os.mkfifo(tmp_path / "plan.json")
+    watcher = PlanFileWatcher(tmp_path)
+    with caplog.at_level(logging.ERROR):
+        assert watcher.poll() is None
+    assert "not a regular file (a FIFO)" in watcher.error and "keeping the plan served now" in caplog.text
+    os.mkfifo(tmp_path / "canary.json")
+    with pytest.raises(PlanError, match=r"canary\.json: .*not a regular file \(a FIFO\)"):
+        read_canary(tmp_path)
+    board = PlanStatusBoard(tmp_path)
+    board.folder.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(board.folder / "lora_adapter_0_9.json")
+    found, skipped = board.read_all()
+    assert found == {} and len(skipped) == 1 and "not a regular file (a FIFO)" in skipped[0]

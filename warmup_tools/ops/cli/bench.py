@@ -26,6 +26,8 @@ BENCHES = {
                "tenant mix's plan rolled back; minutes to each verdict and each instance's cold share",
     "load": "Locust users replay day 2's first hour concurrently, with and without the plan",
     "flood": "unique tenants and prompts: stub RSS, /metrics series and cache bytes before/after",
+    "tenant-flood": "one tenant floods two simulated replicas through the smg router: another tenant's TTFT p99 "
+                    "during the flood vs before it, the flooder's 429s, readiness and reloads meanwhile",
     "trust": "trust mode: another tenant's cached_tokens and TTFT on one tenant's prompts vs prompts nobody sent "
              "(the TTFT side channel)",
     "concurrency": "tokens/s, TTFT and inter-token latency at 1, 4, 8 and 16 concurrent streams",

@@ -498,9 +498,7 @@ class Scheduler:
                 self.stats.fair_preemptions += 1
                 running[holder] -= 1
                 slots = 1
-        if slots <= 0:
-            return
-        for seq in fair_order(self._waiting, running):
+        for seq in fair_order(self._waiting, running) if slots > 0 else ():
             admitted = self._admit_one(seq)
             if admitted is None and self._running:  # memory is full: admit nothing more this step
                 break
@@ -509,7 +507,7 @@ class Scheduler:
                 slots -= 1
                 if slots <= 0:
                     break
-        self._admit_warm()
+        self._admit_warm()  # NOTE: also when every slot is taken: warm-up runs in the budget live rows leave
 
     def _admit_one(self, seq: Sequence, front: bool = False) -> bool | None:
         """Admit one waiting live sequence if it fits: True admitted, False waits (single flight, or it ended),

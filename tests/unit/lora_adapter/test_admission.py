@@ -182,3 +182,15 @@ def test_held_counts_return_to_zero_however_requests_end():
     flood(scheduler, "acme", 3)
     scheduler.stop()  # the rest end with UNAVAILABLE
     assert scheduler._held == {}
+
+
+def test_a_warm_prompt_is_admitted_while_every_tenant_slot_is_taken():
+    scheduler = Scheduler(FakeEngine(), SchedulerConfig(max_num_seqs=2, max_queue=4, live_quiet_s=0))
+    taken, _ = flood(scheduler, "flooder", 2, max_tokens=LONG)  # both slots, nothing waiting
+    scheduler.step()
+    done = scheduler.submit_warm(None, tuple(prompts(1, seed=9, shared=0)[0]))
+    while not done.done() and scheduler.running:
+        scheduler.step()
+    assert done.done() and done.exception() is None
+    assert all(not s.steps[-1].finished for s in taken)  # warmed beside the running tenants, not after them
+    drain(scheduler)

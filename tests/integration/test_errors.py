@@ -79,6 +79,24 @@ def test_http_errors_carry_a_status_and_message(triton):
     assert http_generate(triton.http_url, "hello", GOOD)["text_output"] is not None
 
 
+def test_a_lone_surrogate_through_triton_s_http_generate_is_refused_by_its_parser_and_triton_serves_on(triton):
+    # JSON's "\ud800" escape not in a pair: a lone high surrogate never reaches a model, tritonserver's own JSON
+    # parser (RapidJSON) refuses the body with its message and the status it gives every body it cannot parse (500
+    # in 2.51, as for '{not json' above: Triton's, not the project's; the front answers 400 before Triton sees
+    # it). A lone low surrogate passes that parser as its 3-byte encoding; the model's strict UTF-8 decode
+    # (warmup_tools/triton/inputs.py) refuses it: 400.
+    for body in (b'{"text_input": "a\\ud800b", "max_tokens": 3}',
+                 b'{"text_input": "a", "max_tokens": 3, "tenant_id": "\\ud800"}'):
+        response = requests.post(f"http://{triton.http_url}/v2/models/ensemble/generate", data=body, timeout=60)
+        assert response.status_code >= 400, (body, response.text)
+        assert "surrogate pair in string is invalid" in response.json()["error"], (body, response.text)
+    for body in (b'{"text_input": "\\udfff", "max_tokens": 3}', b'{"text_input": "x\\udc00y", "max_tokens": 3}'):
+        response = requests.post(f"http://{triton.http_url}/v2/models/ensemble/generate", data=body, timeout=60)
+        assert response.status_code == 400, (body, response.text)
+        assert "input 'text_input' is not valid UTF-8" in response.json()["error"], (body, response.text)
+    assert http_generate(triton.http_url, "hello", GOOD)["text_output"] is not None
+
+
 def _infer_direct(triton, model, inputs):
     """One request straight to a composing model (not through ``ensemble``), as any client may send."""
     import tritonclient.http as httpclient

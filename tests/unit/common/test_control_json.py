@@ -146,9 +146,23 @@ def test_the_values_counted_on_the_bytes_are_at_least_those_parsed_and_ignore_st
 def test_the_count_crosses_the_pieces_it_splits_into_inside_and_outside_strings(monkeypatch):
     from warmup_tools.common import control_json
 
-    monkeypatch.setattr(control_json, "_CHUNK", 3)
-    assert json_values(b'["a,b,c,d", [], "x[y", {}, ","]') == 1 + 7  # [ , [ , , { , outside the strings
-    assert json_values(b'["' + b"," * 10 + b'"]') == 2
+    texts = [b'["a,b,c,d", [], "x[y", {}, ","]', b'["' + b"," * 10 + b'"]', b'[",", ",", ",", [",", {"k": ","}]]',
+             b'["a", ",b", "c,", ",", "[", "{", 1, [2, [3]]]']
+    whole = [json_values(text) for text in texts]
+    assert whole[:2] == [1 + 7, 2]  # [ , [ , , { , outside the strings; the commas of one string count nothing
+    for chunk in (1, 2, 3, 4, 5, 7):  # pieces that start inside and outside strings, an odd or even count of quotes
+        monkeypatch.setattr(control_json, "_CHUNK", chunk)
+        assert [json_values(text) for text in texts] == whole, chunk
+
+
+def test_a_control_file_reader_passes_its_values_bound_and_follows_a_symbolic_link(tmp_path):
+    # A Kubernetes ConfigMap mounts each file as a symbolic link: followed, to a regular file only.
+    target, link = tmp_path / "data.json", tmp_path / "desired.json"
+    target.write_bytes(b"[1, 2, 3]")
+    link.symlink_to(target)
+    assert read_json_bounded(link, max_bytes=100, max_values=4) == [1, 2, 3]
+    with pytest.raises(FileFormatError, match=rf"^{link}: 4 JSON values by its commas and brackets, more than the 3"):
+        read_json_bounded(link, max_bytes=100, max_values=3)
 
 
 def test_a_document_of_more_values_than_its_reader_allows_is_refused_before_it_is_parsed(monkeypatch):

@@ -7,12 +7,12 @@ STAMP := $(VENV)/.installed
 ASSETS := .assets
 PYTEST_ARGS ?=
 
-.PHONY: demo test assets venv serve clean redis lint mutation
+.PHONY: demo test assets venv serve clean redis nginx lint mutation
 
 demo: assets
 	$(PY) -m warmup_tools demo
 
-test: assets redis lint
+test: assets redis nginx lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 	@! pgrep -a -f 'bin/[t]ritonserver|[t]riton_python_backend_stub' || \
 		{ echo "error: a tritonserver or stub outlived the tests"; exit 1; }
@@ -46,6 +46,11 @@ mutation: assets
 redis:
 	@command -v redis-server >/dev/null || { echo "installing redis-server (Debian package)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+
+# The gateway and direct-access proxy tests run a real nginx (Debian's nginx-light), started and stopped by the tests.
+nginx:
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || { echo "installing nginx-light (Debian package)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null; }
 
 clean:
 	rm -rf $(VENV) $(ASSETS) .build .pytest_cache mutants

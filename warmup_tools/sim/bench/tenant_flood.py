@@ -54,6 +54,10 @@ class FloodReport:
     busy_probes: dict[str, int]
     #: Per replica with a reload or restart: the sidecar's last one (what, why it failed if it did).
     last_recovery: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The quiet tenant's TTFT inside lora_adapter (its request logs), before and during the flood: the scheduler's
+    #: share of the TTFT, without the front, the router and the steps before lora_adapter.
+    server_quiet_ttft_ms: list[float] = dataclasses.field(default_factory=list)
+    server_flood_ttft_ms: list[float] = dataclasses.field(default_factory=list)
 
     @property
     def ratio(self) -> float:
@@ -62,13 +66,15 @@ class FloodReport:
 
 def flood_fleet(router_url: str, sidecar_urls: dict[str, str], *, flooders: int, quiet_requests: int,
                 flood_max_tokens: int = 64, quiet_max_tokens: int = 4, max_flood_requests: int = 100_000,
-                saturate_timeout_s: float = 300.0, retry_after: bool = False) -> FloodReport:
+                saturate_timeout_s: float = 300.0, retry_after: bool = False,
+                request_log_dir: Path | None = None) -> FloodReport:
     """The quiet tenant's TTFTs before and during a flood of ``flooders`` concurrent streams of another tenant
     through ``router_url``; ``sidecar_urls`` (replica name: sidecar URL) are read for readiness meanwhile and for
     their reloads after. Every loop is bounded: the flood by ``max_flood_requests`` and by the quiet tenant's end,
     the wait for the flood to fill the instances (its first refusal) by ``saturate_timeout_s``. ``retry_after``:
     a flooding stream refused with 429 waits the answer's ``Retry-After`` before its next request (as OpenAI's
-    SDKs do); otherwise it sends the next one at once."""
+    SDKs do); otherwise it sends the next one at once. ``request_log_dir``: the fleet's request logs, from which
+    the quiet tenant's TTFT inside lora_adapter is read."""
     import httpx
 
     with httpx.Client(timeout=600) as client:
@@ -109,6 +115,7 @@ def flood_fleet(router_url: str, sidecar_urls: dict[str, str], *, flooders: int,
         while not first_429 and time.monotonic() < deadline and any(t.is_alive() for t in threads):
             time.sleep(0.05)
         watcher.start()
+        flood_started = time.time()
         with httpx.Client(timeout=600) as client:
             during = [_quiet_request(client, router_url, quiet_max_tokens) for _ in range(quiet_requests)]
     finally:
@@ -117,11 +124,14 @@ def flood_fleet(router_url: str, sidecar_urls: dict[str, str], *, flooders: int,
             thread.join()
         watcher.stop()
     recoveries, busy, last = _sidecar_counts(sidecar_urls)
+    logged = _logged_ttfts(request_log_dir, quiet_requests * 2) if request_log_dir is not None else []
     return FloodReport(
         quiet_ttft_ms=[t for t, _ in quiet if t is not None], flood_ttft_ms=[t for t, _ in during if t is not None],
         quiet_errors=[e for _, e in quiet + during if e], flooder_statuses=statuses,
         first_429=first_429[0] if first_429 else None, readiness_reads=watcher.reads, not_ready=watcher.not_ready,
-        recoveries=recoveries, busy_probes=busy, last_recovery=last)
+        recoveries=recoveries, busy_probes=busy, last_recovery=last,
+        server_quiet_ttft_ms=[t for ts, t in logged if ts < flood_started],
+        server_flood_ttft_ms=[t for ts, t in logged if ts >= flood_started])
 
 
 def _quiet_request(client: Any, url: str, max_tokens: int) -> tuple[float | None, str]:
@@ -141,6 +151,19 @@ def _quiet_request(client: Any, url: str, max_tokens: int) -> tuple[float | None
     # NOTE: a generation whose first tokens decode to no text (the simulated engine's tokens are a function of
     # the context) was still served: its first answer came when the stream ended.
     return (streamed.ttft_s if streamed.ttft_s is not None else streamed.total_s) * 1000, ""
+
+
+def _logged_ttfts(folder: Path, expected: int, timeout_s: float = 60.0) -> list[tuple[float, float]]:
+    """``(ts, ttft_ms)`` of the quiet tenant's requests in the request logs, once ``expected`` are there (the
+    writers flush off the scheduler's thread) or after ``timeout_s``."""
+    from warmup_tools.common.records import log_files, read_request_log
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = [(r.ts, r.ttft_ms) for r in read_request_log(log_files(folder)) if r.tenant == QUIET]
+        if len(found) >= expected or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
 
 
 def _json(response: Any) -> dict[str, Any]:
@@ -233,7 +256,7 @@ def run(assets_dir: Path, *,
         with Fleet(settings) as fleet:
             report = flood_fleet(fleet.router.url, {n: r.sidecar_url for n, r in fleet.replicas.items()},
                                  flooders=flooders, quiet_requests=quiet_requests, flood_max_tokens=flood_max_tokens,
-                                 retry_after=retry_after)
+                                 retry_after=retry_after, request_log_dir=fleet.request_log_dir)
     write_report(report, flooders, out, retry_after)
 
 
@@ -247,10 +270,17 @@ def write_report(report: FloodReport, flooders: int, out: TextIO, retry_after: b
     pause = "waits Retry-After after a 429" if retry_after else "sends again at once after a 429"
     out.write(f"two simulated replicas ({PROFILE}, {bounds}) behind smg; {flooders} concurrent streams of one "
               f"tenant, each {pause}\n\n| quiet tenant | requests | TTFT p50 ms | TTFT p99 ms |\n|---|---|---|---|\n")
-    out.write(row("before the flood", report.quiet_ttft_ms))
-    out.write(row("during the flood", report.flood_ttft_ms))
+    out.write(row("before the flood (client)", report.quiet_ttft_ms))
+    out.write(row("during the flood (client)", report.flood_ttft_ms))
+    if report.server_quiet_ttft_ms:
+        out.write(row("before the flood (inside lora_adapter)", report.server_quiet_ttft_ms))
+        out.write(row("during the flood (inside lora_adapter)", report.server_flood_ttft_ms))
     if report.quiet_ttft_ms and report.flood_ttft_ms:
-        out.write(f"\nTTFT p99 during / before: {report.ratio:.2f}x\n")
+        out.write(f"\nTTFT p99 during / before: {report.ratio:.2f}x at the client")
+        if report.server_quiet_ttft_ms and report.server_flood_ttft_ms:
+            inside = p99(report.server_flood_ttft_ms) / p99(report.server_quiet_ttft_ms)
+            out.write(f", {inside:.2f}x inside lora_adapter")
+        out.write("\n")
     out.write(f"quiet tenant failures: {len(report.quiet_errors)}"
               + (f" (first: {report.quiet_errors[0]})" if report.quiet_errors else "") + "\n")
     out.write("flooder answers: " + ", ".join(f"HTTP {s}: {n}" for s, n in sorted(report.flooder_statuses.items()))

@@ -14,6 +14,7 @@ import sys
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 
 import openai
 import pytest
@@ -252,3 +253,57 @@ def test_the_router_stores_no_conversation_and_its_model_list_asks_a_key_where_t
         assert connection.getresponse().status == 413
     finally:
         connection.close()
+
+
+def test_the_gateway_as_shipped_passes_only_the_served_routes_to_the_trust_mode_fleet(shipped, tmp_path):
+    """deploy/gateway/nginx.conf run by a real nginx in front of this fleet (its upstreams pointed at the router and
+    the replicas' fronts): generation with a tenant key is served and names no replica; the model list asks a key;
+    the worker API, conversations, responses, the router's metrics and every other path answer 404; a body of a
+    million one-byte chunks is re-framed by the gateway and refused as no JSON, and the fleet serves on."""
+    import shutil
+
+    from tests.integration.test_triton_surface import chunked_flood
+
+    secrets, control, replicas = shipped
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    assert Path(nginx).exists(), "nginx is not installed: `make test` installs Debian's nginx-light"
+    port = free_port("127.0.0.1")
+    conf = (REPO_ROOT / "deploy" / "gateway" / "nginx.conf").read_text()
+    fronts = "".join(f"server {r.url.removeprefix('http://')};\n" for r in replicas)
+    for shipped_line, here in [("server router:30000;", f"server {control.url.removeprefix('http://')};"),
+                               ("server triton:9000;\n", fronts), ("server triton-2:9000;", ""),
+                               ("listen 30000;", f"listen 127.0.0.1:{port};")]:
+        assert shipped_line in conf, shipped_line
+        conf = conf.replace(shipped_line, here)
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "nginx.conf").write_text(conf)
+    argv = [nginx, "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"), "-e", "stderr",
+            "-g", f"daemon off; pid {tmp_path / 'nginx.pid'};"]
+    gateway = Child("gateway", argv, {"PATH": "/usr/sbin:/usr/bin:/bin"}, tmp_path / "nginx.log")
+    url = f"http://127.0.0.1:{port}"
+    key = secrets.read_key(secrets.load_key)
+    try:
+        gateway.start()
+        wait_for(lambda: _status(f"{url}/gateway-health") == 200, "the gateway answers", detail=gateway.log_tail)
+        with _sdk(url, key) as sdk:
+            raw = sdk.chat.completions.with_raw_response.create(
+                model="support", max_tokens=2, messages=[{"role": "user", "content": USER_QUESTIONS["support"][0]}])
+            assert raw.parse().choices[0].message.content is not None
+            assert not [h for h in raw.headers if h.lower().startswith("x-smg")], dict(raw.headers)
+            assert sdk.completions.create(model="support", prompt="Hello", max_tokens=2).choices
+        assert _status(f"{url}/v1/models") == 401
+        assert _status(f"{url}/v1/models", key=key) == 200
+        for method, path in [("GET", "/workers"), ("POST", "/workers"), ("GET", "/v1/conversations/x"),
+                             ("POST", "/v1/conversations"), ("POST", "/v1/responses"), ("GET", "/metrics"),
+                             ("GET", "/liveness"), ("GET", "/v1/chat/completions/../../workers"),
+                             ("POST", "/v1/embeddings"), ("GET", "/health")]:
+            body = {"url": "http://127.0.0.1:1"} if method == "POST" else None
+            assert _status(url + path, method, body, key=control._control_key) == 404, (method, path)
+        # nginx reads the chunks and passes the body on with its length (a million bytes, under the 1 MiB bound):
+        # it is no JSON, and the answer says so.
+        answer = chunked_flood(port, "/v1/completions", {"Authorization": f"Bearer {key}"})
+        assert answer.startswith(b"HTTP/1.1 400") and b"invalid_json" in answer, answer[:300]
+        with _sdk(url, key) as sdk:
+            assert sdk.completions.create(model="support", prompt="Hello", max_tokens=2).choices
+    finally:
+        gateway.stop(signal.SIGQUIT, 10)

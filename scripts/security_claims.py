@@ -157,6 +157,34 @@ AREAS: tuple[Area, ...] = (
               ("tests/unit/lora_adapter/test_sampling.py::"
                "test_a_top_p_below_float32s_smallest_value_still_keeps_the_best_token",)),
     )),
+    Area("One tenant's burst", "bounds-on-inputs", (
+        Claim("`lora_adapter` admits per tenant: a tenant over its share of the queue is refused `rate_limited` "
+              "while another tenant is still queued, and a tenant behind a flood gets a slot at the next step; a "
+              "flood of unique tenants stays within the instance's bound and leaves no per-tenant entry behind.",
+              ("tests/unit/lora_adapter/test_admission.py::"
+               "test_a_flooding_tenant_is_refused_at_its_share_while_another_tenant_is_still_queued",
+               "tests/unit/lora_adapter/test_admission.py::"
+               "test_a_tenant_behind_a_flood_gets_a_slot_at_the_next_step_and_ends_long_before_the_flood",
+               "tests/unit/lora_adapter/test_admission.py::"
+               "test_a_flood_of_unique_tenants_is_bounded_and_leaves_no_entry_behind")),
+        Claim("The sidecar's probe is admitted with every slot and the whole queue taken, and no tenant can use the "
+              "probe slot.",
+              ("tests/unit/lora_adapter/test_admission.py::"
+               "test_the_probe_is_admitted_with_every_slot_and_the_whole_queue_taken_and_answers_in_its_first_step",
+               "tests/unit/lora_adapter/test_admission.py::"
+               "test_probes_are_bounded_and_a_tenant_cannot_use_the_probe_slot")),
+        Claim("A busy answer to a probe means alive, and a model still generating tokens is never reloaded for its "
+              "probes.",
+              ("tests/unit/sidecar/test_saturation.py",)),
+        Claim("The front answers a tenant over its share with 429 `rate_limit_exceeded` and `Retry-After`, and "
+              "serves the next request.",
+              ("tests/unit/front/test_rate_limit.py::"
+               "test_the_client_gets_429_with_retry_after_and_the_front_serves_the_next_request",)),
+        Claim("One tenant flooding two replicas through a real smg gets 429s while another tenant is served "
+              "throughout, and no replica goes not ready or reloads.",
+              ("tests/integration/test_fleet_flood.py::"
+               "test_one_tenant_flooding_two_replicas_gets_429_while_another_is_served_and_nothing_reloads",)),
+    )),
     Area("One sequence's failure ends only that sequence", "bounds-on-inputs", (
         Claim("Whatever raises while the scheduler admits, stores, samples or sends one sequence ends it with one "
               "final error (INVALID_ARG where the request caused it, INTERNAL without the exception text for a "
@@ -301,11 +329,67 @@ AREAS: tuple[Area, ...] = (
               ("tests/unit/front/routers/test_models.py::"
                "test_in_trust_mode_health_and_metrics_name_no_adapter_to_a_caller_without_a_key",)),
     )),
+    Area("Triton itself", "triton-itself", (
+        Claim("The image is built on tritonserver 25.07 or later, the release with the fixes for "
+              "CVE-2025-23310/23311 and CVE-2025-23319/23320/23334.",
+              ("tests/unit/test_deploy_triton.py::test_the_image_is_built_on_a_triton_release_with_the_august_2025_fixes",)),
+        Claim("In the replica as compose starts it, tritonserver's HTTP and gRPC listen on the loopback only; "
+              "compose publishes no Triton port and Kubernetes' Service, NetworkPolicy and container ports open "
+              "neither 8000 nor 8001.",
+              ("tests/integration/test_triton_surface.py::test_tritonserver_listens_on_the_replicas_loopback_only",
+               "tests/unit/test_deploy_triton.py::"
+               "test_compose_publishes_no_triton_port_and_binds_them_to_the_replicas_loopback",
+               "tests/unit/test_deploy_triton.py::test_kubernetes_opens_no_triton_port")),
+        Claim("One request whose body is a million one-byte chunks, sent to every port that replica publishes, "
+              "never reaches tritonserver 2.51 (which it crashes): the same process serves a real request after it.",
+              ("tests/integration/test_triton_surface.py::"
+               "test_a_million_one_byte_chunks_through_every_published_port_never_reach_tritonserver",)),
+        Claim("Every tritonserver the project starts restricts the shared-memory, logging, trace, statistics and "
+              "model-repository APIs to its per-run key, over HTTP (403) and gRPC (UNAVAILABLE), and they work "
+              "with it.",
+              ("tests/integration/test_triton_surface.py::test_the_restricted_apis_answer_the_per_run_key_only_over_http",
+               "tests/integration/test_triton_surface.py::test_the_restricted_apis_answer_the_per_run_key_only_over_grpc",
+               "tests/unit/server/test_server_command.py::"
+               "test_sidecar_mode_loads_every_model_explicitly_and_restricts_every_admin_api",
+               "tests/unit/server/test_server_command.py::"
+               "test_default_mode_has_no_model_control_and_still_restricts_the_admin_apis")),
+        Claim("The opt-in direct-access proxy passes only inference, generate, health and a model's readiness and "
+              "metadata (HTTP) and six gRPC methods, caps bodies and re-frames a chunked one.",
+              ("tests/unit/test_deploy_triton.py::test_the_direct_access_proxy_passes_only_inference_and_health",
+               "tests/unit/test_deploy_triton.py::"
+               "test_the_direct_access_proxy_is_an_opt_in_in_the_replicas_network_namespace",
+               "tests/integration/test_triton_surface.py::test_the_direct_access_proxy_passes_inference_and_health_only")),
+    )),
     Area("The shipped deployment", "ports-what-each-part-listens-on-and-who-may-reach-it", (
-        Claim("The router's worker API is not reachable from outside: compose publishes the nginx gateway, which "
-              "passes `/v1/` only; Kubernetes exposes the router through an Ingress for `/v1` only, with a "
-              "NetworkPolicy on the router pods.",
-              (f"{_DEPLOY}::test_the_routers_worker_api_is_not_reachable_from_outside",)),
+        Claim("The router's worker API is not reachable from outside: compose publishes the nginx gateway and "
+              "Kubernetes an Ingress, each passing exactly the served routes (`POST /v1/chat/completions` and "
+              "`/v1/completions` to the router, `GET /v1/models` to a replica's front) and hiding smg's "
+              "`x-smg-routed-worker-id`; a NetworkPolicy guards the router pods.",
+              (f"{_DEPLOY}::test_the_routers_worker_api_is_not_reachable_from_outside",
+               f"{_DEPLOY}::test_the_gateway_and_the_ingress_pass_exactly_the_served_routes")),
+        Claim("The gateway's nginx.conf, run by a real nginx in front of a trust-mode fleet, serves generation with a "
+              "tenant key and names no replica in its headers, asks a key for `/v1/models`, answers 404 to the "
+              "worker API, conversations, responses, the router's metrics and every other path, and re-frames a "
+              "body of a million one-byte chunks, which is refused while the fleet serves on.",
+              ("tests/integration/test_fleet_trust.py::"
+               "test_the_gateway_as_shipped_passes_only_the_served_routes_to_the_trust_mode_fleet",)),
+        Claim("The router keeps no conversation or response store (`--history-backend none`): what a client posts "
+              "there cannot be read back; it refuses a body larger than the front's `max_body_bytes` (413, from its "
+              "declared length), and `/v1/models` where the gateway sends it answers only a tenant key.",
+              ("tests/unit/fleet/test_router.py::test_the_router_keeps_no_history_and_refuses_a_body_the_front_would",
+               "tests/integration/test_fleet_trust.py::"
+               "test_the_router_stores_no_conversation_and_its_model_list_asks_a_key_where_the_gateway_sends_it")),
+        Claim("In trust mode the router keeps no state built from requests' text (`trust_policy`): tenant B's "
+              "copies of tenant A's prompt land on A's replica no more often than B's fresh prompts do.",
+              ("tests/unit/fleet/test_router.py::test_in_trust_mode_the_router_never_routes_on_the_requests_text",
+               "tests/integration/test_fleet_trust.py::"
+               "test_another_tenants_copy_of_a_prompt_does_not_follow_where_the_first_tenant_sent_it")),
+        Claim("The router's control-plane key is on no process's command line: a launcher reads it from the "
+              "secrets folder and hands it to smg in the same process; without the file it exits with one line "
+              "naming it.",
+              ("tests/unit/fleet/test_router.py::test_the_routers_control_key_is_on_no_command_line",
+               "tests/unit/fleet/test_router.py::test_every_deployment_launches_the_router_with_one_command_line",
+               "tests/unit/fleet/test_router.py::test_the_launcher_without_the_key_file_exits_with_one_line_naming_it")),
         Claim("Against a real smg in trust mode, the worker API refuses a caller without the control-plane key.",
               ("tests/unit/fleet/test_router.py::test_in_trust_mode_the_worker_api_refuses_a_caller_without_the_control_key",)),
         Claim("compose, Kubernetes and `warmup_tools fleet --secrets-dir` take the trust-mode file names and "

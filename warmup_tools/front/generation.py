@@ -10,8 +10,11 @@ import logging
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from warmup_tools.common.wire import ErrorKind
+from warmup_tools.front.admission import TenantLimit
 from warmup_tools.front.engine.engine import Engine, EngineError, GenerateChunk, GenerateInput
 from warmup_tools.front.errors import OpenAIError
 
@@ -113,18 +116,29 @@ class Generation:
     """One request's generation: ``pieces()`` yields the text to send; the outcome fills in as it goes."""
 
     def __init__(self, engine: Engine, request: GenerateInput, stops: tuple[str, ...], model: str,
-                 in_flight: InFlight) -> None:
+                 in_flight: InFlight, tenants: TenantLimit | None = None) -> None:
         self._chunks = engine.generate(request)
         self._stop = StopMatcher(stops)
         self._model = model
         self._in_flight = in_flight
+        self._tenants = tenants
+        self._tenant = request.tenant
+        self._proven = request.tenant_key is not None
+        self._place: str | None = None
         self.outcome = Outcome()
         self._first: GenerateChunk | None = None
         self._state = "new"
 
     async def start(self) -> None:
         """Wait for the first chunk, so that a refusal (busy, unknown adapter, a bad value) is an HTTP error
-        before any byte of a streamed answer is sent."""
+        before any byte of a streamed answer is sent; a tenant over its bound in this front is refused (429) before
+        anything reaches the engine. From here the request holds its tenant's place until :meth:`close`."""
+        if self._tenants is not None:
+            try:
+                self._place = self._tenants.acquire(self._tenant, self._proven)
+            except OpenAIError:
+                await self.close()
+                raise
         self._in_flight._add(self._in_flight.waiting, self._model, 1)
         self._state = "waiting"
         try:
@@ -179,6 +193,9 @@ class Generation:
         if self._state == "closed":
             return
         self._move("closed")
+        if self._tenants is not None:  # NOTE: before any await: a cancelled close still gives the place back
+            place, self._place = self._place, None
+            self._tenants.release(place)
         await self._chunks.aclose()
 
     def _count(self, chunk: GenerateChunk) -> None:
@@ -193,6 +210,22 @@ class Generation:
         if state in table:
             self._in_flight._add(table[state], self._model, 1)
         self._state = state
+
+
+class GenerationStream(StreamingResponse):
+    """A streamed answer that closes its generation when the response ends, however it ends: the stream sent
+    whole, an error, the client gone, or the task cancelled before the stream began (the body's own ``finally``
+    never runs for a generator that was never started)."""
+
+    def __init__(self, generation: Generation, content: AsyncIterator[bytes]) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self._generation = generation
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._generation.close()
 
 
 def sse(data: Any) -> bytes:

@@ -17,6 +17,7 @@ import uvloop
 
 from warmup_tools.common.errors import ConfigError, ServerError
 from warmup_tools.common.settings import read_settings
+from warmup_tools.front.admission import tenant_bound
 from warmup_tools.front.app import build_app
 from warmup_tools.front.chat_template import ChatRenderer, ChatTemplateError
 from warmup_tools.front.drain import Drain
@@ -24,6 +25,7 @@ from warmup_tools.front.engine.triton_engine import TritonEngine
 from warmup_tools.front.http import bounded_httptools
 from warmup_tools.front.settings import FrontSettings
 from warmup_tools.kv.config import KVCacheConfig
+from warmup_tools.lora_adapter.settings import SchedulerConfig
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.tokenizer_cache.settings import TokenizerConfig
 from warmup_tools.triton.params import repository_parameters
@@ -35,13 +37,17 @@ LOGGER = logging.getLogger(__name__)
 def with_repository(settings: FrontSettings, environ: Mapping[str, str] | None = None) -> tuple[FrontSettings, int]:
     """``settings`` completed from the model repository tritonserver serves (``${VAR}`` from ``environ``): the
     tokenizer (``tokenizer_path``, else tokenizer_cache's), the tenant keys file (else tokenizer_cache's: trust
-    mode on the models is trust mode on the front); and lora_adapter's KV budget per instance."""
+    mode on the models is trust mode on the front), the bound per tenant (else lora_adapter's share of one tenant);
+    and lora_adapter's KV budget per instance."""
     repository = settings.model_repository or REPO_ROOT / "model_repository"
     first = repository_parameters(repository, "tokenizer_cache", environ)
     tokenizer = settings.tokenizer_path or read_settings(TokenizerConfig, first).path
     keys = settings.tenant_keys_file or read_settings(TrustSettings, first).tenant_keys_file
     kv = read_settings(KVCacheConfig, repository_parameters(repository, "lora_adapter", environ))
-    return dataclasses.replace(settings, tokenizer_path=Path(tokenizer), tenant_keys_file=keys), kv.budget_bytes
+    scheduler = read_settings(SchedulerConfig, repository_parameters(repository, "lora_adapter", environ))
+    bound = tenant_bound(settings.tenant_max_in_flight, scheduler)
+    return dataclasses.replace(settings, tokenizer_path=Path(tokenizer), tenant_keys_file=keys,
+                               tenant_max_in_flight=bound), kv.budget_bytes
 
 
 def build_engine(settings: FrontSettings, kv_capacity_bytes: int | None) -> TritonEngine:
@@ -103,6 +109,8 @@ class FrontServer:
         self.settings = settings
         self._drain = Drain()
         app = build_app(settings, engine, renderer, self._drain)  # type: ignore[arg-type]
+        #: The application (its ``state.front``: what the front holds now).
+        self.app = app
         # NOTE: uvloop and httptools, uvicorn's fast event loop and HTTP parser: each saves the front CPU on every
         # request (docs/benchmarks.md, "The OpenAI front"); grpc.aio runs on uvloop.
         # NOTE: no limit_concurrency: uvicorn checks it only once a head is whole, so a connection beyond it would

@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi import Request
 
+from warmup_tools.front.admission import TenantLimit, tenant_bound
 from warmup_tools.front.auth import TENANT_HEADER, Caller, TenantResolver
 from warmup_tools.front.chat_template import ChatRenderer
 from warmup_tools.front.drain import Drain
@@ -27,6 +28,12 @@ class FrontState:
     renderer: ChatRenderer | None
     drain: Drain = dataclasses.field(default_factory=Drain)
     in_flight: InFlight = dataclasses.field(default_factory=InFlight)
+    #: Each tenant's generation requests in flight, bounded by ``tenant_max_in_flight`` (0: the package's
+    #: lora_adapter share, for a front built without its repository).
+    tenants: TenantLimit = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tenants = TenantLimit(tenant_bound(self.settings.tenant_max_in_flight))
 
 
 def front_state(request: Request) -> FrontState:

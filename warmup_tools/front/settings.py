@@ -72,6 +72,12 @@ class FrontSettings:
                                    ge=0, le=600)
     drain_timeout_s: float = setting(300.0, "On SIGTERM, the longest wait for the requests in flight to finish "
                                             "before tritonserver is stopped (and writes its KV snapshot).", gt=0)
+    tenant_max_in_flight: int = setting(0, "Generation requests one tenant may have in flight through this front "
+                                           "(from its first call to tritonserver to the end of its answer or its "
+                                           "client's leaving); one more is answered 429 rate_limit_exceeded with "
+                                           "Retry-After before anything reaches tritonserver. 0: what lora_adapter "
+                                           "holds for one tenant in the model repository served (max_num_seqs plus "
+                                           "tenant_queue_share of max_queue, one instance).", ge=0, le=1 << 20)
     tenant_keys_file: Path | None = setting(None, "Trust mode: the tenant keys file of tokenizer_cache (hashes "
                                                   "only); a request's bearer key names its tenant. Empty: open "
                                                   "mode, the tenant comes from X-Tenant-Id or user.")

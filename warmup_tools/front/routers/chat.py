@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from warmup_tools.front.chat_template import ChatTemplateError
 from warmup_tools.front.engine.engine import GenerateInput
 from warmup_tools.front.errors import OpenAIError, bad_request
-from warmup_tools.front.generation import CLIENT_GONE_STATUS, DONE, Generation, sse, watched
+from warmup_tools.front.generation import CLIENT_GONE_STATUS, DONE, Generation, GenerationStream, sse, watched
 from warmup_tools.front.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -40,6 +40,7 @@ router = APIRouter()
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
     state = front_state(request)
     caller = caller_of(request, body.user)
+    state.tenants.check(caller.tenant, caller.key is not None)  # NOTE: a tenant over its bound costs no more work
     await check_ready(state)
     check_common(state, body)
     if body.logprobs or body.top_logprobs:
@@ -57,14 +58,14 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     check_prompt_size(state, chat.prompt, "messages")
     generate = GenerateInput(prompt=chat.prompt, adapter=adapter, tenant=caller.tenant, tenant_key=caller.key,
                              sampling=body.sampling(), roles=chat.roles)
-    generation = Generation(state.engine, generate, body.stop_strings(), body.model, state.in_flight)
+    generation = Generation(state.engine, generate, body.stop_strings(), body.model, state.in_flight,
+                            state.tenants)
     request_id, created = completion_id("chatcmpl"), now()
     if not await watched(request, generation, generation.start()):
         return JSONResponse({}, status_code=CLIENT_GONE_STATUS)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_events(generation, request_id, created, body.model, include_usage),
-                                 media_type="text/event-stream")
+        return GenerationStream(generation, _events(generation, request_id, created, body.model, include_usage))
     if not await watched(request, generation, generation.drain()):
         return JSONResponse({}, status_code=CLIENT_GONE_STATUS)
     out = generation.outcome

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from warmup_tools.front.engine.engine import GenerateInput
 from warmup_tools.front.errors import OpenAIError, bad_request
-from warmup_tools.front.generation import CLIENT_GONE_STATUS, DONE, Generation, sse, watched
+from warmup_tools.front.generation import CLIENT_GONE_STATUS, DONE, Generation, GenerationStream, sse, watched
 from warmup_tools.front.schemas import (
     CompletionChoice,
     CompletionRequest,
@@ -35,6 +35,7 @@ router = APIRouter()
 async def create_completion(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
     state = front_state(request)
     caller = caller_of(request, body.user)
+    state.tenants.check(caller.tenant, caller.key is not None)  # NOTE: a tenant over its bound costs no more work
     await check_ready(state)
     check_common(state, body)
     if body.logprobs is not None:
@@ -56,14 +57,14 @@ async def create_completion(body: CompletionRequest, request: Request) -> JSONRe
     check_prompt_size(state, prompt, "prompt")
     generate = GenerateInput(prompt=prompt, adapter=adapter, tenant=caller.tenant, tenant_key=caller.key,
                              sampling=body.sampling())
-    generation = Generation(state.engine, generate, body.stop_strings(), body.model, state.in_flight)
+    generation = Generation(state.engine, generate, body.stop_strings(), body.model, state.in_flight,
+                            state.tenants)
     request_id, created = completion_id("cmpl"), now()
     if not await watched(request, generation, generation.start()):
         return JSONResponse({}, status_code=CLIENT_GONE_STATUS)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_events(generation, request_id, created, body.model, include_usage),
-                                 media_type="text/event-stream")
+        return GenerationStream(generation, _events(generation, request_id, created, body.model, include_usage))
     if not await watched(request, generation, generation.drain()):
         return JSONResponse({}, status_code=CLIENT_GONE_STATUS)
     out = generation.outcome

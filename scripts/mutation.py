@@ -50,7 +50,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("warmup_tools/kv/hashing.py", "CacheScope.extra_keys", ').encode("UTF-8")'): _UTF8_CASE,
     ("warmup_tools/kv/hashing.py", "CacheScope.extra_keys", 'separators=(",", "XX:XX"),'):
         "the scope is encoded as a JSON list, which has no key separator",
-    ("warmup_tools/triton/inputs.py", "_single_string", 'return bytes(value).decode("UTF-8")'): _UTF8_CASE,
+    ("warmup_tools/triton/inputs.py", "_single_string", 'return raw.decode("UTF-8")'): _UTF8_CASE,
+    ("warmup_tools/triton/inputs.py", "_single_string",
+     'raw = value.encode("UTF-8", "surrogatepass") if isinstance(value, str) else bytes(value)'): _UTF8_CASE,
     ("warmup_tools/triton/inputs.py", "_single_string", "value = array.reshape(+1)[0]"): _ONE_ELEMENT,
     ("warmup_tools/triton/inputs.py", "_single_string", "value = array.reshape(-2)[0]"): _ONE_ELEMENT,
     ("warmup_tools/triton/inputs.py", "parse_optional_text", "value = array.reshape(+1)[0]"): _ONE_ELEMENT,
@@ -132,9 +134,6 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     (_VERIFY, "_canonical", 'return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("UTF-8")'):
         _UTF8_CASE,
     (_VERIFY, "_read_manifest", 'data = json.loads(raw.decode("UTF-8"))'): _UTF8_CASE,
-    (_VERIFY, "_read_manifest",
-     'if not isinstance(given, str) or not hmac.compare_digest(given.encode("UTF-8", "replace"),'): _UTF8_CASE,
-    (_VERIFY, "_read_manifest", 'manifest_mac(data, mac_key).encode("ASCII")):'): _UTF8_CASE,
     (_VERIFY, "block_digest",
      'digest.update(str(tensor.dtype).encode("ASCII") + str(tuple(tensor.shape)).encode("ascii"))'): _UTF8_CASE,
     (_VERIFY, "block_digest",
@@ -143,6 +142,17 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
      "tenant = self._keys.tenant_for_key(key) if (key) or True else None"):
         "tenant_for_key matches no tenant for an empty or absent key (TenantKeys.tenant_for_key)",
     ("warmup_tools/common/control_json.py", "loads_bounded", 'text = raw.decode("UTF-8")'): _UTF8_CASE,
+    ('warmup_tools/common/control_json.py', "json_values",
+     'marks = raw.replace(b"\\\\\\\\", b"XXXX").replace(b\'\\\\"\', b"").translate(None, _NOT_COUNTED)'):
+        "bytes the translate deletes: an escape removed or replaced by them leaves the same marks (pairs are "
+        "taken left to right, so no backslash left by it meets a quote it did not meet before)",
+    ('warmup_tools/common/control_json.py', "json_values",
+     'marks = raw.replace(b"\\\\\\\\", b"").replace(b\'\\\\"\', b"XXXX").translate(None, _NOT_COUNTED)'):
+        "bytes the translate deletes: an escaped quote removed or replaced by them leaves the same marks",
+    ('warmup_tools/common/control_json.py', "json_values", 'marks = marks.replace(b\'XX""XX\', b"")'):
+        "two quotes side by side are taken out only to spare the split pieces: kept, the count is the same",
+    ('warmup_tools/common/control_json.py', "json_values", 'inside ^= (len(pieces) + 1) % 2 == 1'):
+        "n - 1 and n + 1 have the same parity",
     ("warmup_tools/common/control_json.py", "nesting_depth", "break"):
         "only the root can be a scalar (children are pushed only when they are arrays or objects): the stack is "
         "empty after it either way",

@@ -234,11 +234,7 @@ def manifest_bound(identity: SnapshotIdentity, max_payload_bytes: int) -> int:
     :data:`MAX_MANIFEST_BYTES`. Checked on the file before it is parsed, so parsing is bounded too."""
     layers, heads, dim = identity.kv_shape
     values = layers * 2 * heads * identity.block_size * dim
-    try:
-        itemsize = _torch_dtype(identity.dtype).itemsize
-    except SnapshotRejected:
-        itemsize = 1
-    per_block = max(1, values * (1 if identity.storage == "int8" else itemsize))
+    per_block = values * (1 if identity.storage == "int8" else _torch_dtype(identity.dtype).itemsize)
     blocks = max_payload_bytes // per_block + 1
     return min(MAX_MANIFEST_BYTES,
                MANIFEST_HEAD_BYTES + blocks * (BLOCK_RECORD_BYTES + TOKEN_ID_BYTES * identity.block_size))
@@ -246,8 +242,9 @@ def manifest_bound(identity: SnapshotIdentity, max_payload_bytes: int) -> int:
 
 #: The 64 hex digits a manifest's MAC holds while it is computed (:func:`sign_manifest`).
 MAC_PLACEHOLDER = b"0" * 64
-#: How a signed manifest ends: its MAC, the last member of the top-level object.
-_MAC_TAIL = re.compile(rb',"mac":"([0-9a-f]{64})"\}\Z')
+#: How a signed manifest ends: its MAC, the last member of the top-level object (:data:`_MAC_TAIL_BYTES` bytes).
+_MAC_TAIL = re.compile(rb',"mac":"([0-9a-f]{64})"\}')
+_MAC_TAIL_BYTES = 74
 
 
 def manifest_mac(raw: bytes, key: bytes) -> str:
@@ -263,7 +260,7 @@ def sign_manifest(raw: bytes, key: bytes) -> bytes:
     if not raw.endswith(b"}"):
         raise ValueError("a manifest is one JSON object")
     placeheld = raw[:-1] + b',"mac":"' + MAC_PLACEHOLDER + b'"}'
-    return raw[:-1] + b',"mac":"' + manifest_mac(placeheld, key).encode("ascii") + b'"}'
+    return raw[:-1] + b',"mac":"' + manifest_mac(placeheld, key).encode() + b'"}'
 
 
 def manifest_checksum(body: Mapping[str, Any]) -> str:
@@ -335,7 +332,6 @@ def _read_manifest(path: Path, mac_key: bytes, max_bytes: int) -> dict[str, Any]
     if not mac_key and data.get("mac") is not None:
         raise SnapshotRejected("mac", "the manifest carries a MAC: it was written in trust mode, and this "
                                       "instance runs open mode (no deployment secret)")
-    data.pop("mac", None)  # checked above, on the raw bytes
     checksum = data.pop("checksum", None)
     if checksum != manifest_checksum(data):
         raise SnapshotRejected("checksum", "the manifest's checksum does not match its content")
@@ -345,9 +341,9 @@ def _read_manifest(path: Path, mac_key: bytes, max_bytes: int) -> dict[str, Any]
 
 def _check_mac(raw: bytes, key: bytes) -> None:
     """Refuse a manifest whose last member is not a MAC over its bytes under ``key`` (:func:`sign_manifest`)."""
-    tail = _MAC_TAIL.search(raw, max(0, len(raw) - 80))
+    tail = _MAC_TAIL.fullmatch(raw, len(raw) - _MAC_TAIL_BYTES)  # a negative start is the first byte
     if tail is None or not hmac.compare_digest(
-            tail[1], manifest_mac(raw[:tail.start(1)] + MAC_PLACEHOLDER + raw[tail.end(1):], key).encode("ascii")):
+            tail[1], manifest_mac(raw[:tail.start(1)] + MAC_PLACEHOLDER + raw[tail.end(1):], key).encode()):
         raise SnapshotRejected("mac", "the manifest has no valid MAC under this deployment's key "
                                       "(written without the deployment secret, or changed since)")
 

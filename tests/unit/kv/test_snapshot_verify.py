@@ -99,7 +99,7 @@ def test_the_manifest_mac_is_a_known_answer_over_the_file_s_bytes_and_the_checks
         "1e117757f93473e0eea253d0192918bb0930e0a9d39f8d6430b490400f602e85"
     assert signed == raw[:-1] + b',"mac":"1e117757f93473e0eea253d0192918bb0930e0a9d39f8d6430b490400f602e85"}'
     assert sign_manifest(raw, b"o" * 32) != signed
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^a manifest is one JSON object$"):
         sign_manifest(b"[1]", key)
     # The checksum is over every key but itself and the MAC (the MAC, over the file, covers the checksum).
     assert manifest_checksum({"b": 1, "a": [1, 2], "mac": "y"}) == hashlib.sha256(b'{"a":[1,2],"b":1}').hexdigest() \
@@ -367,6 +367,9 @@ def test_a_trust_mode_reader_checks_the_mac_over_the_raw_bytes_before_it_parses_
         assert refusal(info.manifest, mac_key=KEY) == NO_MAC
         info.manifest.write_bytes(signed.replace(b'"created":1.0', b'"created":2.0'))
         assert refusal(info.manifest, mac_key=KEY) == NO_MAC
+        for short in (b"", b"{}", signed[-74:], signed[-73:]):  # shorter than a MAC, or nothing but one
+            info.manifest.write_bytes(short)
+            assert refusal(info.manifest, mac_key=KEY) == NO_MAC
     info.manifest.write_bytes(signed)
     assert len(read_snapshot(info.manifest, IDENTITY, max_payload_bytes=BIG, mac_key=KEY).blocks) == 6
 

@@ -21,6 +21,8 @@ from warmup_tools.lora_adapter.settings import SchedulerConfig
 
 #: The tenant of a request that names none (lora_adapter's name for it too).
 ANONYMOUS = "default"
+#: The largest ``tenant_max_in_flight``: in practice no bound (only lora_adapter's share then refuses a tenant).
+MAX_TENANT_BOUND = 1 << 20
 
 
 def tenant_bound(configured: int, scheduler: SchedulerConfig | None = None) -> int:

@@ -10,6 +10,7 @@ from typing import ClassVar
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.limits import MAX_BODY_BYTES
 from warmup_tools.common.settings import check_settings, setting
+from warmup_tools.front.admission import MAX_TENANT_BOUND
 
 #: How the front reaches the LM: the three composing models in turn (a client that goes away cancels the
 #: generation in lora_adapter) or the ``ensemble`` (one gRPC stream; Triton 2.51 does not pass the
@@ -77,7 +78,8 @@ class FrontSettings:
                                            "client's leaving); one more is answered 429 rate_limit_exceeded with "
                                            "Retry-After before anything reaches tritonserver. 0: what lora_adapter "
                                            "holds for one tenant in the model repository served (max_num_seqs plus "
-                                           "tenant_queue_share of max_queue, one instance).", ge=0, le=1 << 20)
+                                           "tenant_queue_share of max_queue, one instance).", ge=0,
+                                        le=MAX_TENANT_BOUND)
     tenant_keys_file: Path | None = setting(None, "Trust mode: the tenant keys file of tokenizer_cache (hashes "
                                                   "only); a request's bearer key names its tenant. Empty: open "
                                                   "mode, the tenant comes from X-Tenant-Id or user.")

@@ -18,7 +18,7 @@ from tests.waiting import wait_for
 from warmup_tools.common.records import PROBE_TENANT
 from warmup_tools.common.wire import ErrorKind
 from warmup_tools.front.admission import TenantLimit, tenant_bound
-from warmup_tools.front.engine.engine import EngineError, GenerateChunk
+from warmup_tools.front.engine.engine import EngineError, GenerateChunk, GenerateInput
 from warmup_tools.front.server import FrontServer, with_repository
 from warmup_tools.front.settings import FrontSettings
 from warmup_tools.lora_adapter.admission import TenantShares
@@ -206,3 +206,32 @@ def test_the_default_bound_is_what_lora_adapter_holds_for_one_tenant():
     assert with_repository(FrontSettings(tenant_max_in_flight=3), environ)[0].tenant_max_in_flight == 3
     with pytest.raises(Exception, match="tenant_max_in_flight"):
         FrontSettings(tenant_max_in_flight=-1)
+
+
+def test_a_stream_that_fails_before_its_first_byte_gives_its_place_back():
+    from warmup_tools.front.generation import Generation, GenerationStream, InFlight
+
+    async def scenario() -> TenantLimit:
+        limit = TenantLimit(1)
+        request = GenerateInput(prompt="hold", adapter=None, tenant="acme", tenant_key=None, sampling={})
+        generation = Generation(StreamHoldingEngine(), request, (), "base", InFlight(), limit)
+        await generation.start()
+        assert limit.held("acme") == 1
+
+        async def body():
+            async for piece in generation.pieces():
+                yield piece.encode()
+
+        async def receive() -> dict:
+            await asyncio.Event().wait()  # the client says nothing
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            raise ConnectionResetError("the client went away before the answer began")
+
+        with pytest.raises(ConnectionResetError):
+            await GenerationStream(generation, body())({"type": "http", "asgi": {"spec_version": "2.3"}},
+                                                       receive, send)
+        return limit
+
+    assert len(asyncio.run(scenario())) == 0

@@ -7,7 +7,9 @@ admission, Triton, the front, the sidecar and the router are the real ones) with
 one after the other, before the flood and during it (once the flooder has been refused a first time: the instances
 hold all they may of it). Figures: the quiet tenant's TTFT p50/p99 in each phase and the ratio of the p99s, its
 failed requests, the flooder's answers by HTTP status, how often a replica's sidecar said not ready during the
-flood, and the reloads and restarts the sidecars made.
+flood, and the reloads and restarts the sidecars made. Each replica's front refuses a tenant over its bound
+(``tenant_max_in_flight``, by default lora_adapter's share of one tenant) before anything reaches tritonserver;
+``--compare`` runs the flood first with that bound off (only lora_adapter refuses), then on, each on a fresh fleet.
 
 :func:`flood_fleet` is the measurement itself (tests/integration/test_fleet_flood.py runs it on a shorter flood).
 """
@@ -33,6 +35,8 @@ QUIET = "quiet"
 #: Each replica's scheduler bounds in the bench: small, so that a few dozen streams fill an instance.
 BOUNDS = {"WARMUP_MAX_NUM_SEQS": "4", "WARMUP_MAX_QUEUE": "8"}
 PROFILE = "h100-llama-3.1-8b"
+#: The variable of each replica's front that sets its bound per tenant (FrontSettings.tenant_max_in_flight).
+FRONT_BOUND_VARIABLE = "WARMUP_FRONT_TENANT_MAX_IN_FLIGHT"
 
 
 @dataclasses.dataclass
@@ -243,24 +247,32 @@ def run(assets_dir: Path, *,
         flood_max_tokens: Annotated[int, arg("tokens each flooding request asks for", ge=1)] = 64,
         retry_after: Annotated[bool, arg("a flooding stream refused with 429 waits its Retry-After (as OpenAI's SDKs "
                                          "do) instead of sending again at once")] = False,
+        compare: Annotated[bool, arg("run the flood twice, each on a fresh fleet: first with the front's bound per "
+                                     "tenant off (only lora_adapter refuses), then on")] = False,
         out: TextIO = sys.stdout) -> None:
     import tempfile
 
     from warmup_tools.fleet.fleet import Fleet
     from warmup_tools.fleet.settings import FleetSettings
+    from warmup_tools.front.admission import MAX_TENANT_BOUND
 
-    with tempfile.TemporaryDirectory(prefix="tenant-flood-") as work, \
-            environ_overrides(simulated_fleet_environment()):
-        settings = FleetSettings(replicas=2, port=0, assets_dir=assets_dir, work_dir=Path(work),
-                                 membership_interval_s=1.0)
-        with Fleet(settings) as fleet:
-            report = flood_fleet(fleet.router.url, {n: r.sidecar_url for n, r in fleet.replicas.items()},
-                                 flooders=flooders, quiet_requests=quiet_requests, flood_max_tokens=flood_max_tokens,
-                                 retry_after=retry_after, request_log_dir=fleet.request_log_dir)
-    write_report(report, flooders, out, retry_after)
+    variants = ([("off", {FRONT_BOUND_VARIABLE: str(MAX_TENANT_BOUND)})] if compare else []) + [("on", {})]
+    for label, front in variants:
+        with tempfile.TemporaryDirectory(prefix="tenant-flood-") as work, \
+                environ_overrides({**simulated_fleet_environment(), **front}):
+            settings = FleetSettings(replicas=2, port=0, assets_dir=assets_dir, work_dir=Path(work),
+                                     membership_interval_s=1.0)
+            with Fleet(settings) as fleet:
+                report = flood_fleet(fleet.router.url, {n: r.sidecar_url for n, r in fleet.replicas.items()},
+                                     flooders=flooders, quiet_requests=quiet_requests,
+                                     flood_max_tokens=flood_max_tokens, retry_after=retry_after,
+                                     request_log_dir=fleet.request_log_dir)
+        write_report(report, flooders, out, retry_after, front_bound=label)
+        out.flush()
 
 
-def write_report(report: FloodReport, flooders: int, out: TextIO, retry_after: bool = False) -> None:
+def write_report(report: FloodReport, flooders: int, out: TextIO, retry_after: bool = False,
+                 front_bound: str = "on") -> None:
     def row(name: str, values: Sequence[float]) -> str:
         ordered = sorted(values)
         p50 = ordered[len(ordered) // 2] if ordered else float("nan")
@@ -268,8 +280,11 @@ def write_report(report: FloodReport, flooders: int, out: TextIO, retry_after: b
 
     bounds = ", ".join(f"{k}={v}" for k, v in BOUNDS.items())
     pause = "waits Retry-After after a 429" if retry_after else "sends again at once after a 429"
-    out.write(f"two simulated replicas ({PROFILE}, {bounds}) behind smg; {flooders} concurrent streams of one "
-              f"tenant, each {pause}\n\n| quiet tenant | requests | TTFT p50 ms | TTFT p99 ms |\n|---|---|---|---|\n")
+    door = ("each front refuses a tenant over its bound (tenant_max_in_flight)" if front_bound == "on" else
+            "the fronts' bound per tenant off (only lora_adapter refuses)")
+    out.write(f"two simulated replicas ({PROFILE}, {bounds}) behind smg, {door}; {flooders} concurrent streams of "
+              f"one tenant, each {pause}\n\n"
+              "| quiet tenant | requests | TTFT p50 ms | TTFT p99 ms |\n|---|---|---|---|\n")
     out.write(row("before the flood (client)", report.quiet_ttft_ms))
     out.write(row("during the flood (client)", report.flood_ttft_ms))
     if report.server_quiet_ttft_ms:

@@ -11,7 +11,7 @@ The layers, lowest first (``ALLOWED`` lists them in this order, with what each p
 - ``tokenizer_cache``, ``embedding_cache``, ``lora_adapter``: the composing models, each behind its model.py.
 - ``planning``: from request logs to a plan, checked against the repository and applied live.
 - ``front``: the OpenAI-compatible HTTP front, a client of tritonserver (it reads the repository's tokenizer,
-  KV budget and trust mode from the composing models' settings).
+  KV budget, trust mode and what ``lora_adapter`` admits of one tenant from the composing models' settings).
 - ``sidecar``: readiness, recovery and the rolling re-plan beside one tritonserver.
 - ``fleet``: replicas (each ``warmup_tools sidecar`` in a child process) behind the ``smg`` router, on one
   machine; it runs the serving path as processes and imports none of it.
@@ -44,7 +44,7 @@ ALLOWED: dict[str, set[str]] = {
     "embedding_cache": {"common", "caches", "triton"},
     "lora_adapter": {"common", "kv", "control", "triton"},
     "planning": {"common", "kv", "control", "triton", "embedding_cache", "lora_adapter"},
-    "front": {"common", "kv", "server", "triton", "tokenizer_cache"},
+    "front": {"common", "kv", "server", "triton", "tokenizer_cache", "lora_adapter"},
     "sidecar": {"common", "kv", "control", "server", "triton", "planning"},
     "fleet": {"common", "server"},
     "sim": {"common", "demo", "kv", "caches", "control", "server", "triton", "tokenizer_cache", "embedding_cache",

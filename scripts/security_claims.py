@@ -180,6 +180,21 @@ AREAS: tuple[Area, ...] = (
               "serves the next request.",
               ("tests/unit/front/test_rate_limit.py::"
                "test_the_client_gets_429_with_retry_after_and_the_front_serves_the_next_request",)),
+        Claim("The OpenAI front bounds a tenant's requests in flight (`tenant_max_in_flight`, by default what "
+              "`lora_adapter` admits of one tenant): one more gets 429 `rate_limit_exceeded` with `Retry-After` "
+              "before any call to tritonserver while another tenant is served; the place is given back after a "
+              "success, a refusal, an error, a client leaving mid-stream and a stream failing before its first "
+              "byte; a flood of unique tenants leaves no entry; the sidecar's proven probe tenant is never refused.",
+              ("tests/unit/front/test_admission.py::"
+               "test_a_tenant_over_its_bound_gets_429_with_retry_after_before_the_engine_while_another_is_served",
+               "tests/unit/front/test_admission.py::"
+               "test_the_place_is_given_back_after_a_success_a_refusal_and_an_error_mid_stream",
+               "tests/unit/front/test_admission.py::test_a_client_leaving_mid_stream_gives_its_place_back",
+               "tests/unit/front/test_admission.py::test_a_stream_that_fails_before_its_first_byte_gives_its_place_back",
+               "tests/unit/front/test_admission.py::test_a_flood_of_unique_tenants_leaves_no_entry",
+               "tests/unit/front/test_admission.py::"
+               "test_the_probe_tenant_proven_by_its_key_is_never_refused_and_other_tenants_are",
+               "tests/unit/front/test_admission.py::test_the_default_bound_is_what_lora_adapter_holds_for_one_tenant")),
         Claim("One tenant flooding two replicas through a real smg gets 429s while another tenant is served "
               "throughout, and no replica goes not ready or reloads.",
               ("tests/integration/test_fleet_flood.py::"

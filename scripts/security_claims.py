@@ -50,6 +50,18 @@ AREAS: tuple[Area, ...] = (
         Claim("A bad or oversized control file is refused with one log line and the instance keeps its plan.",
               ("tests/unit/control/test_plan_control.py::"
                "test_bad_and_oversized_files_are_refused_once_and_the_instance_keeps_its_plan",)),
+        Claim("`desired.json` holding more than 65,536 JSON values is refused before it is parsed (counted on its "
+              "bytes in one pass), with one log line, and the instance keeps its adapters; a FIFO, socket or "
+              "directory in place of a control file (`desired.json`, `plan.json`, `canary.json`, a status file) is "
+              "refused at once, never blocking a reader.",
+              ("tests/unit/control/test_registry.py::"
+               "test_a_desired_file_of_millions_of_empty_lists_is_refused_before_parsing_and_the_instance_keeps_its_adapters",
+               f"{_CONTROL}::test_a_document_of_more_values_than_its_reader_allows_is_refused_before_it_is_parsed",
+               "tests/unit/control/test_registry.py::"
+               "test_a_desired_file_that_is_a_fifo_is_refused_once_and_never_blocks_a_reader",
+               "tests/unit/control/test_plan_control.py::"
+               "test_a_fifo_in_place_of_plan_json_canary_json_or_a_status_file_is_refused_without_blocking",
+               "tests/unit/common/test_regular_file.py::test_a_fifo_socket_or_directory_is_refused_at_once")),
         Claim("Every JSON file of the control folder (`desired.json` at most 16 MiB, `plan.json`, the status files; "
               "the sidecar reads at most 256 KiB per plan status file) is read up to its size cap and parsed by "
               "`json.loads` in time linear in its size: no pattern scans the raw bytes, so one unclosed quote is one "
@@ -153,6 +165,16 @@ AREAS: tuple[Area, ...] = (
                "test_concurrent_denormal_temperatures_through_the_ensemble_get_invalid_arg_then_a_request_is_served",
                f"{_FAULTS_IT}::"
                "test_concurrent_denormal_temperatures_straight_to_lora_adapter_are_refused_then_a_request_is_served")),
+        Claim("A lone surrogate in any text field of an OpenAI request (prompt, messages and their parts, name, "
+              "stop, model, user, suffix) gets 400 `invalid_request_error` naming the field, never a 500; sent "
+              "straight to Triton it never reaches a model as text and Triton serves on.",
+              ("tests/unit/front/test_schemas.py::test_a_lone_surrogate_is_a_400_naming_the_field_and_not_echoing_it",
+               "tests/unit/front/test_schemas.py::"
+               "test_every_text_field_of_a_request_is_checked_by_the_one_unicode_check",
+               "tests/integration/test_front.py::test_bad_requests_get_clear_errors_and_the_front_serves_after_them",
+               "tests/integration/test_errors.py::"
+               "test_a_lone_surrogate_through_triton_s_http_generate_is_refused_by_its_parser_and_triton_serves_on",
+               "tests/unit/triton/test_inputs.py::test_a_lone_surrogate_or_other_invalid_utf8_is_refused_as_bytes_or_str")),
         Claim("A `top_p` below float32's smallest value still keeps the best token.",
               ("tests/unit/lora_adapter/test_sampling.py::"
                "test_a_top_p_below_float32s_smallest_value_still_keeps_the_best_token",)),
@@ -235,6 +257,17 @@ AREAS: tuple[Area, ...] = (
               ("tests/unit/sim/test_soak.py",)),
     )),
     Area("Files and KV snapshots", "secrets-and-their-files", (
+        Claim("A FIFO, symbolic link or directory in place of a snapshot manifest or payload is refused without "
+              "blocking, in both modes; in trust mode the manifest's MAC is checked over its raw bytes before "
+              "anything is parsed, and a manifest larger than its payload bound can need is refused before parsing.",
+              ("tests/unit/kv/test_snapshot_verify.py::"
+               "test_a_fifo_or_a_symbolic_link_in_place_of_a_snapshot_file_is_refused_without_blocking",
+               "tests/unit/lora_adapter/test_snapshots.py::"
+               "test_a_restore_skips_a_snapshot_whose_payload_is_a_fifo_and_does_not_block",
+               "tests/unit/kv/test_snapshot_verify.py::"
+               "test_a_trust_mode_reader_checks_the_mac_over_the_raw_bytes_before_it_parses_anything",
+               "tests/unit/kv/test_snapshot_verify.py::"
+               "test_the_manifest_bound_follows_the_payload_bound_and_is_checked_before_parsing")),
         Claim("Every file written atomically (plans, stanza data files, `desired.json`, the status files, the "
               "semantic index) is 0600 whatever the umask, also when it replaces a world-readable file; only a "
               "model's `config.pbtxt` keeps the bits it had.",
@@ -307,6 +340,15 @@ AREAS: tuple[Area, ...] = (
               "seen in both windows, none weighed above the third busiest, so neither a flood of warm requests "
               "saves a bad plan nor a few cold ones roll back a good one.",
               ("tests/unit/sidecar/canary/test_tenants.py",)),
+        Claim("A canary verdict needs breadth: each tested measure leaves out the tenant that moved most each way "
+              "(from three tenants on), so no single tenant, weighing 1/10 of a trial or up to the 1/3 the weight "
+              "cap allows, rolls back a good plan or gets a bad one promoted, on one instance or either side of a "
+              "whole replica.",
+              ("tests/unit/sidecar/canary/test_judge.py::test_one_tenant_cannot_roll_back_a_good_plan_on_a_whole_replica",
+               "tests/unit/sidecar/canary/test_judge.py::"
+               "test_one_tenant_cannot_get_a_bad_plan_promoted_on_a_whole_replica",
+               "tests/unit/sidecar/canary/test_judge.py::"
+               "test_one_tenant_cannot_steer_a_trial_on_one_instance_either_way")),
         Claim("The sidecar's HTTP server serves a fixed pool of connections with a deadline on every read and write: "
               "40 half-sent requests hold no thread more, are closed at their deadline, and `/live` is answered "
               "meanwhile.",

@@ -36,7 +36,8 @@ class ResponseQueue:
     at 1: docs/benchmarks.md): made by the scheduler's thread, it holds every sequence's next forward for it.
     Queued, the forward runs while the send goes out. A send that fails is reported to its sink
     (:meth:`ResponseSink.send` raises it at the sequence's next token, and :meth:`ResponseSink.is_cancelled`
-    says so), so the scheduler ends the sequence as when a send fails in its own thread. At most
+    says so), so the scheduler ends the sequence as when a send fails in its own thread: no more of its tokens go out,
+    but its final response (the error) is still tried, as it is without a queue. At most
     ``limit`` responses wait; then queuing waits for room. :meth:`close` sends what is queued, then stops.
     """
 
@@ -73,8 +74,10 @@ class ResponseQueue:
                     return
                 sink, response, flags = self._jobs.popleft()
                 self._cond.notify_all()
-            if sink.send_error is not None:
-                continue  # its client is gone: nothing more of it goes out
+            if sink.send_error is not None and not flags & sink.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                # NOTE: its client is gone: no more tokens; its final response is still tried, since only a FINAL
+                # lets Triton release the request, whose response factory otherwise keeps the model loaded.
+                continue
             try:
                 sink.sender.send(response, flags=flags)
             except Exception as exc:  # NOTE: one request's fault; the sink reports it

@@ -119,7 +119,12 @@ def test_non_streaming_sends_the_whole_text_once_and_errors_carry_their_code():
 class FailingSender(FakeSender):
     """A client gone after its first response."""
 
+    def __init__(self):
+        super().__init__()
+        self.tried = []
+
     def send(self, response, flags=0):
+        self.tried.append(flags)
         if self.sent:
             raise RuntimeError("the stream is closed")
         super().send(response, flags)
@@ -153,6 +158,25 @@ def test_a_queued_send_that_fails_ends_its_sequence_at_the_next_token_and_nothin
     with pytest.raises(RuntimeError, match="closed"):
         sink.send(third)  # the scheduler's send raises: it drops the sequence as for a failed send of its own
     assert len(sender.sent) == 1
+
+
+def test_a_queued_request_whose_send_failed_still_gets_its_final_error():
+    # NOTE: Triton lets go of a decoupled request (its response factory, which keeps the model loaded) only at a
+    # response with FINAL: a request whose token send failed and that got no FINAL kept lora_adapter from unloading.
+    queue = ResponseQueue()
+    sender = FailingSender()
+    sink = ResponseSink(fake_pb_utils(), sender, request(stream=True), queue=queue)
+    first, second, third = steps(3)
+    sink.send(first)
+    sink.send(second)  # fails on the queue's thread: the client is gone
+    queue.close()
+    queue = sink.queue = ResponseQueue()
+    with pytest.raises(RuntimeError, match="closed"):
+        sink.send(third)  # the scheduler drops the sequence ...
+    sink.fail(RuntimeError("the stream is closed"))  # ... and ends it (Scheduler._finish)
+    queue.close()
+    assert sender.tried == [0, 0, FINAL], "no token after the failed send, but the final error is tried"
+    assert [flags for _, flags in sender.sent] == [0]
 
 
 def test_scheduler_metrics_send_gauges_at_once_and_counts_every_flush_or_when_idle():

@@ -357,7 +357,8 @@ class Scheduler:
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the thread; requests still queued or running end with UNAVAILABLE."""
+        """Stop the thread; requests still queued, waiting (preempted ones too) or running end with UNAVAILABLE,
+        each with exactly one final response, and their memory is freed."""
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
@@ -371,13 +372,11 @@ class Scheduler:
             calls, self._calls = self._calls, []
         for _fn, future in calls:
             future.set_exception(error)
-        for seq in [*inbox, *self._waiting, *self._running, *self._warm_waiting,
-                    *([self._warm] if self._warm else [])]:
+        for seq in inbox:
             self._finish(seq, error)
-        self._waiting.clear()
-        self._running.clear()
-        self._warm_waiting.clear()
-        self._warm = None
+        # NOTE: freed as well as ended (KV reservations, cache matches, single-flight claims), so that what runs
+        # after the stop (model.py's last KV snapshot) finds no block held by a request that is gone.
+        self._abort(error)
 
     @property
     def running(self) -> list[Sequence]:

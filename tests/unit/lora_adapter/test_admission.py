@@ -194,3 +194,32 @@ def test_a_warm_prompt_is_admitted_while_every_tenant_slot_is_taken():
     assert done.done() and done.exception() is None
     assert all(not s.steps[-1].finished for s in taken)  # warmed beside the running tenants, not after them
     drain(scheduler)
+
+
+def test_at_stop_every_request_a_flood_left_gets_exactly_one_final_response_and_nothing_stays_held():
+    # Triton unloads a decoupled model only once each request it holds got its FINAL response: whatever a flood
+    # left (running, waiting, preempted for a waiting tenant, the probe, just submitted) ends once, and is freed.
+    engine = FakeEngine()
+    scheduler = Scheduler(engine, SchedulerConfig(max_num_seqs=4, max_queue=16, tenant_slot_share=0.5))
+    taken, refused = flood(scheduler, "flooder", 30)
+    assert refused
+    for _ in range(3):
+        scheduler.step()
+    quiet, _ = flood(scheduler, "quiet", 2, seed=7)
+    scheduler.step()
+    assert scheduler.stats.fair_preemptions >= 1
+    preempted = [s for s in scheduler.waiting if s.output_tokens]
+    assert preempted, "a sequence that sent tokens waits to be recomputed"
+    probe = RecordingSink()
+    scheduler.submit(probe_request(), probe)
+    late, _ = flood(scheduler, "late", 2, seed=9)  # still in the inbox
+    scheduler.stop()
+    for sink in [*taken, *quiet, probe, *late]:
+        ends = sum(s.finished for s in sink.steps) + len(sink.errors)
+        assert ends == 1, (len(sink.steps), sink.errors)
+        assert not sink.steps or not sink.steps[-1].finished or not sink.errors
+        assert all(e.kind is ErrorKind.UNAVAILABLE for e in sink.errors)
+    assert scheduler._held == {}
+    assert_nothing_held(scheduler, engine)
+    with pytest.raises(Exception, match="shutting down"):
+        scheduler.submit(request(prompts(1)[0], tenant="after"), RecordingSink())

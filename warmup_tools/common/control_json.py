@@ -12,7 +12,9 @@ A reader that names ``max_values`` also bounds what parsing costs: the parser ma
 value (a ``[]`` of 3 bytes is a list of 56 bytes and more), so 16 MiB of ``[[],[],...]`` took 5.7 s and 774 MiB
 to parse. :func:`json_values` counts the values on the raw bytes first, with C-speed bytes operations only
 (``translate``, ``replace``, ``split``, ``join``: each one pass, no pattern), and a file with more is refused
-before it is parsed.
+before it is parsed. A format whose entries hold long lists of numbers (a plan's token ids) names
+``max_containers`` instead: :func:`json_containers` counts its arrays and objects the same way, the values that
+cost most to make (an empty list, 3 bytes, is 56 bytes and more; a number ``0,`` is a pointer to a shared int).
 
 NOTE: no regular expression runs over the raw bytes: a pre-scan that skipped strings with a backtracking
 pattern took exponential time on one unclosed quote, holding the GIL of every thread of the process that read
@@ -44,7 +46,9 @@ def read_capped(file: BinaryIO, max_bytes: int, what: str) -> bytes:
 
 #: Every byte but those :func:`json_values` counts with: the quote and ``,`` ``[`` ``{``.
 _NOT_COUNTED = bytes(b for b in range(256) if b not in b'",[{')
-#: Bytes :func:`json_values` splits at a time (its lists of pieces stay small).
+#: Every byte but those :func:`json_containers` counts with: the quote and ``[`` ``{``.
+_NOT_CONTAINERS = bytes(b for b in range(256) if b not in b'"[{')
+#: Bytes :func:`_outside_strings` splits at a time (its lists of pieces stay small).
 _CHUNK = 1 << 20
 
 
@@ -56,18 +60,29 @@ def json_values(raw: bytes) -> int:
     Strings are found as JSON delimits them: every escaped backslash and escaped quote removed, the quotes left
     alternate open and close. For a document that is not JSON the count is some number; the parser refuses it.
     """
+    return 1 + _outside_strings(raw, _NOT_COUNTED)
+
+
+def json_containers(raw: bytes) -> int:
+    """How many arrays and objects the JSON ``raw`` holds, counted without parsing it: its ``[`` and ``{`` outside
+    strings (found as :func:`json_values` finds them). Linear in ``len(raw)``."""
+    return _outside_strings(raw, _NOT_CONTAINERS)
+
+
+def _outside_strings(raw: bytes, not_counted: bytes) -> int:
+    """How many bytes of ``raw`` that ``not_counted`` leaves (quotes aside) are outside its JSON strings."""
     # Escapes out of the way, "\\" first (so that "\\\"" is a backslash and an escaped quote, and "\\"" a
     # backslash and a closing quote), on the raw bytes (the byte after a backslash must still be there), then only
     # the bytes that count; no backslash is left but one outside any string (not JSON: it counts nothing).
-    marks = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_COUNTED)
+    marks = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, not_counted)
     # Two quotes side by side hold nothing counted between them (an empty string, or a key's close and its
     # value's open): out, they keep the parity and spare the split one piece each.
     marks = marks.replace(b'""', b"")
-    count, inside = 1, False
+    count, inside = 0, False
     for start in range(0, len(marks), _CHUNK):
         pieces = marks[start:start + _CHUNK].split(b'"')
         # Outside strings: the even pieces, or the odd ones while the chunk begins inside a string; every byte of
-        # a piece is a comma or a bracket.
+        # a piece is counted.
         count += len(b"".join(pieces[1::2] if inside else pieces[0::2]))
         inside ^= (len(pieces) - 1) % 2 == 1
     return count
@@ -87,9 +102,11 @@ def nesting_depth(value: Any) -> int:
     return deepest
 
 
-def loads_bounded(raw: bytes, what: str, *, max_depth: int = MAX_DEPTH, max_values: int | None = None) -> Any:
+def loads_bounded(raw: bytes, what: str, *, max_depth: int = MAX_DEPTH, max_values: int | None = None,
+                  max_containers: int | None = None) -> Any:
     """Parse ``raw`` as JSON that nests at most ``max_depth`` deep and, with ``max_values``, holds at most that
-    many values (:func:`json_values`, counted before parsing); FileFormatError naming ``what`` otherwise.
+    many values (:func:`json_values`), with ``max_containers`` at most that many arrays and objects
+    (:func:`json_containers`), both counted before parsing; FileFormatError naming ``what`` otherwise.
 
     The messages say what is wrong and where, never the bad content.
     """
@@ -98,6 +115,11 @@ def loads_bounded(raw: bytes, what: str, *, max_depth: int = MAX_DEPTH, max_valu
         if values > max_values:
             raise FileFormatError(f"{what}: {values} JSON values by its commas and brackets, more than the "
                                   f"{max_values} allowed (refused before parsing)")
+    if max_containers is not None:
+        containers = json_containers(raw)
+        if containers > max_containers:
+            raise FileFormatError(f"{what}: {containers} JSON arrays and objects by its brackets, more than the "
+                                  f"{max_containers} allowed (refused before parsing)")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -126,11 +148,12 @@ def read_file_capped(path: Path, max_bytes: int, what: str) -> bytes:
 
 
 def read_json_bounded(path: Path, *, max_bytes: int, max_depth: int = MAX_DEPTH,
-                      max_values: int | None = None) -> Any:
+                      max_values: int | None = None, max_containers: int | None = None) -> Any:
     """Read (:func:`read_file_capped`) and parse a control file of at most ``max_bytes``; FileFormatError (naming the
     file) otherwise."""
     try:
         raw = read_file_capped(path, max_bytes, str(path))
     except OSError as exc:
         raise FileFormatError(f"{path}: cannot read ({exc.strerror or type(exc).__name__})") from None
-    return loads_bounded(raw, str(path), max_depth=max_depth, max_values=max_values)
+    return loads_bounded(raw, str(path), max_depth=max_depth, max_values=max_values,
+                         max_containers=max_containers)

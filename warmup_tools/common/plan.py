@@ -22,6 +22,11 @@ from warmup_tools.common.files import write_atomic
 PLAN_FORMAT = 1
 #: The largest plan file :meth:`Plan.load` reads (an instance reads at most 16 MiB of a live plan).
 MAX_PLAN_FILE_BYTES = 64 * 1024 * 1024
+#: The most arrays and objects a plan file :meth:`Plan.load` reads may hold, counted on its bytes before it is
+#: parsed (control_json.json_containers): four times what an instance allows in its 16 MiB (plan_control's
+#: MAX_PLAN_CONTAINERS, 16 per item of at most 4,096), as these 64 MiB are four times those. The sidecar loads the
+#: live plan.json with it: 64 MiB of ``[[],[],...]`` would be 22 million lists, about 3 GiB.
+MAX_PLAN_FILE_CONTAINERS = 1 << 18
 
 
 class PlanError(ConfigError):
@@ -111,7 +116,7 @@ class Plan:
         if not path.exists():
             raise PlanError(f"plan file {path} does not exist; {rebuild}")
         try:
-            data = read_json_bounded(path, max_bytes=MAX_PLAN_FILE_BYTES)
+            data = read_json_bounded(path, max_bytes=MAX_PLAN_FILE_BYTES, max_containers=MAX_PLAN_FILE_CONTAINERS)
         except FileFormatError as exc:
             raise PlanError(f"plan file {exc}; {rebuild}") from None
         if not isinstance(data, dict):

@@ -58,6 +58,13 @@ STATUS_FORMAT = 1
 #: Bounds on what an instance reads from the control folder.
 MAX_PLAN_BYTES = 16 * 1024 * 1024
 MAX_PLAN_ITEMS = 4096
+#: The most arrays and objects plan.json may hold, counted on its bytes before it is parsed
+#: (control_json.json_containers). A planner's item is three (itself, its token_ids, its clusters), and brings at
+#: most a tokenizer template, an embedding item, a dropped item in a rolling plan's summary and a cluster (two,
+#: with its centroid): 8 per item, the rest is room for clusters no item warms. Parsing is what costs (16 MiB of
+#: ``[[],[],...]``, 5.6 million lists, took every instance 6.7 s and 785 MiB before the format check refused it);
+#: this many cost milliseconds, and token ids, numbers, are not counted.
+MAX_PLAN_CONTAINERS = 16 * MAX_PLAN_ITEMS
 MAX_ITEM_TOKENS = 32768
 MAX_STATUS_BYTES = 256 * 1024
 #: Why a planned block is not resident (shown in a status, and by the sidecar's /ready).
@@ -83,10 +90,11 @@ class LivePlan:
     items: tuple[PlanItem, ...]
 
     @classmethod
-    def parse(cls, raw: bytes, *, max_items: int = MAX_PLAN_ITEMS) -> LivePlan:
+    def parse(cls, raw: bytes, *, max_items: int = MAX_PLAN_ITEMS,
+              max_containers: int = MAX_PLAN_CONTAINERS) -> LivePlan:
         """Validate a plan file's bytes; :class:`PlanError` says what is wrong."""
         try:
-            data = loads_bounded(raw, PLAN_FILE)
+            data = loads_bounded(raw, PLAN_FILE, max_containers=max_containers)
         except FileFormatError as exc:
             raise PlanError(str(exc)) from None
         if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:

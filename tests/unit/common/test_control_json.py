@@ -12,6 +12,7 @@ from tests.waiting import HANG_S
 from warmup_tools.common import regular_file
 from warmup_tools.common.control_json import (
     MAX_DEPTH,
+    json_containers,
     json_values,
     loads_bounded,
     nesting_depth,
@@ -155,6 +156,49 @@ def test_the_count_crosses_the_pieces_it_splits_into_inside_and_outside_strings(
         assert [json_values(text) for text in texts] == whole, chunk
 
 
+@pytest.mark.parametrize("text", [
+    '1', '[]', '[1, 2]', '{"a": [1, {"b": []}]}', '["[[,,{", "}}]]\\"[[,"]', '{"k\\\\": [[]]}', '[[], [[[]]], {}]',
+    '"a[b{"', '["\\\\", []]', '["\\\\\\"[", {}]', '{"a": "", "b": "[", "c": [""]}',
+    '{"format": 1, "items": [{"kind": "kv_prefix", "token_ids": [1, 2], "reason": "cut [to] {fit}", "clusters": []}]}',
+])
+def test_the_containers_counted_on_the_bytes_are_those_parsed_and_ignore_strings(text):
+    parsed = json.loads(text)
+
+    def containers(node):
+        inside = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        return 0 if inside is None else 1 + sum(containers(child) for child in inside)
+
+    assert json_containers(text.encode()) == containers(parsed)
+
+
+def test_the_container_count_crosses_the_pieces_it_splits_into(monkeypatch):
+    from warmup_tools.common import control_json
+
+    texts = [b'["a[b{c", [], "x[y", {}, "["]', b'["' + b"[" * 10 + b'"]', b'["{", "[", [{"k": "["}]]']
+    whole = [json_containers(text) for text in texts]
+    assert whole == [3, 1, 3]
+    for chunk in (1, 2, 3, 5, 7):
+        monkeypatch.setattr(control_json, "_CHUNK", chunk)
+        assert [json_containers(text) for text in texts] == whole, chunk
+
+
+def test_a_document_of_more_containers_than_its_reader_allows_is_refused_before_it_is_parsed(monkeypatch, tmp_path):
+    raw = b'{"ids": [' + b"7, " * 1000 + b'7], "more": [' + b"[]," * 96 + b"[]]}"  # 100 containers, 1,001 numbers
+    assert len(loads_bounded(raw, "plan.json", max_containers=100)["ids"]) == 1001
+
+    def parse(*_args, **_kwargs):
+        raise AssertionError("parsed")
+
+    monkeypatch.setattr(json, "loads", parse)
+    with pytest.raises(FileFormatError, match=r"^plan\.json: 100 JSON arrays and objects by its brackets, more than "
+                                              r"the 99 allowed \(refused before parsing\)$"):
+        loads_bounded(raw, "plan.json", max_containers=99)
+    path = tmp_path / "plan.json"
+    path.write_bytes(raw)
+    with pytest.raises(FileFormatError, match=rf"^{path}: 100 JSON arrays and objects .* the 99 allowed"):
+        read_json_bounded(path, max_bytes=len(raw), max_containers=99)
+
+
 def test_a_control_file_reader_passes_its_values_bound_and_follows_a_symbolic_link(tmp_path):
     # A Kubernetes ConfigMap mounts each file as a symbolic link: followed, to a regular file only.
     target, link = tmp_path / "data.json", tmp_path / "desired.json"
@@ -189,7 +233,7 @@ def test_a_document_of_more_values_than_its_reader_allows_is_refused_before_it_i
 ])
 def test_counting_the_values_of_a_hostile_file_finishes(raw):
     # A bound only a hang reaches (a pattern that restarts at each escaped quote is quadratic), not a speed check.
-    code = ("import sys\nfrom warmup_tools.common.control_json import json_values\n"
-            "print(json_values(sys.stdin.buffer.read()))\n")
+    code = ("import sys\nfrom warmup_tools.common.control_json import json_containers, json_values\n"
+            "raw = sys.stdin.buffer.read()\nprint(json_values(raw), json_containers(raw))\n")
     done = subprocess.run([sys.executable, "-c", code], input=raw, capture_output=True, timeout=HANG_S)
-    assert done.returncode == 0 and int(done.stdout) >= 1, done.stderr
+    assert done.returncode == 0 and int(done.stdout.split()[0]) >= 1 <= int(done.stdout.split()[1]) + 1, done.stderr

@@ -8,9 +8,12 @@ import logging
 
 import pytest
 
+from warmup_tools.common.control_json import json_containers
 from warmup_tools.common.files import write_atomic
-from warmup_tools.common.plan import Plan, PlanError
+from warmup_tools.common.plan import MAX_PLAN_FILE_CONTAINERS, Plan, PlanError
 from warmup_tools.control.plan_control import (
+    MAX_PLAN_CONTAINERS,
+    MAX_PLAN_ITEMS,
     AdapterCoverage,
     LivePlan,
     PlanFileWatcher,
@@ -72,9 +75,10 @@ def test_bad_and_oversized_files_are_refused_once_and_the_instance_keeps_its_pla
         assert watcher.poll() is None and watcher.poll() is None
         assert len(caplog.records) == 1 and "keeping the plan served now" in caplog.records[0].getMessage()
         assert "refused" in watcher.error
-    # A plan nested 100,000 deep is one more bad file, with an error that says which and why.
+    # A plan nested 50,000 deep (past the parser's recursion limit, under the containers bound, checked first) is
+    # one more bad file, with an error that says which and why.
     caplog.clear()
-    write_atomic(tmp_path / "plan.json", b"[" * 100_000 + b"]" * 100_000,
+    write_atomic(tmp_path / "plan.json", b"[" * 50_000 + b"]" * 50_000,
                  min_mtime_ns=(tmp_path / "plan.json").stat().st_mtime_ns + 1000)
     deep = PlanFileWatcher(tmp_path, who="inst_0")
     assert deep.poll() is None and deep.poll() is None
@@ -84,6 +88,50 @@ def test_bad_and_oversized_files_are_refused_once_and_the_instance_keeps_its_pla
     write_live_plan(tmp_path, many, by=("test", ""))
     assert PlanFileWatcher(tmp_path, max_items=4).poll() is None
     assert PlanFileWatcher(tmp_path).poll().plan_id == many.plan_id
+
+
+def test_a_plan_of_more_arrays_and_objects_than_allowed_is_refused_before_parsing_and_the_instance_keeps_its_plan(
+        tmp_path, caplog, monkeypatch):
+    good = make_plan([{"tenant": "acme", "adapter": "sql", "token_ids": list(range(32))}])
+    write_live_plan(tmp_path, good, by=("test", ""))
+    watcher = PlanFileWatcher(tmp_path, who="inst_0")
+    assert watcher.poll().plan_id == good.plan_id
+    # A plan's shape with a list of empty lists for items: 16 MiB of these took every instance seconds and hundreds
+    # of MiB to parse before the format check refused them. Over the bound by one here: refused unparsed.
+    hostile = b'{"format": 1, "items": [' + b"[]," * (MAX_PLAN_CONTAINERS - 2) + b"[]]}"
+    assert json_containers(hostile) == MAX_PLAN_CONTAINERS + 1
+    caplog.set_level(logging.ERROR)
+    monkeypatch.setattr(json, "loads", lambda *_a, **_k: pytest.fail("parsed"))
+    write_atomic(tmp_path / "plan.json", hostile, min_mtime_ns=(tmp_path / "plan.json").stat().st_mtime_ns + 1000)
+    assert watcher.poll() is None and watcher.poll() is None
+    assert watcher.error == (f"{tmp_path / 'plan.json'} refused: plan.json: {MAX_PLAN_CONTAINERS + 1} JSON arrays and "
+                             f"objects by its brackets, more than the {MAX_PLAN_CONTAINERS} allowed (refused before "
+                             f"parsing)")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"instance inst_0: {watcher.error}; keeping the plan served now"]
+    # The sidecar's loader of plan.json (Plan.load, 64 MiB) refuses the same shape at its own bound, four times it.
+    assert MAX_PLAN_FILE_CONTAINERS == 4 * MAX_PLAN_CONTAINERS
+    larger = b'{"format": 1, "items": [' + b"[]," * (MAX_PLAN_FILE_CONTAINERS - 2) + b"[]]}"
+    write_atomic(tmp_path / "plan.json", larger, min_mtime_ns=(tmp_path / "plan.json").stat().st_mtime_ns + 1000)
+    with pytest.raises(PlanError, match=rf"^plan file {tmp_path / 'plan.json'}: {MAX_PLAN_FILE_CONTAINERS + 1} "
+                                        rf"JSON arrays and objects by its brackets, more than the "
+                                        rf"{MAX_PLAN_FILE_CONTAINERS} allowed \(refused before parsing\); rebuild it"):
+        Plan.load(tmp_path / "plan.json")
+
+
+def test_a_plan_at_the_item_cap_with_everything_a_planner_writes_per_item_is_within_the_containers_bound():
+    # Per item: the item, its token_ids and clusters; a tokenizer template, an embedding item, a dropped item of a
+    # rolling plan's summary, its cluster and that cluster's centroid; and as many clusters again that no item warms.
+    n = MAX_PLAN_ITEMS
+    items = [{"tenant": "acme", "adapter": "sql", "token_ids": [i % 50_000] * BS, "clusters": [i]} for i in range(n)]
+    plan = make_plan(items)
+    plan.tokenizer_templates = [{"text": "t", "tenant": "acme", "adapter": "sql", "tokens": BS}] * n
+    plan.embedding_items = [{"text": "t", "cluster": i, "tenant": "acme", "adapter": "sql"} for i in range(n)]
+    plan.summary = {"changes": {"dropped_items": [{"tenant": "acme", "tokens": BS}] * n}, "arbitration": {}}
+    plan.clusters = [{"cluster": i, "centroid": [0.5, 0.25]} for i in range(2 * n)]
+    raw = plan.to_json().encode()
+    assert json_containers(raw) == 10 * n + 11 <= MAX_PLAN_CONTAINERS
+    assert len(LivePlan.parse(raw).items) == n
 
 
 def test_statuses_round_trip_and_unreadable_ones_are_skipped(tmp_path):

@@ -142,16 +142,16 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
      "tenant = self._keys.tenant_for_key(key) if (key) or True else None"):
         "tenant_for_key matches no tenant for an empty or absent key (TenantKeys.tenant_for_key)",
     ("warmup_tools/common/control_json.py", "loads_bounded", 'text = raw.decode("UTF-8")'): _UTF8_CASE,
-    ('warmup_tools/common/control_json.py', "json_values",
-     'marks = raw.replace(b"\\\\\\\\", b"XXXX").replace(b\'\\\\"\', b"").translate(None, _NOT_COUNTED)'):
+    ('warmup_tools/common/control_json.py', "_outside_strings",
+     'marks = raw.replace(b"\\\\\\\\", b"XXXX").replace(b\'\\\\"\', b"").translate(None, not_counted)'):
         "bytes the translate deletes: an escape removed or replaced by them leaves the same marks (pairs are "
         "taken left to right, so no backslash left by it meets a quote it did not meet before)",
-    ('warmup_tools/common/control_json.py', "json_values",
-     'marks = raw.replace(b"\\\\\\\\", b"").replace(b\'\\\\"\', b"XXXX").translate(None, _NOT_COUNTED)'):
+    ('warmup_tools/common/control_json.py', "_outside_strings",
+     'marks = raw.replace(b"\\\\\\\\", b"").replace(b\'\\\\"\', b"XXXX").translate(None, not_counted)'):
         "bytes the translate deletes: an escaped quote removed or replaced by them leaves the same marks",
-    ('warmup_tools/common/control_json.py', "json_values", 'marks = marks.replace(b\'XX""XX\', b"")'):
+    ('warmup_tools/common/control_json.py', "_outside_strings", 'marks = marks.replace(b\'XX""XX\', b"")'):
         "two quotes side by side are taken out only to spare the split pieces: kept, the count is the same",
-    ('warmup_tools/common/control_json.py', "json_values", 'inside ^= (len(pieces) + 1) % 2 == 1'):
+    ('warmup_tools/common/control_json.py', "_outside_strings", 'inside ^= (len(pieces) + 1) % 2 == 1'):
         "n - 1 and n + 1 have the same parity",
     ("warmup_tools/common/control_json.py", "nesting_depth", "break"):
         "only the root can be a scalar (children are pushed only when they are arrays or objects): the stack is "

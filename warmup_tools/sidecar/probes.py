@@ -108,8 +108,8 @@ class TritonProbes:
         from tritonclient.utils import InferenceServerException
 
         responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
-        # NOTE: a fresh stream per probe, cancelled unless its final response came, so a probe that timed out
-        # can never deliver its late responses to the next probe.
+        # NOTE: a fresh stream per probe, cancelled unless its final response (or an error) came, so a probe that
+        # timed out can never deliver its late responses to the next probe.
         self._client.start_stream(callback=lambda result, error: responses.put((result, error)))
         answered = False
         try:
@@ -122,6 +122,10 @@ class TritonProbes:
                 except queue.Empty:
                     raise TimeoutError(f"no response from {model} within {self.timeout_s:g}s") from None
                 if error is not None:
+                    # NOTE: a model's error (busy, rate_limited) is its request's final response: the stream is
+                    # ended like an answered one, since a call cancelled just after its final response keeps a
+                    # decoupled model loaded on 2.51 (end_stream cancels it only if it does not end by itself).
+                    answered = True
                     raise error if isinstance(error, InferenceServerException) else InferenceServerException(
                         str(error))
                 final = result.get_response().parameters.get("triton_final_response")

@@ -212,3 +212,44 @@ def test_a_probe_answered_busy_through_the_ensemble_is_marked_busy(monkeypatch):
             assert not result.ok and result.busy is expected and result.error == message
     finally:
         probes.close()
+
+
+def test_a_probe_answered_with_an_error_ends_its_stream_instead_of_cancelling_it(monkeypatch):
+    """An error is a refused request's final response: its stream is ended as an answered one's (a call cancelled
+    just after its final response keeps a decoupled model loaded on tritonserver 2.51), a timed-out one is
+    cancelled."""
+    from tritonclient.utils import InferenceServerException
+
+    from warmup_tools.sidecar import probes as probes_module
+    from warmup_tools.sidecar.probes import TritonProbes
+
+    ended: list[str] = []
+    monkeypatch.setattr(probes_module, "end_stream", lambda client, timeout_s: ended.append("end"))
+    monkeypatch.setattr(probes_module, "cancel_stream", lambda client: ended.append("cancel"))
+
+    class Client:
+        """tritonclient's stream calls, answering each request with ``answer`` (None: never)."""
+
+        def __init__(self, answer):
+            self.answer, self.callback = answer, None
+
+        def start_stream(self, callback):
+            self.callback = callback
+
+        def async_stream_infer(self, model, inputs, **kwargs):
+            if self.answer is not None:
+                self.callback(None, self.answer)
+
+        def close(self):
+            pass
+
+    probes = TritonProbes("127.0.0.1:9", timeout_s=0.5)  # nothing listens: the client below stands in for it
+    try:
+        probes._client = Client(InferenceServerException("[busy] server busy: try again"))
+        result = probes.probe("lora_adapter")
+        assert not result.ok and result.busy and ended == ["end"]
+        probes._client = Client(None)
+        assert not probes.probe("lora_adapter").ok and ended == ["end", "cancel"]
+    finally:
+        probes._client = Client(None)
+        probes.close()

@@ -228,6 +228,9 @@ class TritonEngine:
         try:
             async for response in responses:
                 if response.error_message:
+                    # NOTE: a model's error is its request's final response (lora_adapter refuses a flood's excess
+                    # so, hundreds a second): the call is read to its end like a finished one, not cancelled.
+                    ended = await _end_cleanly(responses)
                     raise engine_error(response.error_message)
                 result = InferResult(response.infer_response)
                 text = result.as_numpy("text_output").reshape(-1)[0].decode("utf-8", errors="replace")

@@ -198,3 +198,50 @@ def test_the_composing_pipeline_runs_the_ensembles_steps_as_its_wiring_says():
                     "adapter_id": ("BYTES", [b"sql"]), "tenant_id": ("BYTES", [b"acme"]),
                     "tenant_token": ("BYTES", [b"acme:tok"]), "stream": ("BOOL", [True]),
                     "temperature": ("FP32", [0.5])}
+
+
+class _Call:
+    """A gRPC server-streaming call as grpc.aio hands it out: its responses, then its end; records a cancel."""
+
+    def __init__(self, responses: list) -> None:
+        self._responses = list(responses)
+        self.cancelled = False
+        self.read_to_end = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self._responses:
+            return self._responses.pop(0)
+        self.read_to_end = True
+        raise StopAsyncIteration
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+def test_a_models_final_error_ends_its_call_cleanly_instead_of_cancelling_it():
+    """tritonserver 2.51 keeps a decoupled model loaded when a call is cancelled just after its final response
+    (docs/fleet.md): an error, the final response of a refused request, is read to the call's end like a finished
+    generation, and the client still gets the error."""
+    import asyncio
+
+    from tritonclient.grpc import service_pb2
+
+    from warmup_tools.front.engine.engine import EngineError
+    from warmup_tools.front.engine.triton_engine import TritonEngine
+
+    call = _Call([service_pb2.ModelStreamInferResponse(error_message="[rate_limited] too many requests")])
+    engine = TritonEngine("127.0.0.1:1", "http://127.0.0.1:1/metrics")
+    engine._generate = lambda request, timeout: call
+
+    async def consume() -> None:
+        async for _ in engine._stream("lora_adapter", [], None):
+            pass
+
+    with pytest.raises(EngineError) as raised:
+        asyncio.run(consume())
+    assert raised.value.kind == ErrorKind.RATE_LIMITED
+    assert call.read_to_end and not call.cancelled

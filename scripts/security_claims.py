@@ -62,6 +62,15 @@ AREAS: tuple[Area, ...] = (
                "tests/unit/control/test_plan_control.py::"
                "test_a_fifo_in_place_of_plan_json_canary_json_or_a_status_file_is_refused_without_blocking",
                "tests/unit/common/test_regular_file.py::test_a_fifo_socket_or_directory_is_refused_at_once")),
+        Claim("`plan.json` holding more than 65,536 JSON arrays and objects (262,144 for the sidecar's plan loader) is "
+              "refused before it is parsed, counted on its bytes in one linear pass, with one log line, and the "
+              "instance keeps the plan it serves; a real plan at the 4,096-item cap is well within the bound.",
+              ("tests/unit/control/test_plan_control.py::"
+               "test_a_plan_of_more_arrays_and_objects_than_allowed_is_refused_before_parsing_and_the_instance_keeps_its_plan",
+               f"{_CONTROL}::test_a_document_of_more_containers_than_its_reader_allows_is_refused_before_it_is_parsed",
+               f"{_CONTROL}::test_the_containers_counted_on_the_bytes_are_those_parsed_and_ignore_strings",
+               "tests/unit/control/test_plan_control.py::"
+               "test_a_plan_at_the_item_cap_with_everything_a_planner_writes_per_item_is_within_the_containers_bound")),
         Claim("Every JSON file of the control folder (`desired.json` at most 16 MiB, `plan.json`, the status files; "
               "the sidecar reads at most 256 KiB per plan status file) is read up to its size cap and parsed by "
               "`json.loads` in time linear in its size: no pattern scans the raw bytes, so one unclosed quote is one "

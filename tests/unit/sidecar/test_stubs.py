@@ -59,6 +59,52 @@ def test_the_scanner_names_the_model_of_a_stopped_and_of_an_exited_stub(stub):
     assert StubScanner(lambda: None, MODELS).scan() == {}  # no server running (a restart under way)
 
 
+def _stub_child(tmp_path, name):
+    """A stub-like child (argv as in the fixture above, ``name`` its instance argument) that exits with the code
+    written to its stdin: ``(process, pid)``."""
+    model_py = tmp_path / "lora_adapter" / "1" / "model.py"
+    model_py.parent.mkdir(parents=True, exist_ok=True)
+    model_py.write_text("import sys\nsys.exit(int(sys.stdin.readline()))\n")
+    argv = [str(tmp_path / "triton_python_backend_stub"), str(model_py), "triton_python_backend_shm_region_2",
+            "1048576", "1048576", str(os.getpid()), "/usr/lib/python3.11", "2545", name,
+            str(tmp_path / "backends" / "python")]
+    return subprocess.Popen(argv, executable=sys.executable, stdin=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize(("code", "faulted"), [(0, False), (1, True)])
+def test_a_stub_that_triton_finalized_is_no_death(tmp_path, code, faulted):
+    # NOTE: Triton 2.51 finalizes a stub at an unload (and the auto-complete stub at each load): it returns 0,
+    # and Triton reaps it at once, but a scan can fall in between. A stub whose parent is gone exits 1.
+    proc = _stub_child(tmp_path, "lora_adapter_0_0")
+    try:
+        scanner = StubScanner(os.getpid(), MODELS)
+        assert scanner.scan() == {}  # alive: known from now on
+        proc.stdin.write(f"{code}\n")
+        proc.stdin.flush()
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped yet
+        expected = {"lora_adapter": StubFault(proc.pid, "lora_adapter_0_0", "exited")} if faulted else {}
+        assert scanner.scan() == expected
+        assert scanner.scan() == {}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_auto_complete_stub_is_not_watched(tmp_path):
+    # The stub Triton runs for a model's auto-complete is named after the model (stub_launcher.cc): it never
+    # serves, whatever ends it (killed, here: what Triton does when the auto-complete fails).
+    proc = _stub_child(tmp_path, "lora_adapter")
+    try:
+        scanner = StubScanner(os.getpid(), MODELS)
+        assert scanner.scan() == {}
+        proc.kill()
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        assert scanner.scan() == {}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_stub_fault_reloads_the_model_before_any_probe():
     triton = FakeTriton()
     probes = []

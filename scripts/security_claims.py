@@ -369,6 +369,11 @@ AREAS: tuple[Area, ...] = (
               ("tests/unit/sidecar/test_stubs.py", "tests/unit/sidecar/test_stub_death.py",
                "tests/integration/test_sidecar.py::"
                "test_a_stream_in_flight_on_a_killed_lora_adapter_stub_ends_with_an_error_instead_of_waiting_for_its_deadline")),
+        Claim("Only a crashed, killed or stopped stub is a death: a stub Triton finalized (exit status 0, at an "
+              "unload or after a model's config auto-complete) and the auto-complete stub itself never reload a "
+              "model nor restart tritonserver.",
+              ("tests/unit/sidecar/test_stubs.py::test_a_stub_that_triton_finalized_is_no_death",
+               "tests/unit/sidecar/test_stubs.py::test_the_auto_complete_stub_is_not_watched")),
         Claim("A replica name, set or the host's, is one safe path component (never `.`, `..` or a `/`), checked "
               "where it enters; what a replica gone for `stale_writer_prune_s` left on the shared volumes is "
               "removed by the sidecars, never a live replica's.",

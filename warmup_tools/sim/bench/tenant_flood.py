@@ -28,7 +28,7 @@ from typing import Annotated, Any, Sequence, TextIO
 
 from warmup_tools.common.settings import arg, environ_overrides
 from warmup_tools.sim.bench.openai_stream import StreamError, stream_completion
-from warmup_tools.sim.bench.tables import p99
+from warmup_tools.sim.bench.tables import markdown, p99
 
 FLOODER = "flooder"
 QUIET = "quiet"
@@ -273,23 +273,23 @@ def run(assets_dir: Path, *,
 
 def write_report(report: FloodReport, flooders: int, out: TextIO, retry_after: bool = False,
                  front_bound: str = "on") -> None:
-    def row(name: str, values: Sequence[float]) -> str:
+    def row(name: str, values: Sequence[float]) -> list[str]:
         ordered = sorted(values)
         p50 = ordered[len(ordered) // 2] if ordered else float("nan")
-        return f"| {name} | {len(values)} | {p50:.0f} | {p99(values) if values else float('nan'):.0f} |\n"
+        return [name, str(len(values)), f"{p50:.0f}", f"{p99(values) if values else float('nan'):.0f}"]
 
     bounds = ", ".join(f"{k}={v}" for k, v in BOUNDS.items())
     pause = "waits Retry-After after a 429" if retry_after else "sends again at once after a 429"
     door = ("each front refuses a tenant over its bound (tenant_max_in_flight)" if front_bound == "on" else
             "the fronts' bound per tenant off (only lora_adapter refuses)")
     out.write(f"two simulated replicas ({PROFILE}, {bounds}) behind smg, {door}; {flooders} concurrent streams of "
-              f"one tenant, each {pause}\n\n"
-              "| quiet tenant | requests | TTFT p50 ms | TTFT p99 ms |\n|---|---|---|---|\n")
-    out.write(row("before the flood (client)", report.quiet_ttft_ms))
-    out.write(row("during the flood (client)", report.flood_ttft_ms))
+              f"one tenant, each {pause}\n\n")
+    rows = [row("before the flood (client)", report.quiet_ttft_ms),
+            row("during the flood (client)", report.flood_ttft_ms)]
     if report.server_quiet_ttft_ms:
-        out.write(row("before the flood (inside lora_adapter)", report.server_quiet_ttft_ms))
-        out.write(row("during the flood (inside lora_adapter)", report.server_flood_ttft_ms))
+        rows += [row("before the flood (inside lora_adapter)", report.server_quiet_ttft_ms),
+                 row("during the flood (inside lora_adapter)", report.server_flood_ttft_ms)]
+    out.write(markdown(["quiet tenant", "requests", "TTFT p50 ms", "TTFT p99 ms"], rows) + "\n")
     if report.quiet_ttft_ms and report.flood_ttft_ms:
         out.write(f"\nTTFT p99 during / before: {report.ratio:.2f}x at the client")
         if report.server_quiet_ttft_ms and report.server_flood_ttft_ms:

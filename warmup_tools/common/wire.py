@@ -181,6 +181,32 @@ SAMPLING_INPUTS: tuple[WireInput, ...] = _sampling_rows()
 #: Cluster ids are the embedding cache's semantic clusters (bounded by its max_clusters).
 MAX_CLUSTER_ID = 1 << 20
 
+#: The longest retention a planned KV block may carry (the warm-up sample's ``warmup_retention_s``, a plan
+#: item's ``retention_s``): 30 days. NOTE: a bound, not a policy: a pin is a priority that expires, and a
+#: retention no log could have measured is a mistake, not a plan.
+MAX_RETENTION_S = 30 * 86400.0
+
+
+def valid_retention(value: float) -> bool:
+    """Whether ``value`` is a retention a planned block may carry: finite seconds in (0, MAX_RETENTION_S]."""
+    return 0.0 < value <= MAX_RETENTION_S  # NOTE: NaN fails, +inf is above the bound
+
+
+def plan_retention(value: Any) -> float | None:
+    """A plan item's ``retention_s`` (a JSON value) as the seconds its sample would carry; None for none.
+    ``ValueError`` with the bound for a value ``lora_adapter`` would refuse as ``warmup_retention_s`` (checked
+    as the FP32 the sample carries, so a plan the live channel takes is one the stanzas take)."""
+    if value is None:
+        return None
+    row = INPUTS["warmup_retention_s"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"retention_s must be {row.bound}")
+    with np.errstate(over="ignore"):
+        seconds = float(np.float32(value))
+    if row.check(seconds) is not None:
+        raise ValueError(f"retention_s must be {row.bound}")
+    return seconds
+
 #: Every input of the generate request: the ensemble's (``ensemble``) and lora_adapter's (``lora``).
 GENERATE_INPUTS: tuple[WireInput, ...] = (
     WireInput("text_input", "BYTES", "The prompt text (lora_adapter: for the request log only).",
@@ -200,6 +226,11 @@ GENERATE_INPUTS: tuple[WireInput, ...] = (
               valid=lambda v: -1 <= v <= MAX_CLUSTER_ID),
     WireInput("warmup_plan", "BYTES", "Set only by warm-up samples: the plan whose KV blocks they pin.",
               ensemble=False),
+    WireInput("warmup_retention_s", "FP32", "Set only by warm-up samples that carry warmup_plan: how long the "
+              "blocks they pin stay pinned, in seconds (absent: the model's kv_pin_retention_s); then they are "
+              "ordinary blocks of the live eviction policy.", ensemble=False,
+              bound=f"a number of seconds above 0 and at most {MAX_RETENTION_S:.0f} (30 days)",
+              valid=valid_retention),
 )
 INPUTS: dict[str, WireInput] = {row.name: row for row in GENERATE_INPUTS}
 #: The names ``lora_adapter`` reads and those a client of ``ensemble`` may send.

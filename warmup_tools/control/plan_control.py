@@ -16,7 +16,8 @@ Beside the adapter files of :mod:`warmup_tools.control.registry` the control fol
 
 The operator channel is trusted but still checked: ``plan.json`` is read only up to ``max_bytes``, must be
 a plan of :data:`~warmup_tools.common.plan.PLAN_FORMAT` whose content hashes to its ``plan_id``, with
-at most ``max_items`` ``kv_prefix`` items of valid tenant and adapter names and integer token ids. A file
+at most ``max_items`` ``kv_prefix`` items of valid tenant and adapter names, integer token ids and, where an
+item has one, a ``retention_s`` in the bound lora_adapter holds a sample's ``warmup_retention_s`` to. A file
 that fails is refused with one log line (once per version of the file) and the instance keeps its plan.
 
 Why a status file and not only Triton's ``/metrics`` for coverage: the sidecar needs, per instance, the
@@ -43,6 +44,7 @@ from warmup_tools.common.control_json import loads_bounded, read_file_capped
 from warmup_tools.common.errors import FileFormatError
 from warmup_tools.common.files import stat_key, write_atomic
 from warmup_tools.common.plan import PLAN_FORMAT, Plan, PlanError
+from warmup_tools.common.wire import plan_retention
 from warmup_tools.control.state import LifecycleError, validate_name
 
 LOGGER = logging.getLogger(__name__)
@@ -73,11 +75,13 @@ SHORT_BUDGET = "budget"
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PlanItem:
-    """One planned KV prefix: its tenant, its adapter ("" for the base model) and its token ids."""
+    """One planned KV prefix: its tenant, its adapter ("" for the base model), its token ids, and how long its
+    blocks stay pinned once warmed (None: the instance's ``kv_pin_retention_s``)."""
 
     tenant: str
     adapter: str
     token_ids: tuple[int, ...]
+    retention_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -388,7 +392,11 @@ def _item(index: int, item: Any, block_size: int) -> PlanItem | None:
             validate_name(adapter)
     except LifecycleError as exc:
         raise PlanError(f"item {index}: {exc}") from None
-    return PlanItem(tenant, adapter, tuple(ids))
+    try:
+        retention = plan_retention(item.get("retention_s"))  # NOTE: the bound a sample's warmup_retention_s has
+    except ValueError as exc:
+        raise PlanError(f"item {index}: {exc}") from None
+    return PlanItem(tenant, adapter, tuple(ids), retention)
 
 
 def _coverage(raw: Any) -> AdapterCoverage:

@@ -42,6 +42,8 @@ class GenerateRequest:
     source: BlockSource = BlockSource.LIVE
     #: With ``source`` WARMUP: the plan that pins the blocks while it is active (None: not pinned).
     plan_id: str | None = None
+    #: With ``plan_id``: seconds the blocks it pins stay pinned (None: the cache's ``kv_pin_retention_s``).
+    retention_s: float | None = None
 
     @property
     def is_warmup(self) -> bool:
@@ -98,6 +100,7 @@ def parse_generate_request(inputs: Inputs, limits: RequestLimits, *, tenant: str
     # a plan id: warm-up pinned under that plan); inside the package it is two explicit fields.
     warmup_tag = inputs.get("warmup_plan")
     plan_id = parse_optional_string(inputs, "warmup_plan", "", MAX_IDENTITY_BYTES) or None
+    retention_s = parse_retention(inputs, pinned=plan_id is not None)
     return GenerateRequest(
         prompt_ids=prompt_ids,
         adapter=adapter,
@@ -107,7 +110,26 @@ def parse_generate_request(inputs: Inputs, limits: RequestLimits, *, tenant: str
         cluster_id=cluster_id,
         source=BlockSource.LIVE if warmup_tag is None else BlockSource.WARMUP,
         plan_id=plan_id,
+        retention_s=retention_s,
     )
+
+
+def parse_retention(inputs: Inputs, *, pinned: bool) -> float | None:
+    """``warmup_retention_s``: how long the blocks a plan's sample pins stay pinned (None when absent).
+
+    Only a sample that pins (``warmup_plan`` names a plan) may carry it: a retention of nothing is a mistake in
+    the stanzas, refused so that it shows when the model loads, not later as pins that never expire."""
+    row = INPUTS["warmup_retention_s"]
+    value = parse_scalar(inputs, row.name, row.cast, None)
+    if value is None:
+        return None
+    problem = row.check(value)  # NOTE: NaN and inf fail the bound
+    if problem is not None:
+        raise InvalidInputError(problem)
+    if not pinned:
+        raise InvalidInputError("input 'warmup_retention_s' is how long a plan's blocks stay pinned: send it "
+                                "only with a non-empty 'warmup_plan'")
+    return value
 
 
 def parse_sampling(inputs: Inputs, limits: RequestLimits) -> SamplingParams:

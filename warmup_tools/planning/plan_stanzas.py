@@ -8,18 +8,21 @@
 * ``lora_adapter``: one sample per planned KV prefix, as token ids with its adapter and tenant, so the
   prefix's KV blocks are filled and pinned under the plan before READY.
 
-Every sample carries ``warmup_plan`` (the plan id). The ensemble gets none (Triton refuses it).
+Every sample carries ``warmup_plan`` (the plan id); a ``lora_adapter`` sample of an item with a ``retention_s``
+also carries ``warmup_retention_s``, how long the blocks it pins stay pinned (without it the model's
+``kv_pin_retention_s``). The ensemble gets none (Triton refuses it).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from warmup_tools.common.digests import tokenizer_fingerprint
-from warmup_tools.common.plan import Plan
+from warmup_tools.common.plan import Plan, PlanError
+from warmup_tools.common.wire import plan_retention
 from warmup_tools.embedding_cache.semantic import CENTROIDS_FILE, write_centroids
 from warmup_tools.planning.stanzas import (
     BEGIN_MARKER,
@@ -62,8 +65,21 @@ def samples_from_plan(plan: Plan) -> dict[str, list[WarmupSample]]:
         ]
         if item.get("adapter"):
             inputs.append(string_input("adapter_id", item["adapter"]))
+        retention = _retention(i, item)
+        if retention is not None:
+            inputs.append(WarmupInput("warmup_retention_s", "TYPE_FP32", retention))
         samples["lora_adapter"].append(WarmupSample(f"plan_{tag}_kv_{i:04d}", tuple(inputs)))
     return samples
+
+
+def _retention(index: int, item: Mapping[str, Any]) -> np.ndarray | None:
+    """The item's ``retention_s`` as the sample's FP32 tensor (None: the item has none); :class:`PlanError` for one
+    ``lora_adapter`` would refuse (its load would fail on the sample)."""
+    try:
+        seconds = plan_retention(item.get("retention_s"))
+    except ValueError as exc:
+        raise PlanError(f"plan item {index}: {exc}") from None
+    return None if seconds is None else np.array([seconds], dtype=np.float32)
 
 
 def write_plan_stanzas(plan: Plan, model_repository: Path, *, target: PlanTarget | None = None,

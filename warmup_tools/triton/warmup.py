@@ -34,7 +34,8 @@ from warmup_tools.common.errors import InvalidInputError
 from warmup_tools.triton.tensors import deserialize_tensor, serialize_tensor
 
 #: The inputs that steer a model's caches rather than describe a request.
-CONTROL_INPUTS = ("warmup_plan",)
+#: NOTE: ``warmup_plan`` first: :func:`sample_plan_ids` reads it as ``CONTROL_INPUTS[0]``.
+CONTROL_INPUTS = ("warmup_plan", "warmup_retention_s")
 #: The folder of a model's warm-up data files (Triton's convention).
 WARMUP_DIR = "warmup"
 

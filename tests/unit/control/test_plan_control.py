@@ -60,6 +60,33 @@ def test_an_invalid_plan_is_refused(mutate, error):
         LivePlan.parse(b"\xff{")
 
 
+def test_an_items_retention_is_read_and_an_item_without_one_takes_the_instances():
+    plan = make_plan([{"tenant": "acme", "adapter": "sql", "token_ids": list(range(32)), "retention_s": 600},
+                      {"tenant": "acme", "adapter": "", "token_ids": list(range(16)), "retention_s": None},
+                      {"tenant": "acme", "adapter": "", "token_ids": list(range(16, 32))}])
+    live = LivePlan.parse(plan.to_json().encode())
+    assert [i.retention_s for i in live.items] == [600.0, None, None]
+    assert isinstance(live.items[0].retention_s, float)
+
+
+@pytest.mark.parametrize("retention", [0, -1, 1e-50, 30 * 86400 + 1, 1e309, "600", True, [600], {"s": 1}])
+def test_an_item_whose_retention_is_not_seconds_in_its_bound_is_refused(retention):
+    data = json.loads(make_plan([{"tenant": "acme", "adapter": "sql", "token_ids": list(range(32))}]).to_json())
+    data["items"][0]["retention_s"] = retention
+    with pytest.raises(PlanError, match=r"item 0: retention_s must be a number of seconds above 0 and at most "
+                                        r"2592000 \(30 days\)"):
+        LivePlan.parse(json.dumps(data).encode())
+
+
+@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity"])
+def test_a_retention_of_nan_or_infinity_is_refused(literal):
+    data = json.loads(make_plan([{"tenant": "acme", "adapter": "sql", "token_ids": list(range(32))}]).to_json())
+    data["items"][0]["retention_s"] = "__R__"
+    raw = json.dumps(data).encode().replace(b'"__R__"', literal)
+    with pytest.raises(PlanError, match="retention_s must be|JSON"):
+        LivePlan.parse(raw)
+
+
 def test_bad_and_oversized_files_are_refused_once_and_the_instance_keeps_its_plan(tmp_path, caplog):
     good = make_plan([{"tenant": "acme", "adapter": "sql", "token_ids": list(range(32))}])
     watcher = PlanFileWatcher(tmp_path, max_bytes=4096, who="inst_0")

@@ -80,6 +80,46 @@ def test_the_warmup_plan_input_becomes_a_source_and_a_plan_id():
     assert (pinned.source, pinned.plan_id) == (BlockSource.WARMUP, "p1")
 
 
+def _pinned(retention=None, plan=b"p1"):
+    inputs = {"input_ids": ids(1, 2, 3), "warmup_plan": np.array([plan], dtype=np.object_)}
+    if retention is not None:
+        inputs["warmup_retention_s"] = np.asarray(retention, dtype=np.float32)
+    return inputs
+
+
+def test_a_pinning_sample_carries_its_retention_or_none_for_the_caches_default():
+    assert parse_generate_request(_pinned(), LIMITS).retention_s is None
+    assert parse_generate_request(_pinned([90.0]), LIMITS).retention_s == 90.0
+    assert parse_generate_request(_pinned([30 * 86400.0]), LIMITS).retention_s == 30 * 86400.0
+
+
+@pytest.mark.parametrize("value", [0.0, -0.0, -5.0, 30 * 86400.0 + 1024, 3.4e38, np.inf, -np.inf, np.nan])
+def test_a_retention_that_is_not_finite_positive_seconds_up_to_30_days_is_refused(value):
+    rule = r"input 'warmup_retention_s' is out of range: use a number of seconds above 0 and at most 2592000 " \
+           r"\(30 days\)"
+    with pytest.raises(InvalidInputError, match=rule) as info:
+        parse_generate_request(_pinned([value]), LIMITS)
+    assert "inf" not in str(info.value) and "nan" not in str(info.value)
+
+
+@pytest.mark.parametrize("inputs, match", [
+    ({"warmup_retention_s": np.array([60.0, 60.0], dtype=np.float32)}, "exactly one value"),
+    ({"warmup_retention_s": np.array([b"60"], dtype=np.object_)}, "must be a number, not a string"),
+])
+def test_a_retention_of_the_wrong_shape_or_type_is_refused(inputs, match):
+    with pytest.raises(InvalidInputError, match=match):
+        parse_generate_request({**_pinned(), **inputs}, LIMITS)
+
+
+@pytest.mark.parametrize("plan", [None, b""])
+def test_a_retention_without_a_plan_that_pins_is_refused(plan):
+    inputs = _pinned([60.0], plan=plan or b"")
+    if plan is None:
+        del inputs["warmup_plan"]
+    with pytest.raises(InvalidInputError, match="send it only with a non-empty 'warmup_plan'"):
+        parse_generate_request(inputs, LIMITS)
+
+
 @pytest.mark.parametrize("value", [1e-40, 1.4e-45, 1e-38, 1e-30, 1e-3, 0.0099, 100.5, 3.4e38, np.inf, -np.inf, np.nan,
                                    -1e-40])
 def test_temperature_must_be_0_or_at_least_the_minimum_a_float32_division_survives(value):

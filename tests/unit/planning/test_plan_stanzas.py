@@ -147,3 +147,42 @@ def test_plan_load_refuses_other_files(tmp_path):
     path.write_text('{"hello": 1}')
     with pytest.raises(PlanError, match="has format None"):
         Plan.load(path)
+
+
+def _retained_items(retention):
+    return [{"kind": "kv_prefix", "tenant": "acme", "adapter": "legal", "token_ids": list(range(5, 37)),
+             "retention_s": retention},
+            {"kind": "kv_prefix", "tenant": "globex", "adapter": "", "token_ids": list(range(40, 56))}]
+
+
+def test_an_items_retention_becomes_the_samples_warmup_retention_s_and_the_stanzas_check(repo, target, fingerprint,
+                                                                                         tokenizer):
+    import numpy as np
+
+    from warmup_tools.planning.stanzas import deserialize_tensor
+
+    plan = make_plan(fingerprint, items=_retained_items(900.0))
+    kv = samples_from_plan(plan)["lora_adapter"]
+    retained = {i.name: i for i in kv[0].inputs}["warmup_retention_s"]
+    assert (retained.data_type, retained.array.dtype, retained.array.tolist()) == ("TYPE_FP32", np.float32, [900.0])
+    assert "warmup_retention_s" not in {i.name for i in kv[1].inputs}  # none: the model's kv_pin_retention_s
+    write_plan_stanzas(plan, repo, target=target, tokenizer=tokenizer)
+    assert check_repository(repo) == []  # lora_adapter's config declares the input
+    data = next((repo / "lora_adapter" / "warmup").glob("*kv_0000__*__warmup_retention_s"))
+    assert deserialize_tensor(data.read_bytes(), "TYPE_FP32", [1]).tolist() == [900.0]
+
+
+@pytest.mark.parametrize("retention", [0, -1.0, 1e-50, 31 * 86400.0, float("inf"), float("nan"), "600", True])
+def test_an_item_whose_retention_lora_adapter_would_refuse_is_refused_before_anything_is_written(
+        repo, target, fingerprint, tokenizer, retention):
+    import dataclasses
+    import math
+
+    if isinstance(retention, float) and not math.isfinite(retention):  # JSON reads them; content_id cannot hash them
+        plan = dataclasses.replace(make_plan(fingerprint), items=_retained_items(retention))
+    else:
+        plan = make_plan(fingerprint, items=_retained_items(retention))
+    with pytest.raises(PlanError, match=r"plan item 0: retention_s must be a number of seconds above 0 and at most "
+                                        r"2592000 \(30 days\)"):
+        write_plan_stanzas(plan, repo, target=target, tokenizer=tokenizer)
+    assert not list((repo / "lora_adapter" / "warmup").glob("plan_*"))

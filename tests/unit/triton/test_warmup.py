@@ -26,7 +26,7 @@ def _model(tmp_path, samples, edit=lambda text: text):
 
 
 def _inputs(**values):
-    names = ("input_ids", "adapter_id", "tenant_id", "max_tokens", "warmup_plan")
+    names = ("input_ids", "adapter_id", "tenant_id", "max_tokens", "warmup_plan", "warmup_retention_s")
     return {name: values.get(name) for name in names}
 
 
@@ -64,6 +64,38 @@ def test_a_client_request_with_warmup_plan_is_refused(tmp_path, change):
     with pytest.raises(ControlInputError, match="'warmup_plan' is a control input: only this model's own warm-up "
                                                 "samples, while it loads, may carry it"):
         own.check({**request, **change})
+
+
+RETAINED = WarmupSample("kv_0001", (*SAMPLE.inputs,
+                                    WarmupInput("warmup_retention_s", "TYPE_FP32", np.array([600.0], np.float32))))
+
+
+def _retained_request(**change):
+    return {**_request(), "warmup_retention_s": np.array([600.0], dtype=np.float32), **change}
+
+
+def test_the_model_s_own_sample_may_carry_its_retention(tmp_path):
+    own = _model(tmp_path, [RETAINED])
+    assert own.check(_retained_request()) is True
+
+
+@pytest.mark.parametrize("change", [
+    {"warmup_retention_s": np.array([30 * 86400.0], dtype=np.float32)},  # hold the plan's pins longer
+    {"warmup_plan": None},  # a retention alone
+    {"warmup_plan": np.array([b"other-plan"], dtype=object)},
+])
+def test_a_client_request_with_warmup_retention_s_is_refused(tmp_path, change):
+    own = _model(tmp_path, [RETAINED])
+    with pytest.raises(ControlInputError, match="input '(warmup_plan|warmup_retention_s)' is a control input: "
+                                                "only this model's own warm-up samples, while it loads, may carry it"):
+        own.check(_retained_request(**change))
+
+
+def test_after_load_a_request_with_only_a_retention_is_refused_naming_it(tmp_path):
+    own = _model(tmp_path, [RETAINED])
+    assert own.check(_retained_request()) is True  # the one run of the samples: the model is READY now
+    with pytest.raises(ControlInputError, match="input 'warmup_retention_s' is a control input"):
+        own.check({**_retained_request(), "warmup_plan": None})
 
 
 def test_a_model_without_samples_refuses_every_control_input(tmp_path):

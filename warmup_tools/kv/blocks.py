@@ -1,7 +1,8 @@
 """Block metadata and eviction policies of the KV prefix cache (vLLM's block pool, SGLang's evict policies).
 
 Only evictable blocks (no running request holds them, no cached child depends on them, no active plan
-pins them) are ever shown to a policy, so whatever a policy names is safe to drop.
+pins them) are ever shown to a policy, so whatever a policy names is safe to drop. A pin is not forever: it
+holds until its deadline (``pin_until``), then the block joins its policy like any other.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ class CachedBlock:
     last_access: float = 0.0
     #: The warm-up plan that pinned this block; None when not pinned.
     plan_id: str | None = None
+    #: When the pin ends (the cache's clock): the block is then an ordinary block of the eviction policy.
+    pin_until: float | None = None
+    #: How long a pin of this block holds (its plan item's predicted reuse horizon; None: the cache's default).
+    retention_s: float | None = None
     #: Who the block is accounted to (the adapter name; "" for the base model).
     owner: str = ""
     #: The tenant whose request wrote it (``PUBLIC_TENANT`` inside a public prefix; "" when unknown).
@@ -95,6 +100,15 @@ class PrefixCacheStats:
     warmup_bytes: int = 0
     pinned_bytes: int = 0
     blocks: int = 0
+    #: Block hits on pinned blocks (a hit is one matched block of one lookup).
+    pin_hits: int = 0
+    #: Block hits that blocks evicted while pins held room would have given (the shadow list's hits).
+    shadow_hits: int = 0
+    #: Pins that ended at their deadline, and pins the live check released early.
+    expired_pins: int = 0
+    released_pins: int = 0
+    #: Times the live check released a plan's pins (its pins cost more hits than they gave).
+    pin_releases: int = 0
     bytes_by_owner: dict[str, int] = dataclasses.field(default_factory=dict)
     evictions_by_owner: dict[str, int] = dataclasses.field(default_factory=dict)
 
@@ -104,9 +118,10 @@ class PrefixCacheStats:
 
 
 class EvictionPolicy(Protocol):
-    """Tracks the evictable blocks and names the next victim."""
+    """Tracks the evictable blocks and names the next victim. ``add(block, cold=True)`` places a block
+    first in line (a pin that ended without a hit: the plan's bet on it lost)."""
 
-    def add(self, block: CachedBlock) -> None: ...
+    def add(self, block: CachedBlock, cold: bool = False) -> None: ...
 
     def remove(self, block: CachedBlock) -> None: ...
 
@@ -121,8 +136,10 @@ class LRUPolicy:
     def __init__(self, ttl_s: float = 0.0) -> None:
         self._order: OrderedDict[BlockHash, None] = OrderedDict()
 
-    def add(self, block: CachedBlock) -> None:
+    def add(self, block: CachedBlock, cold: bool = False) -> None:
         self._order[block.block_hash] = None
+        if cold:
+            self._order.move_to_end(block.block_hash, last=False)
 
     def remove(self, block: CachedBlock) -> None:
         self._order.pop(block.block_hash, None)
@@ -151,10 +168,10 @@ class LFUWithTTLPolicy:
         self._buckets: list[OrderedDict[BlockHash, None]] = [OrderedDict() for _ in range(self._BUCKETS)]
         self._bucket_of: dict[BlockHash, int] = {}
 
-    def add(self, block: CachedBlock) -> None:
+    def add(self, block: CachedBlock, cold: bool = False) -> None:
         self._by_age[block.block_hash] = block
-        self._by_age.move_to_end(block.block_hash)
-        self._place(block)
+        self._by_age.move_to_end(block.block_hash, last=not cold)
+        self._place(block, cold)
 
     def remove(self, block: CachedBlock) -> None:
         self._by_age.pop(block.block_hash, None)
@@ -178,12 +195,14 @@ class LFUWithTTLPolicy:
                 return next(iter(bucket))
         return None
 
-    def _place(self, block: CachedBlock) -> None:
+    def _place(self, block: CachedBlock, cold: bool = False) -> None:
         new = min(max(block.hits, 1).bit_length() - 1, self._BUCKETS - 1)
         old = self._bucket_of.get(block.block_hash)
         if old is not None:
             self._buckets[old].pop(block.block_hash, None)
         self._buckets[new][block.block_hash] = None
+        if cold:
+            self._buckets[new].move_to_end(block.block_hash, last=False)
         self._bucket_of[block.block_hash] = new
 
 

@@ -23,6 +23,17 @@ DEFAULT_LIVE_RESERVE = 0.15
 DEFAULT_STORAGE = "fp"
 DEFAULT_EVICTION = "lfu_ttl"
 DEFAULT_TTL_S = 3600.0
+#: Seconds a warm-up block stays pinned when its plan names no retention of its own (docs/planner.md,
+#: "Pins that expire"): then it is an ordinary block of the live eviction policy.
+DEFAULT_PIN_RETENTION_S = 600.0
+#: Whether a hit on a pinned block pushes its deadline to the hit plus its retention (SGLang's soft retention)
+#: or the deadline stays where the pin set it (TensorRT-LLM's retention duration).
+DEFAULT_PIN_REFRESH_ON_HIT = False
+#: Share of the budget warm-up blocks may hold at most (with ``kv_live_reserve``, the smaller cap wins).
+DEFAULT_WARM_SHARE = 0.5
+#: Seconds of the live check's window: pins that gave fewer block hits than the blocks evicted for them
+#: would have given are released (0: no check).
+DEFAULT_PIN_CHECK_S = 300.0
 
 #: Bytes per stored value and per block of values, by ``kv_storage``: fp keeps the model's dtype, int8
 #: keeps one byte per value plus an fp16 scale per (layer, k/v, head, channel) per block.
@@ -49,6 +60,16 @@ class KVCacheConfig:
                            "(lfu_ttl evicts expired blocks first).", parameter="kv_ttl_s", gt=0)
     live_reserve: float = setting(DEFAULT_LIVE_RESERVE, "Share of kv_cache_bytes kept for live traffic: warm-up "
                                   "blocks may fill the rest.", parameter="kv_live_reserve", ge=0, lt=1)
+    warm_share: float = setting(DEFAULT_WARM_SHARE, "Share of kv_cache_bytes warm-up blocks may hold at most (the "
+                                "smaller of this and 1 - kv_live_reserve).", parameter="kv_warm_share", ge=0, le=1)
+    pin_retention_s: float = setting(DEFAULT_PIN_RETENTION_S, "Seconds a warmed block stays pinned when its plan item "
+                                     "names no retention; then it is an ordinary block of the eviction policy.",
+                                     parameter="kv_pin_retention_s", gt=0)
+    pin_refresh_on_hit: bool = setting(DEFAULT_PIN_REFRESH_ON_HIT, "A hit on a pinned block moves its deadline to "
+                                       "the hit plus its retention.", parameter="kv_pin_refresh_on_hit")
+    pin_check_s: float = setting(DEFAULT_PIN_CHECK_S, "Window of the live check: when pinned blocks gave fewer hits "
+                                 "than the blocks evicted for them would have, the plan's pins are released (0: off).",
+                                 parameter="kv_pin_check_s", ge=0)
 
     def __post_init__(self) -> None:
         check_settings(self)
@@ -56,11 +77,12 @@ class KVCacheConfig:
     @property
     def warmup_budget_bytes(self) -> int:
         """Bytes warm-up may hold: the budget less the share reserved for live traffic."""
-        return warmup_budget(self.budget_bytes, self.live_reserve)
+        return warmup_budget(self.budget_bytes, self.live_reserve, self.warm_share)
 
 
-def warmup_budget(budget_bytes: int, live_reserve: float) -> int:
-    return int(budget_bytes * (1.0 - live_reserve))
+def warmup_budget(budget_bytes: int, live_reserve: float, warm_share: float = DEFAULT_WARM_SHARE) -> int:
+    """Bytes warm-up may hold: the budget times the smaller of ``warm_share`` and ``1 - live_reserve``."""
+    return int(budget_bytes * min(warm_share, 1.0 - live_reserve))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -10,8 +10,9 @@ provide ``forward_batch``.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT, AssetError, InvalidInputError, UnknownAdapterError
 from warmup_tools.kv.config import KVCacheConfig
@@ -107,13 +108,17 @@ class ServingEngine(SequenceRunner):
         return tuple(self.tokenizer.encode(text, add_special_tokens=True))
 
 
-def make_prefix_cache(kv: KVCacheConfig, *, bytes_per_token: int | None = None) -> PrefixCache | None:
-    """The instance's KV prefix cache from its settings (None when ``kv_cache_bytes`` is 0)."""
+def make_prefix_cache(kv: KVCacheConfig, *, bytes_per_token: int | None = None,
+                      clock: Callable[[], float] = time.monotonic) -> PrefixCache | None:
+    """The instance's KV prefix cache from its settings (None when ``kv_cache_bytes`` is 0). ``clock``: the
+    cache's seconds (a simulated engine's modelled time)."""
     if kv.budget_bytes <= 0:
         return None
     try:
         return PrefixCache(kv.budget_bytes, kv.block_size, live_reserve=kv.live_reserve, eviction=kv.eviction,
-                           ttl_s=kv.ttl_s, storage=kv.storage, bytes_per_token=bytes_per_token)
+                           ttl_s=kv.ttl_s, storage=kv.storage, bytes_per_token=bytes_per_token, clock=clock,
+                           warm_share=kv.warm_share, pin_retention_s=kv.pin_retention_s,
+                           pin_refresh_on_hit=kv.pin_refresh_on_hit, pin_check_s=kv.pin_check_s)
     except ValueError as exc:
         raise AssetError(f"KV prefix cache configuration: {exc}") from None
 

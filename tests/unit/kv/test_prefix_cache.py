@@ -113,7 +113,7 @@ def test_pinned_warmup_blocks_survive_live_floods_until_the_plan_changes():
 
 def test_warmup_cannot_take_the_live_reserve():
     budget = 20 * block_bytes()
-    cache = PrefixCache(budget_bytes=budget, block_size=BS, live_reserve=0.15)
+    cache = PrefixCache(budget_bytes=budget, block_size=BS, live_reserve=0.15, warm_share=1.0)
     tokens = list(range(4 * 30))
     stored = cache.store(block_hashes(tokens, BS, SCOPE), kv_for(tokens), source=BlockSource.WARMUP, plan_id="p")
     assert stored == 17  # floor(0.85 * 20)
@@ -124,7 +124,7 @@ def test_warmup_cannot_take_the_live_reserve():
 
 def test_pinning_live_blocks_counts_against_the_warmup_cap():
     """The issue's reproduction: 10 live blocks pinned by a warm-up store against a cap of 8."""
-    cache = PrefixCache(budget_bytes=10 * block_bytes(), block_size=BS, live_reserve=0.2)
+    cache = PrefixCache(budget_bytes=10 * block_bytes(), block_size=BS, live_reserve=0.2, warm_share=1.0)
     assert cache.warmup_budget == 8 * block_bytes()
     tokens = list(range(4 * 10))
     hashes = block_hashes(tokens, BS, SCOPE)

@@ -85,6 +85,9 @@ class EngineConfig:
                                           "path (docs/serving.md, A simulated engine).", parameter="engine_profile")
     speedup: float = setting(1.0, "The simulated engine waits its modelled step times divided by this.",
                              parameter="engine_speedup", gt=0)
+    time_scale: float = setting(0.0, "The simulated engine's KV cache keeps modelled time: wall seconds times this "
+                                "(its TTLs, pin deadlines and live-check windows); 0: engine_speedup.",
+                                parameter="engine_time_scale", ge=0)
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -93,9 +93,10 @@ class SimulatedEngine(ServingEngine):
         #: Modelled bytes: what a token costs on the profile's device, whatever the payload's size.
         self.kv_bytes_per_token = self.profile.kv_bytes_per_token
         # NOTE: the cache keeps modelled time (its TTLs, pin deadlines and live-check windows are the trace's
-        # seconds): wall time times the speedup.
+        # seconds): wall time times the replay's speedup (the engine's own, unless a bench models a faster engine).
+        scale = config.time_scale or config.speedup
         self.prefix_cache = make_prefix_cache(config.kv, bytes_per_token=self.kv_bytes_per_token,
-                                              clock=lambda: time.monotonic() * self.speedup)
+                                              clock=lambda: time.monotonic() * scale)
         budget = config.kv.budget_bytes
         if budget > self.profile.kv_capacity_tokens * self.kv_bytes_per_token:
             LOGGER.warning("kv_cache_bytes %d is more than profile %s's device holds (%d tokens of %d bytes)",

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 from warmup_tools.common.control_json import read_json_bounded
 from warmup_tools.common.errors import ConfigError, FileFormatError
 from warmup_tools.common.files import write_atomic
+from warmup_tools.common.wire import plan_retention
 
 #: Version of the plan file layout; :meth:`Plan.load` refuses any other.
 PLAN_FORMAT = 1
@@ -140,6 +141,10 @@ class Plan:
                     or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
                 raise PlanError(f"plan file {path}: item {index} needs token_ids, a non-empty list of integers "
                                 f"whose length is a multiple of block_size {block_size}; {rebuild}")
+            try:
+                plan_retention(item.get("retention_s"))
+            except ValueError as exc:
+                raise PlanError(f"plan file {path}: item {index}: {exc}; {rebuild}") from None
         expected = cls.content_id(plan.items, plan.block_size, plan.tokenizer_fingerprint)
         if expected != plan.plan_id:
             raise PlanError(f"plan file {path} names plan_id {plan.plan_id} but its content hashes to {expected}: "

@@ -113,6 +113,24 @@ class PlanOptions:
     #: adapter's cold share and traffic, :mod:`warmup_tools.planning.arbitrate`) or ``fixed`` (every
     #: adapter up to ``kv_bytes_per_adapter``, the hottest blocks anywhere first).
     arbitration: str = "measured"
+    #: Reuse horizons (``retention_s`` of each item, :mod:`warmup_tools.planning.horizons`): this quantile of the
+    #: gaps between consecutive logged requests that carry an item's whole prefix, ...
+    retention_quantile: float = 0.9
+    #: ... bounded to ``[min_retention_s, max_retention_s]`` seconds; ...
+    min_retention_s: float = 30.0
+    max_retention_s: float = 3600.0
+    #: ... and from the gaps of the item's class (a shared template's prefix or one session's) when the item
+    #: itself has fewer than this many gaps.
+    min_retention_gaps: int = 3
+    #: Replay sizing (:mod:`warmup_tools.planning.replay`): the last ``replay_tail`` of the log's span is
+    #: replayed against the target's KV cache with a plan made from the rest, at each of ``replay_shares``
+    #: (shares of ``kv_cache_bytes``; those above what the warm-up cap allows become that cap, which is always
+    #: tried), and the final plan is cut to the share that served the most prompt tokens (ties: the smaller).
+    replay_tail: float = 0.3
+    replay_shares: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.35, 0.5)
+    #: Fewer replayable records (with a prompt) in the tail than this: no replay, the plan is sized by the
+    #: budgets alone (as before replay sizing), and its summary says so.
+    replay_min_records: int = 50
 
     def __post_init__(self) -> None:
         if self.half_life_s <= 0 or not 0.0 < self.share <= 1.0 or self.min_cluster_size < 2:
@@ -127,6 +145,16 @@ class PlanOptions:
         if self.min_block_requests < 1 or not 0.0 <= self.hysteresis <= 10.0:
             raise ConfigError(f"min_block_requests must be >= 1 and hysteresis in [0, 10], got "
                               f"{self.min_block_requests!r} and {self.hysteresis!r}")
+        if (not 0.0 < self.retention_quantile <= 1.0 or not 0.0 < self.min_retention_s <= self.max_retention_s
+                or not math.isfinite(self.max_retention_s) or self.min_retention_gaps < 1):
+            raise ConfigError("0 < retention_quantile <= 1, 0 < min_retention_s <= max_retention_s (finite) and "
+                              f"min_retention_gaps >= 1 are required, got {self.retention_quantile!r}, "
+                              f"{self.min_retention_s!r}, {self.max_retention_s!r}, {self.min_retention_gaps!r}")
+        if not 0.0 < self.replay_tail < 1.0 or self.replay_min_records < 1:
+            raise ConfigError(f"replay_tail must be in (0, 1) and replay_min_records >= 1, got {self.replay_tail!r} "
+                              f"and {self.replay_min_records!r}")
+        if not self.replay_shares or not all(0.0 <= s <= 1.0 for s in self.replay_shares):
+            raise ConfigError(f"replay_shares must be shares of the KV budget in [0, 1], got {self.replay_shares!r}")
 
 
 #: The analysis options the module docstring argues for.
@@ -329,6 +357,8 @@ class PromptStats:
     count: int = 0
     decayed: float = 0.0
     rows: list[int] = dataclasses.field(default_factory=list)
+    #: Arrival of each of ``rows`` (epoch seconds), for reuse horizons.
+    times: list[float] = dataclasses.field(default_factory=list)
     ids: list[int] = dataclasses.field(default_factory=list)
     chain: list[int] = dataclasses.field(default_factory=list)
     sampled: bool = False
@@ -338,6 +368,7 @@ class PromptStats:
         self.count += 1
         self.decayed += row.weight
         self.rows.append(row.index)
+        self.times.append(row.ts)
 
 
 class BlockTrie:

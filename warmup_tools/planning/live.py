@@ -182,7 +182,7 @@ class RollingPlanner:
         previous = served_plan(self.control_dir)
         plan = build_plan(records, tokenizer, embedder, target.default_budgets(), now=end,
                           block_size=target.block_size, kv_bytes_per_token=target.kv_bytes_per_token,
-                          progress=False, previous=previous)
+                          progress=False, previous=previous, kv=target.settings.engine.kv)
         changes = plan.summary.get("changes") or {}
         applied = previous is None or plan.plan_id != previous.plan_id
         trial = ""

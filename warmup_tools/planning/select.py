@@ -16,17 +16,21 @@ from warmup_tools.common.digests import tokenizer_fingerprint
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.plan import Budgets, Plan
 from warmup_tools.common.records import RequestRecord
-from warmup_tools.kv.config import DEFAULT_BLOCK_SIZE
+from warmup_tools.kv.config import DEFAULT_BLOCK_SIZE, KVCacheConfig
 from warmup_tools.planning.analyse import (
     DEFAULT_OPTIONS,
     NOISE,
     Embedder,
     PlanOptions,
+    PromptStats,
     ScopeTraffic,
     TrafficAnalysis,
+    _normalise,
     analyse_traffic,
 )
 from warmup_tools.planning.arbitrate import AdapterNeed, arbitrate, shares_json
+from warmup_tools.planning.horizons import Horizon, Horizons
+from warmup_tools.planning.replay import ReplayRequest, WarmItem, choose_share, make_replay_cache, replay
 
 LOGGER = logging.getLogger(__name__)
 
@@ -45,6 +49,7 @@ def build_plan(
     fingerprint: str | None = None,
     created: datetime.datetime | None = None,
     previous: Plan | None = None,
+    kv: KVCacheConfig | None = None,
 ) -> Plan:
     """Analyse ``records`` and choose what to warm under ``budgets``; see the module docstring.
 
@@ -52,18 +57,37 @@ def build_plan(
     (the same as :class:`~warmup_tools.tokenizer_cache.service.TokenizerService` uses); ``created`` to the
     current time. With ``previous`` (a rolling plan), blocks it warmed are kept unless clearly beaten
     (``options.hysteresis``) and the summary says which items were added, kept and dropped.
+
+    With ``kv`` (the target's KV cache settings, :class:`~warmup_tools.planning.target.PlanTarget`), the warm
+    set is sized by replay (:func:`_replay_sizing`): the plan is cut to the share of ``kv.budget_bytes`` that
+    served the most prompt tokens on the log's tail, and has no KV item when no share gains over none.
+    Without it, or with too little log to split, the budgets alone size it; ``summary.replay`` says which.
     """
     if kv_bytes_per_token < 1:
         raise ConfigError(f"kv_bytes_per_token must be >= 1, got {kv_bytes_per_token}")
-    analysis = analyse_traffic(records, tokenizer, embedder, now=now, block_size=block_size,
-                               options=options, progress=progress)
+    records = list(records)
     fingerprint = fingerprint or tokenizer_fingerprint(tokenizer)
     if previous is not None and (previous.block_size != block_size or previous.tokenizer_fingerprint != fingerprint):
         LOGGER.warning("previous plan %s was made for another block size or tokenizer; planning without it",
                        previous.plan_id)
         previous = None
-    chosen, arbitration = _select(analysis, budgets, kv_bytes_per_token, previous)
-    items = [_item_json(pick, analysis, kv_bytes_per_token, tokenizer) for pick in chosen]
+    sizing: dict[str, Any] = {"state": "off", "reason": "no KV cache settings were given: sized by the budgets"}
+    if kv is not None:
+        embedder = _MemoEmbedder(embedder)  # the head's analysis embeds most of the whole log's texts again
+        sizing, budgets_used = _replay_sizing(records, tokenizer, embedder, budgets, kv, now=now,
+                                              block_size=block_size, kv_bytes_per_token=kv_bytes_per_token,
+                                              options=options, previous=previous, progress=progress)
+    else:
+        budgets_used = budgets
+    analysis = analyse_traffic(records, tokenizer, embedder, now=now, block_size=block_size,
+                               options=options, progress=progress)
+    chosen, arbitration = _select(analysis, budgets_used, kv_bytes_per_token, previous)
+    horizons = Horizons(options)
+    leaves = [(pick.scope, pick.chain[-1], len(pick.chain)) for pick in chosen]
+    horizons.prepare(leaves)
+    retention = [horizons.of(*leaf) for leaf in leaves]
+    items = [_item_json(pick, analysis, kv_bytes_per_token, tokenizer, horizon)
+             for pick, horizon in zip(chosen, retention)]
     by_id = {c.cluster: c for c in analysis.clusters}
     warmed_clusters = sorted({c for item in items for c in item["clusters"]},
                              key=lambda c: (-by_id[c].heat_per_hour, c))
@@ -96,6 +120,8 @@ def build_plan(
         "expected_warm_seconds": round(new_tokens / budgets.prefill_tokens_per_s, 3),
         "changes": _changes(items, previous),
         "arbitration": arbitration,
+        "horizons": horizons.summary(retention),
+        "replay": sizing,
     }
     cluster_json = [
         {"tenant": c.tenant, "adapter": c.adapter, "cluster": c.cluster, "size": c.size,
@@ -104,7 +130,9 @@ def build_plan(
          "centroid": [round(float(x), 5) for x in c.centroid]}
         for c in analysis.clusters
     ]
-    settings = dataclasses.asdict(options) | {"kv_bytes_per_token": kv_bytes_per_token}
+    # NOTE: tuples as lists, as the plan file reads them back.
+    settings = {key: list(value) if isinstance(value, tuple) else value
+                for key, value in dataclasses.asdict(options).items()} | {"kv_bytes_per_token": kv_bytes_per_token}
     return Plan(
         plan_id=Plan.content_id(items, block_size, fingerprint),
         created=(created or datetime.datetime.now(datetime.timezone.utc)).isoformat(timespec="seconds"),
@@ -118,6 +146,123 @@ def build_plan(
         tokenizer_templates=tokenizer_templates,
         clusters=cluster_json,
     )
+
+
+def _replay_sizing(records: Sequence[RequestRecord | Mapping[str, Any]], tokenizer: Any, embedder: Embedder,
+                   budgets: Budgets, kv: KVCacheConfig, *, now: float | None, block_size: int, kv_bytes_per_token: int,
+                   options: PlanOptions, previous: Plan | None, progress: bool) -> tuple[dict[str, Any], Budgets]:
+    """Size the warm set by replay (:mod:`warmup_tools.planning.replay`); the plan's ``summary.replay`` and the
+    budgets the final plan is chosen under (the chosen share's bytes; ``budgets`` when there is no replay).
+
+    The first ``1 - options.replay_tail`` of the log's span plans (heat as of the split), the rest is replayed
+    with that plan cut to each warm share (a share ``w`` keeps what the selection takes under ``w *
+    kv.budget_bytes``), each item pinned for its reuse horizon learnt from the head.
+    """
+    rows = [_normalise(index, record) for index, record in enumerate(records)]
+    if kv.budget_bytes <= 0 or block_size != kv.block_size:
+        why = ("the target has no KV cache (kv_cache_bytes 0)" if kv.budget_bytes <= 0 else
+               f"the plan's block size {block_size} is not the target's {kv.block_size}")
+        return {"state": "skipped", "reason": f"{why}: sized by the budgets"}, budgets
+    first = min((r.ts for r in rows), default=0.0)
+    last = max((r.ts for r in rows), default=0.0)
+    split = first + (1.0 - options.replay_tail) * (last - first)
+    head = [records[r.index] for r in rows if r.ts < split]
+    tail = sorted((r for r in rows if r.ts >= split and r.prompt is not None), key=lambda r: (r.ts, r.index))
+    base = {"split_at": _iso(split) if rows else None, "head_records": len(head), "tail_records": len(tail)}
+    if len(tail) < options.replay_min_records or not head:
+        return base | {"state": "skipped", "reason": f"too little log to split: {len(tail)} tail requests with a "
+                       f"prompt (at least {options.replay_min_records} are needed) and {len(head)} head requests; "
+                       "sized by the budgets"}, budgets
+    analysis = analyse_traffic(head, tokenizer, embedder, now=split, block_size=block_size, options=options,
+                               progress=progress)
+    encoded: dict[str, list[int]] = {p.text: p.ids for s in analysis.scopes.values() for p in s.prompts.values()}
+    requests = []
+    for row in tail:
+        ids = encoded.get(row.prompt)
+        if ids is None:
+            ids = encoded[row.prompt] = list(tokenizer.encode(row.prompt, add_special_tokens=True))
+        requests.append(ReplayRequest(row.ts, row.tenant, row.adapter, ids))
+    cap = min(make_replay_cache(kv, kv_bytes_per_token, lambda: split).warmup_budget, budgets.kv_bytes_total)
+    top = cap / kv.budget_bytes
+    shares = sorted({0.0, top, *(min(s, top) for s in options.replay_shares)})
+    horizons = Horizons(options)
+    carriers = _carriers(analysis)
+    candidates = {}
+    for share in reversed(shares):
+        picks, _ = _select(analysis, _cut(budgets, share, kv), kv_bytes_per_token, previous)
+        leaves = [(pick.scope, pick.chain[-1], len(pick.chain)) for pick in picks]
+        if share == top:
+            horizons.prepare(leaves)
+        candidates[share] = [
+            WarmItem(pick.scope.tenant, pick.scope.adapter,
+                     carriers[(pick.scope.key(), pick.chain[-1])].ids[: len(pick.chain) * block_size],
+                     horizons.of(*leaf).retention_s)
+            for pick, leaf in zip(picks, leaves)]
+    served: dict[float, int] = {}
+    tried = []
+    for share in shares:
+        outcome = replay(kv, kv_bytes_per_token, candidates[share], requests, start=split)
+        served[share] = outcome.served_tokens
+        tried.append({"share": round(share, 4), "items": len(candidates[share]),
+                      "kv_bytes": outcome.warmed_blocks * block_size * kv_bytes_per_token,
+                      "served_tokens": outcome.served_tokens,
+                      "served_share": round(outcome.served_tokens / max(outcome.prompt_tokens, 1), 4)})
+    chosen = choose_share(served)
+    total = sum(len(r.ids) for r in requests)
+    gain = served[chosen] - served[0.0]
+    summary = base | {
+        "state": "sized",
+        "tail_prompt_tokens": total,
+        "shares": tried,
+        "max_share": round(top, 4),
+        "chosen_share": round(chosen, 4),
+        "expected_gain_tokens": gain,
+        "expected_gain_share": round(100.0 * gain / max(total, 1), 2),
+    }
+    if gain <= 0:
+        summary["reason"] = ("no warm share served more prompt tokens on the tail than none: the plan warms no KV "
+                             "prefix (only what readiness needs)")
+    else:
+        summary["reason"] = (f"a warm share of {chosen:.0%} of kv_cache_bytes served the most prompt tokens on the "
+                             "tail" + (" (ties go to the smaller share)" if list(served.values()).count(served[chosen])
+                                       > 1 else ""))
+    return summary, _cut(budgets, chosen, kv)
+
+
+def _cut(budgets: Budgets, share: float, kv: KVCacheConfig) -> Budgets:
+    """``budgets`` with the KV bytes cut to ``share`` of the target's ``kv_cache_bytes``."""
+    total = min(int(share * kv.budget_bytes), budgets.kv_bytes_total)
+    return dataclasses.replace(budgets, kv_bytes_total=total,
+                               kv_bytes_per_adapter=min(budgets.kv_bytes_per_adapter, total))
+
+
+def _carriers(analysis: TrafficAnalysis) -> dict[tuple[tuple[str, str], int], PromptStats]:
+    """A prompt that carries each trie node, per scope (any one: a node names its whole token prefix)."""
+    out: dict[tuple[tuple[str, str], int], PromptStats] = {}
+    for scope in analysis.scopes.values():
+        key = scope.key()
+        for prompt in scope.prompts.values():
+            for node in prompt.chain:
+                out.setdefault((key, node), prompt)
+    return out
+
+
+class _MemoEmbedder:
+    """An embedder that embeds each distinct text once (the replay's head analysis and the whole log's
+    share most texts)."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self._vectors: dict[str, Any] = {}
+
+    def embed_batch(self, texts: list[str]) -> Any:
+        import numpy as np
+
+        missing = [t for t in dict.fromkeys(texts) if t not in self._vectors]
+        if missing:
+            for text, vector in zip(missing, np.asarray(self.inner.embed_batch(missing))):
+                self._vectors[text] = vector
+        return np.stack([self._vectors[t] for t in texts]) if texts else np.zeros((0, 0), dtype=np.float32)
 
 
 def _changes(items: Sequence[Mapping[str, Any]], previous: Plan | None) -> dict[str, Any]:
@@ -164,12 +309,23 @@ def format_summary(plan: Plan) -> str:
                      f"{_size(arbitration['budget_bytes'])}" + (", all fit" if arbitration["fits"] else ""))
         lines += [f"  {name}: {a['share']:.0%} ({_size(a['cap_bytes'])}, {_size(a['used_bytes'])} used): {a['reason']}"
                   for name, a in arbitration["adapters"].items()]
+    lines += _replay_lines(s.get("replay") or {})
+    horizons = s.get("horizons") or {}
+    if plan.items and horizons.get("classes"):
+        lines.append("pins expire after each item's reuse horizon (p{:g} of its reuse gaps, {:g}-{:g} s): ".format(
+            horizons["quantile"] * 100, horizons["min_s"], horizons["max_s"]) + "; ".join(
+            f"{name} prefixes {c['items']} items, class horizon "
+            + ("n/a" if c["horizon_s"] is None else f"{c['horizon_s']:g} s") + f" ({c['gaps']} gaps)"
+            for name, c in horizons["classes"].items()))
     changes = s.get("changes") or {}
     if changes.get("previous_plan"):
         lines.append(f"against plan {changes['previous_plan']}: {changes['added']} items added, {changes['kept']} "
                      f"kept, {changes['dropped']} dropped")
     if not plan.items:
-        lines.append("no KV prefix is worth warming (no cluster shares a full block, or the budgets are zero)")
+        replayed = s.get("replay") or {}
+        lines.append("no KV prefix is warmed: " + (replayed["reason"] if replayed.get("state") == "sized"
+                     and replayed.get("expected_gain_tokens", 0) <= 0 else
+                     "no cluster shares a full block, or the budgets are zero"))
         return "\n".join(lines)
     header = ("#", "tenant", "adapter", "cluster", "tokens", "new", "KV", "req/h", "saved tok/h", "share")
     rows = [
@@ -185,6 +341,18 @@ def format_summary(plan: Plan) -> str:
     if any(item["truncated"] for item in plan.items):
         lines.append("* cut to the blocks that fit the budget")
     return "\n".join(lines)
+
+
+def _replay_lines(replayed: Mapping[str, Any]) -> list[str]:
+    """The replay sizing's lines of :func:`format_summary`: each share's tokens served, the choice, the gain."""
+    if replayed.get("state") != "sized":
+        return [f"replay sizing {replayed.get('state', 'off')}: {replayed.get('reason', 'not recorded')}"]
+    tried = ", ".join(f"{t['share']:.0%} {t['served_share']:.1%}" for t in replayed["shares"])
+    return [f"replay sizing: {replayed['tail_records']} tail requests from {replayed['split_at']} "
+            f"({replayed['tail_prompt_tokens']:,} prompt tokens) served from cache, by warm share of kv_cache_bytes: "
+            f"{tried}",
+            f"  chosen share {replayed['chosen_share']:.0%}: expected gain {replayed['expected_gain_tokens']:+,} "
+            f"prompt tokens ({replayed['expected_gain_share']:+.2f} points) over no plan; {replayed['reason']}"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -345,7 +513,8 @@ def _one_off_prompts(scopes: Sequence[ScopeTraffic], children: Mapping[tuple[str
     return [(order, root, blocks) for _, order, root, blocks in out]
 
 
-def _item_json(pick: _Pick, analysis: TrafficAnalysis, kv_bytes_per_token: int, tokenizer: Any) -> dict[str, Any]:
+def _item_json(pick: _Pick, analysis: TrafficAnalysis, kv_bytes_per_token: int, tokenizer: Any,
+               horizon: Horizon) -> dict[str, Any]:
     scope, bs = pick.scope, analysis.block_size
     depth = len(pick.chain)
     leaf = pick.chain[-1]
@@ -381,6 +550,11 @@ def _item_json(pick: _Pick, analysis: TrafficAnalysis, kv_bytes_per_token: int, 
         reason += f"; also serves cluster(s) {', '.join(map(str, others))}"
     if pick.truncated:
         reason += "; cut to the blocks that fit the budget"
+    reason += (f"; pinned {horizon.retention_s:.0f} s ({horizon.klass} prefix, "
+               + {"item": f"p{analysis.options.retention_quantile * 100:g} of its {horizon.gaps} reuse gaps",
+                  "class": f"its class's horizon: {horizon.gaps} reuse gaps of its own",
+                  "all": "all items' horizon: too few reuse gaps in its class",
+                  "none": "the shortest pin: no item was asked twice"}[horizon.source] + ")")
     return {
         "kind": "kv_prefix",
         "tenant": scope.tenant,
@@ -398,6 +572,8 @@ def _item_json(pick: _Pick, analysis: TrafficAnalysis, kv_bytes_per_token: int, 
         "members": members,
         "share": round(share, 4),
         "truncated": pick.truncated,
+        "retention_s": round(horizon.retention_s, 1),
+        "retention_class": horizon.klass,
         "reason": reason,
     }
 

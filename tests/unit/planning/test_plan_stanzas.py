@@ -101,7 +101,7 @@ def test_a_plan_for_another_tokenizer_or_over_the_budget_is_refused(repo, target
                                         f"{fingerprint}"):
         write_plan_stanzas(other, repo, target=target, tokenizer=tokenizer)
     too_big = make_plan(fingerprint, kv_bytes=target.settings.engine.kv.warmup_budget_bytes + 1)
-    with pytest.raises(PlanError, match="warm-up share is 228170137 bytes"):
+    with pytest.raises(PlanError, match=f"warm-up share is {target.settings.engine.kv.warmup_budget_bytes} bytes"):
         write_plan_stanzas(too_big, repo, target=target, tokenizer=tokenizer)
 
 
@@ -139,7 +139,8 @@ def test_items_the_server_cannot_warm_are_refused_naming_the_item(repo, target, 
 def test_the_target_reads_the_repository_settings(target, demo_assets):
     assert target.block_size == 16 and target.kv_bytes_per_token == 6144  # demo LM, fp32, kv_storage fp
     assert target.tokenizer_dir.resolve() == demo_assets.lm_dir.resolve()
-    assert target.default_budgets().kv_bytes_total == int((256 << 20) * 0.85)
+    # kv_warm_share 0.5 caps warm-up below 1 - kv_live_reserve (0.85)
+    assert target.default_budgets().kv_bytes_total == int((256 << 20) * 0.5)
 
 
 def test_plan_load_refuses_other_files(tmp_path):

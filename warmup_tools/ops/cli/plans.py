@@ -155,7 +155,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     plan = build_plan(records, target.load_tokenizer(), OnnxEmbedder(target.embedder),
                       budgets, now=args.now, block_size=target.block_size,
                       kv_bytes_per_token=target.kv_bytes_per_token, progress=not args.no_progress, previous=previous,
-                      options=options)
+                      options=options, kv=target.settings.engine.kv)
     plan.save(args.out)
     if stats.skipped:
         print(f"skipped {stats.skipped} bad or torn log line(s) of {stats.records + stats.skipped}; first: "

@@ -78,3 +78,16 @@ def test_misses_name_the_requests_a_plan_leaves_cold_that_the_floor_serves(token
         ["1", "cold at the floor too (raw call): no full block"],
         ["1", "cold with the plan, warm at the floor (raw call): first block carried by 1 day-1 request"]]
     assert "raw call, first missing block carried by 1 day-1 request" in lines[-1]
+
+
+def test_the_cold_start_rows_count_day_twos_time_and_each_adapters_first_request():
+    from warmup_tools.sim.bench.replay import cold_start
+
+    start = 1_000_000.0
+    records = [RequestRecord(ts=start + t, prompt="p", adapter=a) for t, a in ((0, ""), (20, "sql"), (400, "sql"))]
+    planned = [Served(r.ts, False, 50.0, 8, 10) for r in records]
+    without = [Served(r.ts, True, 100.0, 0, 10) for r in records]
+    text = cold_start(records, planned, without, start)
+    assert "| fleet start | first 60 s | 2 / 2 | 50 / 100 | 1.00 / 1.00 | 0 / 0 | 80.0% / 0.0% | 0.50 |" in text
+    assert "| an adapter goes live | first 60 s | 1 / 1 |" in text, "sql's first request at 20 s"
+    assert "| a replica joins | first 60 s | no replica joined |" in text and "(measured ms)" in text

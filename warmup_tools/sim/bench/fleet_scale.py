@@ -49,6 +49,7 @@ from typing import Annotated, Any, Sequence, TextIO
 
 import httpx
 
+from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.records import RequestRecord, log_files, read_request_log
 from warmup_tools.common.settings import arg, environ_overrides
 from warmup_tools.fleet.fleet import Fleet
@@ -57,7 +58,8 @@ from warmup_tools.fleet.settings import POLICIES, FleetSettings
 from warmup_tools.lora_adapter.profile import EngineProfile, load_profile
 from warmup_tools.server.client import metric_sum, scrape_metrics
 from warmup_tools.server.config import REPO_ROOT
-from warmup_tools.sim.bench.fleet import Answer, send
+from warmup_tools.sim.bench.cold_start import ColdRun, Sample, cold_start_report
+from warmup_tools.sim.bench.fleet import Answer, failures_table, send
 from warmup_tools.sim.bench.tables import markdown, p99
 from warmup_tools.sim.traces import TRACES, TracePrompts, TraceScale, load_trace
 
@@ -69,6 +71,12 @@ DEFAULT_PROFILE = "h100-llama-3.1-8b"
 SNAPSHOT_INTERVAL_S = 10
 #: Joiners of the scale-out run, in the order they are launched.
 JOINERS = ("cold", "warmed", "restored")
+#: The ``--trace`` of the project's real-text traffic (:func:`real_text`), beside :data:`TRACES`.
+REAL_TEXT = "real-text"
+#: The real-text traffic's replicas get the KV budget of a trace of 512-token blocks (the same fleet).
+REAL_TEXT_SOURCE_BLOCK = 512
+#: The runs of a ``bench fleet-scale``, in the order they run.
+RUNS = ("routing", "oracle", "plans", "scale-out", "scale-in", "cold-start")
 #: Modelled minutes the scale-out run's replay goes on beyond the joiners' window (they start, restore and warm
 #: after half the replay before they join: a few wall seconds, so minutes at ``speedup``).
 JOIN_LEAD_MIN = 5.0
@@ -76,11 +84,14 @@ JOIN_LEAD_MIN = 5.0
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Item:
-    """One replayed request: its arrival (modelled seconds from the replay's start), text and output length."""
+    """One replayed request: its arrival (modelled seconds from the replay's start), text and output length; the
+    real-text traffic's also its tenant and adapter ("": the base model)."""
 
     at_s: float
     prompt: str
     max_tokens: int
+    tenant: str = "default"
+    adapter: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -119,7 +130,9 @@ class Row:
 
 
 def run(assets_dir: Path, *,
-        trace: Annotated[str, arg("the public trace replayed", choices=tuple(TRACES))] = "conversation",
+        trace: Annotated[str, arg("the public trace replayed, or real-text: the project's real-text traffic "
+                                  "(planned from its day 1, day 2 replayed)", choices=(*TRACES, REAL_TEXT))]
+        = "conversation",
         replicas: Annotated[str, arg("fleet sizes of the routing runs, comma-separated (the largest is used for "
                                      "the oracle, plan, scale-out and scale-in runs)")] = "1,2,4,8",
         policies: Annotated[str, arg("router policies of the routing runs at the largest size, comma-separated "
@@ -136,16 +149,28 @@ def run(assets_dir: Path, *,
         speedup: Annotated[float, arg("arrivals and step times divided by this (modelled times multiplied back)",
                                       ge=0.001)] = 4.0,
         max_output_tokens: Annotated[int, arg("cap on each request's scaled output tokens", ge=1)] = 4,
-        runs: Annotated[str, arg("which runs, comma-separated: routing, oracle, plans, scale-out, scale-in")]
+        runs: Annotated[str, arg("which runs, comma-separated: routing, oracle, plans, scale-out, scale-in, "
+                                 "cold-start (not in the default: its plan-vs-no-plan table at the largest size)")]
         = "routing,oracle,plans,scale-out,scale-in",
         concurrency: Annotated[int, arg("most requests in flight from the client", ge=1)] = 64,
+        cold_min: Annotated[float, arg("modelled minutes each cold-start run replays from the fleet's start",
+                                       ge=0.001)] = 13.0,
+        join_min: Annotated[float, arg("modelled minute at which the cold-start runs launch one more replica "
+                                       "(it joins once warm, a few wall seconds later)", ge=0.0)] = 5.0,
+        requests_per_day: Annotated[int, arg("--trace real-text: requests per simulated day", ge=1)] = 30000,
+        seed: Annotated[int, arg("--trace real-text: the traffic's seed")] = 0,
+        logs_dir: Annotated[Path | None, arg("copy every cold-start run's logs (replicas, tritonservers, router) "
+                                             "into this folder")] = None,
         out: TextIO = sys.stdout) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     sizes = sorted({int(n) for n in replicas.split(",") if n.strip()})
     chosen = {r.strip() for r in runs.split(",") if r.strip()}
+    if chosen - set(RUNS):
+        raise ConfigError(f"--runs: unknown {', '.join(sorted(chosen - set(RUNS)))}; known: {', '.join(RUNS)}")
     largest = sizes[-1]
     engine = load_profile(profile)
-    source = TRACES[trace]
+    about = TRACES[trace].about if trace in TRACES else (
+        f"the project's real-text traffic at {requests_per_day} requests a day (seed {seed})")
     kv_tokens = replica_kv_tokens(engine, block_tokens, trace)
     kv_bytes = kv_tokens * engine.kv_bytes_per_token
     work = Path(tempfile.mkdtemp(prefix="bench-fleet-scale-"))
@@ -154,18 +179,20 @@ def run(assets_dir: Path, *,
         with environ_overrides(env):
             load = workload(work, assets_dir, trace, TraceScale(block_tokens=block_tokens,
                                                                  max_output_tokens=max_output_tokens,
-                                                                 duration_s=(plan_min + replay_min + window_min
-                                                                             + JOIN_LEAD_MIN) * 60),
-                            plan_min=plan_min, replay_min=replay_min, split_replicas=largest)
-            out.write(f"trace {trace}: {source.about}; {len(load.plan_records)} requests planned from its first "
-                      f"{plan_min:g} min, {len(load.replayed)} replayed from the next {replay_min:g} min at "
-                      f"x{speedup:g}"
+                                                                 duration_s=(plan_min + max(
+                                                                     replay_min + window_min + JOIN_LEAD_MIN,
+                                                                     cold_min)) * 60),
+                            plan_min=plan_min, replay_min=replay_min, split_replicas=largest,
+                            requests_per_day=requests_per_day, seed=seed)
+            planned_from = "day 1" if trace == REAL_TEXT else f"its first {plan_min:g} min"
+            out.write(f"trace {trace}: {about}; {len(load.plan_records)} requests planned from {planned_from}, "
+                      f"{len(load.replayed)} replayed from the next {replay_min:g} min at x{speedup:g}"
                       f"\nmodelled: profile {engine.name} ({engine.hardware}, {engine.model}); each replica's KV "
                       f"budget {kv_tokens} tokens ({kv_tokens // block_tokens} blocks of {block_tokens}); "
                       f"outputs capped at {max_output_tokens} tokens\n{load.plan_summary}\n")
             out.flush()
             bench = Bench(work, assets_dir, load, speedup=speedup, window_s=window_min * 60, concurrency=concurrency,
-                          out=out)
+                          out=out, logs_dir=logs_dir)
             rows: list[Row] = []
             if "routing" in chosen:
                 for n in sizes:
@@ -190,6 +217,8 @@ def run(assets_dir: Path, *,
                 bench.scale_out(max(1, largest - len(JOINERS)), plan_policy)
             if "scale-in" in chosen:
                 bench.scale_in_and_restart(largest, plan_policy)
+            if "cold-start" in chosen:
+                bench.cold_start(largest, plan_policy if largest > 1 else "round_robin", cold_min * 60, join_min * 60)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -197,7 +226,8 @@ def run(assets_dir: Path, *,
 def replica_kv_tokens(engine: EngineProfile, block_tokens: int, trace: str) -> int:
     """A replica's KV budget in tokens: the profile's device capacity in the trace's blocks, each ``block_tokens``
     tokens (the fleet's caches as full, relative to the scaled trace, as the modelled devices' would be)."""
-    return engine.kv_capacity_tokens * block_tokens // TRACES[trace].source_block
+    source_block = TRACES[trace].source_block if trace in TRACES else REAL_TEXT_SOURCE_BLOCK
+    return engine.kv_capacity_tokens * block_tokens // source_block
 
 
 def simulated_environment(profile: str, speedup: float, kv_bytes: int) -> dict[str, str]:
@@ -208,9 +238,11 @@ def simulated_environment(profile: str, speedup: float, kv_bytes: int) -> dict[s
 
 
 def workload(work: Path, assets_dir: Path, trace: str, scale: TraceScale, *, plan_min: float, replay_min: float,
-             split_replicas: int) -> Workload:
+             split_replicas: int, requests_per_day: int = 0, seed: int = 0) -> Workload:
     """The replayed items and the plans of the trace's first ``plan_min`` minutes (under the environment the
-    replicas get: the simulated engine's profile and KV budget)."""
+    replicas get: the simulated engine's profile and KV budget). ``trace`` :data:`REAL_TEXT`: the project's
+    real-text traffic at ``requests_per_day`` (``seed``), planned from all of day 1 (the real-text replay of
+    docs/planner.md) and replayed from day 2's start for ``scale.duration_s`` less ``plan_min`` minutes."""
     from warmup_tools.embedding_cache.embedder import OnnxEmbedder
     from warmup_tools.planning.plan_stanzas import COMPOSING_MODELS, write_plan_stanzas
     from warmup_tools.planning.select import build_plan, format_summary
@@ -225,15 +257,19 @@ def workload(work: Path, assets_dir: Path, trace: str, scale: TraceScale, *, pla
     target = PlanTarget.from_repository(whole_repo, {**os.environ, "WARMUP_ASSETS_DIR": str(assets_dir),
                                                      "WARMUP_CONTROL_DIR": ""})
     tokenizer = target.load_tokenizer()
-    prompts = TracePrompts(tokenizer, scale.block_tokens)
-    requests = load_trace(trace, scale)
-    split_at = plan_min * 60
-    epoch = time.time() - 86400  # the plan's log: yesterday, in the trace's own spacing
-    plan_records = [RequestRecord(ts=epoch + r.at_s, prompt=prompts.prompt(r))
-                    for r in requests if r.at_s < split_at]
-    items = [Item(r.at_s - split_at, prompts.prompt(r), r.output_tokens) for r in requests if r.at_s >= split_at]
+    if trace == REAL_TEXT:
+        plan_records, items, now = real_text(work, scale, plan_min=plan_min, requests_per_day=requests_per_day,
+                                             seed=seed)
+    else:
+        prompts = TracePrompts(tokenizer, scale.block_tokens)
+        requests = load_trace(trace, scale)
+        split_at = plan_min * 60
+        epoch = time.time() - 86400  # the plan's log: yesterday, in the trace's own spacing
+        plan_records = [RequestRecord(ts=epoch + r.at_s, prompt=prompts.prompt(r))
+                        for r in requests if r.at_s < split_at]
+        items = [Item(r.at_s - split_at, prompts.prompt(r), r.output_tokens) for r in requests if r.at_s >= split_at]
+        now = epoch + split_at
     embedder = OnnxEmbedder(dataclasses.replace(target.embedder, num_threads=2))
-    now = epoch + split_at
 
     def plan(scale_budget: int) -> Any:
         budgets = target.default_budgets()
@@ -255,13 +291,30 @@ def workload(work: Path, assets_dir: Path, trace: str, scale: TraceScale, *, pla
                     summary)
 
 
+def real_text(work: Path, scale: TraceScale, *, plan_min: float, requests_per_day: int,
+              seed: int) -> tuple[list[RequestRecord], list[Item], float]:
+    """The real-text traffic (:mod:`warmup_tools.sim.real_traffic`): day 1's records (the plan's log), day 2's
+    first ``scale.duration_s`` less ``plan_min`` minutes as items (outputs of ``scale.max_output_tokens``), and
+    day 2's start (the plan's ``now``)."""
+    from warmup_tools.sim.real_traffic import RealTrafficConfig, write_real_logs
+
+    config = RealTrafficConfig(seed=seed, requests_per_day=requests_per_day)
+    day1, day2 = write_real_logs(config, work / "logs")[:2]
+    start = config.start + 86400
+    length = (scale.duration_s or 86400.0) - plan_min * 60
+    items = [Item(r.ts - start, r.prompt or "", scale.max_output_tokens, r.tenant, r.adapter)
+             for r in sorted(read_request_log([day2]), key=lambda r: r.ts) if r.ts - start < length]
+    return list(read_request_log([day1])), items, start
+
+
 class Bench:
     """The runs of one ``bench fleet-scale`` (module doc), each a fleet of its own under ``work``."""
 
     def __init__(self, work: Path, assets_dir: Path, load: Workload, *, speedup: float, window_s: float,
-                 concurrency: int, out: TextIO) -> None:
+                 concurrency: int, out: TextIO, logs_dir: Path | None = None) -> None:
         self.work, self.assets_dir, self.load = work, assets_dir, load
         self.speedup, self.window_s, self.concurrency, self.out = speedup, window_s, concurrency, out
+        self.logs_dir = logs_dir
         self._runs = 0
 
     def settings(self, replicas: int, policy: str, repo: Path) -> FleetSettings:
@@ -283,10 +336,13 @@ class Bench:
             per_replica = "/".join(str(r.requests_taken() - taken[n]) for n, r in fleet.replicas.items())
             kv_use = "/".join(f"{kv_bytes(r) / budget:.0%}" for r in fleet.replicas.values())
             logs = fleet.request_log_dir
+            workers = replicas_by_worker(fleet)
         ttfts = [t for ts, t in self.modelled_ttfts(logs) if ts >= replay_epoch] if modelled_ttft else []
         row = summarise(label, replicas, answers, ttfts, self.window_s, per_replica, kv_use)
         self.out.write(f"  {label}: {len(answers)} requests, {row.failed} failed, "
                        f"{time.perf_counter() - started:.0f} s\n")
+        if row.failed:
+            self.out.write(failures_table(answers, workers) + "\n")
         self.out.flush()
         return row
 
@@ -315,6 +371,7 @@ class Bench:
             answers = replay(fleet.router.url, items, self.speedup, self.concurrency,
                              events=[(half, join_all)])
             logs = fleet.request_log_dir
+            workers = replicas_by_worker(fleet)
             names = {kind: r.name for kind, r in joiners.items()}
         first_join = min(joined.values())
         steady = [t for ts, t in self.modelled_ttfts(logs) if replay_epoch <= ts < first_join]
@@ -334,6 +391,8 @@ class Bench:
                        f"failed\n\n")
         self.out.write(markdown(("joiner", "joined at (modelled min)", f"its requests in {self.window_s / 60:g} min",
                                  "its TTFT p99 (modelled ms)", "over the fleet's p99 before"), lines) + "\n")
+        if failed:
+            self.out.write("\n" + failures_table(answers, workers) + "\n")
         self.out.flush()
 
     def scale_in_and_restart(self, size: int, policy: str) -> None:
@@ -357,8 +416,10 @@ class Bench:
                     time.sleep(0.2)
                 marks["workers_back"] = time.time()
 
+            workers = replicas_by_worker(fleet)  # NOTE: before the two leave: their failures name them too
             answers = replay(fleet.router.url, items, self.speedup, self.concurrency,
                              events=[(end / 3, leave), (2 * end / 3, restart)], epoch_out=marks)
+            workers.update(replicas_by_worker(fleet))
         start = marks["epoch"]
         def between(since: str, until: str) -> list[Answer]:
             return [a for a in answers if marks[since] <= start + a.ts / self.speedup < marks[until]]
@@ -374,7 +435,67 @@ class Bench:
             f"{len(in_restart)} requests arrived meanwhile, {sum(bool(a.error) for a in in_restart)} failed "
             f"(refused while it restarted); outside both windows {sum(bool(a.error) for a in other)} of "
             f"{len(other)} failed\n")
+        if any(a.error for a in answers):
+            self.out.write("\n" + failures_table(answers, workers) + "\n")
         self.out.flush()
+
+
+    def cold_start(self, replicas: int, policy: str, cold_s: float, join_s: float) -> None:
+        """The cold-start runs (module doc): ``replicas`` replicas with the whole plan's stanzas, then with none,
+        back to back, each replaying the items before ``cold_s`` (modelled) with one more replica launched at
+        ``join_s`` (warmed with the plan's stanzas and joined once warm; with no plan, a cold one)."""
+        items = [i for i in self.load.items if i.at_s < cold_s]
+        results = {config: self.cold_run(config, replicas, policy, repo, items, join_s)
+                   for config, repo in (("plan", self.load.whole_repo), ("no plan", self.load.base_repo))}
+        self.out.write(f"\ncold start: {replicas} x {policy} from the fleet's start, one more replica launched at "
+                       f"{join_s / 60:g} modelled min; {len(items)} requests in {cold_s / 60:g} modelled min; the "
+                       f"whole plan's stanzas on every replica (plan) or none (no plan)\n\n")
+        self.out.write(cold_start_report(results["plan"], results["no plan"]) + "\n")
+        self.out.flush()
+
+    def cold_run(self, config: str, replicas: int, policy: str, repo: Path, items: Sequence[Item],
+                 join_s: float) -> ColdRun:
+        """One cold-start run (:meth:`cold_start`): its samples from the replicas' request logs."""
+        started = time.perf_counter()
+        joined: dict[str, Any] = {}
+        with Fleet(self.settings(replicas, policy, repo)) as fleet:
+            def join() -> None:
+                replica = fleet.launch(restore=False, warm_gate=True)
+                fleet.join(replica)
+                joined.update(name=replica.name, at=time.time())
+                workers[replica.url] = replica.name
+
+            workers = replicas_by_worker(fleet)
+            epoch = time.time()
+            answers = replay(fleet.router.url, items, self.speedup, self.concurrency, events=[(join_s, join)])
+            logs = fleet.request_log_dir
+        self.keep_logs(fleet.work_dir, f"cold-start-{config.replace(' ', '-')}")
+        records = {name.name: list(read_request_log(log_files(name))) for name in logs.iterdir() if name.is_dir()}
+        run = ColdRun(config, replicas, len(answers), failures_table(answers, workers), {
+            name: [Sample((r.ts - epoch) * self.speedup, r.ttft_ms * self.speedup if r.ttft_ms is not None
+                                else None, r.cached_tokens or 0, r.prompt_tokens or 0, r.adapter)
+                   for r in served if r.ts >= epoch] for name, served in records.items()},
+            joined.get("name"), (joined["at"] - epoch) * self.speedup if "at" in joined else None)
+        self.out.write(f"  cold start, {config}: {len(answers)} requests, {sum(bool(a.error) for a in answers)} "
+                       f"failed, {time.perf_counter() - started:.0f} s\n")
+        self.out.flush()
+        return run
+
+    def keep_logs(self, run_dir: Path, label: str) -> None:
+        """Copy the logs of the run under ``run_dir`` (every replica's, its tritonserver's, the router's) to
+        ``logs_dir``/``label`` when the bench keeps them."""
+        if self.logs_dir is None:
+            return
+        into = self.logs_dir / label
+        into.mkdir(parents=True, exist_ok=True)
+        for path in run_dir.glob("*.log"):
+            shutil.copy2(path, into / path.name)
+
+
+def replicas_by_worker(fleet: Fleet) -> dict[str, str]:
+    """Each replica's name by its URL (the router names the worker it routed a request to by its URL:
+    :data:`warmup_tools.sim.bench.fleet.ROUTED_WORKER_HEADER`)."""
+    return {replica.url: name for name, replica in fleet.replicas.items()}
 
 
 def join_at(fleet: Fleet, replica: Replica) -> float:
@@ -407,7 +528,8 @@ def replay(url: str, items: Sequence[Item], speedup: float, concurrency: int, *,
             client = local.client = httpx.Client(timeout=600)
             with lock:
                 clients.append(client)
-        answer = send(client, url, RequestRecord(ts=item.at_s, prompt=item.prompt), item.max_tokens)
+        answer = send(client, url, RequestRecord(ts=item.at_s, prompt=item.prompt, tenant=item.tenant,
+                                                 adapter=item.adapter), item.max_tokens)
         return dataclasses.replace(answer, ts=item.at_s)
 
     pending = sorted(events, key=lambda e: e[0])

@@ -12,9 +12,12 @@ from typing import Any, Mapping
 class StreamError(RuntimeError):
     """The server answered with another status than 200."""
 
-    def __init__(self, status: int, text: str) -> None:
+    def __init__(self, status: int, text: str, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(f"HTTP {status}: {text[:300]}")
         self.status = status
+        self.text = text
+        #: The response's headers (lower-case names).
+        self.headers = dict(headers or {})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -25,6 +28,10 @@ class Streamed:
     ttft_s: float | None
     total_s: float
     usage: Mapping[str, Any]
+    #: The response's headers (lower-case names).
+    headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: The ``error`` object of an event that reported one mid-stream (None: none did).
+    error: Mapping[str, Any] | None = None
 
     @property
     def cached_tokens(self) -> int:
@@ -36,10 +43,11 @@ def stream_completion(client: Any, url: str, body: Mapping[str, Any],
     """POST ``body`` (``stream`` and ``include_usage`` set here) to ``url`` with the httpx ``client``;
     :class:`StreamError` on a status other than 200 (httpx's errors pass through)."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    started, ttft, usage = time.perf_counter(), None, {}
+    started, ttft, usage, error = time.perf_counter(), None, {}, None
     with client.stream("POST", url, json=body, headers=dict(headers or {})) as response:
+        seen = {k.lower(): v for k, v in response.headers.items()}
         if response.status_code != 200:
-            raise StreamError(response.status_code, response.read().decode("utf-8", "replace"))
+            raise StreamError(response.status_code, response.read().decode("utf-8", "replace"), seen)
         for line in response.iter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -47,4 +55,6 @@ def stream_completion(client: Any, url: str, body: Mapping[str, Any],
             if ttft is None and data.get("choices") and data["choices"][0].get("text"):
                 ttft = time.perf_counter() - started
             usage = data.get("usage") or usage
-    return Streamed(ttft, time.perf_counter() - started, usage)
+            if isinstance(data.get("error"), dict):
+                error = data["error"]
+    return Streamed(ttft, time.perf_counter() - started, usage, seen, error)

@@ -6,7 +6,9 @@ repository; then day 2's first three hours replayed in order against the real se
 warm-up stanzas and with the plan's. Per window (the first hour and the first three hours, both from
 the same replay, since a replay in order serves the first hour exactly as a shorter replay would):
 the share of cold requests (``cached_tokens == 0``), the share of prompt tokens served from the KV
-cache, TTFT, and the same two shares for the **floor**, the best any plan from day 1 could do.
+cache, TTFT, and the same two shares for the **floor**, the best any plan from day 1 could do. Then the cold
+start (:mod:`warmup_tools.sim.bench.cold_start`), with the plan and without: the first 60 s and 5 min of day 2
+(the server's start) and after each adapter's first request, in day 2's own time.
 
 The floor: a replayed request can reuse at most the blocks of its longest block-aligned token prefix
 that some day-1 request of its tenant and adapter carried (any plan could have warmed those), or that
@@ -37,6 +39,7 @@ from warmup_tools.planning.stanzas import write_model_warmup
 from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
+from warmup_tools.sim.bench.cold_start import ColdRun, Sample, cold_start_report
 from warmup_tools.sim.bench.params import Seed
 
 TRAFFIC = ("generated", "real", "heldout")
@@ -310,12 +313,27 @@ def run(assets_dir: Path, *, seed: Seed = 0,
             rows.append((hours, figures("without plan", without[:n]), figures("with plan", planned[:n]),
                          figures("floor", best[:n])))
         out.write("\n" + table(rows, {"without plan": load_without, "with plan": load_planned}) + "\n")
+        out.write("\ncold start (times in day 2's time from its start, the server started just before; TTFTs "
+                  "measured):\n\n" + cold_start(repos.first_hours, planned, without, repos.day2_start) + "\n")
         out.flush()
         if report is not None:
             write_report(Path(report), traffic, repos.day2_start, rows, without, planned, best)
             out.write(f"report written to {report}\n")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def cold_start(records: Sequence[RequestRecord], planned: Sequence[Served], without: Sequence[Served],
+               start: float) -> str:
+    """The cold-start comparison (:mod:`warmup_tools.sim.bench.cold_start`) of the replay with the plan and
+    without: ``records`` replayed (each one's adapter), served in order as ``planned`` and ``without``, from
+    ``start`` (epoch seconds of day 2's start). One replica: no join."""
+    def run(config: str, served: Sequence[Served]) -> ColdRun:
+        samples = [Sample(s.ts - start, s.ttft_ms, s.cached_tokens, s.prompt_tokens, r.adapter)
+                   for r, s in zip(records, served)]
+        return ColdRun(config, 1, len(served), "", {"replica": samples})
+
+    return cold_start_report(run("plan", planned), run("no plan", without), clock="measured")
 
 
 def table(rows: Sequence[tuple[int, WindowFigures, WindowFigures, WindowFigures]],

@@ -12,7 +12,8 @@ Beside the adapter files of :mod:`warmup_tools.control.registry` the control fol
     <root>/plan_status/<host>.<instance>.json
                                        written by each lora_adapter instance: the plan it applied and, per
                                        adapter, how many blocks of its planned hot set are resident (replicas
-                                       share the folder, so the file and the report carry the host)
+                                       share the folder, so the file and the report carry the host), and the
+                                       cache's live check of the plan's pins (``pins``: :class:`PinReport`)
 
 The operator channel is trusted but still checked: ``plan.json`` is read only up to ``max_bytes``, must be
 a plan of :data:`~warmup_tools.common.plan.PLAN_FORMAT` whose content hashes to its ``plan_id``, with
@@ -264,6 +265,76 @@ class AdapterCoverage:
         return self.resident / self.planned if self.planned else 1.0
 
 
+#: The live check's states (:meth:`~warmup_tools.kv.prefix_cache.PrefixCache.pin_report`): the plan pins no
+#: block (``none``), its pins hold (``pinned``), every pin ended at its retention (``expired``), or the live check
+#: released them because they cost live traffic more hits than they gave (``released``).
+PIN_STATES = ("none", "pinned", "expired", "released")
+#: The most adapters one pin report lists (an instance's own adapters and the base model).
+MAX_PIN_ADAPTERS = 256
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AdapterPins:
+    """One adapter's pins under the plan on one instance: pinned now, hits on them against the hits the blocks
+    evicted for them would have had (since the plan became active), and pins that ended."""
+
+    pinned_blocks: int = 0
+    pin_hits: int = 0
+    shadow_hits: int = 0
+    expired_blocks: int = 0
+    released_blocks: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PinReport:
+    """The cache's live check of the plan's pins on one instance, as its status carries it (the JSON of
+    :meth:`~warmup_tools.kv.prefix_cache.PrefixCache.pin_report`, checked: the sidecar reads it)."""
+
+    plan_id: str | None = None
+    #: One of :data:`PIN_STATES`.
+    state: str = "none"
+    #: The live check's window (0: the check is off).
+    window_s: float = 0.0
+    pinned_blocks: int = 0
+    pin_hits: int = 0
+    shadow_hits: int = 0
+    expired_blocks: int = 0
+    released_blocks: int = 0
+    #: Times the live check released the plan's pins.
+    releases: int = 0
+    #: The current window's hits on pinned blocks and shadow hits.
+    window_pin_hits: int = 0
+    window_shadow_hits: int = 0
+    #: Why the pins were released ("" when they were not).
+    reason: str = ""
+    adapters: Mapping[str, AdapterPins] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        document = dataclasses.asdict(self)
+        document["adapters"] = {name: dataclasses.asdict(pins) for name, pins in sorted(self.adapters.items())}
+        return document
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> PinReport:
+        """A report from its JSON; ``ValueError`` says what is wrong. Keys it does not know are left out."""
+        if not isinstance(raw, dict):
+            raise ValueError("pins must be an object")
+        state = raw.get("state", "none")
+        if state not in PIN_STATES:
+            raise ValueError(f"pins.state must be one of {', '.join(PIN_STATES)}")
+        window = raw.get("window_s", 0.0)
+        if isinstance(window, bool) or not isinstance(window, (int, float)) or not 0 <= window < math.inf:
+            raise ValueError("pins.window_s must be a non-negative number of seconds")
+        adapters = raw.get("adapters", {})
+        if not isinstance(adapters, dict) or len(adapters) > MAX_PIN_ADAPTERS:
+            raise ValueError(f"pins.adapters must be an object of at most {MAX_PIN_ADAPTERS} adapters")
+        counts = {f.name: _count(raw, f.name) for f in dataclasses.fields(cls) if f.type in ("int", int)}
+        return cls(plan_id=_optional_str(raw.get("plan_id")), state=state, window_s=float(window),
+                   reason=_TEXT.sub("?", str(raw.get("reason", "")))[:500],
+                   adapters={validate_name(name, what="adapter"): _adapter_pins(pins)
+                             for name, pins in sorted(adapters.items())}, **counts)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class PlanStatus:
     """What one instance reports about its plan (``plan_status/<instance>.json``)."""
@@ -283,6 +354,8 @@ class PlanStatus:
     #: The host (pod) the instance runs on: replicas share the control folder and their instances have the
     #: same names, so each sidecar reads only its own host's reports.
     host: str = ""
+    #: The cache's live check of the plan's pins (None: no KV cache, or a report from before the check).
+    pins: PinReport | None = None
 
     @property
     def key(self) -> str:
@@ -293,7 +366,8 @@ class PlanStatus:
         document = {"format": STATUS_FORMAT, "instance": self.instance, "plan_id": self.plan_id,
                     "source": self.source, "state": self.state, "detail": self.detail, "error": self.error,
                     "reported_at": self.reported_at, "host": self.host,
-                    "adapters": {n: dataclasses.asdict(c) for n, c in sorted(self.adapters.items())}}
+                    "adapters": {n: dataclasses.asdict(c) for n, c in sorted(self.adapters.items())},
+                    "pins": self.pins.to_dict() if self.pins is not None else None}
         return (json.dumps(document, sort_keys=True) + "\n").encode("utf-8")
 
     @classmethod
@@ -310,7 +384,8 @@ class PlanStatus:
                 plan_id=_optional_str(data["plan_id"]), source=str(data["source"]), state=str(data["state"]),
                 adapters={validate_name(n, what="adapter"): _coverage(c) for n, c in adapters.items()},
                 detail=str(data.get("detail", ""))[:1000], error=str(data.get("error", ""))[:1000],
-                reported_at=float(data["reported_at"]), host=_host(data.get("host", "")))
+                reported_at=float(data["reported_at"]), host=_host(data.get("host", "")),
+                pins=PinReport.from_dict(data["pins"]) if data.get("pins") is not None else None)
         except (UnicodeDecodeError, ValueError, KeyError, TypeError, LifecycleError) as exc:
             raise ValueError(f"not a valid plan status: {exc}") from None
 
@@ -406,6 +481,19 @@ def _coverage(raw: Any) -> AdapterCoverage:
     if type(planned) is not int or type(resident) is not int or not 0 <= resident <= planned:
         raise ValueError("planned and resident must be integers with 0 <= resident <= planned")
     return AdapterCoverage(planned, resident, bool(raw.get("live", True)), str(raw.get("shortfall", ""))[:500])
+
+
+def _count(raw: Mapping[str, Any], key: str) -> int:
+    value = raw.get(key, 0)
+    if type(value) is not int or not 0 <= value < 2**63:
+        raise ValueError(f"pins.{key} must be a non-negative integer")
+    return value
+
+
+def _adapter_pins(raw: Any) -> AdapterPins:
+    if not isinstance(raw, dict):
+        raise ValueError("pins.adapters entries must be objects")
+    return AdapterPins(**{f.name: _count(raw, f.name) for f in dataclasses.fields(AdapterPins)})
 
 
 def _host(value: Any) -> str:

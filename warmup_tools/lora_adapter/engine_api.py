@@ -103,8 +103,9 @@ class SequenceEngine(Protocol):
 
     def store_prefix(self, seq_id: int, hashes: list[BlockHash], *, start_block: int, source: BlockSource,
                      plan_id: str | None, owner: str, tenant: str, public_blocks: int,
-                     tokens: Sequence[int]) -> None:
-        """Store blocks ``start_block`` to ``len(hashes)`` of the sequence's KV in the prefix cache."""
+                     tokens: Sequence[int], retention_s: float | None = None) -> None:
+        """Store blocks ``start_block`` to ``len(hashes)`` of the sequence's KV in the prefix cache (``retention_s``:
+        how long the blocks ``plan_id`` pins stay pinned; None: the cache's ``pin_retention_s``)."""
 
     def sample(self, seq_id: int, params: SamplingParams, tokens: Sequence[int]) -> int:
         """The next token from the logits of the sequence's last forward (``tokens``: its tokens so far, for a

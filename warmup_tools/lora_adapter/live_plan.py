@@ -13,8 +13,15 @@ them (its base and adapter fingerprints are in every hash). It comes from
   control folder's plan, once applied, wins over the samples.
 
 The same poll writes ``plan_status/<instance>.json`` when the coverage changes (and every
-``heartbeat_s``): per adapter the planned and resident blocks, and why blocks are missing when the
-warm-up budget cannot hold the plan.
+``heartbeat_s``): per adapter the planned and covered blocks, and why blocks are missing when the
+warm-up budget cannot hold the plan, and the cache's live check (:meth:`PrefixCache.pin_report`: pinned
+blocks, the hits they had against the hits the blocks evicted for them would have had, and whether the pins
+were released).
+
+Coverage counts :meth:`PrefixCache.covered`, not what is pinned now: a planned block's pin ends by design
+(its retention passed, or the live check released the plan's pins because they cost live traffic more than
+they gave), and a replica whose pins ended so is as ready as it was; the same plan does not warm such a
+block again either.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from warmup_tools.common.names import replica_name
 from warmup_tools.control.plan_control import (
     AdapterCoverage,
     LivePlan,
+    PinReport,
     PlanFileWatcher,
     PlanItem,
     PlanStatus,
@@ -74,12 +82,12 @@ def diff_hot_sets(old: Mapping[str, set[BlockHash]], new: Mapping[str, set[Block
 
 
 class PlanKeeper:
-    """See the module docstring. ``warm`` pre-fills one item (adapter or None, tenant, ids) under the active
-    plan and blocks until done; ``run`` runs a function where no forward runs meanwhile (the scheduler's
-    ``call``), or directly."""
+    """See the module docstring. ``warm`` pre-fills one item (adapter or None, tenant, ids, retention in seconds
+    or None) under the active plan and blocks until done; ``run`` runs a function where no forward runs meanwhile
+    (the scheduler's ``call``), or directly."""
 
     def __init__(self, engine: Any, lifecycle: AdapterLifecycle, *, instance: str,
-                 warm: Callable[[str | None, str, tuple[int, ...]], None],
+                 warm: Callable[[str | None, str, tuple[int, ...], float | None], None],
                  run: Callable[[Callable[[], Any]], Any] = lambda fn: fn(),
                  control_dir: Path | None = None, heartbeat_s: float = 5.0,
                  clock: Callable[[], float] = time.time, host: str | None = None) -> None:
@@ -107,6 +115,8 @@ class PlanKeeper:
         self._last_report: tuple[Any, ...] | None = None
         self._last_report_at = float("-inf")
         self.coverage_now: dict[str, AdapterCoverage] = {}
+        #: The cache's live check at the last status (:meth:`PrefixCache.pin_report`; None without a cache).
+        self.pins_now: PinReport | None = None
         self._stop = threading.Event()
         self._report_lock = threading.Lock()
         self._pending: LivePlan | None = None
@@ -161,10 +171,10 @@ class PlanKeeper:
         for item, hashes in items:
             if self._stop.is_set():
                 return diff
-            if cache.resident(hashes, plan.plan_id) == len(hashes):
-                continue  # kept and pinned already
+            if cache.covered(hashes, plan.plan_id) == len(hashes):
+                continue  # kept and pinned already, or pinned by this plan before and its pin ended by design
             try:
-                self._warm(item.adapter or None, item.tenant, item.token_ids)
+                self._warm(item.adapter or None, item.tenant, item.token_ids, item.retention_s)
             except Exception as exc:  # noqa: BLE001 - one item that cannot be warmed leaves the others
                 failed += 1
                 over_budget += isinstance(exc, KVBudgetError)
@@ -182,9 +192,9 @@ class PlanKeeper:
         return diff
 
     def coverage(self) -> dict[str, AdapterCoverage]:
-        """Per adapter of the hot set: planned blocks, resident blocks (cached and pinned under the plan),
-        live, and why blocks are missing; every other adapter of the instance (retired ones aside) with
-        nothing planned."""
+        """Per adapter of the hot set: planned blocks, resident blocks (covered by the plan: pinned under it, or
+        pinned under it before and the pin ended by design), live, and why blocks are missing; every other adapter
+        of the instance (retired ones aside) with nothing planned."""
         cache = self.engine.prefix_cache
         with self._lock:
             hot = {name: list(hashes) for name, hashes in self.hot.items()}
@@ -193,9 +203,10 @@ class PlanKeeper:
         states = self.lifecycle.snapshot()
         out = {}
         for name, hashes in sorted(hot.items()):
-            # NOTE: pinned, not merely cached: an unpinned block is evictable, and counting it would report a
-            # plan warm whose pins were lost.
-            resident = cache.resident(hashes, plan_id) if cache is not None else 0
+            # NOTE: pinned, not merely cached: a block that was never pinned (or a plan change unpinned) is
+            # evictable, and counting it would report a plan warm whose pins were lost. But a pin that ended by
+            # design (retention, the live check) counts: readiness must not fall when warm-up stops paying.
+            resident = cache.covered(hashes, plan_id) if cache is not None else 0
             status = states.get(name)
             live = name == BASE or (status is not None and status.state is AdapterState.LIVE)
             shortfall = ""
@@ -213,9 +224,12 @@ class PlanKeeper:
 
     def status(self) -> PlanStatus:
         coverage = self.coverage()
+        cache = self.engine.prefix_cache
+        self.pins_now = PinReport.from_dict(cache.pin_report()) if cache is not None else None
         with self._lock:
             return PlanStatus(self.instance, self.plan_id, self.source, self.state, coverage, self.detail,
-                              self._watcher.error if self._watcher else "", self._clock(), self.host)
+                              self._watcher.error if self._watcher else "", self._clock(), self.host,
+                              self.pins_now)
 
     def report(self, force: bool = False) -> None:
         """Write this instance's status if it changed (or ``force``, or every ``heartbeat_s``)."""
@@ -247,7 +261,8 @@ class PlanKeeper:
     # ------------------------------------------------------------------------------------- helpers
     def _report(self, force: bool) -> None:
         status = self.status()
-        key = (status.plan_id, status.state, status.detail, status.error, tuple(sorted(status.adapters.items())))
+        key = (status.plan_id, status.state, status.detail, status.error, tuple(sorted(status.adapters.items())),
+               status.pins)
         now = time.monotonic()
         since = now - self._last_report_at
         if not force and since < self.heartbeat_s and (key == self._last_report or since < 1.0):

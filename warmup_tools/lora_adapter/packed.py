@@ -548,10 +548,11 @@ class PackedEngine(LoraEngine):
 
     def store_prefix(self, seq_id: int, hashes: list[BlockHash], *, start_block: int, source: BlockSource,
                      plan_id: str | None, owner: str, tenant: str, public_blocks: int,
-                     tokens: Sequence[int]) -> None:
+                     tokens: Sequence[int], retention_s: float | None = None) -> None:
         layers = self._pool.layers(self._slot[seq_id], self._length[seq_id])
         self.prefix_cache.store(hashes, layers, start_block=start_block, source=source, plan_id=plan_id,
-                                owner=owner, tenant=tenant, public_blocks=public_blocks, tokens=tokens)
+                                owner=owner, tenant=tenant, public_blocks=public_blocks, tokens=tokens,
+                                retention_s=retention_s)
 
     def release(self, seq_id: int) -> None:
         self._logits.pop(seq_id, None)

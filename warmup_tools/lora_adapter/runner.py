@@ -91,9 +91,10 @@ class SequenceRunner:
 
     def store_prefix(self, seq_id: int, hashes: list[BlockHash], *, start_block: int, source: BlockSource,
                      plan_id: str | None, owner: str, tenant: str, public_blocks: int,
-                     tokens: Sequence[int]) -> None:
+                     tokens: Sequence[int], retention_s: float | None = None) -> None:
         self.prefix_cache.store(hashes, self._kv[seq_id], start_block=start_block, source=source, plan_id=plan_id,
-                                owner=owner, tenant=tenant, public_blocks=public_blocks, tokens=tokens)
+                                owner=owner, tenant=tenant, public_blocks=public_blocks, tokens=tokens,
+                                retention_s=retention_s)
 
     def sample(self, seq_id: int, params: SamplingParams, tokens: Sequence[int]) -> int:
         # The logits are consumed: the next forward of this sequence gives the next ones.

@@ -274,11 +274,12 @@ class Scheduler:
         return seq.seq_id
 
     def submit_warm(self, adapter: str | None, ids: tuple[int, ...], tenant: str = "default",
-                    plan_id: str | None = None) -> concurrent.futures.Future:
-        """Pre-fill one warm prompt's KV blocks in the budget live sequences leave; the future's result
-        is the number of steps it took."""
+                    plan_id: str | None = None, retention_s: float | None = None) -> concurrent.futures.Future:
+        """Pre-fill one warm prompt's KV blocks in the budget live sequences leave (pinned under ``plan_id`` for
+        ``retention_s``, None: the cache's ``pin_retention_s``); the future's result is the number of steps it
+        took."""
         request = GenerateRequest(tuple(ids), adapter, tenant, False, SamplingParams(max_tokens=1),
-                                  source=BlockSource.WARMUP, plan_id=plan_id)
+                                  source=BlockSource.WARMUP, plan_id=plan_id, retention_s=retention_s)
         self.engine.check_request(request)
         done: concurrent.futures.Future = concurrent.futures.Future()
         with self._cond:
@@ -842,7 +843,7 @@ class Scheduler:
             self.engine.store_prefix(
                 seq.seq_id, seq.hashes[:full], start_block=seq.stored_blocks, source=request.source,
                 plan_id=request.plan_id, owner=request.adapter or "", tenant=request.tenant,
-                public_blocks=seq.public_blocks, tokens=request.prompt_ids)
+                public_blocks=seq.public_blocks, tokens=request.prompt_ids, retention_s=request.retention_s)
             seq.stored_blocks = full
         if seq.flight_key is not None:
             # NOTE: the claim moves with the frontier, so a follower admitted between two chunks waits

@@ -115,9 +115,11 @@ class LoraService:
             tokens += len(ids)
         return f"warmed {len(spec.warm_prompts)} prompts ({tokens} tokens, {steps} steps)"
 
-    def _warm_item(self, adapter: str | None, tenant: str, ids: tuple[int, ...]) -> None:
-        """Warm one planned prefix under the active plan, in the scheduler's warm class."""
-        self.scheduler.submit_warm(adapter, ids, tenant, plan_id=self.engine.prefix_cache.active_plan).result()
+    def _warm_item(self, adapter: str | None, tenant: str, ids: tuple[int, ...], retention_s: float | None) -> None:
+        """Warm one planned prefix under the active plan, pinned for ``retention_s`` (None: the cache's
+        ``pin_retention_s``), in the scheduler's warm class."""
+        self.scheduler.submit_warm(adapter, ids, tenant, plan_id=self.engine.prefix_cache.active_plan,
+                                   retention_s=retention_s).result()
 
     def _poll(self, poll_s: float) -> None:
         while not self._stop.wait(poll_s):

@@ -14,6 +14,9 @@ from the read, so unit tests feed statuses directly.
   stays ready while it warms a new plan; once applied, the new plan's coverage counts.
 - An adapter that cannot get there because the warm-up budget cannot hold its plan says so in the reason
   (the instance's ``shortfall``), so a pod that stays unready is never silent about why.
+- Each instance's ``pins`` (the cache's live check: pinned blocks, their hits against the hits of the blocks
+  evicted for them, and whether the pins expired or were released) is shown per plan and adapter. It is never
+  a reason to be unready: a released or expired pin still counts as covered (``PrefixCache.covered``).
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ def evaluate(statuses: Mapping[str, PlanStatus], *, threshold: float, now: float
         for adapter, cov in sorted(status.adapters.items()):
             entry["adapters"][adapter] = {"coverage": round(cov.coverage, 4), "planned": cov.planned,
                                           "resident": cov.resident, "live": cov.live, "shortfall": cov.shortfall}
+        # The live check of the plan's pins (shown, never a reason to be unready: coverage counts blocks whose
+        # pins ended by design).
+        entry["pins"] = status.pins.to_dict() if status.pins is not None else None
         if stale:
             continue
         fresh += 1

@@ -7,9 +7,11 @@
 - ``/live`` (livenessProbe): 200 while this process serves HTTP; it says nothing about Triton, so a
   Triton outage makes the pod unready, never restarts the sidecar.
 - ``/status``: per model state, last probe result and latency, last recovery, and warm coverage per
-  lora_adapter instance and adapter (source, planned and resident blocks, shortfall).
+  lora_adapter instance and adapter (source, planned and resident blocks, shortfall), and each instance's
+  live check of its plan's pins (``pins``: state, pinned blocks, pin hits against shadow hits, per adapter).
 - ``/metrics``: the same as Prometheus text (ready, per model health, probe latency, recoveries, the
-  temperature of the replica and of each adapter, and its transitions), for the dashboard beside
+  temperature of the replica and of each adapter, and its transitions, the live check's counts), for the
+  dashboard beside
   Triton's own ``/metrics``.
 
 Neither names a plan id (:func:`public_status`): the endpoints answer anyone who reaches the port, and a
@@ -26,6 +28,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from warmup_tools.control.plan_control import PIN_STATES
 from warmup_tools.sidecar.http_server import BoundedHTTPServer
 from warmup_tools.sidecar.monitor import Monitor
 
@@ -165,12 +168,29 @@ def prometheus_text(status: dict[str, object]) -> str:
     short = Gauge("warmup_sidecar_warm_coverage_shortfall",
                   "1 when the instance says the planned hot set cannot be resident (budget), per adapter",
                   ["instance", "adapter"], registry=registry)
+    pin_gauges = {key: Gauge(f"warmup_sidecar_{name}", doc, ["instance", "adapter"], registry=registry)
+                  for key, name, doc in _PIN_GAUGES}
+    released = Counter("warmup_sidecar_pins_released", "KV blocks whose pins the live check released early, per "
+                       "lora_adapter instance and adapter, since the instance's plan became active (a new plan "
+                       "starts it again, like a restart)", ["instance", "adapter"], registry=registry)
+    pin_state = Gauge("warmup_sidecar_pin_state", "1 for the state of the live check of the plan's pins on a "
+                      "lora_adapter instance (none, pinned, expired, released)", ["instance", "state"],
+                      registry=registry)
     for instance, entry in dict(dict(status.get("coverage") or {}).get("instances") or {}).items():
         if entry.get("stale"):
             continue
         for adapter, cov in entry["adapters"].items():
             coverage.labels(instance, adapter).set(cov["coverage"])
             short.labels(instance, adapter).set(1 if cov["shortfall"] else 0)
+        pins = entry.get("pins")
+        if not isinstance(pins, dict):
+            continue
+        for state in PIN_STATES:
+            pin_state.labels(instance, state).set(1 if pins["state"] == state else 0)
+        for adapter, counts in pins["adapters"].items():
+            for key, gauge in pin_gauges.items():
+                gauge.labels(instance, adapter).set(counts[key])
+            released.labels(instance, adapter).inc(counts["released_blocks"])
     canary = status.get("canary")
     if isinstance(canary, dict):
         Gauge("warmup_canary_active", "1 while a plan is on trial on a canary instance of this replica",
@@ -192,6 +212,17 @@ def prometheus_text(status: dict[str, object]) -> str:
         failed.labels(model).set(health.get("failed_recoveries", 0))
     return generate_latest(registry).decode()
 
+
+#: The live check's per-adapter counts the sidecar exports as gauges: the report's key, the metric's name, its help.
+_PIN_GAUGES = (
+    ("pinned_blocks", "pinned_blocks", "KV blocks pinned under the plan now, per lora_adapter instance and adapter"),
+    ("pin_hits", "pin_hits", "Block hits on blocks pinned under the plan since it became active, per lora_adapter "
+     "instance and adapter"),
+    ("shadow_hits", "pin_shadow_hits", "Block hits the blocks evicted to make room for the plan's pins would have "
+     "had since it became active (the live check's shadow list), per lora_adapter instance and adapter"),
+    ("expired_blocks", "pins_expired", "KV blocks whose pin ended at its retention since the plan became active, "
+     "per lora_adapter instance and adapter"),
+)
 
 #: ``warmup_temperature``'s value per state (a router prefers the highest).
 TEMPERATURE_LEVELS = {"cold": 0, "warm": 1, "hot": 2}

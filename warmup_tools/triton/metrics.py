@@ -169,6 +169,36 @@ class GenerationMetrics:
             name="warmup_kv_plan_blocks_resident",
             description="KV blocks of the warm-up plan's hot set resident in the instance's cache, per adapter",
             kind=pb_utils.MetricFamily.GAUGE)
+        self.pinned = pb_utils.MetricFamily(
+            name="warmup_kv_pinned_blocks",
+            description="KV blocks pinned under the warm-up plan now, per adapter and instance",
+            kind=pb_utils.MetricFamily.GAUGE)
+        self.pin_hits = pb_utils.MetricFamily(
+            name="warmup_kv_pin_hits",
+            description="Block hits on blocks pinned under the warm-up plan since it became active, per adapter "
+                        "and instance",
+            kind=pb_utils.MetricFamily.GAUGE)
+        self.shadow_hits = pb_utils.MetricFamily(
+            name="warmup_kv_pin_shadow_hits",
+            description="Block hits the blocks evicted to make room for the plan's pins would have had since it "
+                        "became active (the live check's shadow list), per adapter and instance",
+            kind=pb_utils.MetricFamily.GAUGE)
+        self.pin_state = pb_utils.MetricFamily(
+            name="warmup_kv_pin_state",
+            description="1 for the state of the live check of the plan's pins (none, pinned, expired, released), "
+                        "per instance",
+            kind=pb_utils.MetricFamily.GAUGE)
+        self._pins_released = pb_utils.MetricFamily(
+            name="warmup_kv_pins_released_total",
+            description="KV blocks whose pins the live check released early because they cost live traffic more "
+                        "hits than they gave",
+            kind=pb_utils.MetricFamily.COUNTER).Metric(labels={"model": model})
+        self._pins_expired = pb_utils.MetricFamily(
+            name="warmup_kv_pins_expired_total",
+            description="KV blocks whose pin ended at its retention (then ordinary blocks of the eviction policy)",
+            kind=pb_utils.MetricFamily.COUNTER).Metric(labels={"model": model})
+        self._released = self._expired = 0
+        self._pin_states: set[str] = set()
         self._cross_tenant = pb_utils.MetricFamily(
             name="warmup_kv_cross_tenant_hits_total",
             description="KV blocks refused because they were written for another tenant (expected: 0)",
@@ -218,10 +248,28 @@ class GenerationMetrics:
                 if delta > 0:
                     self._metric(self.evictions, {"adapter": name}, per_instance=False).increment(delta)
                     self._evicted[name] = count
+            released, expired = cache.stats.released_pins, cache.stats.expired_pins
+            if released > self._released:
+                self._pins_released.increment(released - self._released)
+                self._released = released
+            if expired > self._expired:
+                self._pins_expired.increment(expired - self._expired)
+                self._expired = expired
         plan = getattr(service, "plan", None)
         for name, coverage in (plan.coverage_now if plan is not None else {}).items():
             self._set(self.plan_blocks, {"adapter": name}, coverage.planned)
             self._set(self.plan_resident, {"adapter": name}, coverage.resident)
+        pins = plan.pins_now if plan is not None else None  # NOTE: the last status's report (no cache walk here)
+        if pins is not None:
+            # NOTE: each state ever reported keeps its series, at 0 once it is not the state (triton may not import
+            # control, where the list of states is).
+            self._pin_states.add(pins.state)
+            for state in self._pin_states:
+                self._set(self.pin_state, {"state": state}, 1 if pins.state == state else 0)
+            for name, counts in pins.adapters.items():
+                self._set(self.pinned, {"adapter": name}, counts.pinned_blocks)
+                self._set(self.pin_hits, {"adapter": name}, counts.pin_hits)
+                self._set(self.shadow_hits, {"adapter": name}, counts.shadow_hits)
         for name, status in service.lifecycle.snapshot().items():
             for state in type(status.state):
                 self._set(self.state, {"adapter": name, "state": state.value}, 1 if status.state is state else 0)

@@ -16,6 +16,7 @@ from warmup_tools.control.plan_control import (
     MAX_PLAN_ITEMS,
     AdapterCoverage,
     LivePlan,
+    PinReport,
     PlanFileWatcher,
     PlanStatus,
     PlanStatusBoard,
@@ -186,6 +187,51 @@ def test_statuses_round_trip_and_unreadable_ones_are_skipped(tmp_path):
     bad["adapters"]["sql"]["resident"] = 11
     with pytest.raises(ValueError, match="resident"):
         PlanStatus.from_json(json.dumps(bad).encode())
+
+
+#: A pin report as PrefixCache.pin_report writes it.
+PINS = {"plan_id": "p1", "state": "released", "window_s": 60.0, "pinned_blocks": 0, "window_pin_hits": 0,
+        "window_shadow_hits": 1, "pin_hits": 2, "shadow_hits": 31, "expired_blocks": 1, "released_blocks": 9,
+        "releases": 1, "reason": "over 61 s the pinned blocks gave 2 block hits and the blocks evicted for them "
+        "would have given 31", "adapters": {"sql": {"pinned_blocks": 0, "pin_hits": 2, "shadow_hits": 31,
+                                                    "expired_blocks": 1, "released_blocks": 9}}}
+
+
+def test_a_status_carries_the_caches_pin_report_and_reads_it_back():
+    status = PlanStatus("lora_adapter_0_0", "p1", "control", "applied", {"sql": AdapterCoverage(10, 10)},
+                        reported_at=12.5, pins=PinReport.from_dict(PINS))
+    back = PlanStatus.from_json(status.to_json())
+    assert back == status and back.pins.to_dict() == PINS
+    assert back.pins.adapters["sql"].released_blocks == 9
+    # A report from before the live check (no "pins") and one of an instance without a KV cache read back as None.
+    old = json.loads(status.to_json())
+    del old["pins"]
+    assert PlanStatus.from_json(json.dumps(old).encode()).pins is None
+    assert PlanStatus.from_json(dataclasses.replace(status, pins=None).to_json()).pins is None
+
+
+@pytest.mark.parametrize("change, error", [
+    ({"state": "gone"}, "pins.state must be one of none, pinned, expired, released"),
+    ({"pin_hits": -1}, "pins.pin_hits must be a non-negative integer"),
+    ({"shadow_hits": 1.5}, "pins.shadow_hits must be a non-negative integer"),
+    ({"releases": True}, "pins.releases must be a non-negative integer"),
+    ({"window_s": float("inf")}, "pins.window_s"),
+    ({"adapters": {"../x": {}}}, "adapter"),
+    ({"adapters": {"sql": []}}, "pins.adapters entries must be objects"),
+    ({"adapters": {f"a{i}": {} for i in range(257)}}, "at most 256 adapters"),
+    ({"plan_id": "p" * 65}, "plan_id"),
+])
+def test_a_status_with_a_malformed_pin_report_is_not_read(change, error):
+    raw = json.loads(PlanStatus("lora_adapter_0_0", "p1", "control", "applied", {}, reported_at=1.0,
+                                pins=PinReport.from_dict(PINS)).to_json())
+    raw["pins"].update(change)
+    with pytest.raises(ValueError, match=error):
+        PlanStatus.from_json(json.dumps(raw).encode())
+
+
+def test_a_pin_reports_reason_is_printable_text_of_bounded_length():
+    pins = PinReport.from_dict({**PINS, "reason": "\x1b[31m" + "y" * 2000})
+    assert pins.reason.startswith("?[31m") and len(pins.reason) == 500
 
 
 def test_a_fifo_in_place_of_plan_json_canary_json_or_a_status_file_is_refused_without_blocking(tmp_path, caplog):

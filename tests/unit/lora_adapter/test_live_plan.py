@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 
+import numpy as np
 import pytest
 
 from tests.unit.control.test_plan_control import make_plan
@@ -184,7 +185,8 @@ def test_plan_items_outside_the_vocabulary_or_the_context_are_left_out_and_count
     warmed = []
     service = start_service(engine, ServiceConfig(control_dir=None), instance="inst_0")
     real_warm = service.plan._warm
-    service.plan._warm = lambda adapter, tenant, ids: (warmed.append(tuple(ids)), real_warm(adapter, tenant, ids))
+    service.plan._warm = lambda adapter, tenant, ids, retention: (warmed.append(tuple(ids)),
+                                                                  real_warm(adapter, tenant, ids, retention))
     try:
         from warmup_tools.control.plan_control import LivePlan
 
@@ -198,3 +200,43 @@ def test_plan_items_outside_the_vocabulary_or_the_context_are_left_out_and_count
     finally:
         service.close()
         engine.prefix_cache.activate_plan(None)
+
+
+def test_an_items_retention_reaches_the_cache_and_a_pin_that_ended_stays_covered_and_is_not_warmed_again(engine):
+    """Item A is pinned for 0.05 s (its plan item's retention_s), item B for the cache's default: once A's pins
+    expire, coverage still counts them (readiness does not fall when pins end by design), the status carries the
+    live check, and applying the same plan again warms nothing."""
+    from warmup_tools.control.plan_control import LivePlan
+
+    own = make_engine(dataclasses.replace(engine.config, adapters=("support",),
+                                          kv=KVCacheConfig(budget_bytes=64 << 20)))
+    short_ids, long_ids = prefix(own, SYSTEM_PROMPTS["support"], 3), prefix(own, SYSTEM_PROMPTS["legal"], 2)
+    plan = LivePlan.parse(make_plan([{**item(short_ids), "retention_s": 0.05},
+                                     item(long_ids, adapter="")]).to_json().encode())
+    assert [i.retention_s for i in plan.items] == [float(np.float32(0.05)), None]
+    service = start_service(own, ServiceConfig(control_dir=None), instance="inst_0")
+    cache = own.prefix_cache
+    warmed = []
+    real_warm = service.plan._warm
+    service.plan._warm = lambda *args: (warmed.append(args[2:]), real_warm(*args))
+    try:
+        service.plan.apply(plan)
+        assert sorted(warmed) == sorted([(tuple(short_ids), float(np.float32(0.05))), (tuple(long_ids), None)])
+        short, long = service.plan.hot["support"], service.plan.hot["base"]
+        wait_for(lambda: cache.resident(short, plan.plan_id) == 0, "item A's pins to expire")
+        assert cache.resident(long, plan.plan_id) == 2  # the cache's kv_pin_retention_s: still pinned
+        assert cache.resident(short) == 3  # cached still: ordinary blocks of the eviction policy now
+
+        status = service.plan.status()
+        assert {n: (c.planned, c.resident) for n, c in status.adapters.items()} == {"support": (3, 3), "base": (2, 2)}
+        pins = status.pins
+        assert (pins.plan_id, pins.state, pins.pinned_blocks, pins.expired_blocks) == (plan.plan_id, "pinned", 2, 3)
+        assert (pins.adapters["support"].expired_blocks, pins.adapters["base"].pinned_blocks) == (3, 2)
+        assert service.plan.pins_now == pins
+
+        warmed.clear()
+        service.plan.apply(plan)  # the same plan again: nothing to warm, A is not pinned again
+        assert warmed == [] and cache.resident(short, plan.plan_id) == 0
+        assert service.plan.coverage()["support"].resident == 3
+    finally:
+        service.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from tests.unit.sidecar.test_monitor import FakeTriton
@@ -116,3 +117,41 @@ def test_a_reloaded_lora_adapter_must_reach_the_coverage_threshold_again(tmp_pat
     coverage.board.report(status(support=(20, 20)))
     monitor.run_once()
     assert monitor.readiness().ready
+
+
+def test_status_and_metrics_show_each_instances_live_check_per_plan_and_adapter_without_its_plan_id(tmp_path):
+    from warmup_tools.control.plan_control import PinReport
+    from warmup_tools.sidecar.endpoints import public_status
+
+    now = [100.0]
+    triton = FakeTriton()
+    coverage = FakeCoverage(tmp_path, now)
+    monitor = Monitor(SidecarConfig(), triton.probe, triton.server_ready, triton, coverage=coverage)
+    pins = PinReport.from_dict({
+        "plan_id": "p1", "state": "released", "window_s": 60.0, "pin_hits": 2, "shadow_hits": 31, "releases": 1,
+        "released_blocks": 9, "reason": "over 61 s the pinned blocks gave 2 block hits and the blocks evicted for "
+        "them would have given 31 (plan p1)",
+        "adapters": {"support": {"pin_hits": 2, "shadow_hits": 31, "released_blocks": 9},
+                     "base": {"pinned_blocks": 0}}})
+    # Released pins still count as covered (the instance reports them resident): the pod stays ready.
+    coverage.board.report(dataclasses.replace(status(support=(20, 20)), pins=pins))
+    monitor.run_once()
+    assert monitor.readiness().ready
+    entry = monitor.snapshot()["coverage"]["instances"]["lora_adapter_0_0"]
+    assert entry["pins"]["state"] == "released" and entry["pins"]["adapters"]["support"]["shadow_hits"] == 31
+    public = public_status(monitor.snapshot())["coverage"]["instances"]["lora_adapter_0_0"]["pins"]
+    assert "plan_id" not in public and public["reason"].endswith("(plan <plan>)")
+    text = prometheus_text(public_status(monitor.snapshot()))
+    for line in ('warmup_sidecar_pin_hits{adapter="support",instance="lora_adapter_0_0"} 2.0',
+                 'warmup_sidecar_pin_shadow_hits{adapter="support",instance="lora_adapter_0_0"} 31.0',
+                 'warmup_sidecar_pins_released_total{adapter="support",instance="lora_adapter_0_0"} 9.0',
+                 'warmup_sidecar_pinned_blocks{adapter="base",instance="lora_adapter_0_0"} 0.0',
+                 'warmup_sidecar_pin_state{instance="lora_adapter_0_0",state="released"} 1.0',
+                 'warmup_sidecar_pin_state{instance="lora_adapter_0_0",state="pinned"} 0.0'):
+        assert line in text, line
+
+    # An instance without a KV cache (or from before the check) has no pins: shown as null, no series.
+    coverage.board.report(status(support=(20, 20)))
+    monitor.run_once()
+    assert monitor.snapshot()["coverage"]["instances"]["lora_adapter_0_0"]["pins"] is None
+    assert "warmup_sidecar_pin_state{" not in prometheus_text(public_status(monitor.snapshot()))

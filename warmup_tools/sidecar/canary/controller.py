@@ -220,6 +220,21 @@ class CanaryController:
         mine = [s for name, s in statuses.items() if canary.targets(self.host, name)]
         return bool(mine) and all(s.plan_id == canary.plan_id and s.state == "applied" for s in mine)
 
+    def _pins_note(self, canary: CanaryAssignment) -> str:
+        """Whether the live check released the pins of the plan on trial on a canary instance ("" if not): a note
+        beside the verdict, which it does not change (the request logs decide)."""
+        try:
+            statuses, _ = self._board.read_all(host=self.host)
+        except OSError:
+            return ""
+        released = sorted((name, s.pins.reason) for name, s in statuses.items()
+                          if canary.targets(self.host, name) and s.pins is not None
+                          and s.pins.plan_id == canary.plan_id and s.pins.state == "released")
+        if not released:
+            return ""
+        return (f"the live check released the plan's pins on {len(released)} canary instance(s) "
+                f"({', '.join(name for name, _ in released)}): {released[0][1]}")
+
     def _act(self, canary: CanaryAssignment, verdict: Verdict, now: float) -> Verdict:
         with self._lock:
             self._last, self._error = verdict, ""
@@ -233,7 +248,8 @@ class CanaryController:
         tenants = carried(*(c.weights for c in self._comparisons()))
         record = {"plan_id": canary.plan_id, "verdict": "promoted" if promote else "rolled_back",
                   "reason": verdict.reason, "at": round(now, 3), "started_at": canary.started_at,
-                  "canary": canary_side.summary(), "rest": rest.summary(), "counted": self._counted()}
+                  "canary": canary_side.summary(), "rest": rest.summary(), "counted": self._counted(),
+                  "pins": self._pins_note(canary)}
         if self._before is not None:
             record["replicas"] = list(self._others)
             record["before"] = {"canary": self._before[0].summary(), "rest": self._before[1].summary()}

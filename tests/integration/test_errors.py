@@ -184,6 +184,18 @@ def test_a_client_cannot_pin_or_unpin_kv_through_lora_adapter(triton, grpc_clien
     assert_still_serving(grpc_client)
 
 
+def test_a_client_cannot_set_how_long_kv_stays_pinned_through_lora_adapter(triton, grpc_client):
+    ids = np.arange(5, 69, dtype=np.int32)
+    retention = np.array([30 * 86400.0], np.float32)
+    # Alone, or with a plan to pin under: refused, naming the first control input it carries.
+    for extra, named in (({}, "warmup_retention_s"), ({"warmup_plan": _text("operator-plan")}, "warmup_plan")):
+        error = _stream_direct(triton, "lora_adapter", {"input_ids": ids, "max_tokens": np.array([1], np.int32),
+                                                        "warmup_retention_s": retention, **extra})
+        assert error is not None and f"'{named}' is a control input" in str(error), error
+    assert _stream_direct(triton, "lora_adapter", {"input_ids": ids, "max_tokens": np.array([1], np.int32)}) is None
+    assert_still_serving(grpc_client)
+
+
 def _ids(n=8, dtype=np.int32):
     return np.arange(5, 5 + n, dtype=dtype)
 

@@ -188,21 +188,26 @@ class GenerationMetrics:
             description="1 for the state of the live check of the plan's pins (none, pinned, expired, released), "
                         "per instance",
             kind=pb_utils.MetricFamily.GAUGE)
-        self._pins_released = pb_utils.MetricFamily(
+        # NOTE: a family must outlive its metrics (the Python backend refuses to touch a metric whose family was
+        # collected): each family is kept beside the metric.
+        self._pins_released_family = pb_utils.MetricFamily(
             name="warmup_kv_pins_released_total",
             description="KV blocks whose pins the live check released early because they cost live traffic more "
                         "hits than they gave",
-            kind=pb_utils.MetricFamily.COUNTER).Metric(labels={"model": model})
-        self._pins_expired = pb_utils.MetricFamily(
+            kind=pb_utils.MetricFamily.COUNTER)
+        self._pins_released = self._pins_released_family.Metric(labels={"model": model})
+        self._pins_expired_family = pb_utils.MetricFamily(
             name="warmup_kv_pins_expired_total",
             description="KV blocks whose pin ended at its retention (then ordinary blocks of the eviction policy)",
-            kind=pb_utils.MetricFamily.COUNTER).Metric(labels={"model": model})
+            kind=pb_utils.MetricFamily.COUNTER)
+        self._pins_expired = self._pins_expired_family.Metric(labels={"model": model})
         self._released = self._expired = 0
         self._pin_states: set[str] = set()
-        self._cross_tenant = pb_utils.MetricFamily(
+        self._cross_tenant_family = pb_utils.MetricFamily(
             name="warmup_kv_cross_tenant_hits_total",
             description="KV blocks refused because they were written for another tenant (expected: 0)",
-            kind=pb_utils.MetricFamily.COUNTER).Metric(labels={"model": model})
+            kind=pb_utils.MetricFamily.COUNTER)
+        self._cross_tenant = self._cross_tenant_family.Metric(labels={"model": model})
         self._crossed = 0
         self._gauges: dict[tuple[str, ...], Any] = {}
         self._values: dict[tuple[Any, ...], float] = {}

@@ -18,11 +18,12 @@ from warmup_tools.common.settings import environ_overrides
 from warmup_tools.fleet.fleet import Fleet
 from warmup_tools.fleet.settings import FleetSettings
 from warmup_tools.lora_adapter.profile import load_profile
-from warmup_tools.sim.bench.fleet import send
+from warmup_tools.sim.bench.fleet import replica_named, send
 from warmup_tools.sim.bench.fleet_scale import (
     Bench,
     replay,
     replica_kv_tokens,
+    replicas_by_worker,
     simulated_environment,
     summarise,
     workload,
@@ -56,6 +57,7 @@ def test_three_simulated_replicas_replay_a_trace_slice_through_the_router(served
             with httpx.Client(timeout=120) as client:
                 after = send(client, fleet.router.url, RequestRecord(ts=0.0, prompt=load.replayed[0].prompt), 2)
             logs = fleet.request_log_dir
+            by_url = replicas_by_worker(fleet)
 
     assert len(load.plan_records) > 100 and len(load.replayed) > 20
     row = summarise("3 x cache_aware", 3, answers, [t for _, t in bench.modelled_ttfts(logs)], 30,
@@ -66,3 +68,4 @@ def test_three_simulated_replicas_replay_a_trace_slice_through_the_router(served
     served = [r for r in read_request_log(log_files(logs)) if r.ts >= started]  # not the warm-up's
     assert len(served) == len(load.replayed) + 1 and row.ttft_p50_ms is not None and row.ttft_p50_ms > 0
     assert not after.error and after.cached_tokens > 0  # the router routes again, and the replica kept its cache
+    assert replica_named(after.worker, by_url) in by_url.values(), f"the router names its worker: {after.worker!r}"

@@ -159,8 +159,8 @@ def run(assets_dir: Path, *,
                                        "(it joins once warm, a few wall seconds later)", ge=0.0)] = 5.0,
         requests_per_day: Annotated[int, arg("--trace real-text: requests per simulated day", ge=1)] = 30000,
         seed: Annotated[int, arg("--trace real-text: the traffic's seed")] = 0,
-        logs_dir: Annotated[Path | None, arg("copy every cold-start run's logs (replicas, tritonservers, router) "
-                                             "into this folder")] = None,
+        logs_dir: Annotated[Path | None, arg("copy the logs of every replay and cold-start run (replicas, "
+                                             "tritonservers, router) into a folder of its own here")] = None,
         out: TextIO = sys.stdout) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     sizes = sorted({int(n) for n in replicas.split(",") if n.strip()})
@@ -340,7 +340,7 @@ class Bench:
         ttfts = [t for ts, t in self.modelled_ttfts(logs) if ts >= replay_epoch] if modelled_ttft else []
         row = summarise(label, replicas, answers, ttfts, self.window_s, per_replica, kv_use)
         self.out.write(f"  {label}: {len(answers)} requests, {row.failed} failed, "
-                       f"{time.perf_counter() - started:.0f} s\n")
+                       f"{time.perf_counter() - started:.0f} s{self.logs_note(fleet)}\n")
         if row.failed:
             self.out.write(failures_table(answers, workers) + "\n")
         self.out.flush()
@@ -469,27 +469,27 @@ class Bench:
             epoch = time.time()
             answers = replay(fleet.router.url, items, self.speedup, self.concurrency, events=[(join_s, join)])
             logs = fleet.request_log_dir
-        self.keep_logs(fleet.work_dir, f"cold-start-{config.replace(' ', '-')}")
         records = {name.name: list(read_request_log(log_files(name))) for name in logs.iterdir() if name.is_dir()}
         run = ColdRun(config, replicas, len(answers), failures_table(answers, workers), {
-            name: [Sample((r.ts - epoch) * self.speedup, r.ttft_ms * self.speedup if r.ttft_ms is not None
-                                else None, r.cached_tokens or 0, r.prompt_tokens or 0, r.adapter)
+            name: [Sample((r.ts - epoch) * self.speedup, None if r.ttft_ms is None else r.ttft_ms * self.speedup,
+                          r.cached_tokens or 0, r.prompt_tokens or 0, r.adapter)
                    for r in served if r.ts >= epoch] for name, served in records.items()},
             joined.get("name"), (joined["at"] - epoch) * self.speedup if "at" in joined else None)
         self.out.write(f"  cold start, {config}: {len(answers)} requests, {sum(bool(a.error) for a in answers)} "
-                       f"failed, {time.perf_counter() - started:.0f} s\n")
+                       f"failed, {time.perf_counter() - started:.0f} s{self.logs_note(fleet)}\n")
         self.out.flush()
         return run
 
-    def keep_logs(self, run_dir: Path, label: str) -> None:
-        """Copy the logs of the run under ``run_dir`` (every replica's, its tritonserver's, the router's) to
-        ``logs_dir``/``label`` when the bench keeps them."""
+    def logs_note(self, fleet: Fleet) -> str:
+        """Where the run of ``fleet`` leaves its logs when the bench keeps them (``--logs-dir``): a copy of every
+        replica's, its tritonserver's and the router's, made once the fleet has stopped."""
         if self.logs_dir is None:
-            return
-        into = self.logs_dir / label
+            return ""
+        into = self.logs_dir / fleet.work_dir.name
         into.mkdir(parents=True, exist_ok=True)
-        for path in run_dir.glob("*.log"):
+        for path in fleet.work_dir.glob("*.log"):
             shutil.copy2(path, into / path.name)
+        return f" (logs: {into})"
 
 
 def replicas_by_worker(fleet: Fleet) -> dict[str, str]:

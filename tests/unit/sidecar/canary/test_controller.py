@@ -257,6 +257,42 @@ def test_a_canary_that_never_applies_its_plan_is_rolled_back(tmp_path):
     assert verdict.action == "rollback" and "did not apply the plan on trial" in verdict.reason
 
 
+def test_a_verdict_notes_when_the_live_check_released_the_plans_pins_on_the_canary_and_is_not_changed_by_it(
+        tmp_path):
+    from warmup_tools.control.plan_control import PinReport
+
+    replica, controller, good, new, _ = trial(tmp_path)
+    controller.propose(new, "test")
+    replica.report("lm_0_1", new.plan_id)
+    controller.tick()
+    replica.now += 1
+    replica.serve("lm_0_1", cold=2, n=20)
+    replica.serve("lm_0_0", cold=3, n=20)
+    released = PinReport.from_dict({"plan_id": new.plan_id, "state": "released", "releases": 1,
+                                    "reason": "over 300 s the pinned blocks gave 0 block hits and the blocks evicted "
+                                              "for them would have given 40"})
+    replica.board.report(PlanStatus("lm_0_1", new.plan_id, "control", "applied", {"base": AdapterCoverage(2, 2)},
+                                    reported_at=replica.now, host="r1", pins=released))
+    # Pins of the plan served now on the other instance are not the trial's: not noted.
+    replica.board.report(PlanStatus("lm_0_0", good.plan_id, "control", "applied", {"base": AdapterCoverage(2, 2)},
+                                    reported_at=replica.now, host="r1",
+                                    pins=PinReport.from_dict({"plan_id": good.plan_id, "state": "released"})))
+    replica.now += 600
+    assert controller.tick().action == "promote"  # the request logs decide, as before
+    record = controller.status()["verdicts"][0]
+    assert record["pins"] == ("the live check released the plan's pins on 1 canary instance(s) (lm_0_1): over 300 s "
+                              "the pinned blocks gave 0 block hits and the blocks evicted for them would have given 40")
+
+
+def test_a_verdict_without_released_pins_notes_nothing(tmp_path):
+    replica, controller, good, new, _ = trial(tmp_path)
+    controller.propose(new, "test")
+    replica.report("lm_0_1", new.plan_id, "warming")
+    replica.now += 1800
+    assert controller.tick().action == "rollback"
+    assert controller.status()["verdicts"][0]["pins"] == ""
+
+
 def test_a_trial_started_elsewhere_or_a_broken_canary_file_is_left_alone(tmp_path):
     replica, controller, good, new, _ = trial(tmp_path)
     start_canary(replica.control, new, host="r2", instances=["lm_0_1"], by=BY)

@@ -312,6 +312,7 @@ class PlanKeeper:
         # the scheduler could not even reserve memory for.
         if cache.stats.rejected_blocks or self._over_budget:
             return (f"{missing} of {planned} planned blocks do not fit the warm-up budget ({used:,} of {budget:,} "
-                    "bytes: kv_cache_bytes less kv_live_reserve; lower the plan's budgets or raise kv_cache_bytes)"
+                    "bytes: kv_cache_bytes times the smaller of kv_warm_share and 1 - kv_live_reserve; lower the "
+                    "plan's budgets or raise kv_cache_bytes)"
                     + failed)
         return f"{missing} of {planned} planned blocks are not resident (evicted, or not warmed yet){failed}"

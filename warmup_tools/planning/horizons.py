@@ -9,7 +9,7 @@ exponentially with time (Alibaba, "KVCache in the wild", ATC'25), so categories 
 
 * ``shared``: a prefix that requests diverge after (a tenant's template or system prompt, opened by many
   different prompts);
-* ``session``: a prefix whose requests are all one growing chain (each one's tokens open the next's: the
+* ``session``: a prefix whose requests are all one growing chain (each one's blocks open the next's: the
   turns of one conversation), or one prompt repeated.
 
 An item with fewer than ``min_retention_gaps`` gaps takes its class's horizon (the gaps of every item of the
@@ -114,13 +114,14 @@ class Horizons:
 
 
 def _klass(carriers: Sequence[PromptStats]) -> str:
-    """``session`` when every carrier's tokens open the longest one's (one growing chain, or one prompt),
-    else ``shared``. The last token of each is left out: it may merge with what a later turn appends."""
+    """``session`` when the carriers are one growing chain: each one's usable blocks open the longest one's, and no
+    two end at the same block (two prompts that differ only after their last full block are two requests of a
+    template, not two turns); else ``shared``. Blocks, not tokens: a turn's last, partial block is completed
+    differently by the next turn."""
     if len(carriers) <= 1:
         return "session"
-    longest = max(carriers, key=lambda p: (len(p.ids), p.text)).ids
-    for p in carriers:
-        head = p.ids[:-1]
-        if longest[: len(head)] != head:
-            return "shared"
+    longest = max(carriers, key=lambda p: (len(p.chain), p.text)).chain
+    depths = {len(p.chain) for p in carriers}
+    if len(depths) < len(carriers) or any(longest[: len(p.chain)] != p.chain for p in carriers):
+        return "shared"
     return "session"

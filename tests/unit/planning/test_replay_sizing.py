@@ -230,3 +230,19 @@ def test_plan_load_refuses_an_item_retention_the_server_would_refuse(tmp_path, r
     plan.plan_id = Plan.content_id(items, 16, "tok")
     path.write_text(json.dumps(plan.to_dict()))
     assert Plan.load(path).items[0]["retention_s"] == 120.5
+
+
+def test_a_prefix_is_a_sessions_prefix_when_its_requests_are_one_growing_chain_of_blocks_else_shared():
+    options = PlanOptions()
+    opening = [1, 2, 3, 4, 5, 6, 7, 8]
+    # Two requests of a template whose user parts fit in the last, partial block: the same blocks, other text.
+    template = scope_of([(opening + [50], [NOW]), (opening + [51], [NOW + 60])])
+    # Two turns of a conversation: the second completes the first's partial block differently, then goes on.
+    turns = scope_of([([21, 22, 23, 24, 25], [NOW]), ([21, 22, 23, 24, 26, 27, 28, 29, 30], [NOW + 60])],
+                     tenant="globex")
+    horizons = Horizons(options)
+    template_leaf = template.trie.find(opening)[-1]
+    turn_leaf = turns.trie.find([21, 22, 23, 24])[-1]
+    horizons.prepare([(template, template_leaf, 2), (turns, turn_leaf, 1)])
+    assert horizons.of(template, template_leaf, 2).klass == "shared"
+    assert horizons.of(turns, turn_leaf, 1).klass == "session"

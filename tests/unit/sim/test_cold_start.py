@@ -79,6 +79,7 @@ def test_the_per_minute_share_and_its_worst_window_between_two_runs():
     minute, gap = worst_window(mine, theirs)
     assert minute == 0 and math.isclose(gap, -0.2), "minutes both runs have only"
     assert worst_window({0: 0.5}, {1: 0.5}) is None
+    assert minute_shares(none, until_s=240.0) == {0: 0.3, 1: 0.5, 3: 0.4}, "minute 4 ends after the replay"
     assert cached_share([]) is None
 
 

@@ -110,12 +110,15 @@ def steady_samples(by_replica: dict[str, Sequence[Sample]], joiner: str | None =
     return out
 
 
-def minute_shares(samples: Sequence[Sample], minute_s: float = MINUTE_S) -> dict[int, float]:
-    """The cached share of each whole ``minute_s`` window from 0 with a prompt token in it, by window index."""
+def minute_shares(samples: Sequence[Sample], minute_s: float = MINUTE_S,
+                  until_s: float = math.inf) -> dict[int, float]:
+    """The cached share of each ``minute_s`` window from 0 that ends by ``until_s`` (the replay's end: a last,
+    partial window left out) with a prompt token in it, by window index."""
     groups: dict[int, list[Sample]] = {}
     for s in samples:
-        if s.at_s >= 0:
-            groups.setdefault(int(s.at_s // minute_s), []).append(s)
+        k = int(s.at_s // minute_s)
+        if s.at_s >= 0 and (k + 1) * minute_s <= until_s:
+            groups.setdefault(k, []).append(s)
     return {k: share for k, group in sorted(groups.items()) if (share := cached_share(group)) is not None}
 
 
@@ -146,7 +149,7 @@ def percent(value: float | None) -> str:
 class ColdRun:
     """One run of a cold-start comparison: its configuration ("plan", "no plan"), replicas, requests sent, its
     failures by reason (a Markdown table; "": none failed), every replica's served requests (samples counted
-    from the replay's start), and the replica that joined and when (None: none joined)."""
+    from the replay's start), the replica that joined and when (None: none joined), and the replay's length."""
 
     config: str
     replicas: int
@@ -155,6 +158,8 @@ class ColdRun:
     samples: dict[str, list[Sample]]
     joiner: str | None = None
     joined_at_s: float | None = None
+    #: The replay's length (the per-minute windows end by it).
+    length_s: float = math.inf
 
     @property
     def fleet(self) -> list[Sample]:
@@ -206,7 +211,8 @@ def cold_start_report(plan: ColdRun, none: ColdRun, clock: str = "modelled") -> 
              f"{percent(whole[none.config][0])} without; TTFT p99 {ms(whole[plan.config][1])} / "
              f"{ms(whole[none.config][1])} {clock} ms (plan over no plan "
              f"{ratio(whole[plan.config][1] / whole[none.config][1] if whole[none.config][1] else None)})"]
-    first, second = minute_shares(plan.fleet), minute_shares(none.fleet)
+    first = minute_shares(plan.fleet, until_s=plan.length_s)
+    second = minute_shares(none.fleet, until_s=none.length_s)
     worst = worst_window(first, second)
     if worst is not None:
         k, gap = worst

@@ -474,7 +474,8 @@ class Bench:
             name: [Sample((r.ts - epoch) * self.speedup, None if r.ttft_ms is None else r.ttft_ms * self.speedup,
                           r.cached_tokens or 0, r.prompt_tokens or 0, r.adapter)
                    for r in served if r.ts >= epoch] for name, served in records.items()},
-            joined.get("name"), (joined["at"] - epoch) * self.speedup if "at" in joined else None)
+            joined.get("name"), (joined["at"] - epoch) * self.speedup if "at" in joined else None,
+            max((i.at_s for i in items), default=0.0))
         self.out.write(f"  cold start, {config}: {len(answers)} requests, {sum(bool(a.error) for a in answers)} "
                        f"failed, {time.perf_counter() - started:.0f} s{self.logs_note(fleet)}\n")
         self.out.flush()

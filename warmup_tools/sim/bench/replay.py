@@ -331,7 +331,8 @@ def cold_start(records: Sequence[RequestRecord], planned: Sequence[Served], with
     def run(config: str, served: Sequence[Served]) -> ColdRun:
         samples = [Sample(s.ts - start, s.ttft_ms, s.cached_tokens, s.prompt_tokens, r.adapter)
                    for r, s in zip(records, served)]
-        return ColdRun(config, 1, len(served), "", {"replica": samples})
+        return ColdRun(config, 1, len(served), "", {"replica": samples},
+                       length_s=max((s.at_s for s in samples), default=0.0))
 
     return cold_start_report(run("plan", planned), run("no plan", without), clock="measured")
 

@@ -39,8 +39,12 @@ Pipeline (:func:`warmup_tools.planning.select.build_plan`); this module does ste
    taking the hottest frontier block first, under every budget, picks the best prefix-closed set. Blocks
    carried by fewer than ``min_block_requests`` logged requests are not candidates. The chosen blocks
    become one item per leaf (a nested prefix counted only for its extra blocks), and each item names
-   the cluster whose requests carry it most.
-7. **Emit** a versioned, content-hashed :class:`~warmup_tools.common.plan.Plan` (JSON, sorted keys).
+   the cluster whose requests carry it most. Each item is pinned for its reuse horizon, ``retention_s``
+   (:mod:`warmup_tools.planning.horizons`).
+7. **Size by replay** (given the target's KV settings): the budget the selection runs under is cut to the warm
+   share that served the most prompt tokens when the log's tail was replayed against the target's cache with a
+   plan made from the rest (:mod:`warmup_tools.planning.replay`; none when no share gains).
+8. **Emit** a versioned, content-hashed :class:`~warmup_tools.common.plan.Plan` (JSON, sorted keys).
 """
 
 from __future__ import annotations
@@ -250,7 +254,7 @@ def analyse_traffic(
     """Attribute, embed, cluster and heat the traffic in ``records`` (steps 1-5 of the module docstring)."""
     if block_size < 1:
         raise ConfigError(f"block_size must be >= 1, got {block_size}")
-    rows = [_normalise(index, record) for index, record in enumerate(records)]
+    rows = [normalise_record(index, record) for index, record in enumerate(records)]
     if now is None:
         now = max((r.ts for r in rows), default=0.0)
     t_first = min((r.ts for r in rows), default=now)
@@ -457,7 +461,8 @@ class ScopeTraffic:
         return out
 
 
-def _normalise(index: int, record: RequestRecord | Mapping[str, Any]) -> _Row:
+def normalise_record(index: int, record: RequestRecord | Mapping[str, Any]) -> _Row:
+    """Record ``index`` of a log as the analysis reads it; :class:`FileFormatError` naming it when it is not one."""
     if not isinstance(record, RequestRecord):
         if not isinstance(record, Mapping):
             raise FileFormatError(f"record {index}: expected an object, got {type(record).__name__}")

@@ -14,10 +14,11 @@ what the server's scheduler does for it (``lora_adapter/scheduler.py``):
 * store its full blocks from the first one it missed, as live blocks of its tenant and adapter;
 * release the match and the reservation.
 
-Requests run one at a time (no batching, no concurrency), and outputs are not modelled: the figure compares
-warm shares on the same traffic, it does not predict a server's hit rate. Payloads are a few bytes; every
-block counts the plan's KV bytes per token (``PrefixCache(bytes_per_token=)``, as the simulated engine), so
-the warm set and the live blocks compete for the budget as they would on the server.
+Requests run one at a time (no batching, no concurrency), declared public prefixes are not modelled (every
+block is its tenant's), and neither are outputs: the figure compares warm shares on the same traffic, it does
+not predict a server's hit rate. Payloads are a few bytes; every block counts the plan's KV bytes per token
+(``PrefixCache(bytes_per_token=)``, as the simulated engine), so the warm set and the live blocks compete for
+the budget as they would on the server.
 """
 
 from __future__ import annotations
@@ -91,12 +92,16 @@ def replay(kv: KVCacheConfig, kv_bytes_per_token: int, warm: Sequence[WarmItem],
         hashes = block_hashes(item.token_ids, bs, _scope(item.tenant, item.adapter))
         usable = hashes[: max(len(item.token_ids) - 1, 0) // bs]
         match = cache.match(usable, item.tenant)
+        running = len(item.token_ids) * kv_bytes_per_token
+        reserved = cache.reserve(running)
         # NOTE: a warm prompt stores every block from the first (stored_blocks = 0 for warm-up), which pins
         # the blocks an earlier item already cached.
         warmed += cache.store(hashes, payload.layers(len(item.token_ids)), source=BlockSource.WARMUP,
                               plan_id=REPLAY_PLAN_ID, owner=item.adapter, tenant=item.tenant,
                               retention_s=item.retention_s)
         cache.release(match)
+        if reserved:
+            cache.unreserve(running)
     served = total = 0
     for request in tail:
         now[0] = max(now[0], request.ts)

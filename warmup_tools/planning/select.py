@@ -1,6 +1,6 @@
 """Choosing what to warm under the budgets, and the plan that says so.
 
-Steps 6 and 7 of the pipeline described in :mod:`warmup_tools.planning.analyse`.
+Steps 6 to 8 of the pipeline described in :mod:`warmup_tools.planning.analyse`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from warmup_tools.planning.analyse import (
     PromptStats,
     ScopeTraffic,
     TrafficAnalysis,
-    _normalise,
     analyse_traffic,
+    normalise_record,
 )
 from warmup_tools.planning.arbitrate import AdapterNeed, arbitrate, shares_json
 from warmup_tools.planning.horizons import Horizon, Horizons
@@ -158,7 +158,7 @@ def _replay_sizing(records: Sequence[RequestRecord | Mapping[str, Any]], tokeniz
     with that plan cut to each warm share (a share ``w`` keeps what the selection takes under ``w *
     kv.budget_bytes``), each item pinned for its reuse horizon learnt from the head.
     """
-    rows = [_normalise(index, record) for index, record in enumerate(records)]
+    rows = [normalise_record(index, record) for index, record in enumerate(records)]
     if kv.budget_bytes <= 0 or block_size != kv.block_size:
         why = ("the target has no KV cache (kv_cache_bytes 0)" if kv.budget_bytes <= 0 else
                f"the plan's block size {block_size} is not the target's {kv.block_size}")

@@ -216,6 +216,7 @@ def _replay_sizing(records: Sequence[RequestRecord | Mapping[str, Any]], tokeniz
         "shares": tried,
         "max_share": round(top, 4),
         "chosen_share": round(chosen, 4),
+        "chosen_kv_bytes": _cut(budgets, chosen, kv).kv_bytes_total,
         "expected_gain_tokens": gain,
         "expected_gain_share": round(100.0 * gain / max(total, 1), 2),
     }
@@ -351,7 +352,8 @@ def _replay_lines(replayed: Mapping[str, Any]) -> list[str]:
     return [f"replay sizing: {replayed['tail_records']} tail requests from {replayed['split_at']} "
             f"({replayed['tail_prompt_tokens']:,} prompt tokens) served from cache, by warm share of kv_cache_bytes: "
             f"{tried}",
-            f"  chosen share {replayed['chosen_share']:.0%}: expected gain {replayed['expected_gain_tokens']:+,} "
+            f"  chosen share {replayed['chosen_share']:.0%} (the plan's KV budget cut to "
+            f"{_size(replayed['chosen_kv_bytes'])}): expected gain {replayed['expected_gain_tokens']:+,} "
             f"prompt tokens ({replayed['expected_gain_share']:+.2f} points) over no plan; {replayed['reason']}"]
 
 

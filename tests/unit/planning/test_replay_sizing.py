@@ -110,7 +110,7 @@ def test_a_plan_whose_hot_prefixes_never_recur_in_the_tail_warms_nothing_and_say
     assert plan.embedding_items == [] and plan.tokenizer_templates == []
     text = format_summary(plan)
     assert "no KV prefix is warmed: no warm share served more prompt tokens on the tail than none" in text
-    assert "chosen share 0%: expected gain +0 prompt tokens (+0.00 points)" in text
+    assert "chosen share 0% (the plan's KV budget cut to 0 B): expected gain +0 prompt tokens (+0.00 points)" in text
 
 
 def recurring(rng, span=3000.0, n=200):
@@ -134,7 +134,9 @@ def test_a_plan_whose_hot_prefix_recurs_takes_the_smallest_share_that_serves_mos
     assert plan.items and plan.summary["kv_bytes"] <= r["chosen_share"] * KV.budget_bytes
     assert all(isinstance(item["retention_s"], float) and 30.0 <= item["retention_s"] <= 3600.0 for item in plan.items)
     text = format_summary(plan)
-    assert f"chosen share {r['chosen_share']:.0%}: expected gain +{r['expected_gain_tokens']:,} prompt tokens" in text
+    assert r["chosen_kv_bytes"] == int(r["chosen_share"] * KV.budget_bytes)
+    assert f"expected gain +{r['expected_gain_tokens']:,} prompt tokens" in text
+    assert f"chosen share {r['chosen_share']:.0%} (the plan's KV budget cut to " in text
     assert "pins expire after each item's reuse horizon" in text
 
 

@@ -248,3 +248,18 @@ def test_a_prefix_is_a_sessions_prefix_when_its_requests_are_one_growing_chain_o
     horizons.prepare([(template, template_leaf, 2), (turns, turn_leaf, 1)])
     assert horizons.of(template, template_leaf, 2).klass == "shared"
     assert horizons.of(turns, turn_leaf, 1).klass == "session"
+
+
+def test_a_plans_items_carry_the_horizon_their_logged_gaps_give(tokenizer):
+    rng = random.Random(5)
+    # One system prompt asked every 100 s, each time with another question: gaps of exactly 100 s.
+    records = [record(NOW - 100 * i, SYSTEM + "Question: " + words(rng, 8)) for i in range(40)]
+    plan = build_plan(records, tokenizer, HashEmbedder(), AMPLE, now=NOW, progress=False,
+                      kv_bytes_per_token=KV_PER_TOKEN)
+    shared = [item for item in plan.items if item["retention_class"] == "shared"]
+    assert shared and all(item["retention_s"] == 100.0 for item in shared)
+    assert plan.summary["horizons"]["classes"]["shared"]["horizon_s"] == 100.0
+    assert "pinned 100 s (shared prefix, p90 of its 39 reuse gaps)" in shared[0]["reason"]
+    capped = build_plan(records, tokenizer, HashEmbedder(), AMPLE, now=NOW, progress=False,
+                        kv_bytes_per_token=KV_PER_TOKEN, options=PlanOptions(max_retention_s=60.0))
+    assert {item["retention_s"] for item in capped.items if item["retention_class"] == "shared"} == {60.0}

@@ -22,6 +22,15 @@ Runs (each a fleet of its own, one after the other):
 5. **Scale-in and router restart** at the largest fleet: two replicas leave together at a third of the replay
    (failed requests meanwhile), the router restarts at two thirds (refused requests, seconds until every
    replica's workers are back).
+6. **Cold start** (``--runs cold-start``, not in the default) at the largest fleet: the whole plan's stanzas on
+   every replica, then none, back to back on the same ``cold_min`` modelled minutes, one more replica launched at
+   ``join_min`` (warmed with the plan, cold without): per event (the fleet's start, the join, each adapter's
+   first request) and window (the first 60 s and 5 min), TTFT p99, its P99 jump over the steady p99, TTFT std
+   and cached share, plan against no plan; the per-minute cached share's worst gap
+   (:mod:`warmup_tools.sim.bench.cold_start`).
+
+Every run counts its failed requests by HTTP status, error kind and replica (the router names the worker it
+routed to). ``--trace real-text`` replays the project's real-text traffic instead of a public trace.
 
 Per run: share of prompt tokens served from the KV cache (all, and in the first ``window_min`` minutes), cold
 share (requests with no cached token), modelled TTFT p50/p99 (``lora_adapter``'s own TTFT from its request log,

@@ -581,8 +581,8 @@ class PrefixCache:
     def _check_pins(self, now: float) -> None:
         """Close the live check's window when it is due and has evidence; release the pins if they cost more
         block hits than they gave."""
-        if self.pin_check_s <= 0 or self.active_plan is None:
-            return
+        if self.pin_check_s <= 0 or self.active_plan is None or self.stats.pinned_bytes <= 0:
+            return  # NOTE: with no pin held (all expired), there is nothing to release
         verdict = self._pins.close_window(now, self.pin_check_s)
         if verdict is None:
             return

@@ -69,6 +69,8 @@ class ReplayOutcome:
     prompt_tokens: int
     warmed_blocks: int
     requests: int
+    #: Prompt tokens from cache of each tail request, in order.
+    served_per_request: tuple[int, ...] = ()
 
 
 def make_replay_cache(kv: KVCacheConfig, kv_bytes_per_token: int, clock: Callable[[], float]) -> PrefixCache:
@@ -103,6 +105,7 @@ def replay(kv: KVCacheConfig, kv_bytes_per_token: int, warm: Sequence[WarmItem],
         if reserved:
             cache.unreserve(running)
     served = total = 0
+    per_request = []
     for request in tail:
         now[0] = max(now[0], request.ts)
         ids = request.ids
@@ -110,6 +113,7 @@ def replay(kv: KVCacheConfig, kv_bytes_per_token: int, warm: Sequence[WarmItem],
         usable = min(len(hashes), max(len(ids) - 1, 0) // bs)
         match = cache.match(hashes[:usable], request.tenant)
         served += match.num_tokens
+        per_request.append(match.num_tokens)
         total += len(ids)
         running = len(ids) * kv_bytes_per_token
         reserved = cache.reserve(running)
@@ -118,7 +122,7 @@ def replay(kv: KVCacheConfig, kv_bytes_per_token: int, warm: Sequence[WarmItem],
         cache.release(match)
         if reserved:
             cache.unreserve(running)
-    return ReplayOutcome(served, total, warmed, len(tail))
+    return ReplayOutcome(served, total, warmed, len(tail), tuple(per_request))
 
 
 def choose_share(served: Mapping[float, int]) -> float:

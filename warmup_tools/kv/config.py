@@ -27,8 +27,8 @@ DEFAULT_TTL_S = 3600.0
 #: "Pins that expire"): then it is an ordinary block of the live eviction policy.
 DEFAULT_PIN_RETENTION_S = 600.0
 #: Whether a hit on a pinned block pushes its deadline to the hit plus its retention (SGLang's soft retention)
-#: or the deadline stays where the pin set it (TensorRT-LLM's retention duration).
-DEFAULT_PIN_REFRESH_ON_HIT = False
+#: or the deadline stays where the pin set it (TensorRT-LLM's retention duration). On: measured in docs/planner.md.
+DEFAULT_PIN_REFRESH_ON_HIT = True
 #: Share of the budget warm-up blocks may hold at most (with ``kv_live_reserve``, the smaller cap wins).
 DEFAULT_WARM_SHARE = 0.5
 #: Seconds of the live check's window: pins that gave fewer block hits than the blocks evicted for them

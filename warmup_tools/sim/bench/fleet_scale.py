@@ -210,7 +210,8 @@ def run(assets_dir: Path, *,
                         rows.append(bench.replay_run(f"{n} x {policy}", n, policy, load.whole_repo))
             if "oracle" in chosen:
                 with environ_overrides({"WARMUP_KV_CACHE_BYTES": str(kv_bytes * largest),
-                                        "WARMUP_ENGINE_SPEEDUP": str(speedup * largest)}):
+                                        "WARMUP_ENGINE_SPEEDUP": str(speedup * largest),
+                                        "WARMUP_ENGINE_TIME_SCALE": str(speedup)}):
                     rows.append(bench.replay_run(f"oracle: 1 cache of {largest} replicas' capacity", 1,
                                                  "round_robin", load.whole_repo, modelled_ttft=False,
                                                  kv_budget_bytes=load.kv_budget_bytes * largest))
@@ -285,8 +286,11 @@ def workload(work: Path, assets_dir: Path, trace: str, scale: TraceScale, *, pla
         budgets = dataclasses.replace(budgets, kv_bytes_total=budgets.kv_bytes_total * scale_budget,
                                       kv_bytes_per_adapter=budgets.kv_bytes_per_adapter * scale_budget,
                                       warm_seconds=budgets.warm_seconds * scale_budget)
+        # NOTE: the plan every replica warms is sized by replay against one replica's cache, as `plan` sizes it;
+        # the split plan's prompts are sent once as live traffic (nothing pinned), so it is cut by budget alone.
         return build_plan(plan_records, tokenizer, embedder, budgets, now=now, block_size=target.block_size,
-                          kv_bytes_per_token=target.kv_bytes_per_token, progress=False)
+                          kv_bytes_per_token=target.kv_bytes_per_token, progress=False,
+                          kv=target.settings.engine.kv if scale_budget == 1 else None)
 
     whole = plan(1)
     write_plan_stanzas(whole, whole_repo, target=target, tokenizer=tokenizer)

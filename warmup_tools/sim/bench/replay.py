@@ -259,7 +259,7 @@ def prepare(work: Path, assets_dir: Path, *, seed: int, requests_per_day: int, o
     started = time.perf_counter()
     plan = build_plan(day1, tokenizer, embedder, target.default_budgets(**dict(budgets or {})), now=day2_start,
                       block_size=target.block_size, kv_bytes_per_token=target.kv_bytes_per_token, progress=False,
-                      options=PlanOptions(arbitration=arbitration))
+                      options=PlanOptions(arbitration=arbitration), kv=target.settings.engine.kv)
     out.write(f"planned {len(day1)} requests in {time.perf_counter() - started:.1f} s\n")
     plan.save(work / "plan.json")
     out.write(format_summary(plan) + "\n")

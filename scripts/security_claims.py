@@ -96,6 +96,38 @@ AREAS: tuple[Area, ...] = (
         Claim("After load a byte-identical replay of a sample is an ordinary client request: `warmup_plan` in it gets "
               "`INVALID_ARG`, and in trust mode its tenant needs a key.",
               (f"{_TRUST_IT}::test_a_warm_up_sample_replayed_after_ready_is_an_ordinary_request",)),
+        Claim("`warmup_retention_s` (how long a sample's KV stays pinned) is a control input like `warmup_plan`: a "
+              "client request carrying it, alone or with `warmup_plan`, is refused and the server keeps serving.",
+              ("tests/unit/triton/test_warmup.py::test_a_client_request_with_warmup_retention_s_is_refused",
+               "tests/unit/triton/test_warmup.py::test_after_load_a_request_with_only_a_retention_is_refused_naming_it",
+               "tests/integration/test_errors.py::test_a_client_cannot_set_how_long_kv_stays_pinned_through_lora_adapter")),
+        Claim("A retention is finite seconds in (0, 30 days], one number, and only beside a `warmup_plan` that pins, "
+              "wherever it enters (a sample's input, a plan item in plan.json or `Plan.load`, stanzas before they "
+              "are written); a bad one is refused naming the bound, never echoing the value.",
+              (f"{_REQUESTS}::test_a_retention_that_is_not_finite_positive_seconds_up_to_30_days_is_refused",
+               f"{_REQUESTS}::test_a_retention_of_the_wrong_shape_or_type_is_refused",
+               f"{_REQUESTS}::test_a_retention_without_a_plan_that_pins_is_refused",
+               "tests/unit/control/test_plan_control.py::test_an_item_whose_retention_is_not_seconds_in_its_bound_is_refused",
+               "tests/unit/control/test_plan_control.py::test_a_retention_of_nan_or_infinity_is_refused",
+               "tests/unit/planning/test_plan_stanzas.py::"
+               "test_an_item_whose_retention_lora_adapter_would_refuse_is_refused_before_anything_is_written",
+               "tests/unit/planning/test_replay_sizing.py::test_plan_load_refuses_an_item_retention_the_server_would_refuse")),
+        Claim("A pin is bounded in time and in bytes: it ends at its deadline, warm-up holds at most `kv_warm_share` "
+              "of the budget, and pins that cost live traffic more hits than they give over a window are released "
+              "(the live check); a plan whose replay shows no gain pins nothing.",
+              ("tests/unit/kv/test_pin_retention.py::test_a_pin_holds_until_its_deadline_then_is_an_ordinary_block",
+               "tests/unit/kv/test_pin_retention.py::test_warm_share_caps_what_warm_up_may_hold",
+               "tests/unit/kv/test_pin_retention.py::test_the_live_check_releases_pins_that_cost_more_than_they_give",
+               "tests/integration/test_pin_check.py",
+               "tests/unit/planning/test_replay_sizing.py::"
+               "test_a_plan_whose_hot_prefixes_never_recur_in_the_tail_warms_nothing_and_says_why")),
+        Claim("The live check's section of a plan status is checked when read (known states, bounded counts, at most "
+              "256 adapters with valid names, printable reason up to 500 characters); the sidecar's public `/status` "
+              "and `/metrics` show it without the plan id.",
+              ("tests/unit/control/test_plan_control.py::test_a_status_with_a_malformed_pin_report_is_not_read",
+               "tests/unit/control/test_plan_control.py::test_a_pin_reports_reason_is_printable_text_of_bounded_length",
+               "tests/unit/sidecar/test_coverage.py::"
+               "test_status_and_metrics_show_each_instances_live_check_per_plan_and_adapter_without_its_plan_id")),
     )),
     Area("Tenant isolation in the caches", "tenant-isolation-the-two-modes", (
         Claim("The tokenizer and embedding caches key by tenant, in the local tier and in Redis: another tenant's "

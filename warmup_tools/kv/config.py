@@ -33,7 +33,7 @@ DEFAULT_PIN_REFRESH_ON_HIT = True
 DEFAULT_WARM_SHARE = 0.5
 #: Seconds of the live check's window: pins that gave fewer block hits than the blocks evicted for them
 #: would have given are released (0: no check).
-DEFAULT_PIN_CHECK_S = 300.0
+DEFAULT_PIN_CHECK_S = 60.0
 
 #: Bytes per stored value and per block of values, by ``kv_storage``: fp keeps the model's dtype, int8
 #: keeps one byte per value plus an fp16 scale per (layer, k/v, head, channel) per block.

@@ -15,7 +15,8 @@ Reads like vLLM's ``kv_cache_utils`` / ``block_pool`` and SGLang's ``radix_cache
   priority with a duration, SGLang's soft retention, LMCache's retention TTL): it is not evicted until its
   deadline (its plan item's ``retention_s``, else ``pin_retention_s``, from when it was pinned; with
   ``pin_refresh_on_hit`` from its last hit), then it is an ordinary block of the eviction policy, first in
-  line if it was never hit;
+  line if it was never hit. Live traffic that cannot fit otherwise ends pins early, earliest deadline first:
+  a pin never makes a request fail;
 * a live check keeps pins honest (:meth:`PrefixCache.pin_report`): a shadow list holds the blocks evicted
   while pins held room (as many bytes as the pins hold: with the pins gone, those are the blocks that would
   still be cached), and a lookup that misses on a shadow block counts the hits it would have had. When, over a
@@ -507,6 +508,8 @@ class PrefixCache:
         while self.stats.bytes_used + self.stats.running_bytes + nbytes > self.budget_bytes:
             victim = self._policy.victim(self._clock())
             if victim is None:
+                if source is BlockSource.LIVE and self._yield_pin():
+                    continue
                 return False
             block = self._blocks[victim]
             self._evict(block)
@@ -577,6 +580,20 @@ class PrefixCache:
         if self.stats.pinned_bytes <= 0:
             self._shadow.clear()
             self._shadow_bytes = 0
+
+    def _yield_pin(self) -> bool:
+        """Live traffic needs room that only pinned blocks hold: end the pin with the earliest deadline (a pin is
+        a priority over other blocks, never a reason to refuse a request). False when no pin is held."""
+        while self._deadlines:
+            _, _, block_hash = heapq.heappop(self._deadlines)
+            block = self._blocks.get(block_hash)
+            if block is None or block.plan_id is None:
+                continue
+            self._pins.ended(block.owner, released=1)
+            self._end_pin(block)
+            self.stats.released_pins += 1
+            return True
+        return False
 
     def _check_pins(self, now: float) -> None:
         """Close the live check's window when it is due and has evidence; release the pins if they cost more

@@ -225,3 +225,20 @@ def test_restore_pins_a_block_of_the_active_plan_for_its_retention():
     assert target.block(hashes[0]).pin_until == 57.0
     clock.now = 57.0
     assert target.pin_report()["pinned_blocks"] == 0
+
+
+def test_live_traffic_that_cannot_fit_otherwise_ends_pins_earliest_deadline_first():
+    clock = Clock()
+    cache = cache_of(4, clock, pin_retention_s=1e6)
+    soon, later = prompt(1000, 2), prompt(2000, 2)
+    warm(cache, soon, retention_s=100.0)
+    warm(cache, later, retention_s=200.0)
+    assert cache.stats.pinned_bytes == 4 * block_bytes()
+    assert store(cache, prompt(0)) == 1  # the cache holds only pins: one ends (the leaf of the earliest deadline)
+    assert cache.reserve(block_bytes())  # a running sequence's KV may end another
+    assert hits(cache, later) == 2 and cache.resident(block_hashes(later, BS, SCOPE), "plan-a") == 2
+    report = cache.pin_report()
+    assert report["released_blocks"] == 2 and report["releases"] == 0  # not the live check's doing
+    assert cache.reserve(block_bytes())  # the live block goes: now the cache is pins and running KV only
+    assert warm(cache, prompt(3000)) == 0  # warm-up never ends a pin to make room
+    assert cache.resident(block_hashes(later, BS, SCOPE), "plan-a") == 2

@@ -135,6 +135,9 @@ class PlanOptions:
     #: Fewer replayable records (with a prompt) in the tail than this: no replay, the plan is sized by the
     #: budgets alone (as before replay sizing), and its summary says so.
     replay_min_records: int = 50
+    #: Replicas that each warm this plan behind a prefix-affine router: the replay serves one replica's share of
+    #: the tail (:func:`warmup_tools.planning.replay.one_replicas_share`), as each replica will see it.
+    replay_replicas: int = 1
 
     def __post_init__(self) -> None:
         if self.half_life_s <= 0 or not 0.0 < self.share <= 1.0 or self.min_cluster_size < 2:
@@ -154,6 +157,8 @@ class PlanOptions:
             raise ConfigError("0 < retention_quantile <= 1, 0 < min_retention_s <= max_retention_s (finite) and "
                               f"min_retention_gaps >= 1 are required, got {self.retention_quantile!r}, "
                               f"{self.min_retention_s!r}, {self.max_retention_s!r}, {self.min_retention_gaps!r}")
+        if not 1 <= self.replay_replicas <= 4096:
+            raise ConfigError(f"replay_replicas must be 1 to 4096, got {self.replay_replicas!r}")
         if not 0.0 < self.replay_tail < 1.0 or self.replay_min_records < 1:
             raise ConfigError(f"replay_tail must be in (0, 1) and replay_min_records >= 1, got {self.replay_tail!r} "
                               f"and {self.replay_min_records!r}")

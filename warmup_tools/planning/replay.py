@@ -125,6 +125,41 @@ def replay(kv: KVCacheConfig, kv_bytes_per_token: int, warm: Sequence[WarmItem],
     return ReplayOutcome(served, total, warmed, len(tail), tuple(per_request))
 
 
+#: A request goes to the replica whose cached blocks cover at least this share of its prompt's blocks (smg's
+#: ``cache_aware`` default ``cache_threshold``), else to the replica that took the fewest requests.
+AFFINITY_THRESHOLD = 0.5
+
+
+def one_replicas_share(requests: Sequence[ReplayRequest], replicas: int, block_size: int) -> list[ReplayRequest]:
+    """The requests of ``requests`` that a prefix-affine router (smg's ``cache_aware``) sends to one replica of
+    ``replicas`` that all warm the same plan: a request goes to the replica that took the deepest block chain
+    it carries, when that covers :data:`AFFINITY_THRESHOLD` of its blocks, else to the replica with the fewest
+    requests (ties: the first). A model of the router, deterministic: each replica then sees its own sessions,
+    a share of the traffic, which is what a plan warmed on every replica is replayed against. The first
+    replica's requests are returned."""
+    if replicas <= 1:
+        return list(requests)
+    owner: dict[bytes, int] = {}
+    load = [0] * replicas
+    mine = []
+    for request in requests:
+        hashes = block_hashes(request.ids, block_size, _scope(request.tenant, request.adapter))
+        depth, target = 0, None
+        for index, block_hash in enumerate(hashes):
+            holder = owner.get(block_hash)
+            if holder is None:
+                break
+            depth, target = index + 1, holder
+        if target is None or depth < AFFINITY_THRESHOLD * len(hashes):
+            target = min(range(replicas), key=lambda r: (load[r], r))
+        load[target] += 1
+        for block_hash in hashes:
+            owner.setdefault(block_hash, target)
+        if target == 0:
+            mine.append(request)
+    return mine
+
+
 def choose_share(served: Mapping[float, int]) -> float:
     """The share that served the most tokens; ties go to the smaller share (less pinned for the same gain)."""
     return min(served, key=lambda share: (-served[share], share))

@@ -30,7 +30,14 @@ from warmup_tools.planning.analyse import (
 )
 from warmup_tools.planning.arbitrate import AdapterNeed, arbitrate, shares_json
 from warmup_tools.planning.horizons import Horizon, Horizons
-from warmup_tools.planning.replay import ReplayRequest, WarmItem, choose_share, make_replay_cache, replay
+from warmup_tools.planning.replay import (
+    ReplayRequest,
+    WarmItem,
+    choose_share,
+    make_replay_cache,
+    one_replicas_share,
+    replay,
+)
 
 LOGGER = logging.getLogger(__name__)
 
@@ -182,6 +189,8 @@ def _replay_sizing(records: Sequence[RequestRecord | Mapping[str, Any]], tokeniz
         if ids is None:
             ids = encoded[row.prompt] = list(tokenizer.encode(row.prompt, add_special_tokens=True))
         requests.append(ReplayRequest(row.ts, row.tenant, row.adapter, ids))
+    requests = one_replicas_share(requests, options.replay_replicas, block_size)
+    base |= {"replicas": options.replay_replicas, "replica_tail_records": len(requests)}
     cap = min(make_replay_cache(kv, kv_bytes_per_token, lambda: split).warmup_budget, budgets.kv_bytes_total)
     top = cap / kv.budget_bytes
     shares = sorted({0.0, top, *(min(s, top) for s in options.replay_shares)})
@@ -349,7 +358,9 @@ def _replay_lines(replayed: Mapping[str, Any]) -> list[str]:
     if replayed.get("state") != "sized":
         return [f"replay sizing {replayed.get('state', 'off')}: {replayed.get('reason', 'not recorded')}"]
     tried = ", ".join(f"{t['share']:.0%} {t['served_share']:.1%}" for t in replayed["shares"])
-    return [f"replay sizing: {replayed['tail_records']} tail requests from {replayed['split_at']} "
+    fleet = (f" (one replica's share of {replayed['replicas']} behind a prefix-affine router: "
+             f"{replayed.get('replica_tail_records')})" if replayed.get("replicas", 1) > 1 else "")
+    return [f"replay sizing: {replayed['tail_records']} tail requests{fleet} from {replayed['split_at']} "
             f"({replayed['tail_prompt_tokens']:,} prompt tokens) served from cache, by warm share of kv_cache_bytes: "
             f"{tried}",
             f"  chosen share {replayed['chosen_share']:.0%} (the plan's KV budget cut to "

@@ -263,3 +263,24 @@ def test_a_plans_items_carry_the_horizon_their_logged_gaps_give(tokenizer):
     capped = build_plan(records, tokenizer, HashEmbedder(), AMPLE, now=NOW, progress=False,
                         kv_bytes_per_token=KV_PER_TOKEN, options=PlanOptions(max_retention_s=60.0))
     assert {item["retention_s"] for item in capped.items if item["retention_class"] == "shared"} == {60.0}
+
+
+def test_one_replicas_share_follows_a_prefix_affine_router():
+    from warmup_tools.planning.replay import one_replicas_share
+
+    def request(ts, *blocks):
+        return ReplayRequest(float(ts), "t", "", [tok for b in blocks for tok in range(b * 16, b * 16 + 16)] + [1])
+
+    session_a = [request(0, 1), request(1, 1, 2), request(4, 1, 2, 3)]
+    session_b = [request(2, 7), request(3, 7, 8)]
+    lone = request(5, 9)
+    requests = sorted([*session_a, *session_b, lone], key=lambda r: r.ts)
+    assert one_replicas_share(requests, 1, 16) == requests
+    mine = one_replicas_share(requests, 2, 16)
+    # session a starts on replica 0 and stays there (its turns carry its blocks); b goes to the emptier replica 1
+    # and stays; the lone request goes to the replica with fewer requests then (1: 2 against a's 3)
+    assert mine == session_a
+    assert one_replicas_share([*requests[:5], request(6, 9), request(7, 10), request(8, 11)], 2, 16) == [
+        *session_a, request(7, 10)]
+    with pytest.raises(Exception, match="replay_replicas"):
+        PlanOptions(replay_replicas=0)

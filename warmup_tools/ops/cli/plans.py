@@ -44,6 +44,9 @@ def add_commands(sub: Any) -> None:
                       help="when the adapters' hot sets do not all fit: split the budget by each adapter's cold "
                            "share and traffic (measured, the default), or let every adapter take up to "
                            "--kv-bytes-per-adapter, hottest blocks first (fixed); docs/planner.md")
+    plan.add_argument("--replicas", type=int, default=1,
+                      help="replicas that each warm this plan behind a prefix-affine router (smg cache_aware): the "
+                           "warm set is sized by replaying one replica's share of the log's tail (docs/planner.md)")
     plan.add_argument("--embedding-entries", type=int, help="prompt embeddings to pre-compute (default: the plan's)")
     plan.add_argument("--tokenizer-entries", type=int, help="texts to register with the tokenizer cache (default: "
                                                             "the plan's)")
@@ -151,7 +154,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
               f"{datetime.datetime.fromtimestamp(end, datetime.timezone.utc).isoformat(timespec='seconds')}",
               file=sys.stderr)
         records = kept
-    options = PlanOptions(**({"arbitration": args.arbitration} if args.arbitration else {}))
+    options = PlanOptions(**({"arbitration": args.arbitration} if args.arbitration else {}),
+                          replay_replicas=args.replicas)
     plan = build_plan(records, target.load_tokenizer(), OnnxEmbedder(target.embedder),
                       budgets, now=args.now, block_size=target.block_size,
                       kv_bytes_per_token=target.kv_bytes_per_token, progress=not args.no_progress, previous=previous,

@@ -254,6 +254,7 @@ def workload(work: Path, assets_dir: Path, trace: str, scale: TraceScale, *, pla
     real-text traffic at ``requests_per_day`` (``seed``), planned from all of day 1 (the real-text replay of
     docs/planner.md) and replayed from day 2's start for ``scale.duration_s`` less ``plan_min`` minutes."""
     from warmup_tools.embedding_cache.embedder import OnnxEmbedder
+    from warmup_tools.planning.analyse import PlanOptions
     from warmup_tools.planning.plan_stanzas import COMPOSING_MODELS, write_plan_stanzas
     from warmup_tools.planning.select import build_plan, format_summary
     from warmup_tools.planning.stanzas import write_model_warmup
@@ -290,7 +291,8 @@ def workload(work: Path, assets_dir: Path, trace: str, scale: TraceScale, *, pla
         # the split plan's prompts are sent once as live traffic (nothing pinned), so it is cut by budget alone.
         return build_plan(plan_records, tokenizer, embedder, budgets, now=now, block_size=target.block_size,
                           kv_bytes_per_token=target.kv_bytes_per_token, progress=False,
-                          kv=target.settings.engine.kv if scale_budget == 1 else None)
+                          kv=target.settings.engine.kv if scale_budget == 1 else None,
+                          options=PlanOptions(replay_replicas=split_replicas))
 
     whole = plan(1)
     write_plan_stanzas(whole, whole_repo, target=target, tokenizer=tokenizer)

@@ -130,18 +130,17 @@ def replay(kv: KVCacheConfig, kv_bytes_per_token: int, warm: Sequence[WarmItem],
 AFFINITY_THRESHOLD = 0.5
 
 
-def one_replicas_share(requests: Sequence[ReplayRequest], replicas: int, block_size: int) -> list[ReplayRequest]:
-    """The requests of ``requests`` that a prefix-affine router (smg's ``cache_aware``) sends to one replica of
-    ``replicas`` that all warm the same plan: a request goes to the replica that took the deepest block chain
-    it carries, when that covers :data:`AFFINITY_THRESHOLD` of its blocks, else to the replica with the fewest
-    requests (ties: the first). A model of the router, deterministic: each replica then sees its own sessions,
-    a share of the traffic, which is what a plan warmed on every replica is replayed against. The first
-    replica's requests are returned."""
+def route(requests: Sequence[ReplayRequest], replicas: int, block_size: int) -> list[list[ReplayRequest]]:
+    """``requests`` split across ``replicas`` that all warm the same plan, as a prefix-affine router (smg's
+    ``cache_aware``) splits them: a request goes to the replica that took the deepest block chain it carries,
+    when that covers :data:`AFFINITY_THRESHOLD` of its blocks, else to the replica with the fewest requests
+    (ties: the first). A deterministic model of the router: each replica sees its own sessions, a share of the
+    traffic, and that is what a plan warmed on every replica is replayed against (each replica's share against
+    a cache of its own; :func:`replay_fleet`)."""
     if replicas <= 1:
-        return list(requests)
+        return [list(requests)]
     owner: dict[bytes, int] = {}
-    load = [0] * replicas
-    mine = []
+    shares: list[list[ReplayRequest]] = [[] for _ in range(replicas)]
     for request in requests:
         hashes = block_hashes(request.ids, block_size, _scope(request.tenant, request.adapter))
         depth, target = 0, None
@@ -151,13 +150,20 @@ def one_replicas_share(requests: Sequence[ReplayRequest], replicas: int, block_s
                 break
             depth, target = index + 1, holder
         if target is None or depth < AFFINITY_THRESHOLD * len(hashes):
-            target = min(range(replicas), key=lambda r: (load[r], r))
-        load[target] += 1
+            target = min(range(replicas), key=lambda r: (len(shares[r]), r))
+        shares[target].append(request)
         for block_hash in hashes:
             owner.setdefault(block_hash, target)
-        if target == 0:
-            mine.append(request)
-    return mine
+    return shares
+
+
+def replay_fleet(kv: KVCacheConfig, kv_bytes_per_token: int, warm: Sequence[WarmItem],
+                 shares: Sequence[Sequence[ReplayRequest]], *, start: float) -> ReplayOutcome:
+    """:func:`replay` of each replica's share (:func:`route`) against a cache of its own, every one warmed with
+    ``warm``; the totals (``warmed_blocks``: one replica's)."""
+    outcomes = [replay(kv, kv_bytes_per_token, warm, share, start=start) for share in shares]
+    return ReplayOutcome(sum(o.served_tokens for o in outcomes), sum(o.prompt_tokens for o in outcomes),
+                         max((o.warmed_blocks for o in outcomes), default=0), sum(o.requests for o in outcomes))
 
 
 def choose_share(served: Mapping[float, int]) -> float:

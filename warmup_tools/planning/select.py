@@ -35,8 +35,8 @@ from warmup_tools.planning.replay import (
     WarmItem,
     choose_share,
     make_replay_cache,
-    one_replicas_share,
-    replay,
+    replay_fleet,
+    route,
 )
 
 LOGGER = logging.getLogger(__name__)
@@ -189,8 +189,8 @@ def _replay_sizing(records: Sequence[RequestRecord | Mapping[str, Any]], tokeniz
         if ids is None:
             ids = encoded[row.prompt] = list(tokenizer.encode(row.prompt, add_special_tokens=True))
         requests.append(ReplayRequest(row.ts, row.tenant, row.adapter, ids))
-    requests = one_replicas_share(requests, options.replay_replicas, block_size)
-    base |= {"replicas": options.replay_replicas, "replica_tail_records": len(requests)}
+    fleet = route(requests, options.replay_replicas, block_size)
+    base |= {"replicas": options.replay_replicas, "requests_per_replica": [len(share) for share in fleet]}
     cap = min(make_replay_cache(kv, kv_bytes_per_token, lambda: split).warmup_budget, budgets.kv_bytes_total)
     top = cap / kv.budget_bytes
     shares = sorted({0.0, top, *(min(s, top) for s in options.replay_shares)})
@@ -210,7 +210,7 @@ def _replay_sizing(records: Sequence[RequestRecord | Mapping[str, Any]], tokeniz
     served: dict[float, int] = {}
     tried = []
     for share in shares:
-        outcome = replay(kv, kv_bytes_per_token, candidates[share], requests, start=split)
+        outcome = replay_fleet(kv, kv_bytes_per_token, candidates[share], fleet, start=split)
         served[share] = outcome.served_tokens
         tried.append({"share": round(share, 4), "items": len(candidates[share]),
                       "kv_bytes": outcome.warmed_blocks * block_size * kv_bytes_per_token,
@@ -358,8 +358,9 @@ def _replay_lines(replayed: Mapping[str, Any]) -> list[str]:
     if replayed.get("state") != "sized":
         return [f"replay sizing {replayed.get('state', 'off')}: {replayed.get('reason', 'not recorded')}"]
     tried = ", ".join(f"{t['share']:.0%} {t['served_share']:.1%}" for t in replayed["shares"])
-    fleet = (f" (one replica's share of {replayed['replicas']} behind a prefix-affine router: "
-             f"{replayed.get('replica_tail_records')})" if replayed.get("replicas", 1) > 1 else "")
+    per_replica = replayed.get("requests_per_replica") or []
+    fleet = (f" (split across {replayed['replicas']} replicas as a prefix-affine router would: "
+             f"{min(per_replica)}-{max(per_replica)} each)" if len(per_replica) > 1 else "")
     return [f"replay sizing: {replayed['tail_records']} tail requests{fleet} from {replayed['split_at']} "
             f"({replayed['tail_prompt_tokens']:,} prompt tokens) served from cache, by warm share of kv_cache_bytes: "
             f"{tried}",

@@ -265,8 +265,8 @@ def test_a_plans_items_carry_the_horizon_their_logged_gaps_give(tokenizer):
     assert {item["retention_s"] for item in capped.items if item["retention_class"] == "shared"} == {60.0}
 
 
-def test_one_replicas_share_follows_a_prefix_affine_router():
-    from warmup_tools.planning.replay import one_replicas_share
+def test_route_splits_the_tail_as_a_prefix_affine_router_would():
+    from warmup_tools.planning.replay import replay_fleet, route
 
     def request(ts, *blocks):
         return ReplayRequest(float(ts), "t", "", [tok for b in blocks for tok in range(b * 16, b * 16 + 16)] + [1])
@@ -275,12 +275,14 @@ def test_one_replicas_share_follows_a_prefix_affine_router():
     session_b = [request(2, 7), request(3, 7, 8)]
     lone = request(5, 9)
     requests = sorted([*session_a, *session_b, lone], key=lambda r: r.ts)
-    assert one_replicas_share(requests, 1, 16) == requests
-    mine = one_replicas_share(requests, 2, 16)
+    assert route(requests, 1, 16) == [requests]
     # session a starts on replica 0 and stays there (its turns carry its blocks); b goes to the emptier replica 1
     # and stays; the lone request goes to the replica with fewer requests then (1: 2 against a's 3)
-    assert mine == session_a
-    assert one_replicas_share([*requests[:5], request(6, 9), request(7, 10), request(8, 11)], 2, 16) == [
-        *session_a, request(7, 10)]
+    assert route(requests, 2, 16) == [session_a, [*session_b, lone]]
+    assert route(requests, 3, 16) == [session_a, session_b, [lone]]
     with pytest.raises(Exception, match="replay_replicas"):
         PlanOptions(replay_replicas=0)
+    # each replica's share against a cache of its own: a turn's blocks are served where its session went
+    kv = KVCacheConfig(budget_bytes=64 * 16 * KV_PER_TOKEN, block_size=16)
+    fleet = replay_fleet(kv, KV_PER_TOKEN, [], route(requests, 2, 16), start=0.0)
+    assert (fleet.requests, fleet.served_tokens) == (6, (1 + 2 + 1) * 16)

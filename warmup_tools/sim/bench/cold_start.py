@@ -219,6 +219,8 @@ def cold_start_report(plan: ColdRun, none: ColdRun, clock: str = "modelled") -> 
         lines.append(f"per-minute prompt tokens from cache ({len(set(first) & set(second))} minutes): worst "
                      f"minute {k} (from {k * MINUTE_S / 60:g} min), {first[k]:.1%} with the plan against "
                      f"{second[k]:.1%} without: {gap * 100:+.1f} points")
+        lines.append("each minute, with the plan / without: " + ", ".join(
+            f"{k}: {first[k]:.1%} / {second[k]:.1%}" for k in sorted(set(first) & set(second))))
     for run in (plan, none):
         lines.append(f"\nfailed requests, {run.config}: " + (f"\n\n{run.failures}" if run.failures else
                                                              f"none of {run.requests}"))

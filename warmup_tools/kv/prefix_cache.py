@@ -419,14 +419,9 @@ class PrefixCache:
                     block.plan_id = plan_id
                     kept += 1
                 else:
-                    block.plan_id = None
-                    block.pin_until = None
-                    self.stats.pinned_bytes -= block.nbytes
-                    if block.source is BlockSource.WARMUP:
-                        # NOTE: a dropped block no longer counts against the warm-up cap, or the new plan's
-                        # items could be refused for room the old plan's leftovers hold.
-                        block.source = BlockSource.LIVE
-                        self.stats.warmup_bytes -= block.nbytes
+                    # NOTE: a dropped block no longer counts against the warm-up cap, or the new plan's items could
+                    # be refused for room the old plan's leftovers hold.
+                    self._unpin(block)
                     self._refresh(block)
                     unpinned += 1
         return kept, unpinned
@@ -567,12 +562,7 @@ class PrefixCache:
 
     def _end_pin(self, block: CachedBlock) -> None:
         """``block``'s pin under the active plan ends: it becomes live KV of the eviction policy."""
-        block.plan_id = None
-        block.pin_until = None
-        self.stats.pinned_bytes -= block.nbytes
-        if block.source is BlockSource.WARMUP:
-            block.source = BlockSource.LIVE
-            self.stats.warmup_bytes -= block.nbytes
+        self._unpin(block)
         self._ended.add(block.block_hash)
         if block.evictable and block.block_hash not in self._tracked:
             self._policy.add(block, cold=block.hits == 0)
@@ -580,6 +570,15 @@ class PrefixCache:
         if self.stats.pinned_bytes <= 0:
             self._shadow.clear()
             self._shadow_bytes = 0
+
+    def _unpin(self, block: CachedBlock) -> None:
+        """``block`` is no longer pinned: live KV, outside the warm-up cap (the caller refreshes its policy)."""
+        block.plan_id = None
+        block.pin_until = None
+        self.stats.pinned_bytes -= block.nbytes
+        if block.source is BlockSource.WARMUP:
+            block.source = BlockSource.LIVE
+            self.stats.warmup_bytes -= block.nbytes
 
     def _yield_pin(self) -> bool:
         """Live traffic needs room that only pinned blocks hold: end the pin with the earliest deadline (a pin is

@@ -97,8 +97,12 @@ def test_a_live_plan_warms_a_new_prefix_without_a_restart_and_ready_follows_cove
                           {"tenant": "acme", "adapter": "", "token_ids": [7 + i % 2000 for i in range(1600)]}],
                          fingerprint)
         write_live_plan(control, huge, by=("test", ""))
-        wait_for(lambda: ready_status(sidecar.url) == 503, "/ready to go 503 for a plan the budget cannot hold",
-                 server, deadline_s=300)
+        try:
+            wait_for(lambda: ready_status(sidecar.url) == 503, "/ready to go 503 for a plan the budget cannot hold",
+                     server, deadline_s=300)
+        except pytest.fail.Exception as exc:  # say where the instance stood (warming, coverage, pins)
+            entry = get_json(sidecar.url + "/status")["coverage"]["instances"].get(INSTANCE)
+            pytest.fail(f"{exc}\ninstance status: {entry}")
         reason = get_json(sidecar.url + "/ready", allow_error=True)["reason"]
         assert "warm coverage" in reason and "do not fit the warm-up budget" in reason, reason
         base = get_json(sidecar.url + "/status")["coverage"]["instances"][INSTANCE]["adapters"]["base"]

@@ -366,16 +366,18 @@ class PrefixCache:
         """The storage codec of this cache's payloads (:data:`~warmup_tools.kv.codecs.STORAGE_CODECS`)."""
         return self._codec
 
-    def reserve(self, nbytes: int) -> bool:
+    def reserve(self, nbytes: int, *, end_pins: bool = True) -> bool:
         """Count ``nbytes`` of a running sequence's KV against the budget, evicting blocks to make room.
 
         False (nothing reserved) when even evicting every evictable block would not make room: the
-        caller then preempts a sequence. Give the bytes back with :meth:`unreserve`.
+        caller then preempts a sequence. Give the bytes back with :meth:`unreserve`. ``end_pins``: room may
+        come from ending pins (a live request's KV); a warm prompt's KV passes False, so warm-up never ends a
+        pin (one plan item cannot push out another, and a plan too big for the budget shows as a shortfall).
         """
         if nbytes <= 0:
             return True
         with self._lock:
-            if not self._make_room(nbytes, BlockSource.LIVE):
+            if not self._make_room(nbytes, BlockSource.LIVE if end_pins else BlockSource.WARMUP, reserve=True):
                 return False
             self.stats.running_bytes += nbytes
             return True
@@ -497,8 +499,10 @@ class PrefixCache:
                            "are cached unpinned and the current plan's pins are kept", plan_id, self.active_plan)
         return None, BlockSource.LIVE
 
-    def _make_room(self, nbytes: int, source: BlockSource) -> bool:
-        if source is BlockSource.WARMUP and self.stats.warmup_bytes + nbytes > self.warmup_budget:
+    def _make_room(self, nbytes: int, source: BlockSource, reserve: bool = False) -> bool:
+        """Evict until ``nbytes`` more fit the budget; a LIVE caller may end pins for it. A WARMUP block must also
+        fit the warm-up cap (``reserve``: a warm prompt's running KV, which is not pinned, need not)."""
+        if source is BlockSource.WARMUP and not reserve and self.stats.warmup_bytes + nbytes > self.warmup_budget:
             return False
         while self.stats.bytes_used + self.stats.running_bytes + nbytes > self.budget_bytes:
             victim = self._policy.victim(self._clock())

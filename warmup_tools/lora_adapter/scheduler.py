@@ -572,7 +572,7 @@ class Scheduler:
                     return False
         cached = match.num_tokens if match else 0
         nbytes = cached * self.engine.kv_bytes_per_token
-        if cache is not None and not cache.reserve(nbytes):
+        if cache is not None and not cache.reserve(nbytes, end_pins=seq.klass is SequenceClass.LIVE):
             if match:
                 cache.release(match)
             return None
@@ -758,7 +758,7 @@ class Scheduler:
     def _reserve(self, seq: Sequence, count: int) -> bool:
         cache = self.engine.prefix_cache
         nbytes = count * self.engine.kv_bytes_per_token
-        if cache is not None and not cache.reserve(nbytes):
+        if cache is not None and not cache.reserve(nbytes, end_pins=seq.klass is SequenceClass.LIVE):
             return False
         seq.reserved_bytes += nbytes
         return True

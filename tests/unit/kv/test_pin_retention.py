@@ -242,3 +242,21 @@ def test_live_traffic_that_cannot_fit_otherwise_ends_pins_earliest_deadline_firs
     assert cache.reserve(block_bytes())  # the live block goes: now the cache is pins and running KV only
     assert warm(cache, prompt(3000)) == 0  # warm-up never ends a pin to make room
     assert cache.resident(block_hashes(later, BS, SCOPE), "plan-a") == 2
+
+
+def test_a_warm_prompts_running_kv_never_ends_a_pin():
+    """A warm prompt's running KV may evict unpinned blocks but never ends a pin: one plan item cannot push out
+    another's pins (which would count them covered while they are gone), so a plan too big for the budget fails
+    its item instead."""
+    clock = Clock()
+    cache = cache_of(4, clock, pin_retention_s=1e6)
+    planned = prompt(1000, 2)
+    warm(cache, planned)
+    store(cache, prompt(0))
+    assert cache.reserve(2 * block_bytes(), end_pins=False)  # the free block, then the live block
+    assert cache.stats.evictions == 1
+    assert not cache.reserve(block_bytes(), end_pins=False)  # only pins are left: nothing reserved
+    assert cache.stats.running_bytes == 2 * block_bytes() and cache.stats.pinned_bytes == 2 * block_bytes()
+    assert cache.pin_report()["released_blocks"] == 0
+    assert cache.reserve(block_bytes())  # a live request's KV still may
+    assert cache.pin_report()["released_blocks"] >= 1

@@ -280,6 +280,29 @@ def test_warm_up_gives_its_memory_way_to_live_sequences(fresh_cache, reference):
     assert engine.prefix_cache.stats.running_bytes == 0
 
 
+def test_a_warm_prompt_that_fits_only_by_ending_another_items_pins_fails_and_leaves_them(fresh_cache):
+    """Two plan items, the second too big for what the first's pins leave (a warm prompt holds its running KV and
+    the copies of the blocks it stored): the second fails with KVBudgetError (the plan's shortfall), the first
+    keeps every pin, and the scheduler keeps no memory."""
+    from warmup_tools.common.errors import KVBudgetError
+
+    engine = fresh_cache
+    per_block = 16 * engine.kv_bytes_per_token
+    engine.prefix_cache = cache = PrefixCache(12 * per_block, 16, warm_share=1.0, live_reserve=0.0)
+    scheduler = Scheduler(engine, SchedulerConfig(max_num_batched_tokens=64), clock=lambda: 0.0)
+    first = tuple(100 + i for i in range(5 * 16 + 1))
+    done = scheduler.submit_warm(None, first, plan_id="plan-big")
+    drain(scheduler)
+    assert done.result(timeout=0) > 0 and cache.stats.blocks == 5 and cache.stats.pinned_bytes == cache.stats.bytes_used
+    first_blocks = engine.block_hashes(GenerateRequest(first, None, "default", False, SamplingParams(max_tokens=1)))[0]
+    refused = scheduler.submit_warm(None, tuple(300 + i for i in range(5 * 16 + 1)), plan_id="plan-big")
+    drain(scheduler)
+    with pytest.raises(KVBudgetError):
+        refused.result(timeout=0)
+    assert cache.covered(first_blocks, "plan-big") == 5 and cache.resident(first_blocks, "plan-big") == 5
+    assert cache.pin_report()["released_blocks"] == 0 and cache.stats.running_bytes == 0
+
+
 def test_warm_up_rests_after_each_chunk_so_it_keeps_within_warm_share(fresh_cache, monkeypatch):
     engine = fresh_cache
     now = [0.0]

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from warmup_tools.common.settings import check_settings, setting
 from warmup_tools.kv.blocks import EVICTION_POLICIES
+from warmup_tools.kv.events import DEFAULT_WINDOW_BLOCKS
 
 #: Bytes of KV per instance (256 MiB).
 DEFAULT_BUDGET_BYTES = 256 << 20
@@ -70,6 +71,10 @@ class KVCacheConfig:
     pin_check_s: float = setting(DEFAULT_PIN_CHECK_S, "Window of the live check: when pinned blocks gave fewer hits "
                                  "than the blocks evicted for them would have, the plan's pins are released (0: off).",
                                  parameter="kv_pin_check_s", ge=0)
+
+    events_window_blocks: int = setting(DEFAULT_WINDOW_BLOCKS, "Blocks of KV events (stored, removed, unpinned, "
+                                        "cleared) kept for a router that reconnects (the replay window); 0: no events.",
+                                        parameter="kv_events_window_blocks", ge=0, le=1 << 22)
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -60,6 +60,7 @@ from warmup_tools.kv.config import (
     DEFAULT_WARM_SHARE,
     warmup_budget,
 )
+from warmup_tools.kv.events import EventBlock, KvEventJournal
 from warmup_tools.kv.hashing import NONE_HASH, PUBLIC_TENANT, BlockHash
 
 LOGGER = logging.getLogger(__name__)
@@ -89,10 +90,13 @@ class PrefixCache:
         pin_retention_s: float = DEFAULT_PIN_RETENTION_S,
         pin_refresh_on_hit: bool = DEFAULT_PIN_REFRESH_ON_HIT,
         pin_check_s: float = DEFAULT_PIN_CHECK_S,
+        events: KvEventJournal | None = None,
     ) -> None:
         """``bytes_per_token``: what one cached token counts against the budget instead of its payload and token
         ids (a simulated engine's modelled KV size: its payloads are a few bytes); None: the stored bytes.
-        ``clock``: seconds of the cache's time (TTLs, retention deadlines and the live check's window)."""
+        ``clock``: seconds of the cache's time (TTLs, retention deadlines and the live check's window).
+        ``events``: where every change to the cached blocks is numbered (:mod:`warmup_tools.kv.events`; None: not
+        recorded)."""
         if budget_bytes < 0 or block_size < 1 or not 0.0 <= live_reserve < 1.0:
             raise ValueError("budget_bytes >= 0, block_size >= 1 and 0 <= live_reserve < 1 are required")
         if not 0.0 <= warm_share <= 1.0 or not pin_retention_s > 0 or not pin_check_s >= 0:
@@ -136,6 +140,7 @@ class PrefixCache:
         self._shadow: collections.OrderedDict[BlockHash, tuple[int, str]] = collections.OrderedDict()
         self._shadow_bytes = 0
         self._pins = _PinCheck()
+        self.events = events
 
     # ----------------------------------------------------------------------------------- public API
     @property
@@ -242,6 +247,7 @@ class PrefixCache:
             raise ValueError(f"retention_s must be a positive number of seconds, got {retention_s!r}")
         stored = 0
         now = self._clock()
+        new_blocks: list[CachedBlock] = []
         with self._lock:
             self._expire_pins(now)
             plan_id, source = self._bind_plan(plan_id, source, len(hashes) - start_block)
@@ -292,7 +298,12 @@ class PrefixCache:
                 self._account(block, +1)
                 self._refresh(block)
                 stored += 1
+                new_blocks.append(block)
             self.stats.stored_blocks += stored
+            if new_blocks and self.events is not None:
+                # NOTE: a store's new blocks are one run (a child is never cached without its parent).
+                self.events.append("stored", source.value, blocks=tuple(_event_block(b) for b in new_blocks),
+                                   parent=new_blocks[0].parent)
         return stored
 
     def restore(self, block: CachedBlock) -> bool:
@@ -328,6 +339,8 @@ class PrefixCache:
             self._account(block, +1)
             self._refresh(block)
             self.stats.stored_blocks += 1
+            if self.events is not None:
+                self.events.append("stored", "restore", blocks=(_event_block(block),), parent=block.parent)
             return True
 
     def snapshot_blocks(self, budget_bytes: int) -> list[CachedBlock]:
@@ -393,13 +406,16 @@ class PrefixCache:
         with self._lock:
             if plan_id != self.active_plan:
                 self._new_plan(plan_id)
+            ended = []
             for block in self._blocks.values():
                 if block.plan_id is not None and block.plan_id != plan_id:
                     block.plan_id = None
                     block.pin_until = None
                     self.stats.pinned_bytes -= block.nbytes
                     self._refresh(block)
-                    unpinned += 1
+                    ended.append(block.block_hash)
+            self._record_unpinned(ended, "plan_change")
+            unpinned = len(ended)
         return unpinned
 
     def move_plan(self, plan_id: str, keep: Collection[BlockHash]) -> tuple[int, int]:
@@ -411,6 +427,7 @@ class PrefixCache:
         ``(kept, unpinned)``.
         """
         kept = unpinned = 0
+        ended: list[BlockHash] = []
         with self._lock:
             if plan_id != self.active_plan:
                 self._new_plan(plan_id)
@@ -425,7 +442,9 @@ class PrefixCache:
                     # be refused for room the old plan's leftovers hold.
                     self._unpin(block)
                     self._refresh(block)
-                    unpinned += 1
+                    ended.append(block.block_hash)
+            self._record_unpinned(ended, "plan_change")
+            unpinned = len(ended)
         return kept, unpinned
 
     def resident(self, hashes: Iterable[BlockHash], plan_id: str | None = None) -> int:
@@ -461,6 +480,27 @@ class PrefixCache:
                     pinned[block.owner or BASE_OWNER] += 1
             return self._pins.report(self.active_plan, pinned, self.pin_check_s)
 
+    def event_state(self) -> tuple[int, list[tuple[EventBlock, BlockHash, str]]]:
+        """The full state for a KV-event subscriber that starts late or fell out of the replay window: the last
+        event's sequence number and every cached block as ``(block, parent, source)``, parents before children,
+        taken at that number (the events after it continue the state with no gap)."""
+        with self._lock:
+            seq = self.events.last_seq if self.events is not None else 0
+            blocks = list(self._blocks.values())
+        depth: dict[BlockHash, int] = {}
+        by_hash = {b.block_hash: b for b in blocks}
+        for block in blocks:
+            chain = []
+            cursor: CachedBlock | None = block
+            while cursor is not None and cursor.block_hash not in depth:
+                chain.append(cursor)
+                cursor = by_hash.get(cursor.parent)
+            base = depth[cursor.block_hash] if cursor is not None else -1
+            for offset, item in enumerate(reversed(chain), start=1):
+                depth[item.block_hash] = base + offset
+        blocks.sort(key=lambda b: depth[b.block_hash])
+        return seq, [(_event_block(b), b.parent, b.source.value) for b in blocks]
+
     def clear(self) -> None:
         with self._lock:
             for block in list(self._blocks.values()):
@@ -472,6 +512,8 @@ class PrefixCache:
             self._shadow_bytes = 0
             self.stats.bytes_used = self.stats.warmup_bytes = self.stats.pinned_bytes = self.stats.blocks = 0
             self.stats.bytes_by_owner.clear()
+            if self.events is not None:
+                self.events.append("cleared")
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -524,8 +566,11 @@ class PrefixCache:
         self._account(block, -1)
         self.stats.evictions += 1
         self.stats.evictions_by_owner[block.owner] = self.stats.evictions_by_owner.get(block.owner, 0) + 1
-        if now - block.last_access > getattr(self._policy, "ttl_s", float("inf")):
+        expired = now - block.last_access > getattr(self._policy, "ttl_s", float("inf"))
+        if expired:
             self.stats.expired_evictions += 1
+        if self.events is not None:
+            self.events.append("removed", "expired" if expired else "evicted", hashes=(block.block_hash,))
         parent = self._blocks.get(block.parent)
         if parent is not None:
             parent.children -= 1
@@ -563,6 +608,7 @@ class PrefixCache:
             self._end_pin(block)
             self.stats.expired_pins += 1
             self._pins.ended(block.owner, expired=1)
+            self._record_unpinned((block_hash,), "expired")
 
     def _end_pin(self, block: CachedBlock) -> None:
         """``block``'s pin under the active plan ends: it becomes live KV of the eviction policy."""
@@ -595,6 +641,7 @@ class PrefixCache:
             self._pins.ended(block.owner, released=1)
             self._end_pin(block)
             self.stats.released_pins += 1
+            self._record_unpinned((block_hash,), "released")
             return True
         return False
 
@@ -606,15 +653,21 @@ class PrefixCache:
         verdict = self._pins.close_window(now, self.pin_check_s)
         if verdict is None:
             return
-        released = 0
+        released_hashes: list[BlockHash] = []
         for block in list(self._blocks.values()):
             if block.plan_id is not None:
                 self._pins.ended(block.owner, released=1)
                 self._end_pin(block)
-                released += 1
+                released_hashes.append(block.block_hash)
+        self._record_unpinned(released_hashes, "released")
+        released = len(released_hashes)
         self.stats.released_pins += released
         self.stats.pin_releases += 1
         LOGGER.warning("KV cache: plan %s's pins are released (%d blocks): %s", self.active_plan, released, verdict)
+
+    def _record_unpinned(self, hashes: Sequence[BlockHash], reason: str) -> None:
+        if hashes and self.events is not None:
+            self.events.append("unpinned", reason, hashes=tuple(hashes))
 
     def _remember_shadow(self, block: CachedBlock) -> None:
         """``block`` was evicted while pins held room: keep its hash in the shadow list, as many bytes of the
@@ -749,3 +802,8 @@ def _block_tokens(tokens: Sequence[int] | None, index: int, block_size: int) -> 
 def _block_tensor(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], index: int, block_size: int) -> torch.Tensor:
     start, end = index * block_size, (index + 1) * block_size
     return torch.stack([torch.stack((k[0, :, start:end], v[0, :, start:end])) for k, v in layers])
+
+
+def _event_block(block: CachedBlock) -> EventBlock:
+    tokens = tuple(int(t) for t in block.tokens) if block.tokens is not None else ()
+    return EventBlock(block.block_hash, tokens, block.owner, block.tenant)

@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 
 from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT, AssetError, InvalidInputError, UnknownAdapterError
 from warmup_tools.kv.config import KVCacheConfig
+from warmup_tools.kv.events import KvEventJournal
 from warmup_tools.kv.hashing import BlockHash, CacheScope, block_hashes
 from warmup_tools.kv.prefix_cache import PrefixCache
 from warmup_tools.lora_adapter.requests import GenerateRequest
@@ -118,7 +119,8 @@ def make_prefix_cache(kv: KVCacheConfig, *, bytes_per_token: int | None = None,
         return PrefixCache(kv.budget_bytes, kv.block_size, live_reserve=kv.live_reserve, eviction=kv.eviction,
                            ttl_s=kv.ttl_s, storage=kv.storage, bytes_per_token=bytes_per_token, clock=clock,
                            warm_share=kv.warm_share, pin_retention_s=kv.pin_retention_s,
-                           pin_refresh_on_hit=kv.pin_refresh_on_hit, pin_check_s=kv.pin_check_s)
+                           pin_refresh_on_hit=kv.pin_refresh_on_hit, pin_check_s=kv.pin_check_s,
+                           events=KvEventJournal(kv.events_window_blocks) if kv.events_window_blocks else None)
     except ValueError as exc:
         raise AssetError(f"KV prefix cache configuration: {exc}") from None
 

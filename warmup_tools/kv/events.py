@@ -86,15 +86,21 @@ class KvEventJournal:
     """The numbered events of one cache with a bounded replay window; thread-safe. The cache appends under its own
     lock (:meth:`append`), readers wait on a condition (:meth:`read` with ``timeout_s``)."""
 
-    def __init__(self, window_blocks: int = DEFAULT_WINDOW_BLOCKS, *,
+    def __init__(self, window_blocks: int = DEFAULT_WINDOW_BLOCKS, *, first_seq: int | None = None,
                  clock: Callable[[], float] = time.time) -> None:
+        """``first_seq``: the number of the first event; by default the wall clock in milliseconds, so that a
+        restarted cache numbers past the one before it and a subscriber's old number asks for a resync, never
+        for events of another life of the cache."""
         if window_blocks < 1:
             raise ValueError("window_blocks must be >= 1")
+        first = int(clock() * 1000) if first_seq is None else first_seq
+        if first < 1:
+            raise ValueError("first_seq must be >= 1")
         self.window_blocks = window_blocks
         self._clock = clock
         self._events: collections.deque[KvEvent] = collections.deque()
         self._blocks = 0
-        self._seq = 0
+        self._seq = first - 1
         self._cond = threading.Condition()
         #: Events dropped from the window so far (a subscriber that fell behind them must resync).
         self.dropped = 0
@@ -129,7 +135,7 @@ class KvEventJournal:
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
-                if after > self._seq or (after < self._seq and self._events and after + 1 < self._events[0].seq):
+                if after > self._seq or (after < self._seq and (not self._events or after + 1 < self._events[0].seq)):
                     return JournalRead((), True, self._seq)
                 if after < self._seq:
                     start = after + 1 - self._events[0].seq

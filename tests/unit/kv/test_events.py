@@ -14,7 +14,7 @@ def kinds(events):
 
 
 def test_events_are_numbered_from_one_and_read_after_a_number():
-    journal = KvEventJournal(100)
+    journal = KvEventJournal(100, first_seq=1)
     assert journal.read(0).events == () and not journal.read(0).resync
     for kind in ("stored", "removed", "cleared"):
         journal.append(kind)
@@ -26,7 +26,7 @@ def test_events_are_numbered_from_one_and_read_after_a_number():
 
 
 def test_a_number_outside_the_window_asks_for_a_resync_and_the_window_stays_bounded():
-    journal = KvEventJournal(window_blocks=10)
+    journal = KvEventJournal(window_blocks=10, first_seq=1)
     for _ in range(1000):  # a flood: the window moves, it never grows
         journal.append("removed", "evicted", hashes=(b"x",))
     assert len(journal._events) == 10 and journal.dropped == 990 and journal.first_seq == 991
@@ -37,8 +37,9 @@ def test_a_number_outside_the_window_asks_for_a_resync_and_the_window_stays_boun
 
 def test_a_reader_waits_for_the_next_event():
     journal = KvEventJournal()
-    got = []
-    reader = threading.Thread(target=lambda: got.append(journal.read(0, timeout_s=60)))
+    assert journal.read(0).resync  # a number from before this journal: take the full state
+    got, start = [], journal.last_seq
+    reader = threading.Thread(target=lambda: got.append(journal.read(start, timeout_s=60)))
     reader.start()
     journal.append("cleared")
     reader.join(60)
@@ -47,7 +48,7 @@ def test_a_reader_waits_for_the_next_event():
 
 def test_the_cache_records_stores_evictions_unpins_and_clears():
     clock = Clock()
-    journal = KvEventJournal()
+    journal = KvEventJournal(first_seq=1)
     cache = cache_of(5, clock, pin_retention_s=100.0, events=journal)
     planned = prompt(1000, 2)
     cache.store(block_hashes(planned, BS, SCOPE), kv_for(planned), source=BlockSource.WARMUP, plan_id="plan-a",
@@ -74,7 +75,7 @@ def test_a_plan_change_and_a_restore_are_recorded():
     source = cache_of(8, clock)
     tokens = prompt(1000, 2)
     warm(source, tokens, plan="plan-a")
-    journal = KvEventJournal()
+    journal = KvEventJournal(first_seq=1)
     target = cache_of(8, clock, events=journal)
     hashes = block_hashes(tokens, BS, SCOPE)
     for block_hash in hashes:
@@ -87,7 +88,7 @@ def test_a_plan_change_and_a_restore_are_recorded():
 
 def test_the_full_state_lists_every_block_parents_first_at_the_last_number():
     clock = Clock()
-    journal = KvEventJournal()
+    journal = KvEventJournal(first_seq=1)
     cache = cache_of(8, clock, events=journal)
     store(cache, prompt(0, 3))
     store(cache, prompt(0, 2) + prompt(900))  # a branch off the second block
@@ -99,3 +100,14 @@ def test_the_full_state_lists_every_block_parents_first_at_the_last_number():
         assert parent in seen and source == "live"
         seen.add(block.block_hash)
     assert cache.stats.bytes_used == 4 * block_bytes()
+
+
+def test_a_new_journal_numbers_past_the_one_before_it():
+    """Numbered from the wall clock in milliseconds: a subscriber's number from a cache that restarted is behind
+    the new journal's window, so it resyncs instead of reading another life's events as its own."""
+    old = KvEventJournal(first_seq=None, clock=lambda: 1000.0)
+    for _ in range(5):
+        old.append("cleared")
+    new = KvEventJournal(first_seq=None, clock=lambda: 1001.0)
+    new.append("cleared")
+    assert new.last_seq > old.last_seq and new.read(old.last_seq).resync

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from warmup_tools.common.settings import ParameterRow, env_name, markdown_table, parameter_rows
+from warmup_tools.common.tracing import TracingSettings
 from warmup_tools.control.plan_history import PlanHistorySettings
 from warmup_tools.embedding_cache.settings import EmbeddingCacheSettings
 from warmup_tools.fleet.settings import FleetSettings
@@ -28,6 +29,7 @@ PROCESS_SETTINGS = (
      "(`--history-keep`); the sidecar's re-plan reads the variable", "planner.md"),
     ("The OpenAI front", FrontSettings, "`front`, `serve` and `sidecar`", "openai.md"),
     ("The fleet", FleetSettings, "`fleet`, `router` and `join`", "fleet.md"),
+    ("Tracing", TracingSettings, "", "tracing.md"),
 )
 
 _PROCESSES_INTRO = """
@@ -78,9 +80,11 @@ def parameters_markdown(repository: Path | None = None) -> str:
     parts.append(generate_request_markdown())
     parts.append(_PROCESSES_INTRO)
     for title, cls, commands, link in PROCESS_SETTINGS:
-        file = f"the JSON file `{file_flag(cls)}` names, " if title != "The plan history" else ""
+        file = f"the JSON file `{file_flag(cls)}` names, " if title not in ("The plan history", "Tracing") else ""
+        # NOTE: tracing has no flag: the front and tritonserver's models each read it from their environment.
+        flags = f", and the flags of {commands}" if commands else " only, in every process that serves requests"
         parts.append(f"\n## {title}\n\nThe keys of `{cls.__name__}` in `{cls.__module__}`: set by {file}"
-                     f"`{env_name(cls, '<KEY>')}` variables, and the flags of {commands} ([{link}]({link})).\n\n")
+                     f"`{env_name(cls, '<KEY>')}` variables{flags} ([{link}]({link})).\n\n")
         table = markdown_table(list(parameter_rows(cls))).replace("| parameter |", "| key |", 1)
         parts.append(table.replace(str(REPO_ROOT) + "/", ""))  # the defaults under the checkout, as relative
     return "".join(parts)

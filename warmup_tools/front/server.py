@@ -17,6 +17,7 @@ import uvloop
 
 from warmup_tools.common.errors import ConfigError, ServerError
 from warmup_tools.common.settings import read_settings
+from warmup_tools.common.tracing import Tracer
 from warmup_tools.front.admission import tenant_bound
 from warmup_tools.front.app import build_app
 from warmup_tools.front.chat_template import ChatRenderer, ChatTemplateError
@@ -53,7 +54,8 @@ def with_repository(settings: FrontSettings, environ: Mapping[str, str] | None =
 def build_engine(settings: FrontSettings, kv_capacity_bytes: int | None) -> TritonEngine:
     return TritonEngine(settings.triton_grpc_url, settings.triton_metrics_url, sidecar_url=settings.sidecar_url,
                         pipeline=settings.pipeline, kv_capacity_bytes=kv_capacity_bytes,
-                        timeout_s=settings.request_timeout_s, poll_interval_s=settings.poll_interval_s)
+                        timeout_s=settings.request_timeout_s, poll_interval_s=settings.poll_interval_s,
+                        tracer=Tracer.from_environment("front"))
 
 
 def load_renderer(tokenizer: Path) -> ChatRenderer | None:

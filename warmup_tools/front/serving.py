@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi import Request
 
+from warmup_tools.common.tracing import TraceContext, context_from_headers
 from warmup_tools.front.admission import TenantLimit, tenant_bound
 from warmup_tools.front.auth import TENANT_HEADER, Caller, TenantResolver
 from warmup_tools.front.chat_template import ChatRenderer
@@ -31,9 +32,12 @@ class FrontState:
     #: Each tenant's generation requests in flight, bounded by ``tenant_max_in_flight`` (0: the package's
     #: lora_adapter share, for a front built without its repository).
     tenants: TenantLimit = dataclasses.field(init=False)
+    #: Whether the engine traces (WARMUP_TRACING_ENDPOINT): only then is a request's trace context read.
+    traced: bool = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         self.tenants = TenantLimit(tenant_bound(self.settings.tenant_max_in_flight))
+        self.traced = getattr(self.engine, "tracer", None) is not None
 
 
 def front_state(request: Request) -> FrontState:
@@ -43,6 +47,12 @@ def front_state(request: Request) -> FrontState:
 def caller_of(request: Request, user: str | None) -> Caller:
     state = front_state(request)
     return state.resolver.resolve(request.headers.get("authorization"), request.headers.get(TENANT_HEADER), user)
+
+
+def trace_of(state: FrontState, request: Request) -> TraceContext | None:
+    """The request's W3C trace context (``traceparent``, ``tracestate``) when the front traces; a malformed or
+    oversized one is ignored, never an error."""
+    return context_from_headers(request.headers) if state.traced else None
 
 
 async def check_ready(state: FrontState) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, AsyncIterator, Mapping, Protocol
 
+from warmup_tools.common.tracing import TraceContext
 from warmup_tools.common.wire import ErrorKind
 
 
@@ -28,6 +29,8 @@ class GenerateInput:
     #: The role of each span of a rendered conversation: ``((role, start, end), ...)`` in characters of
     #: ``prompt``; empty for a raw prompt. It reaches the request log beside the prompt.
     roles: tuple[tuple[str, int, int], ...] = ()
+    #: The client's W3C trace context (its ``traceparent`` header, checked); None: none, or tracing is off.
+    trace: TraceContext | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import InferResult, service_pb2
 
+from warmup_tools.common.tracing import Tracer
 from warmup_tools.common.wire import ENSEMBLE_STEPS, EnsembleStep, ErrorKind, input_tensors, untag
 from warmup_tools.front.engine.engine import (
     EngineError,
@@ -125,8 +126,10 @@ class TritonEngine:
 
     def __init__(self, grpc_url: str, metrics_url: str, *, sidecar_url: str = "", pipeline: str = "composing",
                  kv_capacity_bytes: int | None = None, kv_instances: int = 1, timeout_s: float = 600.0,
-                 poll_interval_s: float = 1.0) -> None:
+                 poll_interval_s: float = 1.0, tracer: Tracer | None = None) -> None:
         self.grpc_url = grpc_url
+        #: Spans of the generations (None or off: no span, no trace context passed on).
+        self.tracer = tracer if tracer is not None and tracer.enabled else None
         self.metrics_url = metrics_url
         self.sidecar_url = sidecar_url.rstrip("/")
         self.pipeline = pipeline
@@ -180,22 +183,39 @@ class TritonEngine:
             await self._channel.close()
         if self._http is not None:
             await self._http.close()
+        if self.tracer is not None:
+            await asyncio.to_thread(self.tracer.shutdown)
 
     # --------------------------------------------------------------------------------- generation
     async def generate(self, request: GenerateInput) -> AsyncIterator[GenerateChunk]:
         assert self._generate is not None, "start() first"
         parameters = ({ROLES_PARAMETER: json.dumps([list(span) for span in request.roles], separators=(",", ":"))}
                       if request.roles else None)
-        inputs = ensemble_inputs(request)
-        if self.pipeline == "ensemble":
-            model = "ensemble"
-        else:
-            model = ENSEMBLE_STEPS[-1].model
-            inputs = await self._composing_inputs(inputs)
-        async for chunk in self._stream(model, inputs, parameters):
-            yield chunk
+        span = trace = None
+        if self.tracer is not None:
+            span = self.tracer.start("front.generate", request.trace, server=True,
+                                     attributes={"pipeline": self.pipeline, "adapter": request.adapter or ""})
+            trace = self.tracer.child_context(span)
+            if trace is not None:  # NOTE: every model continues the trace from the front's span
+                parameters = {**(parameters or {}), **trace.parameters()}
+        try:
+            inputs = ensemble_inputs(request)
+            if self.pipeline == "ensemble":
+                model = "ensemble"
+            else:
+                model = ENSEMBLE_STEPS[-1].model
+                inputs = await self._composing_inputs(inputs, trace.parameters() if trace is not None else None)
+            async for chunk in self._stream(model, inputs, parameters):
+                if span is not None and chunk.finish_reason:
+                    span.set_attributes({"prompt_tokens": chunk.prompt_tokens, "cached_tokens": chunk.cached_tokens,
+                                         "output_tokens": chunk.output_tokens})
+                yield chunk
+        finally:
+            if span is not None:
+                span.end()
 
-    async def _composing_inputs(self, inputs: list[Tensor]) -> list[Tensor]:
+    async def _composing_inputs(self, inputs: list[Tensor],
+                                parameters: dict[str, str] | None = None) -> list[Tensor]:
         """The ensemble's steps before the last (common/wire.py's ``ENSEMBLE_STEPS``, the wiring of
         ensemble/config.pbtxt) as unary inferences, in order, each on the tensors the ensemble would map to it;
         the last step's (``lora_adapter``'s) inputs. NOTE: each step is asked only for the outputs the ensemble
@@ -203,17 +223,19 @@ class TritonEngine:
         tensors = {name: (datatype, array) for name, datatype, array in inputs}
         *before, last = ENSEMBLE_STEPS
         for step in before:
-            result = await self._unary(step.model, _step_inputs(step, tensors), tuple(step.outputs))
+            result = await self._unary(step.model, _step_inputs(step, tensors), tuple(step.outputs), parameters)
             for output, tensor in step.outputs.items():
                 tensors[tensor] = (result.get_output(output).datatype, result.as_numpy(output))
         return _step_inputs(last, tensors)
 
-    async def _unary(self, model: str, inputs: list[Tensor], outputs: tuple[str, ...] = ()) -> InferResult:
+    async def _unary(self, model: str, inputs: list[Tensor], outputs: tuple[str, ...] = (),
+                     parameters: dict[str, str] | None = None) -> InferResult:
         """``model``'s answer to one inference; its error as :class:`EngineError` (the kind from its message
         and gRPC status)."""
         assert self._infer is not None, "start() first"
         try:
-            response = await self._infer(infer_request(model, "", inputs, outputs), timeout=self.timeout_s)
+            response = await self._infer(infer_request(model, "", inputs, outputs, parameters=parameters),
+                                         timeout=self.timeout_s)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise EngineError(ErrorKind.TIMEOUT, f"no answer from {model} within {self.timeout_s:g} s") from None

@@ -31,6 +31,7 @@ from warmup_tools.front.serving import (
     check_ready,
     front_state,
     resolve_model,
+    trace_of,
 )
 
 router = APIRouter()
@@ -57,7 +58,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         raise bad_request(str(exc), param="messages") from None
     check_prompt_size(state, chat.prompt, "messages")
     generate = GenerateInput(prompt=chat.prompt, adapter=adapter, tenant=caller.tenant, tenant_key=caller.key,
-                             sampling=body.sampling(), roles=chat.roles)
+                             sampling=body.sampling(), roles=chat.roles, trace=trace_of(state, request))
     generation = Generation(state.engine, generate, body.stop_strings(), body.model, state.in_flight,
                             state.tenants)
     request_id, created = completion_id("chatcmpl"), now()

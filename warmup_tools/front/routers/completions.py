@@ -26,6 +26,7 @@ from warmup_tools.front.serving import (
     check_ready,
     front_state,
     resolve_model,
+    trace_of,
 )
 
 router = APIRouter()
@@ -56,7 +57,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> JSONRe
     adapter = await resolve_model(state, body.model)
     check_prompt_size(state, prompt, "prompt")
     generate = GenerateInput(prompt=prompt, adapter=adapter, tenant=caller.tenant, tenant_key=caller.key,
-                             sampling=body.sampling())
+                             sampling=body.sampling(), trace=trace_of(state, request))
     generation = Generation(state.engine, generate, body.stop_strings(), body.model, state.in_flight,
                             state.tenants)
     request_id, created = completion_id("cmpl"), now()

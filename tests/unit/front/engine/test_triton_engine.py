@@ -182,7 +182,8 @@ def test_the_composing_pipeline_runs_the_ensembles_steps_as_its_wiring_says():
     calls = []
 
     class Engine(TritonEngine):
-        async def _unary(self, model, inputs, outputs=()):
+        async def _unary(self, model, inputs, outputs=(), parameters=None):
+            assert parameters is None  # the trace context only, and tracing is off
             calls.append((model, sorted(name for name, _, _ in inputs), outputs))
             return _Result(answers[model])
 

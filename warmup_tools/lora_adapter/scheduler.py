@@ -93,6 +93,17 @@ T = TypeVar("T")
 _SEQ_IDS = itertools.count()
 
 
+def _note_admitted(sink: object, cached_tokens: int) -> None:
+    """Tell a sink that has ``admitted`` (a traced request's: lora_adapter/traced.py) that its sequence was admitted
+    for the first time. NOTE: optional, so the other sinks need nothing; a fault there never ends the sequence."""
+    note = getattr(sink, "admitted", None)
+    if note is not None:
+        try:
+            note(cached_tokens)
+        except Exception:  # NOTE: a sink's fault, never the sequence's
+            LOGGER.debug("a sink's admitted() failed", exc_info=True)
+
+
 class SequenceSink(Protocol):
     """Where one request's output goes (model.py: its response sender)."""
 
@@ -586,6 +597,7 @@ class Scheduler:
         if seq.cached_tokens < 0:
             seq.cached_tokens = cached
             seq.planned_tokens = match.planned_tokens if match else 0
+            _note_admitted(seq.sink, cached)
         if match is not None and len(match) < seq.usable_blocks:
             seq.flight_key = seq.hashes[len(match)]
             self._inflight[seq.flight_key] = seq.seq_id

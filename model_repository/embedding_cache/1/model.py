@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from warmup_tools.common.tracing import Tracer, cache_attributes, end_span
 from warmup_tools.embedding_cache.embedder import OnnxEmbedder
 from warmup_tools.embedding_cache.semantic import CENTROIDS_FILE
 from warmup_tools.embedding_cache.service import EmbeddingService
@@ -46,11 +47,13 @@ class TritonPythonModel:
         self.metrics_flush = PeriodicFlush(self.metrics.flush, settings.metrics.flush_s, "embedding-metrics")
         self.heat_metrics = HeatMetrics(pb_utils, instance)
         self.own_samples = OwnWarmupSamples.from_args(args)  # only they, while loading, may carry warmup_plan
+        self.tracer = Tracer.from_environment(instance)  # off without WARMUP_TRACING_ENDPOINT
         pb_utils.Logger.log_info(f"embedding_cache: ONNX Runtime providers {embedder.providers}")
 
     def execute(self, requests):
         responses = []
         for request in requests:
+            span = self.tracer.request_span("embedding_cache", request)
             try:
                 inputs = collect_inputs(pb_utils, request, INPUTS)
                 own_sample = self.own_samples.check(inputs)
@@ -61,6 +64,7 @@ class TritonPythonModel:
                     prompt_tokens=parse_count(inputs, "prompt_tokens", 0, MAX_PROMPT_TOKENS),
                     warmup=own_sample,
                 )
+                end_span(span, cache_attributes(outcome.source))
                 responses.append(pb_utils.InferenceResponse(output_tensors=outputs(
                     request.requested_output_names(),
                     embedding=outcome.vector,
@@ -69,6 +73,7 @@ class TritonPythonModel:
                     similarity=np.array([outcome.similarity], dtype=np.float32))))
                 self.metrics.record(outcome.source, self.service.embedder.local.stats)
             except Exception as exc:  # noqa: BLE001 (one bad request never fails the batch)
+                end_span(span, error=exc)
                 log_unexpected(pb_utils, "embedding_cache", exc)
                 responses.append(error_response(pb_utils, exc))
         try:
@@ -81,5 +86,6 @@ class TritonPythonModel:
 
     def finalize(self):
         self.metrics_flush.close()
+        self.tracer.shutdown()
         self.service.close()
         self.service = None

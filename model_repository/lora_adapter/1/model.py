@@ -25,6 +25,8 @@ from warmup_tools.lora_adapter.settings import LoraAdapterSettings
 from warmup_tools.lora_adapter.snapshots import SnapshotKeeper
 from warmup_tools.lora_adapter.request_log import RequestLogWriter, prompt_for_log
 from warmup_tools.lora_adapter.requests import parse_generate_request
+from warmup_tools.common.tracing import Tracer
+from warmup_tools.lora_adapter.traced import refused, traced
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -53,6 +55,7 @@ class TritonPythonModel:
                             if settings.request_log_dir is not None else None)
         self.metrics = GenerationMetrics(pb_utils, "lora_adapter", self.instance)
         self.responses = ResponseQueue()
+        self.tracer = Tracer.from_environment(self.instance)  # off without WARMUP_TRACING_ENDPOINT
         pb_utils.Logger.log_info(f"lora_adapter: {engine.label}, device {engine.device}, "
                                  f"adapters {sorted(engine.adapters)}")
         self.snapshots = None
@@ -76,6 +79,7 @@ class TritonPythonModel:
             self.metrics.record_state(self.service)  # before serving, so a refusal's state is visible
         for request in requests:
             sender = request.get_response_sender()
+            sink = None
             try:
                 inputs = collect_inputs(pb_utils, request, LORA_ADAPTER_INPUTS)
                 tenant = self.trust.tenant_of(inputs, self.own_samples.check(inputs), now=time.time())
@@ -87,10 +91,12 @@ class TritonPythonModel:
                                     expose_cached_tokens=self.expose_cached_tokens,
                                     roles=chat_roles(request) if prompt is not None else None,
                                     queue=self.responses)
+                sink = traced(sink, self.tracer, request, len(req.prompt_ids), req.adapter)
                 self.service.serve(req, sink)  # queued on the scheduler: returns at once
             except Exception as exc:  # noqa: BLE001 (one bad request never fails the batch)
                 log_unexpected(pb_utils, "lora_adapter", exc)
                 sender.send(pb_utils.InferenceResponse(error=error_for(pb_utils, exc)), flags=FINAL)
+                refused(sink, exc)
         self.metrics.record_state(self.service)
         return None
 
@@ -101,4 +107,5 @@ class TritonPythonModel:
             self.snapshots.close()  # the last snapshot, once no request runs
         if self.request_log is not None:
             self.request_log.close()
+        self.tracer.shutdown()
 

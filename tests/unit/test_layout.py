@@ -7,6 +7,7 @@ The layers, lowest first (``ALLOWED`` lists them in this order, with what each p
 - ``demo``, ``kv``, ``caches``, ``control``, ``server``: the demo assets and prompts, the KV block model,
   the cache policies and shared tier, the control plane (the adapter set, the live plan, its history, the
   canary files), a tritonserver seen from outside.
+- ``smg_worker``: a replica seen from the ``smg`` router's engine protocol (its KV events on smg's wire).
 - ``triton``: the Python backend's side of Triton (parameters, inputs, responses, metrics, trust, warm-up).
 - ``tokenizer_cache``, ``embedding_cache``, ``lora_adapter``: the composing models, each behind its model.py.
 - ``planning``: from request logs to a plan, checked against the repository and applied live.
@@ -36,6 +37,7 @@ ALLOWED: dict[str, set[str]] = {
     "common": set(),
     "demo": {"common"},
     "kv": {"common"},
+    "smg_worker": {"common", "kv"},
     "caches": {"common"},
     "control": {"common"},
     "server": {"common"},

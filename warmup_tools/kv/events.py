@@ -110,6 +110,12 @@ class KvEventJournal:
         return self._seq
 
     @property
+    def last_timestamp(self) -> float:
+        """When the last event was recorded (now, before the first)."""
+        with self._cond:
+            return self._events[-1].timestamp if self._events else self._clock()
+
+    @property
     def first_seq(self) -> int:
         """The oldest event still in the window (``last_seq + 1`` when it is empty)."""
         with self._cond:

@@ -242,6 +242,10 @@ GENERATE_OUTPUTS: tuple[tuple[str, str], ...] = (
     ("text_output", "BYTES"), ("cached_tokens", "INT32"), ("prompt_tokens", "INT32"), ("output_tokens", "INT32"),
     ("finish_reason", "BYTES"),
 )
+#: The outputs of ``lora_adapter`` alone (the ensemble does not map them): name and datatype, dims ``[-1]``.
+#: ``token_ids``: the token ids of the response (one per streamed token; every token in a non-streamed answer),
+#: for a client that detokenizes itself (smg's gRPC worker protocol: warmup_tools/front/smg_grpc).
+LORA_ONLY_OUTPUTS: tuple[tuple[str, str], ...] = (("token_ids", "INT32"),)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -105,6 +105,8 @@ class ResponseSink:
     roles: tuple[tuple[str, int, int], ...] | None = None
     arrived: float = dataclasses.field(default_factory=time.time)
     _pieces: list[str] = dataclasses.field(default_factory=list)
+    #: A non-streamed answer's token ids so far (its one response carries them all).
+    _ids: list[int] = dataclasses.field(default_factory=list)
     _ttft_ms: float = 0.0
     #: Sends the responses on a thread of its own (None: this one, at once).
     queue: ResponseQueue | None = None
@@ -118,11 +120,12 @@ class ResponseSink:
             raise self.send_error
         final = self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if self.request.stream:
-            self._send(self._response(step.text, step), final if step.finished else 0)
+            self._send(self._response(step.text, step, (step.token_id,)), final if step.finished else 0)
         else:
             self._pieces.append(step.text)
+            self._ids.append(step.token_id)
             if step.finished:
-                self._send(self._response("".join(self._pieces), step), final)
+                self._send(self._response("".join(self._pieces), step, self._ids), final)
         self._closed = step.finished
         if step.output_tokens == 1:  # NOTE: after the send, so metrics never delay the first token
             self._ttft_ms = step.elapsed * 1000
@@ -161,7 +164,7 @@ class ResponseSink:
         else:
             self.queue.put(self, response, flags)
 
-    def _response(self, text: str, step: GenerationStep) -> Any:
+    def _response(self, text: str, step: GenerationStep, token_ids: Any) -> Any:
         tensor = self.pb_utils.Tensor
         return self.pb_utils.InferenceResponse(output_tensors=[
             tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
@@ -170,4 +173,5 @@ class ResponseSink:
             tensor("prompt_tokens", np.array([step.prompt_tokens], dtype=np.int32)),
             tensor("output_tokens", np.array([step.output_tokens], dtype=np.int32)),
             tensor("finish_reason", np.array([step.finish_reason.encode()], dtype=np.object_)),
+            tensor("token_ids", np.array(token_ids, dtype=np.int32)),
         ])

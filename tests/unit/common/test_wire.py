@@ -40,7 +40,8 @@ def test_the_ensembles_inputs_and_outputs_are_the_tables():
 def test_lora_adapters_inputs_and_outputs_are_the_tables():
     lora = config("lora_adapter")
     assert declared(lora.input) == expected(wire.LORA_ADAPTER_INPUTS)
-    assert declared(lora.output) == outputs()
+    only = {name: (wire.DATATYPES[dtype][0], [-1], False) for name, dtype in wire.LORA_ONLY_OUTPUTS}
+    assert declared(lora.output) == {**outputs(), **only}
 
 
 def test_the_ensembles_steps_are_the_tables_wiring():

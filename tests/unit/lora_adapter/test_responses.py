@@ -99,6 +99,7 @@ def test_streaming_sends_one_response_per_token_with_final_on_the_last():
         sink.send(step)
     assert [flags for _, flags in sender.sent] == [0, 0, FINAL]
     assert [r["outputs"]["text_output"] for r, _ in sender.sent] == [[b"t1"], [b"t2"], [b"t3"]]
+    assert [r["outputs"]["token_ids"] for r, _ in sender.sent] == [[1], [2], [3]]
 
 
 def test_non_streaming_sends_the_whole_text_once_and_errors_carry_their_code():
@@ -107,6 +108,7 @@ def test_non_streaming_sends_the_whole_text_once_and_errors_carry_their_code():
     for step in steps(3):
         sink.send(step)
     assert len(sender.sent) == 1 and sender.sent[0][0]["outputs"]["text_output"] == [b"t1t2t3"]
+    assert sender.sent[0][0]["outputs"]["token_ids"] == [1, 2, 3]
     failing = ResponseSink(fake_pb_utils(), sender, request(stream=False))
     failing.fail(ServerBusyError("server busy"))
     response, flags = sender.sent[-1]

@@ -7,8 +7,8 @@ The layers, lowest first (``ALLOWED`` lists them in this order, with what each p
 - ``demo``, ``kv``, ``caches``, ``control``, ``server``: the demo assets and prompts, the KV block model,
   the cache policies and shared tier, the control plane (the adapter set, the live plan, its history, the
   canary files), a tritonserver seen from outside.
-- ``smg_worker``: a replica seen from the ``smg`` router's engine protocol (its KV events on smg's wire).
 - ``triton``: the Python backend's side of Triton (parameters, inputs, responses, metrics, trust, warm-up).
+- ``smg_worker``: an instance's KV events on the ``smg`` router's engine protocol (its wire and its socket).
 - ``tokenizer_cache``, ``embedding_cache``, ``lora_adapter``: the composing models, each behind its model.py.
 - ``planning``: from request logs to a plan, checked against the repository and applied live.
 - ``front``: the OpenAI-compatible HTTP front, a client of tritonserver (it reads the repository's tokenizer,
@@ -37,16 +37,16 @@ ALLOWED: dict[str, set[str]] = {
     "common": set(),
     "demo": {"common"},
     "kv": {"common"},
-    "smg_worker": {"common", "kv"},
     "caches": {"common"},
     "control": {"common"},
     "server": {"common"},
     "triton": {"common", "caches"},
+    "smg_worker": {"common", "kv", "triton"},
     "tokenizer_cache": {"common", "caches", "triton"},
     "embedding_cache": {"common", "caches", "triton"},
-    "lora_adapter": {"common", "kv", "control", "triton"},
+    "lora_adapter": {"common", "kv", "control", "triton", "smg_worker"},
     "planning": {"common", "kv", "control", "triton", "embedding_cache", "lora_adapter"},
-    "front": {"common", "kv", "server", "triton", "tokenizer_cache", "lora_adapter"},
+    "front": {"common", "kv", "server", "triton", "smg_worker", "tokenizer_cache", "lora_adapter"},
     "sidecar": {"common", "kv", "control", "server", "triton", "planning"},
     "fleet": {"common", "server"},
     "sim": {"common", "demo", "kv", "caches", "control", "server", "triton", "tokenizer_cache", "embedding_cache",

@@ -20,6 +20,7 @@ from warmup_tools.lora_adapter.live_plan import PlanKeeper
 from warmup_tools.lora_adapter.requests import GenerateRequest
 from warmup_tools.lora_adapter.scheduler import Scheduler, SequenceSink
 from warmup_tools.lora_adapter.settings import ServiceConfig
+from warmup_tools.smg_worker.event_server import KvEventServer, socket_path
 
 LOGGER = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -62,6 +63,12 @@ class LoraService:
         # The warm-up plan of this instance: its hot set, and plan.json in the control folder.
         self.plan = PlanKeeper(engine, self.lifecycle, instance=instance, warm=self._warm_item,
                                run=self.run_on_engine, control_dir=control_dir, host=config.replica_name or None)
+        self.kv_events: KvEventServer | None = None
+        cache = engine.prefix_cache
+        if config.kv_events_dir is not None and cache is not None and cache.events is not None:
+            self.kv_events = KvEventServer(cache.events, cache.event_state, cache.block_size,
+                                           socket_path(config.kv_events_dir, instance))
+            self.kv_events.start()
         if control_dir is not None:
             # NOTE: an idle instance must converge too, so one thread polls the control folder (a stat per
             # file and poll) for the adapter set and the plan; reconciles and requests are serialized by the
@@ -90,6 +97,8 @@ class LoraService:
 
     def close(self) -> None:
         self._stop.set()
+        if self.kv_events is not None:
+            self.kv_events.stop()
         if self._poller is not None:
             self._poller.join(timeout=5)
         self.plan.close()

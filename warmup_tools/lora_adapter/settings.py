@@ -168,6 +168,9 @@ class ServiceConfig:
                                       "requests are cold) instead of refusing it.")
     control_poll_s: float = setting(0.5, "Seconds between looks at the control folder (one stat each) by an idle "
                                          "instance.", ge=0.01, le=60)
+    kv_events_dir: Path | None = setting(None, "A private folder (0700) where this instance serves its KV events on a "
+                                               "unix socket, <instance>.sock, smg's SubscribeKvEvents for the "
+                                               "replica's gRPC worker listeners; empty: not served.")
     replica_name: str = setting("", "This replica's name in the shared control and snapshot folders (its coverage "
                                     "reports and KV snapshot files); empty: the host name. Replicas that share a "
                                     "host and the folders need distinct names.")

@@ -49,22 +49,27 @@ def redis_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def triton(served_assets, redis_server, tmp_path_factory):
     """The project's model repository served by a real tritonserver on free ports."""
+    import shutil
+    import tempfile
+
     from warmup_tools.server.client import scrape_metrics
     from warmup_tools.server.process import TritonServer
 
     control_dir = tmp_path_factory.mktemp("control")
     request_log_dir = tmp_path_factory.mktemp("request_log")
+    kv_events_dir = Path(tempfile.mkdtemp(prefix="wkv-"))  # NOTE: short, as a unix socket's path must be
     server = TritonServer(
         REPO_ROOT / "model_repository",
         env={"WARMUP_ASSETS_DIR": str(served_assets), "WARMUP_CONTROL_DIR": str(control_dir),
              "WARMUP_REDIS_URL": redis_server.url,
-             "WARMUP_REQUEST_LOG_DIR": str(request_log_dir)},
+             "WARMUP_REQUEST_LOG_DIR": str(request_log_dir), "WARMUP_KV_EVENTS_DIR": str(kv_events_dir)},
         work_dir=tmp_path_factory.mktemp("triton"),
         log_verbose=1,
     )
     server.control_dir = control_dir
     server.request_log_dir = request_log_dir
     server.assets_dir = served_assets
+    server.kv_events_dir = kv_events_dir
     server.start()
     try:
         server.wait_ready(timeout=600)
@@ -77,6 +82,7 @@ def triton(served_assets, redis_server, tmp_path_factory):
         assert crossed == 0, f"{crossed} KV blocks written for one tenant were offered to another"
     finally:
         server.stop()
+        shutil.rmtree(kv_events_dir, ignore_errors=True)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -82,8 +84,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_sidecar(args: argparse.Namespace) -> int:
-    from warmup_tools.server.process import RepositoryKey
-    from warmup_tools.sidecar.app import Sidecar, replica_log_dir
+    from warmup_tools.sidecar.app import replica_log_dir
 
     config = serve_config(args)
     settings = sidecar_config(args)
@@ -92,7 +93,22 @@ def _cmd_sidecar(args: argparse.Namespace) -> int:
         # NOTE: in a fleet the replica's request_log_dir follows from the shared folder and its name: one source.
         mine = replica_log_dir(settings, replica_name(config.replica_name))
         env["WARMUP_REQUEST_LOG_DIR"] = str(Path(mine).resolve())  # type: ignore[arg-type]
+    # NOTE: the lora_adapter instances serve their KV events on unix sockets in a folder only this user may enter,
+    # made per start (and removed at exit); the front's gRPC worker listeners relay them to the router.
+    events_dir = Path(tempfile.mkdtemp(prefix="wkv-"))
+    env["WARMUP_KV_EVENTS_DIR"] = str(events_dir)
     stop = stop_on_signals()
+    try:
+        return _run_sidecar(args, config, settings, env, stop)
+    finally:
+        shutil.rmtree(events_dir, ignore_errors=True)
+
+
+def _run_sidecar(args: argparse.Namespace, config: ServeConfig, settings: SidecarConfig, env: dict[str, str],
+                 stop: "Stop") -> int:
+    from warmup_tools.server.process import RepositoryKey
+    from warmup_tools.sidecar.app import Sidecar
+
     # NOTE: the key is generated here and handed to the sidecar object only: clients of the server
     # cannot load or unload models, the sidecar can.
     with _server(config, env, explicit_model_control=True, repository_key=RepositoryKey.generate()) as server:

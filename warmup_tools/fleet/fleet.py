@@ -18,7 +18,7 @@ from types import TracebackType
 from warmup_tools.common.errors import ServerError
 from warmup_tools.fleet.membership import Membership, routed_urls
 from warmup_tools.fleet.replica import Replica
-from warmup_tools.fleet.router import Router
+from warmup_tools.fleet.router import Router, served_lm
 from warmup_tools.fleet.settings import FleetSettings
 
 LOGGER = logging.getLogger(__name__)
@@ -49,6 +49,8 @@ class Fleet:
         #: Every replica's request logs, in a subfolder named after it.
         self.request_log_dir = Path(settings.request_log_dir or self.work_dir / "requests")
         self.router = Router(settings, self.work_dir)
+        #: The replicas' KV block size (a gRPC worker is registered with it), None over HTTP.
+        self._kv_block_size = served_lm(settings)[1] if settings.grpc else None
         #: Replicas that run, by name, in the order they started; ``memberships``: of each replica that joined,
         #: its workers in the router, kept in step with the models it serves by a thread of its own.
         self.replicas: dict[str, Replica] = {}
@@ -163,9 +165,9 @@ class Fleet:
 
     def _join(self, replica: Replica) -> None:
         replica.wait_warm()
-        membership = self.memberships[replica.name] = Membership(replica.url, self.router,
-                                                                 self.settings.membership_interval_s,
-                                                                 replica_key=replica.key)
+        membership = self.memberships[replica.name] = Membership(
+            replica.url, self.router, self.settings.membership_interval_s, replica_key=replica.key,
+            protocol=self.settings.worker_protocol, kv_block_size=self._kv_block_size)
         membership.sync()  # NOTE: its workers registered before this returns, as callers expect
         if not membership.workers:
             raise ServerError(f"replica {replica.name} did not join the router (its /health no longer says 200)")

@@ -19,17 +19,26 @@ with ``replica_key``, a tenant key: the deployment's probe tenant's) and the rou
 
 It never removes a worker because ``/health`` fails: smg's own health checks take a replica that stops being
 warm out of rotation, and put it back once it is warm again.
+
+With ``protocol="grpc"`` (``worker_protocol`` grpc) the models and their workers come from the front's
+``GET /grpc-workers`` instead: one smg engine listener per live model, each registered as the worker
+``grpc://<worker_host>:<port>`` (``worker_host``: where the router reaches the replica, by default the host of
+``replica_url``) with the replicas' ``kv_block_size``; smg reads the listener's model from it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import urllib.error
+import urllib.parse
+import urllib.request
 
 from warmup_tools.common.errors import ServerError
 from warmup_tools.fleet.replica import http_status, served_models
-from warmup_tools.fleet.router import RouterClient
+from warmup_tools.fleet.router import GRPC_SCHEME, RouterClient
+from warmup_tools.fleet.settings import WORKER_PROTOCOLS
 
 LOGGER = logging.getLogger(__name__)
 
@@ -41,13 +50,25 @@ class Membership:
     """The router's workers of one replica (``replica_url``: its OpenAI front), kept in step with what it serves."""
 
     def __init__(self, replica_url: str, router: RouterClient, interval_s: float, *,
-                 replica_key: str | None = None) -> None:
+                 replica_key: str | None = None, protocol: str = "http", worker_host: str | None = None,
+                 kv_block_size: int | None = None) -> None:
+        """``protocol`` grpc: the front's gRPC listeners are the workers, at ``worker_host`` (default: the host of
+        ``replica_url``), registered with ``kv_block_size`` (the replicas' KV block size)."""
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        if protocol not in WORKER_PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(WORKER_PROTOCOLS)}, got {protocol!r}")
+        if protocol == "grpc" and (kv_block_size is None or kv_block_size < 1):
+            raise ValueError("a gRPC membership needs the replicas' kv_block_size (>= 1)")
         self.replica_url = replica_url.rstrip("/")
         self.router = router
         self.replica_key = replica_key
         self.interval_s = interval_s
+        self.protocol = protocol
+        self.worker_host = worker_host or urllib.parse.urlsplit(self.replica_url).hostname or "127.0.0.1"
+        self.kv_block_size = kv_block_size
+        #: gRPC: each model's listener port, as the front listed it last.
+        self._ports: dict[str, int] = {}
         self._workers: dict[str, str] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -61,7 +82,21 @@ class Membership:
             return dict(self._workers)
 
     def worker_url(self, model: str) -> str:
+        """The router's worker of ``model`` on this replica: its front's ``/m/<model>``, or (gRPC) its listener."""
+        if self.protocol == "grpc":
+            host = f"[{self.worker_host}]" if ":" in self.worker_host else self.worker_host
+            return f"{GRPC_SCHEME}{host}:{self._ports[model]}"
         return f"{self.replica_url}/m/{model}"
+
+    def served(self) -> list[str]:
+        """The models the replica serves now: its ``/v1/models``, or (gRPC) the models with a listener on its
+        ``/grpc-workers`` (their ports remembered for :meth:`worker_url`). Raises what the call raises."""
+        if self.protocol == "grpc":
+            ports = grpc_workers(self.replica_url, self.replica_key)
+            with self._lock:
+                self._ports.update(ports)
+            return list(ports)
+        return served_models(self.replica_url, self.replica_key)
 
     def sync(self) -> None:
         """One look: workers added for the models served (when warm), removed for the models no longer served.
@@ -69,17 +104,17 @@ class Membership:
         ServerError when the router does not answer or does not take a change (the next look tries again)."""
         warm = http_status(f"{self.replica_url}/health") == 200
         try:
-            models = served_models(self.replica_url, self.replica_key)
+            models = self.served()
         except urllib.error.HTTPError as exc:
             if exc.code == 401:  # NOTE: a front in trust mode lists its models to a tenant key only
                 raise ServerError(f"{self.replica_url}/v1/models answers 401: the replica runs trust mode and takes "
                                   "the probe tenant's key from the deployment's secrets (join --secrets-dir)") from None
             if warm:
-                raise ServerError(f"{self.replica_url}/v1/models: {exc}") from None
+                raise ServerError(f"{self.replica_url}{self._listing}: {exc}") from None
             return
         except (OSError, ValueError, KeyError, TypeError) as exc:  # the front does not answer (yet)
             if warm:
-                raise ServerError(f"{self.replica_url}/v1/models: {exc}") from None
+                raise ServerError(f"{self.replica_url}{self._listing}: {exc}") from None
             return
         listed = {str(w.get("id")): w for w in self.router.workers()}
         by_url = {str(w.get("url")): worker_id for worker_id, w in listed.items() if w.get("status") != "draining"}
@@ -94,6 +129,11 @@ class Membership:
             elif worker_id not in listed:  # the router restarted (or someone removed it): added again below
                 LOGGER.warning("%s: the router no longer lists the worker of %s", self.replica_url, model)
                 self._forget(model)
+            elif self.protocol == "grpc" and str(listed[worker_id].get("url")) != self.worker_url(model):
+                # NOTE: a front that restarted may list the model on another port: the old worker is gone
+                self.router.remove(worker_id)
+                LOGGER.info("%s: the listener of model %s moved; its worker replaced", self.replica_url, model)
+                self._forget(model)
         for model in models:
             if self._stopping.is_set():
                 return
@@ -103,7 +143,7 @@ class Membership:
             if url in by_url:  # NOTE: registered by an earlier run of this loop (a join container that restarted)
                 self._remember(model, by_url[url])
             elif warm:
-                self._remember(model, self.router.add(url, model))
+                self._remember(model, self.router.add(url, model, kv_block_size=self.kv_block_size))
                 LOGGER.info("%s: worker added for model %s", self.replica_url, model)
 
     def listed(self, routed: set[str] | None = None) -> bool:
@@ -112,7 +152,7 @@ class Membership:
         draining, when the caller read them already (:func:`routed_urls`). ServerError when the router does not
         answer."""
         try:
-            models = served_models(self.replica_url, self.replica_key)
+            models = self.served()
         except (OSError, ValueError, KeyError, TypeError):
             return False
         urls = routed_urls(self.router) if routed is None else routed
@@ -168,6 +208,10 @@ class Membership:
         LOGGER.info("%s left the router", self.replica_url)
 
     # ---------------------------------------------------------------------------------- helpers
+    @property
+    def _listing(self) -> str:
+        return "/grpc-workers" if self.protocol == "grpc" else "/v1/models"
+
     def _remember(self, model: str, worker_id: str) -> None:
         with self._lock:
             self._workers[model] = worker_id
@@ -178,6 +222,23 @@ class Membership:
 
     def __repr__(self) -> str:
         return f"Membership({self.replica_url!r}, workers={self.workers!r})"
+
+
+def grpc_workers(front_url: str, key: str | None = None) -> dict[str, int]:
+    """The front's smg engine listeners now (``GET /grpc-workers``): model -> port, for each live model with a
+    listener. ValueError on an answer that is not that list."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    request = urllib.request.Request(f"{front_url}/grpc-workers", headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        workers = json.load(response)["workers"]
+    ports: dict[str, int] = {}
+    for worker in workers:
+        model, port = worker["model"], worker["port"]
+        if not isinstance(model, str) or not model or isinstance(port, bool) or not isinstance(port, int) \
+                or not 0 < port < 65536:
+            raise ValueError(f"/grpc-workers lists a worker that is not a model and a port: {worker!r:.200}")
+        ports[model] = port
+    return ports
 
 
 def routed_urls(router: RouterClient) -> set[str]:

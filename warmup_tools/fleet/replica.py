@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import time
 import urllib.error
@@ -65,6 +66,15 @@ class Replica:
         env["WARMUP_LM_THREADS"] = str(settings.lm_threads)
         env["WARMUP_FRONT_DRAIN_GRACE_S"] = str(settings.drain_grace_s)
         env["WARMUP_FRONT_DRAIN_TIMEOUT_S"] = str(settings.stop_timeout_s)
+        #: worker_protocol grpc: the first of the front's smg engine listener ports (the base model's; each live
+        #: adapter's on the next ones), None over HTTP.
+        self.grpc_worker_port: int | None = None
+        if settings.grpc:
+            self.grpc_worker_port = free_port_block(host, settings.grpc_ports_per_replica)
+            env["WARMUP_FRONT_GRPC_WORKER_PORT"] = str(self.grpc_worker_port)
+            env["WARMUP_FRONT_GRPC_WORKER_HOST"] = host
+            # NOTE: the front listens on no port beyond the block (an adapter beyond it gets no listener).
+            env["WARMUP_FRONT_GRPC_WORKER_MODELS"] = str(settings.grpc_ports_per_replica)
         #: Trust mode: the probe tenant's key, which reads the front's /v1/models and /metrics (None: open mode).
         self.key: str | None = None
         if settings.secrets_dir is not None:
@@ -138,6 +148,29 @@ def wait_warm(front_url: str, timeout_s: float, gone: Callable[[], bool] = lambd
         if time.monotonic() > deadline:
             raise ServerError(f"{front_url} was not warm within {timeout_s:g} s")
         time.sleep(0.5)
+
+
+def free_port_block(host: str, count: int, tries: int = 200) -> int:
+    """The first of ``count`` consecutive TCP ports that were free a moment ago (:func:`free_port`'s draw, the
+    ports after it checked bindable).
+
+    NOTE: only the first port is recorded as handed out; the next ones are checked free now. free_port draws at
+    random from some 20,000 ports below the ephemeral range, so another draw landing inside the block is rare,
+    and the front then fails to listen (its replica does not get warm) rather than sharing a port."""
+    for _ in range(tries):
+        first = free_port(host)
+        if first + count - 1 <= 65535 and all(_bindable(host, port) for port in range(first + 1, first + count)):
+            return first
+    raise ServerError(f"no {count} consecutive free ports on {host} in {tries} tries")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def http_status(url: str, timeout_s: float = 5.0) -> int:

@@ -14,6 +14,7 @@ which compose and Kubernetes run."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -32,6 +33,8 @@ from warmup_tools.server.process import free_port
 
 #: Deadline of one worker registration or removal (smg runs them as background jobs).
 WORKER_JOB_TIMEOUT_S = 120.0
+#: The scheme of a gRPC worker's URL (smg's engine protocol); an HTTP worker's is its front's ``http://``.
+GRPC_SCHEME = "grpc://"
 
 
 class RouterClient:
@@ -50,15 +53,27 @@ class RouterClient:
         """``GET /workers``: every registered worker (its ``id``, ``url``, ``status``, ``load``)."""
         return list(self._call("GET", "/workers").get("workers", []))
 
-    def add(self, url: str, model: str, timeout_s: float = WORKER_JOB_TIMEOUT_S) -> str:
+    def add(self, url: str, model: str, timeout_s: float = WORKER_JOB_TIMEOUT_S, *,
+            kv_block_size: int | None = None) -> str:
         """Register ``url`` as a worker serving ``model`` and wait until the router routes to it: its worker id.
 
         NOTE: smg 1.13 routes a model to the workers whose first model card names it, and rewrites an alias to
         the card's id: one replica serving several adapters is one worker per model, each at its own URL
-        (the front's ``/m/<model>`` prefix), so that the body's ``model`` reaches the front unchanged."""
+        (the front's ``/m/<model>`` prefix, or its own gRPC listener), so that the model reaches the replica
+        unchanged.
+
+        A ``grpc://`` URL is one of the front's smg engine listeners (``kv_block_size``: the replicas' KV block
+        size, the same on every replica of a model): smg asks the listener its model (GetModelInfo), its block
+        size (GetServerInfo) and subscribes to its KV events."""
         health = {"check_interval_secs": self.health_check_interval_s}
-        answer = self._call("POST", "/workers", {"url": url, "runtime_type": "generic", "health": health,
-                                                 "models": [{"id": model}]})
+        if url.startswith(GRPC_SCHEME):
+            if kv_block_size is None:
+                raise ValueError(f"a gRPC worker ({url}) is registered with the replicas' kv_block_size")
+            body: dict[str, Any] = {"url": url, "runtime": "vllm", "connection_mode": "grpc",
+                                    "kv_block_size": kv_block_size, "health": health}
+        else:
+            body = {"url": url, "runtime_type": "generic", "health": health, "models": [{"id": model}]}
+        answer = self._call("POST", "/workers", body)
         worker_id = str(answer["worker_id"])
         self._wait(lambda: self._status(worker_id) == "ready", timeout_s,
                    f"the router did not make {url} ready")
@@ -136,7 +151,8 @@ def smg_argv(settings: FleetSettings, *, port: int, prometheus_port: int) -> lis
     """The router's command line: smg (through :mod:`~warmup_tools.fleet.smg_launch`) with the fleet's policy,
     thresholds and health checks, no conversation or response store, the front's bound on a request body, and in
     trust mode (``secrets_dir``) its worker API behind the deployment's ``router_control.key``, which the launcher
-    reads from that folder: the key is on no command line (smg 1.13 takes it on its own command line only)."""
+    reads from that folder: the key is on no command line (smg 1.13 takes it on its own command line only). With
+    ``worker_protocol`` grpc also the LM's folder (smg tokenizes) and, for ``cache_aware``, its event index."""
     argv = [sys.executable, "-m", "warmup_tools.fleet.smg_launch"]
     if settings.secrets_dir is not None:
         argv += [SECRETS_FLAG, str(settings.secrets_dir)]
@@ -154,7 +170,27 @@ def smg_argv(settings: FleetSettings, *, port: int, prometheus_port: int) -> lis
              # NOTE: a body the front would refuse (413) is refused here already, before smg buffers it to route.
              "--max-payload-size", str(MAX_BODY_BYTES),
              "--shutdown-grace-period-secs", str(round(settings.router_shutdown_grace_s)), "--log-level", "warn"]
+    if settings.grpc:
+        # NOTE: on gRPC workers smg is the OpenAI server: it templates and tokenizes from the LM's own folder (no
+        # hub: without --model-path smg 1.13 looks the worker's model path up on Hugging Face).
+        argv += ["--model-path", str(served_lm(settings)[0])]
+        if settings.kv_index is not None:
+            argv += ["--kv-index", settings.kv_index]
     return argv
+
+
+def served_lm(settings: FleetSettings) -> tuple[Path, int]:
+    """The LM folder (tokenizer, chat template) and the KV block size of the repository the replicas serve, read
+    from its ``lora_adapter`` config as the replicas read it (``WARMUP_ASSETS_DIR``: ``assets_dir`` when set)."""
+    from warmup_tools.lora_adapter.settings import LoraAdapterSettings
+    from warmup_tools.server.config import ServeConfig
+
+    environ = dict(os.environ)
+    if settings.assets_dir is not None:
+        environ["WARMUP_ASSETS_DIR"] = str(Path(settings.assets_dir).resolve())
+    repository = Path(settings.model_repository or ServeConfig().model_repository)
+    adapter = LoraAdapterSettings.from_repository(repository, environ)
+    return Path(adapter.engine.base_model).resolve(), adapter.engine.kv.block_size
 
 
 def control_key(settings: FleetSettings) -> str | None:

@@ -19,6 +19,11 @@ POLICIES: tuple[str, ...] = ("cache_aware", "round_robin", "prefix_hash", "consi
 #: sent, and the routing decision tells one tenant what another sent (docs/fleet.md, "Routing and tenants").
 TEXT_POLICIES: tuple[str, ...] = ("cache_aware", "prefix_hash")
 
+#: How the router reaches a replica: ``http``, its OpenAI front (smg forwards the request's body, routes
+#: ``cache_aware`` on a tree of the text it routed); ``grpc``, the front's smg engine listeners (smg tokenizes and
+#: templates, the replica runs inference only, and ``cache_aware`` routes on the replicas' KV events).
+WORKER_PROTOCOLS: tuple[str, ...] = ("http", "grpc")
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class FleetSettings:
@@ -28,6 +33,15 @@ class FleetSettings:
 
     replicas: int = setting(2, "Replicas started at once (each: tritonserver, its sidecar and its OpenAI front).",
                             ge=1, le=16)
+    worker_protocol: str = setting("http", "How the router reaches each replica: http (its OpenAI front; the only "
+                                           "one with trust mode) or grpc (smg's engine protocol, one listener per "
+                                           "model on the front's grpc_worker_port and the next ports; cache_aware "
+                                           "then routes on the replicas' KV events: docs/fleet.md, \"The gRPC "
+                                           "worker protocol\").", choices=WORKER_PROTOCOLS)
+    grpc_ports_per_replica: int = setting(8, "worker_protocol grpc: consecutive ports each replica of a local fleet "
+                                             "gets for its listeners, the base model's first, then one per live "
+                                             "adapter (the front's grpc_worker_models: an adapter beyond them gets "
+                                             "no listener).", ge=1, le=64)
     policy: str = setting("cache_aware", "The router's policy (smg --policy) in open mode, and in trust mode when "
                                          "it does not route on the request's text (otherwise trust_policy).",
                           choices=POLICIES)
@@ -98,6 +112,21 @@ class FleetSettings:
         check_settings(self)
         if self.port and self.port == self.prometheus_port:
             raise ConfigError("port and prometheus_port must differ")
+        if self.grpc and self.secrets_dir is not None:
+            raise ConfigError("worker_protocol grpc does not run with trust mode (secrets_dir): smg 1.13 passes no "
+                              "tenant identity to a gRPC worker (no tenant, key or salt field reaches it), so the "
+                              "replicas could not keep tenants apart; a trust-mode fleet uses worker_protocol http "
+                              "(docs/fleet.md, \"smg's gRPC worker protocol\")")
+
+    @property
+    def grpc(self) -> bool:
+        """Whether the router reaches the replicas over smg's gRPC engine protocol (``worker_protocol`` grpc)."""
+        return self.worker_protocol == "grpc"
+
+    @property
+    def kv_index(self) -> str | None:
+        """smg's event-driven KV index (``--kv-index``) behind ``cache_aware`` on gRPC workers; None otherwise."""
+        return "positional" if self.grpc and self.routed_policy == "cache_aware" else None
 
     @property
     def routed_policy(self) -> str:

@@ -14,8 +14,13 @@ from warmup_tools.ops.cli.flags import add_settings, settings_from_args
 from warmup_tools.ops.cli.serving import stop_on_signals
 
 #: What the router reads of the fleet's settings (``router``; the replicas' are the ``fleet``'s own).
-ROUTER_FIELDS = ("policy", "cache_threshold", "balance_abs_threshold", "balance_rel_threshold", "host", "port",
-                 "prometheus_port", "secrets_dir", "health_check_interval_s", "router_shutdown_grace_s")
+ROUTER_FIELDS = ("worker_protocol", "policy", "cache_threshold", "balance_abs_threshold", "balance_rel_threshold",
+                 "host", "port", "prometheus_port", "secrets_dir", "health_check_interval_s",
+                 "router_shutdown_grace_s", "model_repository", "assets_dir")
+#: What ``join`` reads of them (with worker_protocol grpc, the repository's KV block size: model_repository and
+#: assets_dir as the replicas have them).
+JOIN_FIELDS = ("worker_protocol", "secrets_dir", "membership_interval_s", "health_check_interval_s",
+               "model_repository", "assets_dir")
 #: smg's own metrics port: a router alone on its host takes it when the fleet's ``prometheus_port`` is 0
 #: (any free port, which only a fleet that starts the router itself can find out).
 SMG_PROMETHEUS_PORT = 29000
@@ -39,12 +44,14 @@ def add_commands(sub: Any) -> None:
                                        "restart, all removed at SIGTERM (compose and each Kubernetes pod run it)")
     join.add_argument("--router", required=True, help="the router's base URL, e.g. http://router:30000")
     join.add_argument("--replica", required=True, help="the replica's OpenAI front, e.g. http://triton:9000")
+    join.add_argument("--worker-host", default=None,
+                      help="worker_protocol grpc: the host the router reaches the replica's gRPC listeners at "
+                           "(default: --replica's host)")
     join.add_argument("--once", action="store_true",
                       help="register once the replica is warm, then exit (no updates, no removal at exit)")
     join.add_argument("--timeout-s", type=float, default=1800.0,
                       help="with --once: how long to wait for the replica to be warm")
-    add_settings(join, FleetSettings, only=("secrets_dir", "membership_interval_s", "health_check_interval_s"),
-                 aliases={"membership_interval_s": "--interval-s"})
+    add_settings(join, FleetSettings, only=JOIN_FIELDS, aliases={"membership_interval_s": "--interval-s"})
     join.set_defaults(func=_cmd_join)
 
 
@@ -81,7 +88,8 @@ def _cmd_router(args: argparse.Namespace) -> int:
     port = settings.port or FleetSettings().port
     control_key(settings)  # a missing or empty key file fails here, with its name, before smg starts
     argv = smg_argv(settings, port=port, prometheus_port=settings.prometheus_port or SMG_PROMETHEUS_PORT)
-    print(f"smg {settings.routed_policy} router on {settings.host}:{port}, worker API "
+    print(f"smg {settings.routed_policy} router ({settings.worker_protocol} workers) on {settings.host}:{port}, "
+          "worker API "
           + ("behind the deployment's control-plane key" if settings.secrets_dir else "open (open mode)"), flush=True)
     os.execv(argv[0], argv)  # NOTE: smg takes this process's place: signals reach it, its exit is ours
 
@@ -90,7 +98,7 @@ def _cmd_join(args: argparse.Namespace) -> int:
     from warmup_tools.common.deployment import DeploymentSecrets
     from warmup_tools.fleet.membership import Membership
     from warmup_tools.fleet.replica import wait_warm
-    from warmup_tools.fleet.router import RouterClient, control_key
+    from warmup_tools.fleet.router import RouterClient, control_key, served_lm
 
     settings = fleet_settings(args)
     interval = settings.membership_interval_s
@@ -99,7 +107,9 @@ def _cmd_join(args: argparse.Namespace) -> int:
         secrets = DeploymentSecrets(settings.secrets_dir)
         replica_key = secrets.read_key(secrets.probe_key)
     router = RouterClient(args.router, settings.health_check_interval_s, control_key=control_key(settings))
-    membership = Membership(args.replica, router, interval, replica_key=replica_key)
+    membership = Membership(args.replica, router, interval, replica_key=replica_key,
+                            protocol=settings.worker_protocol, worker_host=args.worker_host,
+                            kv_block_size=served_lm(settings)[1] if settings.grpc else None)
     if args.once:
         wait_warm(args.replica, args.timeout_s)
         membership.sync()

@@ -39,6 +39,8 @@ _REDIS = "tests/unit/caches/test_redis_tier.py"
 _DEPLOY = "tests/unit/test_deploy.py"
 _HEALTH = "tests/unit/sidecar/test_health.py"
 _FRONT_HTTP = "tests/unit/front/test_http.py"
+_TRACING = "tests/unit/common/test_tracing.py"
+_KV_EVENTS = "tests/unit/smg_worker/test_event_server.py"
 
 AREAS: tuple[Area, ...] = (
     Area("Operators' files: the control folder", "threat-model", (
@@ -219,6 +221,27 @@ AREAS: tuple[Area, ...] = (
         Claim("A `top_p` below float32's smallest value still keeps the best token.",
               ("tests/unit/lora_adapter/test_sampling.py::"
                "test_a_top_p_below_float32s_smallest_value_still_keeps_the_best_token",)),
+        Claim("A malformed, repeated or oversized W3C `traceparent` (HTTP header, gRPC metadata or Triton request "
+              "parameter) is ignored before it is parsed and the request is served; a bad or oversized `tracestate` "
+              "is dropped and the parent kept, and the client's text never reaches the log.",
+              (f"{_TRACING}::test_a_malformed_traceparent_is_ignored",
+               f"{_TRACING}::test_an_oversized_traceparent_is_ignored_before_parsing",
+               f"{_TRACING}::test_headers_without_or_with_two_traceparents_give_no_context",
+               f"{_TRACING}::test_context_from_grpc_metadata",
+               f"{_TRACING}::test_triton_parameters_that_carry_no_valid_context",
+               f"{_TRACING}::test_a_bad_or_oversized_tracestate_is_dropped_and_the_parent_kept",
+               f"{_TRACING}::test_headers_whose_tracestates_are_too_long_together_keep_the_parent",
+               "tests/integration/test_tracing.py::test_a_malformed_or_oversized_traceparent_is_ignored_and_the_request_served")),
+        Claim("Tracing is off by default (no SDK imported, no exporter or thread started); a model never starts a trace "
+              "of its own, an unsampled context exports nothing, and a failed span carries the error's kind, never "
+              "its message.",
+              (f"{_TRACING}::test_tracing_is_off_by_default",
+               f"{_TRACING}::test_off_imports_no_sdk_and_starts_no_exporter",
+               f"{_TRACING}::test_a_model_never_starts_a_trace_of_its_own",
+               f"{_TRACING}::test_an_unsampled_context_records_nothing",
+               "tests/integration/test_tracing.py::test_an_unsampled_context_exports_nothing",
+               f"{_TRACING}::test_a_failed_span_carries_the_error_kind_not_its_text",
+               "tests/unit/lora_adapter/test_traced.py::test_a_refused_request_ends_its_span_with_the_error_kind")),
     )),
     Area("One tenant's burst", "bounds-on-inputs", (
         Claim("`lora_adapter` admits per tenant: a tenant over its share of the queue is refused `rate_limited` "
@@ -292,6 +315,18 @@ AREAS: tuple[Area, ...] = (
                "test_a_store_for_an_older_plan_after_a_plan_change_keeps_the_current_plan_s_pins",
                "tests/unit/lora_adapter/test_live_plan.py::"
                "test_a_sample_in_flight_during_a_live_plan_change_leaves_the_new_plan_pinned_and_covered")),
+        Claim("KV events are bounded: a journal keeps `kv_events_window_blocks` blocks of events (a flood of unique "
+              "prompts moves the window, never grows it), and a subscriber whose number fell out of it gets "
+              "OUT_OF_RANGE (resubscribe for the state) instead of a partial history.",
+              ("tests/unit/kv/test_events.py::"
+               "test_a_number_outside_the_window_asks_for_a_resync_and_the_window_stays_bounded",
+               f"{_KV_EVENTS}::test_a_number_outside_the_window_is_out_of_range_before_headers")),
+        Claim("An instance's KV events are served on a unix socket in a per-start 0700 folder, never on a network "
+              "port; a subscriber's malformed scope (adapter or tenant name) is refused with INVALID_ARGUMENT and the "
+              "server keeps serving; a socket path too long for the kernel is refused at start.",
+              (f"{_KV_EVENTS}::test_a_malformed_scope_is_refused_and_the_server_keeps_serving",
+               f"{_KV_EVENTS}::test_the_socket_path_is_bounded",
+               "tests/integration/test_kv_events.py::test_a_new_subscriber_sees_the_warm_up_samples_blocks")),
         Claim("The soak benchmark's judgements (flat RSS, open files and threads after the first 5 minutes, no "
               "request lost outside the recovery windows, every bad request with its error class) are "
               "unit-tested; the figures are in docs/soak.md.",

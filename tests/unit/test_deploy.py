@@ -14,7 +14,8 @@ import yaml
 from warmup_tools.ops.cli import _parser
 
 ROOT = Path(__file__).resolve().parents[2]
-K8S = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
+#: The manifests (kustomization.yaml lists them for `kubectl apply -k`: tests/unit/test_deploy_grpc.py).
+K8S = sorted(p for p in (ROOT / "deploy" / "k8s").glob("*.yaml") if p.name != "kustomization.yaml")
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,27 +21,39 @@ from warmup_tools.front.errors import OpenAIError, bad_request, send_error
 from warmup_tools.front.routers import chat, completions, models, observability
 from warmup_tools.front.serving import FrontState
 from warmup_tools.front.settings import FrontSettings
+from warmup_tools.front.smg_grpc import router as grpc_workers_router
+
+if TYPE_CHECKING:
+    from warmup_tools.front.smg_grpc.listeners import GrpcWorkers
 
 LOGGER = logging.getLogger(__name__)
 
 
 def build_app(settings: FrontSettings, engine: Engine, renderer: ChatRenderer | None,
-              drain: Drain | None = None) -> FastAPI:
-    """The front's application; ``drain`` (default a new one) is how its owner drains it on SIGTERM."""
+              drain: Drain | None = None, grpc_workers: GrpcWorkers | None = None) -> FastAPI:
+    """The front's application; ``drain`` (default a new one) is how its owner drains it on SIGTERM;
+    ``grpc_workers``: smg's gRPC worker listeners, started and stopped with it (front/smg_grpc)."""
     drain = drain or Drain()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         try:
-            yield
+            if grpc_workers is not None:
+                await grpc_workers.start(app.state.front)
+            try:
+                yield
+            finally:
+                if grpc_workers is not None:
+                    await grpc_workers.stop()
         finally:
             await engine.close()
 
     app = FastAPI(title="warmup_tools OpenAI front", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.front = FrontState(settings, engine, TenantResolver(settings.tenant_keys_file), renderer, drain)
-    for module in (chat, completions, models, observability):
+    app.state.grpc_workers = grpc_workers
+    for module in (chat, completions, models, observability, grpc_workers_router):
         app.include_router(module.router)
     app.add_exception_handler(OpenAIError, _openai_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

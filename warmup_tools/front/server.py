@@ -25,6 +25,7 @@ from warmup_tools.front.drain import Drain
 from warmup_tools.front.engine.triton_engine import TritonEngine
 from warmup_tools.front.http import bounded_httptools
 from warmup_tools.front.settings import FrontSettings
+from warmup_tools.front.smg_grpc.listeners import GrpcWorkers, replica_facts
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.lora_adapter.settings import SchedulerConfig
 from warmup_tools.server.config import REPO_ROOT
@@ -110,7 +111,8 @@ class FrontServer:
             renderer = load_renderer(settings.tokenizer_path)
         self.settings = settings
         self._drain = Drain()
-        app = build_app(settings, engine, renderer, self._drain)  # type: ignore[arg-type]
+        workers = GrpcWorkers(settings, replica_facts(settings, environ)) if settings.grpc_worker_port else None
+        app = build_app(settings, engine, renderer, self._drain, workers)  # type: ignore[arg-type]
         #: The application (its ``state.front``: what the front holds now).
         self.app = app
         # NOTE: uvloop and httptools, uvicorn's fast event loop and HTTP parser: each saves the front CPU on every

@@ -83,10 +83,25 @@ class FrontSettings:
     tenant_keys_file: Path | None = setting(None, "Trust mode: the tenant keys file of tokenizer_cache (hashes "
                                                   "only); a request's bearer key names its tenant. Empty: open "
                                                   "mode, the tenant comes from X-Tenant-Id or user.")
+    grpc_worker_port: int = setting(0, "Port of smg's gRPC worker protocol (the VllmEngine service) for the base "
+                                       "model; each live adapter gets one of the next ports (GET /grpc-workers "
+                                       "lists them). 0: off. Refused in trust mode (docs/fleet.md, \"smg's gRPC "
+                                       "worker protocol\").", ge=0, le=65535)
+    grpc_worker_host: str = setting("127.0.0.1", "Address the gRPC worker listeners are served on: reachable by "
+                                                 "the router alone (the ports carry no credential: SECURITY.md).")
+    grpc_worker_models: int = setting(16, "gRPC worker listeners at most (the base model and live adapters, one "
+                                          "port each from grpc_worker_port on); an adapter beyond them gets none.",
+                                      ge=1, le=1024)
+    kv_events_dir: Path | None = setting(None, "The folder where each lora_adapter instance serves its KV events "
+                                               "(<instance>.sock); SubscribeKvEvents relays the one socket there. "
+                                               "Empty: no events (SubscribeKvEvents answers UNIMPLEMENTED).")
 
     def __post_init__(self) -> None:
         check_settings(self)
         if not self.served_model_name or len(self.served_model_name) > 64:
             raise ConfigError("served_model_name must be 1 to 64 characters")
+        if self.grpc_worker_port and self.grpc_worker_port + self.grpc_worker_models - 1 > 65535:
+            raise ConfigError(f"grpc_worker_port {self.grpc_worker_port} leaves no room for grpc_worker_models "
+                              f"({self.grpc_worker_models}) ports below 65536")
         if ":" not in self.triton_grpc_url:
             raise ConfigError(f"triton_grpc_url must be host:port, not {self.triton_grpc_url!r}")

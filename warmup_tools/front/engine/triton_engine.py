@@ -22,12 +22,13 @@ request never waits for them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
 import re
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 import aiohttp
 import grpc
@@ -35,7 +36,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import InferResult, service_pb2
 
-from warmup_tools.common.tracing import Tracer
+from warmup_tools.common.tracing import TraceContext, Tracer
 from warmup_tools.common.wire import ENSEMBLE_STEPS, EnsembleStep, ErrorKind, input_tensors, untag
 from warmup_tools.front.engine.engine import (
     EngineError,
@@ -109,6 +110,34 @@ def ensemble_inputs(request: GenerateInput) -> list[Tensor]:
 def _step_inputs(step: EnsembleStep, tensors: dict[str, tuple[str, np.ndarray]]) -> list[Tensor]:
     """``step``'s inputs from the ensemble's tensors, as its ``input_map`` says (an absent optional one is left out)."""
     return [(name, *tensors[source]) for name, source in step.inputs.items() if source in tensors]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenChunk:
+    """One response of a generation from token ids (:meth:`TritonEngine.generate_tokens`): its new token ids and
+    the counters so far; the last one has ``finish_reason`` (``stop`` or ``length``)."""
+
+    token_ids: tuple[int, ...]
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str = ""
+
+
+def _text_chunk(result: InferResult, reason: str) -> GenerateChunk:
+    text = result.as_numpy("text_output").reshape(-1)[0].decode("utf-8", errors="replace")
+    if not reason:
+        return GenerateChunk(text)
+    # NOTE: the counters are read from the last response only (each read parses the tensor): the usage is the
+    # last response's, and this runs once per token.
+    return GenerateChunk(text, finish_reason=reason,
+                         **{name: int(result.as_numpy(name).reshape(-1)[0]) for name in _COUNTERS})
+
+
+def _token_chunk(result: InferResult, reason: str) -> TokenChunk:
+    ids = result.as_numpy("token_ids")
+    return TokenChunk(tuple(int(t) for t in ids.reshape(-1)) if ids is not None else (), finish_reason=reason,
+                      **{name: int(result.as_numpy(name).reshape(-1)[0]) for name in _COUNTERS})
 
 
 #: Triton's bidirectional streaming method, which a generation calls as a server-streaming one (below).
@@ -205,7 +234,32 @@ class TritonEngine:
             else:
                 model = ENSEMBLE_STEPS[-1].model
                 inputs = await self._composing_inputs(inputs, trace.parameters() if trace is not None else None)
-            async for chunk in self._stream(model, inputs, parameters):
+            async for chunk in self._stream(model, inputs, parameters, _text_chunk):
+                if span is not None and chunk.finish_reason:
+                    span.set_attributes({"prompt_tokens": chunk.prompt_tokens, "cached_tokens": chunk.cached_tokens,
+                                         "output_tokens": chunk.output_tokens})
+                yield chunk
+        finally:
+            if span is not None:
+                span.end()
+
+    async def generate_tokens(self, input_ids: Sequence[int], adapter: str | None, tenant: str | None,
+                              sampling: Mapping[str, Any], trace: TraceContext | None = None,
+                              ) -> AsyncIterator[TokenChunk]:
+        """A generation from token ids (smg's gRPC worker protocol: the router tokenizes and detokenizes): one
+        stream to ``lora_adapter`` with ``input_ids``, the identity and the sampling inputs (wire names), whatever
+        ``pipeline`` says; each response's token ids. Closing the iterator cancels the call, and the sequence in
+        lora_adapter's scheduler. Raises :class:`EngineError`."""
+        span = parameters = None
+        if self.tracer is not None:
+            span = self.tracer.start("front.generate", trace, server=True,
+                                     attributes={"pipeline": "tokens", "adapter": adapter or ""})
+            child = self.tracer.child_context(span)
+            parameters = child.parameters() if child is not None else None
+        try:
+            inputs = input_tensors({"input_ids": np.asarray(input_ids, dtype=np.int32), "stream": True,
+                                    "adapter_id": adapter or None, "tenant_id": tenant or None, **sampling})
+            async for chunk in self._stream(ENSEMBLE_STEPS[-1].model, inputs, parameters, _token_chunk):
                 if span is not None and chunk.finish_reason:
                     span.set_attributes({"prompt_tokens": chunk.prompt_tokens, "cached_tokens": chunk.cached_tokens,
                                          "output_tokens": chunk.output_tokens})
@@ -242,8 +296,9 @@ class TritonEngine:
             raise engine_error(exc.details() or "", str(exc.code())) from None
         return InferResult(response)
 
-    async def _stream(self, model: str, inputs: list[Tensor],
-                      parameters: dict[str, str] | None) -> AsyncIterator[GenerateChunk]:
+    async def _stream(self, model: str, inputs: list[Tensor], parameters: dict[str, str] | None,
+                      read: Callable[[InferResult, str], Any] = _text_chunk) -> AsyncIterator[Any]:
+        """The chunks of one generation stream, each response made one by ``read(result, finish_reason)``."""
         assert self._generate is not None, "start() first"
         responses = self._generate(infer_request(model, "", inputs, parameters=parameters), timeout=self.timeout_s)
         ended = False
@@ -255,18 +310,15 @@ class TritonEngine:
                     ended = await _end_cleanly(responses)
                     raise engine_error(response.error_message)
                 result = InferResult(response.infer_response)
-                text = result.as_numpy("text_output").reshape(-1)[0].decode("utf-8", errors="replace")
                 reason = result.as_numpy("finish_reason").reshape(-1)[0].decode("utf-8")
+                chunk = read(result, reason)
                 if not reason:
-                    yield GenerateChunk(text)
+                    yield chunk
                     continue
-                # NOTE: the counters are read from the last response only (each read parses the tensor): the
-                # usage is the last response's, and this loop runs once per token.
-                fields = {name: int(result.as_numpy(name).reshape(-1)[0]) for name in _COUNTERS}
                 # NOTE: the call is ended before the last chunk is handed on: a consumer that stops at the last
                 # chunk never resumes this generator, whose close would then cancel the call.
                 ended = await _end_cleanly(responses)
-                yield GenerateChunk(text, finish_reason=reason, **fields)
+                yield chunk
                 break
         except asyncio.CancelledError:
             raise

@@ -257,6 +257,9 @@ def test_each_replica_pod_keeps_its_own_membership_in_the_router():
     assert not args.once  # runs until the pod's SIGTERM, then removes its workers
     front = {p["name"]: p["containerPort"] for p in triton["ports"]}["openai"]
     assert args.replica == f"http://localhost:{front}"
+    # ... and registers it at the pod's IP: the router, in its own pod, cannot reach the replica's localhost.
+    pod_ip = next(e for e in join["env"] if e["name"] == "POD_IP")
+    assert args.worker_host == "$(POD_IP)" and pod_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     service = _doc("Service", "warmup-router")
     port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "openai")
     assert args.router == f"http://{service['metadata']['name']}:{port}" and port == int(_flag(command, "--port"))

@@ -22,8 +22,10 @@ warm out of rotation, and put it back once it is warm again.
 
 With ``protocol="grpc"`` (``worker_protocol`` grpc) the models and their workers come from the front's
 ``GET /grpc-workers`` instead: one smg engine listener per live model, each registered as the worker
-``grpc://<worker_host>:<port>`` (``worker_host``: where the router reaches the replica, by default the host of
-``replica_url``) with the replicas' ``kv_block_size``; smg reads the listener's model from it.
+``grpc://<worker_host>:<port>`` with the replicas' ``kv_block_size``; smg reads the listener's model from it.
+
+``worker_host`` (either protocol): where the router reaches the replica when that is not ``replica_url``'s host
+(a Kubernetes pod's ``join`` reads its front on localhost; the router dials the pod's IP).
 """
 
 from __future__ import annotations
@@ -65,7 +67,12 @@ class Membership:
         self.replica_key = replica_key
         self.interval_s = interval_s
         self.protocol = protocol
-        self.worker_host = worker_host or urllib.parse.urlsplit(self.replica_url).hostname or "127.0.0.1"
+        split = urllib.parse.urlsplit(self.replica_url)
+        self.worker_host = worker_host or split.hostname or "127.0.0.1"
+        #: The front as the router reaches it: ``replica_url`` at ``worker_host`` when one is given (a ``join``
+        #: beside the front reads it on localhost; the router, in another pod, dials the pod's address).
+        self._front_url = self.replica_url if worker_host is None else urllib.parse.urlunsplit(
+            split._replace(netloc=f"{_bracketed(worker_host)}:{split.port}" if split.port else _bracketed(worker_host)))
         self.kv_block_size = kv_block_size
         #: gRPC: each model's listener port, as the front listed it last.
         self._ports: dict[str, int] = {}
@@ -84,9 +91,8 @@ class Membership:
     def worker_url(self, model: str) -> str:
         """The router's worker of ``model`` on this replica: its front's ``/m/<model>``, or (gRPC) its listener."""
         if self.protocol == "grpc":
-            host = f"[{self.worker_host}]" if ":" in self.worker_host else self.worker_host
-            return f"{GRPC_SCHEME}{host}:{self._ports[model]}"
-        return f"{self.replica_url}/m/{model}"
+            return f"{GRPC_SCHEME}{_bracketed(self.worker_host)}:{self._ports[model]}"
+        return f"{self._front_url}/m/{model}"
 
     def served(self) -> list[str]:
         """The models the replica serves now: its ``/v1/models``, or (gRPC) the models with a listener on its
@@ -222,6 +228,10 @@ class Membership:
 
     def __repr__(self) -> str:
         return f"Membership({self.replica_url!r}, workers={self.workers!r})"
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def grpc_workers(front_url: str, key: str | None = None) -> dict[str, int]:

@@ -165,6 +165,15 @@ def test_the_worker_host_is_where_the_router_reaches_the_replica(grpc_parts):
     assert router.urls() == {"grpc://triton-warmup-0.triton-warmup-pods:41000",
                              "grpc://triton-warmup-0.triton-warmup-pods:41001"}
     pod.stop()
+    # Over HTTP too: the front's URL at that host (a pod's join reads the front on localhost).
+    port = membership.replica_url.rsplit(":", 1)[1]
+    http = Membership(membership.replica_url.replace("127.0.0.1", "localhost"), membership.router, 0.05,
+                      worker_host="10.1.2.3")
+    assert http.worker_url("base") == f"http://10.1.2.3:{port}/m/base"
+    assert Membership("http://localhost:9000", membership.router, 1, worker_host="fd00::7").worker_url("sql") == \
+        "http://[fd00::7]:9000/m/sql"
+    assert Membership("http://localhost:9000", membership.router, 1).worker_url("sql") == \
+        "http://localhost:9000/m/sql"
 
 
 @pytest.mark.parametrize("listing", [{"workers": [{"model": "base", "port": "41000"}]},

@@ -45,8 +45,8 @@ def add_commands(sub: Any) -> None:
     join.add_argument("--router", required=True, help="the router's base URL, e.g. http://router:30000")
     join.add_argument("--replica", required=True, help="the replica's OpenAI front, e.g. http://triton:9000")
     join.add_argument("--worker-host", default=None,
-                      help="worker_protocol grpc: the host the router reaches the replica's gRPC listeners at "
-                           "(default: --replica's host)")
+                      help="the host the router reaches the replica at, when not --replica's (a pod's join reads "
+                           "its front on localhost; the router dials the pod's IP)")
     join.add_argument("--once", action="store_true",
                       help="register once the replica is warm, then exit (no updates, no removal at exit)")
     join.add_argument("--timeout-s", type=float, default=1800.0,

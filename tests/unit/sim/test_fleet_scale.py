@@ -60,3 +60,27 @@ def test_fidelity_compares_percentiles_within_the_tolerance_and_cached_tokens_pe
     worse = [Served(s.ttft_ms * 1.3, s.itl_ms, s.cached_tokens + 1) for s in real]
     text = report(real, worse, "cpu-demo-lm")
     assert "| 1.30 | no |" in text and "20 of 20 requests differ" in text
+
+
+def test_a_protocol_runs_figures_the_joiners_first_window_against_the_fleets_steady_share():
+    from warmup_tools.sim.bench.cold_start import Sample
+    from warmup_tools.sim.bench.fleet_scale import JOINER_WINDOW_S, protocol_result, protocols_table
+
+    answers = [Answer(0.0, 10.0, 30, 100), Answer(1.0, 10.0, 0, 100),
+               Answer(2.0, 0.0, 0, 0, "boom", 503, "unavailable", "grpc://127.0.0.1:5")]
+    replay_s = 1200.0
+    samples = {
+        "r1": [Sample(10.0, 50.0, 0, 100), Sample(400.0, 60.0, 50, 100), Sample(700.0, 70.0, 50, 100)],
+        "r2": [Sample(610.0, 80.0, 90, 100), Sample(610.0 + JOINER_WINDOW_S, 90.0, 0, 100)],
+    }
+    result = protocol_result("grpc", answers, samples, "r2", 600.0, replay_s, "table", "3/2")
+    assert (result.requests, result.failed, result.cached_share) == (3, 1, 0.15)
+    # The joiner's first window: its one request at 610 s (the next one is past the window).
+    assert (result.joiner_share, result.joiner_requests) == (0.9, 1)
+    # Steady: after 300 s, the joiner's first window left out: r1's 400 and 700 s, r2's second.
+    assert math.isclose(result.steady_share, 100 / 300)
+    assert result.ttft_p50_ms == 70.0
+    table_text = protocols_table([result], oracle_share=0.3)
+    assert "| grpc | 3 (1) | 15.0% | 50% |" in table_text and "90.0% (1)" in table_text
+    alone = protocol_result("http", answers[:1], {"r1": samples["r1"]}, None, None, replay_s, "", "3")
+    assert alone.joiner_share is None and "| - |" in protocols_table([alone], 0.0)

@@ -29,6 +29,13 @@ Runs (each a fleet of its own, one after the other):
    and cached share, plan against no plan; the per-minute cached share's worst gap
    (:mod:`warmup_tools.sim.bench.cold_start`).
 
+7. **Worker protocols** (``--runs protocols``, not in the default) at the largest fleet with ``plan_policy``, once per
+   ``--worker-protocols`` (``http``: smg routes ``cache_aware`` on its own tree of the text it routed; ``grpc``: on
+   the replicas' KV events, :mod:`warmup_tools.fleet.membership`), on the same replay, each with one more replica
+   joining at half the replay (the plan's stanzas and the fleet's snapshots, joined once warm), and the oracle's
+   run on the same items: per protocol the share of prompt tokens from cache and its ratio to the oracle's, TTFT
+   p50/p99, the joiner's cached share in its first modelled minute against the fleet's steady share, failures.
+
 Every run counts its failed requests by HTTP status, error kind and replica (the router names the worker it
 routed to). ``--trace real-text`` replays the project's real-text traffic instead of a public trace.
 
@@ -63,7 +70,7 @@ from warmup_tools.common.records import RequestRecord, log_files, read_request_l
 from warmup_tools.common.settings import arg, environ_overrides
 from warmup_tools.fleet.fleet import Fleet
 from warmup_tools.fleet.replica import Replica
-from warmup_tools.fleet.settings import POLICIES, FleetSettings
+from warmup_tools.fleet.settings import POLICIES, WORKER_PROTOCOLS, FleetSettings
 from warmup_tools.lora_adapter.profile import EngineProfile, load_profile
 from warmup_tools.server.client import metric_sum, scrape_metrics
 from warmup_tools.server.config import REPO_ROOT
@@ -85,10 +92,17 @@ REAL_TEXT = "real-text"
 #: The real-text traffic's replicas get the KV budget of a trace of 512-token blocks (the same fleet).
 REAL_TEXT_SOURCE_BLOCK = 512
 #: The runs of a ``bench fleet-scale``, in the order they run.
-RUNS = ("routing", "oracle", "plans", "scale-out", "scale-in", "cold-start")
+RUNS = ("routing", "oracle", "plans", "scale-out", "scale-in", "cold-start", "protocols")
 #: Modelled minutes the scale-out run's replay goes on beyond the joiners' window (they start, restore and warm
 #: after half the replay before they join: a few wall seconds, so minutes at ``speedup``).
 JOIN_LEAD_MIN = 5.0
+#: Modelled seconds from the replay's start after which the fleet's cached share counts as steady (the protocols
+#: run; at most half the replay).
+STEADY_AFTER_S = 300.0
+#: What ``cache_aware`` routes on over each worker protocol (the protocols run's rows).
+PROTOCOL_LABELS = {"http": "http: smg's tree of the text it routed", "grpc": "grpc: the replicas' KV events"}
+#: Modelled seconds of a joiner's first window in the protocols run (its cached share against the steady share).
+JOINER_WINDOW_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -159,8 +173,15 @@ def run(assets_dir: Path, *,
                                       ge=0.001)] = 4.0,
         max_output_tokens: Annotated[int, arg("cap on each request's scaled output tokens", ge=1)] = 4,
         runs: Annotated[str, arg("which runs, comma-separated: routing, oracle, plans, scale-out, scale-in, "
-                                 "cold-start (not in the default: its plan-vs-no-plan table at the largest size)")]
+                                 "cold-start (not in the default: its plan-vs-no-plan table at the largest size), "
+                                 "protocols (not in the default: each --worker-protocols side by side)")]
         = "routing,oracle,plans,scale-out,scale-in",
+        worker_protocols: Annotated[str, arg("--runs protocols: the routers' worker protocols compared, "
+                                             "comma-separated (http: cache_aware on smg's tree of what it routed; "
+                                             "grpc: on the replicas' KV events)")] = "http,grpc",
+        protocol_plan: Annotated[bool, arg("--runs protocols: every replica warms the whole plan (its stanzas); "
+                                           "--no-protocol-plan: none (the joiner then restores the fleet's "
+                                           "snapshots only)")] = True,
         concurrency: Annotated[int, arg("most requests in flight from the client", ge=1)] = 64,
         cold_min: Annotated[float, arg("modelled minutes each cold-start run replays from the fleet's start",
                                        ge=0.001)] = 13.0,
@@ -176,6 +197,9 @@ def run(assets_dir: Path, *,
     chosen = {r.strip() for r in runs.split(",") if r.strip()}
     if chosen - set(RUNS):
         raise ConfigError(f"--runs: unknown {', '.join(sorted(chosen - set(RUNS)))}; known: {', '.join(RUNS)}")
+    protocols = [p.strip() for p in worker_protocols.split(",") if p.strip()]
+    if "protocols" in chosen and (not protocols or set(protocols) - set(WORKER_PROTOCOLS)):
+        raise ConfigError(f"--worker-protocols: {worker_protocols!r}; each one of {', '.join(WORKER_PROTOCOLS)}")
     largest = sizes[-1]
     engine = load_profile(profile)
     about = TRACES[trace].about if trace in TRACES else (
@@ -208,13 +232,16 @@ def run(assets_dir: Path, *,
                     routing = [p.strip() for p in policies.split(",")] if n == largest else [plan_policy]
                     for policy in routing if n > 1 else ["round_robin"]:
                         rows.append(bench.replay_run(f"{n} x {policy}", n, policy, load.whole_repo))
-            if "oracle" in chosen:
+            oracle: Row | None = None
+            if "oracle" in chosen or "protocols" in chosen:
                 with environ_overrides({"WARMUP_KV_CACHE_BYTES": str(kv_bytes * largest),
                                         "WARMUP_ENGINE_SPEEDUP": str(speedup * largest),
                                         "WARMUP_ENGINE_TIME_SCALE": str(speedup)}):
-                    rows.append(bench.replay_run(f"oracle: 1 cache of {largest} replicas' capacity", 1,
-                                                 "round_robin", load.whole_repo, modelled_ttft=False,
-                                                 kv_budget_bytes=load.kv_budget_bytes * largest))
+                    oracle = bench.replay_run(f"oracle: 1 cache of {largest} replicas' capacity", 1,
+                                              "round_robin", load.whole_repo, modelled_ttft=False,
+                                              kv_budget_bytes=load.kv_budget_bytes * largest)
+                if "oracle" in chosen:
+                    rows.append(oracle)
             if "plans" in chosen:
                 rows.append(bench.replay_run(f"{largest} x {plan_policy}, plan split", largest, plan_policy,
                                              load.base_repo, prime=load.split_prompts))
@@ -229,6 +256,9 @@ def run(assets_dir: Path, *,
                 bench.scale_in_and_restart(largest, plan_policy)
             if "cold-start" in chosen:
                 bench.cold_start(largest, plan_policy if largest > 1 else "round_robin", cold_min * 60, join_min * 60)
+            if "protocols" in chosen and oracle is not None:
+                bench.protocols(largest, plan_policy, protocols, oracle,
+                                load.whole_repo if protocol_plan else load.base_repo)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -332,10 +362,11 @@ class Bench:
         self.logs_dir = logs_dir
         self._runs = 0
 
-    def settings(self, replicas: int, policy: str, repo: Path) -> FleetSettings:
+    def settings(self, replicas: int, policy: str, repo: Path, worker_protocol: str = "http") -> FleetSettings:
         self._runs += 1
         return FleetSettings(replicas=replicas, policy=policy, port=0, work_dir=self.work / f"run{self._runs}",
-                             model_repository=repo, assets_dir=self.assets_dir, lm_threads=1)
+                             model_repository=repo, assets_dir=self.assets_dir, lm_threads=1,
+                             worker_protocol=worker_protocol)
 
     def replay_run(self, label: str, replicas: int, policy: str, repo: Path, *, prime: Sequence[str] = (),
                    modelled_ttft: bool = True, kv_budget_bytes: int | None = None) -> Row:
@@ -496,6 +527,52 @@ class Bench:
         self.out.flush()
         return run
 
+    def protocols(self, replicas: int, policy: str, protocols: Sequence[str], oracle: Row, repo: Path) -> None:
+        """The protocols runs (module doc): one fleet per worker protocol on the same replay, each with one replica
+        joining at half of it; one table against the oracle's cached share (``oracle``, the same items)."""
+        results = [self.protocol_run(protocol, replicas, policy, repo) for protocol in protocols]
+        plan = "the whole plan's stanzas on every replica" if repo == self.load.whole_repo else "no plan"
+        self.out.write(f"\nworker protocols: {replicas} x {policy}, {plan}, one more replica (its stanzas and the "
+                       f"fleet's snapshots) joining at {self.load.replay_s / 2 / 60:g} modelled min once warm; "
+                       f"{len(self.load.replayed)} requests each; the oracle (one cache of {replicas} replicas' "
+                       f"capacity) served {oracle.cached_share:.1%} of prompt tokens from cache\n\n")
+        self.out.write(protocols_table(results, oracle.cached_share) + "\n")
+        for result in results:
+            if result.failures:
+                self.out.write(f"\nfailed, {result.label}:\n{result.failures}\n")
+        self.out.flush()
+
+    def protocol_run(self, protocol: str, replicas: int, policy: str, repo: Path) -> ProtocolResult:
+        """One fleet whose router reaches its replicas over ``protocol``: the replay, a replica joining at half."""
+        started = time.perf_counter()
+        items = self.load.replayed
+        joined: dict[str, Any] = {}
+        with Fleet(self.settings(replicas, policy, repo, worker_protocol=protocol)) as fleet:
+            def join() -> None:
+                replica = fleet.launch(restore=True, warm_gate=True)
+                fleet.join(replica)
+                joined.update(name=replica.name, at=time.time())
+
+            epoch = time.time()
+            answers = replay(fleet.router.url, items, self.speedup, self.concurrency,
+                             events=[(self.load.replay_s / 2, join)])
+            workers = replicas_by_worker(fleet)
+            logs = fleet.request_log_dir
+        label = protocol if policy != "cache_aware" else PROTOCOL_LABELS[protocol]
+        samples = {d.name: [Sample((r.ts - epoch) * self.speedup,
+                                   None if r.ttft_ms is None else r.ttft_ms * self.speedup,
+                                   r.cached_tokens or 0, r.prompt_tokens or 0, r.adapter)
+                            for r in read_request_log(log_files(d)) if r.ts >= epoch]
+                   for d in sorted(logs.iterdir()) if d.is_dir()}
+        result = protocol_result(label, answers, samples, joined.get("name"),
+                                 (joined["at"] - epoch) * self.speedup if "at" in joined else None,
+                                 self.load.replay_s, failures_table(answers, workers),
+                                 "/".join(str(len(served)) for served in samples.values()))
+        self.out.write(f"  {label}: {len(answers)} requests, {result.failed} failed, "
+                       f"{time.perf_counter() - started:.0f} s{self.logs_note(fleet)}\n")
+        self.out.flush()
+        return result
+
     def logs_note(self, fleet: Fleet) -> str:
         """Where the run of ``fleet`` leaves its logs when the bench keeps them (``--logs-dir``): a copy of every
         replica's, its tritonserver's and the router's, made once the fleet has stopped."""
@@ -510,8 +587,74 @@ class Bench:
 
 def replicas_by_worker(fleet: Fleet) -> dict[str, str]:
     """Each replica's name by its URL (the router names the worker it routed a request to by its URL:
-    :data:`warmup_tools.sim.bench.fleet.ROUTED_WORKER_HEADER`)."""
-    return {replica.url: name for name, replica in fleet.replicas.items()}
+    :data:`warmup_tools.sim.bench.fleet.ROUTED_WORKER_HEADER`), and by each of its gRPC workers' URLs."""
+    named = {replica.url: name for name, replica in fleet.replicas.items()}
+    for name, membership in fleet.memberships.items():
+        if membership.protocol == "grpc":
+            named.update({membership.worker_url(model): name for model in membership.workers})
+    return named
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProtocolResult:
+    """One worker protocol's run (:meth:`Bench.protocol_run`)."""
+
+    label: str
+    requests: int
+    failed: int
+    cached_share: float
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    #: The joiner's cached share in its first :data:`JOINER_WINDOW_S` modelled seconds (None: it got no request),
+    #: and its requests then.
+    joiner_share: float | None
+    joiner_requests: int
+    #: The fleet's cached share from :data:`STEADY_AFTER_S` (at most half the replay) to the end, less the
+    #: joiner's first window.
+    steady_share: float
+    failures: str
+    per_replica: str
+
+
+def protocol_result(label: str, answers: Sequence[Answer], samples: dict[str, list[Sample]], joiner: str | None,
+                    joined_s: float | None, replay_s: float, failures: str, per_replica: str) -> ProtocolResult:
+    """A protocol run's figures: the cached share from the answers (as every other run's), the modelled TTFTs,
+    the joiner's first window and the steady share from the replicas' request logs (``samples``: per replica,
+    modelled seconds from the replay's start)."""
+    ok = [a for a in answers if not a.error]
+    prompt = sum(a.prompt_tokens for a in ok)
+    ttfts = sorted(s.ttft_ms for served in samples.values() for s in served if s.ttft_ms is not None)
+
+    def share(group: Sequence[Sample]) -> float:
+        tokens = sum(s.prompt_tokens for s in group)
+        return sum(s.cached_tokens for s in group) / tokens if tokens else 0.0
+
+    def in_window(name: str, s: Sample) -> bool:
+        return name == joiner and joined_s is not None and joined_s <= s.at_s < joined_s + JOINER_WINDOW_S
+
+    first = [s for s in samples.get(joiner or "", []) if in_window(joiner or "", s)]
+    steady_from = min(STEADY_AFTER_S, replay_s / 2)
+    steady = [s for name, served in samples.items() for s in served
+              if s.at_s >= steady_from and not in_window(name, s)]
+    return ProtocolResult(label, len(answers), len(answers) - len(ok),
+                          sum(a.cached_tokens for a in ok) / prompt if prompt else 0.0,
+                          statistics.median(ttfts) if ttfts else None, p99(ttfts) if ttfts else None,
+                          share(first) if first else None, len(first), share(steady), failures, per_replica)
+
+
+def protocols_table(results: Sequence[ProtocolResult], oracle_share: float) -> str:
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:,.0f}"
+
+    return markdown(("worker protocol (cache_aware on)", "requests (failed)", "prompt tokens from cache",
+                     "of the oracle's", "TTFT p50 / p99 (modelled ms)",
+                     f"joiner's first {JOINER_WINDOW_S:g} s (its requests)", "fleet's steady share",
+                     "requests per replica"),
+                    [(r.label, f"{r.requests:,} ({r.failed})", f"{r.cached_share:.1%}",
+                      f"{r.cached_share / oracle_share:.0%}" if oracle_share else "-",
+                      f"{ms(r.ttft_p50_ms)} / {ms(r.ttft_p99_ms)}",
+                      "-" if r.joiner_share is None else f"{r.joiner_share:.1%} ({r.joiner_requests})",
+                      f"{r.steady_share:.1%}", r.per_replica) for r in results])
 
 
 def join_at(fleet: Fleet, replica: Replica) -> float:

@@ -1,0 +1,233 @@
+"""smg's gRPC worker protocol on a real replica: the front's VllmEngine listeners on a real tritonserver, behind a
+real ``smg`` (1.13, round_robin, the LM's folder as its tokenizer), through the official ``openai`` SDK."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import grpc
+import httpx
+import openai
+import pytest
+from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
+
+from tests.waiting import HANG_S, wait_for, wait_for_generation_to_leave
+from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
+from warmup_tools.fleet.process import Child
+from warmup_tools.fleet.replica import free_port_block
+from warmup_tools.server.client import metric_sum, scrape_metrics
+from warmup_tools.server.process import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+MODELS = 4  # the base model and the three demo adapters
+MAX_TOKENS = 512  # lora_adapter's max_tokens_limit: a stream that ran to the end would produce all of them
+
+
+def front_settings(triton, **overrides):
+    from tests.conftest import REPO_ROOT
+    from warmup_tools.front.settings import FrontSettings
+
+    return FrontSettings(**{"port": 0, "triton_grpc_url": triton.grpc_url, "triton_metrics_url": triton.metrics_url,
+                            "model_repository": REPO_ROOT / "model_repository", "poll_interval_s": 0.2,
+                            "grpc_worker_port": free_port_block("127.0.0.1", MODELS), "grpc_worker_models": MODELS,
+                            "kv_events_dir": triton.kv_events_dir, **overrides})
+
+
+@pytest.fixture(scope="module")
+def front(triton):
+    from warmup_tools.front.server import FrontServer
+
+    with FrontServer(front_settings(triton), environ={"WARMUP_ASSETS_DIR": str(triton.assets_dir)}) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def workers(front):
+    """``{model: port}`` of the live models' listeners, once every adapter has one."""
+    def listed():
+        answer = httpx.get(f"{front.url}/grpc-workers", timeout=30).json()["workers"]
+        return {w["model"]: w["port"] for w in answer} if len(answer) == MODELS else None
+
+    return wait_for(listed, "a gRPC worker listener for each live model")
+
+
+@pytest.fixture(scope="module")
+def smg(triton, workers, tmp_path_factory):
+    work = tmp_path_factory.mktemp("smg")
+    port = free_port()
+    urls = [f"grpc://127.0.0.1:{workers[m]}" for m in ("base", "legal")]
+    argv = [str(Path(sys.executable).parent / "smg"), "launch", "--host", "127.0.0.1", "--port", str(port),
+            "--prometheus-port", str(free_port()), "--worker-urls", *urls, "--policy", "round_robin",
+            "--model-path", str(triton.assets_dir / "lm"), "--history-backend", "none",
+            "--shutdown-grace-period-secs", "1", "--log-level", "warn"]
+    process = Child("smg", argv, {"PATH": str(Path(sys.executable).parent), "HOME": str(work)}, work / "smg.log")
+    process.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def both_models():
+            if process.exited():
+                raise AssertionError(f"smg exited:\n{process.log_tail()}")
+            try:
+                listed = httpx.get(f"{url}/v1/models", timeout=10).json().get("data", [])
+            except (httpx.HTTPError, ValueError):
+                return False
+            return {"base", "legal"} <= {m.get("id") for m in listed}
+
+        wait_for(both_models, "smg serving the base model and legal from their gRPC workers",
+                 detail=lambda: "\n" + process.log_tail())
+        yield url
+    finally:
+        process.stop()
+
+
+@pytest.fixture()
+def sdk(smg):
+    with openai.OpenAI(base_url=f"{smg}/v1", api_key="none", max_retries=0, timeout=HANG_S) as client:
+        yield client
+
+
+def stub(port: int) -> tuple[grpc.Channel, vllm_engine_pb2_grpc.VllmEngineStub]:
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    return channel, vllm_engine_pb2_grpc.VllmEngineStub(channel)
+
+
+def test_each_listener_names_its_model_and_the_replica(workers):
+    assert sorted(workers) == ["base", "legal", "sql", "support"] and workers["base"] < min(
+        port for model, port in workers.items() if model != "base")
+    channel, engine = stub(workers["sql"])
+    with channel:
+        info = engine.GetModelInfo(vllm_engine_pb2.GetModelInfoRequest(), timeout=60)
+        assert info.served_model_name == "sql" and info.model_path == "" and info.is_generation
+        assert info.vocab_size > 0 and info.max_context_length > 0 and list(info.eos_token_ids)
+        server = engine.GetServerInfo(vllm_engine_pb2.GetServerInfoRequest(), timeout=60)
+        assert server.block_size > 0 and server.max_num_seqs > 0 and server.server_type == "warmup-triton-grpc"
+        assert engine.HealthCheck(vllm_engine_pb2.HealthCheckRequest(), timeout=60).healthy
+        loads = engine.GetLoads(vllm_engine_pb2.GetLoadsRequest(include=["core"]), timeout=60)
+        assert len(loads.loads) == 1 and loads.loads[0].max_running_requests == server.max_num_seqs
+        chunks = list(engine.GetTokenizer(common_pb2.GetTokenizerRequest(), timeout=60))
+        assert chunks[-1].sha256 and all(not c.sha256 for c in chunks[:-1])
+
+
+def test_a_chat_completion_through_smg_streams_text_and_reports_cached_tokens(sdk):
+    messages = [{"role": "system", "content": SYSTEM_PROMPTS["support"]},
+                {"role": "user", "content": USER_QUESTIONS["support"][0]}]
+    usages = []
+    for _ in range(2):  # the second time the prompt's blocks are in the base model's cache
+        stream = sdk.chat.completions.create(model="base", messages=messages, max_tokens=8, stream=True,
+                                             stream_options={"include_usage": True})
+        chunks = list(stream)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text
+        usages.append(chunks[-1].usage)
+    assert usages[1].completion_tokens == 8 and usages[1].prompt_tokens == usages[0].prompt_tokens
+    assert 0 < usages[1].prompt_tokens_details.cached_tokens <= usages[1].prompt_tokens
+
+
+def test_the_adapters_listener_serves_the_adapter(sdk, triton):
+    before = metric_sum(scrape_metrics(triton.metrics_url), "warmup_output_tokens_total", model="lora_adapter",
+                        adapter="legal")
+    messages = [{"role": "system", "content": SYSTEM_PROMPTS["legal"]},
+                {"role": "user", "content": USER_QUESTIONS["legal"][0]}]
+    answer = sdk.chat.completions.create(model="legal", messages=messages, max_tokens=5)
+    assert answer.model == "legal" and answer.choices[0].message.content and answer.usage.completion_tokens == 5
+    # The system prompt of legal was pre-filled for legal by its warm-up samples: the adapter's own blocks.
+    assert answer.usage.prompt_tokens_details.cached_tokens > 0
+    after = metric_sum(scrape_metrics(triton.metrics_url), "warmup_output_tokens_total", model="lora_adapter",
+                       adapter="legal")
+    assert after - before >= 5
+
+
+def test_a_client_that_leaves_mid_stream_frees_the_sequence(sdk, triton):
+    def legal_tokens() -> float:
+        return metric_sum(scrape_metrics(triton.metrics_url), "warmup_output_tokens_total", model="lora_adapter",
+                          adapter="legal")
+
+    story = [{"role": "user", "content": "Tell me a very long story about a lighthouse."}]
+    # The same request, not abandoned, runs to max_tokens: a stream that produced fewer stopped because its
+    # client left.
+    whole = sdk.chat.completions.create(model="legal", messages=story, max_tokens=MAX_TOKENS,
+                                        extra_body={"ignore_eos": True})
+    assert whole.usage.completion_tokens == MAX_TOKENS
+    # NOTE: every token before it is counted once a later request was answered (test_cancellation.py says why).
+    sdk.chat.completions.create(model="legal", messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
+    before = legal_tokens()
+    stream = sdk.chat.completions.create(model="legal", messages=story, max_tokens=MAX_TOKENS, stream=True,
+                                         extra_body={"ignore_eos": True})
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            break  # the generation runs (it holds MAX_TOKENS - 1 more steps): the client leaves now
+    stream.close()
+    wait_for_generation_to_leave(triton.metrics_url, "legal", before)
+    sdk.chat.completions.create(model="legal", messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
+    ran = legal_tokens() - before - 1
+    assert 1 <= ran < MAX_TOKENS, f"the abandoned stream ran {ran} of its {MAX_TOKENS} tokens"
+
+
+def test_generate_refuses_what_the_project_does_not_do(workers):
+    channel, engine = stub(workers["base"])
+    with channel:
+        request = vllm_engine_pb2.GenerateRequest(
+            request_id="n2", tokenized=vllm_engine_pb2.TokenizedInput(input_ids=[5, 6, 7]), stream=True,
+            sampling_params=vllm_engine_pb2.SamplingParams(n=2, max_tokens=4))
+        with pytest.raises(grpc.RpcError) as raised:
+            list(engine.Generate(request, timeout=60))
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "n must be 1" in raised.value.details()
+        request.sampling_params.n = 1
+        request.sampling_params.max_tokens = 100000  # above lora_adapter's max_tokens_limit: its own refusal
+        with pytest.raises(grpc.RpcError) as raised:
+            list(engine.Generate(request, timeout=60))
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_tokens" in raised.value.details()
+        request.sampling_params.max_tokens = 3
+        answers = list(engine.Generate(request, timeout=HANG_S))
+        complete = answers[-1].complete
+        assert complete.finish_reason in ("stop", "length") and complete.prompt_tokens == 3
+        streamed = [t for a in answers[:-1] for t in a.chunk.token_ids]
+        assert list(complete.output_ids) == streamed and complete.completion_tokens == len(streamed)
+
+
+def test_health_fails_while_the_replica_is_not_ready(triton):
+    from warmup_tools.front.server import FrontServer
+
+    # No sidecar answers at this address: the replica is not ready, and HealthCheck fails the call (smg registers
+    # a worker whose HealthCheck succeeds, whatever its healthy field says).
+    settings = front_settings(triton, sidecar_url=f"http://127.0.0.1:{free_port()}")
+    with FrontServer(settings, environ={"WARMUP_ASSETS_DIR": str(triton.assets_dir)}):
+        channel, engine = stub(settings.grpc_worker_port)
+        with channel:
+            with pytest.raises(grpc.RpcError) as raised:
+                engine.HealthCheck(vllm_engine_pb2.HealthCheckRequest(), timeout=60)
+            assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+            request = vllm_engine_pb2.GenerateRequest(
+                request_id="r", tokenized=vllm_engine_pb2.TokenizedInput(input_ids=[5, 6]), stream=True)
+            with pytest.raises(grpc.RpcError) as raised:
+                list(engine.Generate(request, timeout=60))
+            assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_trust_mode_refuses_the_listeners(triton, tmp_path):
+    from warmup_tools.common.errors import ConfigError
+    from warmup_tools.front.server import FrontServer
+
+    keys = tmp_path / "tenant_keys.json"
+    keys.write_text("{}")
+    with pytest.raises(ConfigError, match="cannot prove a request's tenant"):
+        FrontServer(front_settings(triton, tenant_keys_file=keys),
+                    environ={"WARMUP_ASSETS_DIR": str(triton.assets_dir)})
+
+
+def test_abort_ends_a_running_generation_by_its_request_id(workers, triton):
+    channel, engine = stub(workers["legal"])
+    with channel:
+        engine.Abort(vllm_engine_pb2.AbortRequest(request_ids=["no-such-request"]), timeout=60)  # ignored
+        request = vllm_engine_pb2.GenerateRequest(
+            request_id="held-open", tokenized=vllm_engine_pb2.TokenizedInput(input_ids=list(range(5, 40))),
+            stream=True, sampling_params=vllm_engine_pb2.SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+        answers = engine.Generate(request, timeout=HANG_S)
+        first = next(answers)  # the generation runs, MAX_TOKENS - 1 steps still to go
+        assert first.WhichOneof("response") == "chunk"
+        engine.Abort(vllm_engine_pb2.AbortRequest(request_ids=["held-open"]), timeout=60)
+        rest = list(answers)
+        assert rest[-1].complete.finish_reason == "abort"
+        assert sum(len(a.chunk.token_ids) for a in [first, *rest[:-1]]) < MAX_TOKENS

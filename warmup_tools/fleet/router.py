@@ -171,11 +171,15 @@ def smg_argv(settings: FleetSettings, *, port: int, prometheus_port: int) -> lis
              "--max-payload-size", str(MAX_BODY_BYTES),
              "--shutdown-grace-period-secs", str(round(settings.router_shutdown_grace_s)), "--log-level", "warn"]
     if settings.grpc:
+        lm, block_size = served_lm(settings)
         # NOTE: on gRPC workers smg is the OpenAI server: it templates and tokenizes from the LM's own folder (no
-        # hub: without --model-path smg 1.13 looks the worker's model path up on Hugging Face).
-        argv += ["--model-path", str(served_lm(settings)[0])]
+        # hub: without --model-path smg 1.13 looks the worker's model path up on Hugging Face). Started without
+        # worker URLs, smg 1.13 builds the HTTP router alone and answers 404 to a model served by gRPC workers
+        # registered later; --enable-igw builds one router per connection mode and model.
+        argv += ["--model-path", str(lm), "--block-size", str(block_size)]
         if settings.kv_index is not None:
             argv += ["--kv-index", settings.kv_index]
+        argv += ["--enable-igw"]
     return argv
 
 

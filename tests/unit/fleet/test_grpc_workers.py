@@ -41,9 +41,12 @@ def test_over_grpc_the_router_routes_cache_aware_on_its_event_index_and_tokenize
     flags = _flags(grpc)
     assert flags["--policy"] == "cache_aware" and flags["--kv-index"] == "positional"
     lm, block_size = served_lm(FleetSettings())
-    assert flags["--model-path"] == str(lm) and (lm / "tokenizer_config.json").is_file() and block_size >= 1
+    assert flags["--model-path"] == str(lm) and (lm / "tokenizer_config.json").is_file()
+    assert flags["--block-size"] == str(block_size) == "16"  # the repository's kv_block_size: smg hashes by it
+    # Without worker URLs at its start smg 1.13 builds the HTTP router alone (a gRPC worker's model: 404).
+    assert "--enable-igw" in grpc
     http = smg_argv(FleetSettings(), port=30000, prometheus_port=29000)
-    assert "--kv-index" not in http and "--model-path" not in http  # HTTP: smg forwards the body, no tokenizer
+    assert not {"--kv-index", "--model-path", "--enable-igw", "--block-size"} & set(http)  # HTTP: as before
     # A policy without a tree has no index to feed.
     assert "--kv-index" not in smg_argv(FleetSettings(worker_protocol="grpc", policy="round_robin"), port=1,
                                         prometheus_port=2)
@@ -52,6 +55,7 @@ def test_over_grpc_the_router_routes_cache_aware_on_its_event_index_and_tokenize
 
     args = parse_router_args(grpc[3:])
     assert args.policy == "cache_aware" and args.kv_index == "positional" and args.model_path == str(lm)
+    assert args.enable_igw and args.block_size == block_size
 
 
 def test_the_router_and_join_commands_take_the_protocol():

@@ -99,13 +99,13 @@ def _cmd_sidecar(args: argparse.Namespace) -> int:
     env["WARMUP_KV_EVENTS_DIR"] = str(events_dir)
     stop = stop_on_signals()
     try:
-        return _run_sidecar(args, config, settings, env, stop)
+        return _run_sidecar(args, config, settings, env, stop, events_dir)
     finally:
         shutil.rmtree(events_dir, ignore_errors=True)
 
 
 def _run_sidecar(args: argparse.Namespace, config: ServeConfig, settings: SidecarConfig, env: dict[str, str],
-                 stop: "Stop") -> int:
+                 stop: "Stop", events_dir: Path) -> int:
     from warmup_tools.server.process import RepositoryKey
     from warmup_tools.sidecar.app import Sidecar
 
@@ -121,7 +121,8 @@ def _run_sidecar(args: argparse.Namespace, config: ServeConfig, settings: Sideca
                                      f"tritonserver starting on {config.model_repository}: HTTP {server.http_url}, "
                                      f"gRPC {server.grpc_url} (log {server.log_path}); sidecar {sidecar.url}/ready "
                                      "/live /status", sidecar_url=sidecar.url,
-                                     after_drain=lambda: _unload_for_exit(sidecar, config.exit_timeout_s))
+                                     after_drain=lambda: _unload_for_exit(sidecar, config.exit_timeout_s),
+                                     kv_events_dir=events_dir)
 
 
 def _cmd_front(args: argparse.Namespace) -> int:
@@ -147,25 +148,29 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _start_front(args: argparse.Namespace, config: ServeConfig, server: Any, sidecar_url: str = "") -> Any:
-    """The OpenAI front beside ``server`` (None with --no-front); the caller stops it."""
+def _start_front(args: argparse.Namespace, config: ServeConfig, server: Any, sidecar_url: str = "",
+                 kv_events_dir: Path | None = None) -> Any:
+    """The OpenAI front beside ``server`` (None with --no-front); the caller stops it. ``kv_events_dir``: the folder
+    the server's instances serve their KV events in (the sidecar command's), which the front's gRPC worker listeners
+    relay."""
     if not args.front:
         return None
     from warmup_tools.front.server import FrontServer
 
+    known = {"kv_events_dir": kv_events_dir} if kv_events_dir is not None else {}
     settings = front_settings(args, triton_grpc_url=server.grpc_url, triton_metrics_url=server.metrics_url,
-                              sidecar_url=sidecar_url, model_repository=config.model_repository)
+                              sidecar_url=sidecar_url, model_repository=config.model_repository, **known)
     front = FrontServer(settings, environ={**os.environ, **config.server_env()})
     front.start()
     return front
 
 
 def _serve_with_front(args: argparse.Namespace, config: ServeConfig, server: Any, stop: "Stop", banner: str, *,
-                      sidecar_url: str = "", after_drain: Any = None) -> int:
+                      sidecar_url: str = "", after_drain: Any = None, kv_events_dir: Path | None = None) -> int:
     """Start the OpenAI front beside ``server``, print ``banner`` with its address, serve until stopped, stop it.
     Stopped by SIGTERM, the front drains first (docs/fleet.md): /health fails, the requests in flight finish;
     then the caller stops tritonserver, whose lora_adapter instances write their KV snapshots."""
-    front = _start_front(args, config, server, sidecar_url=sidecar_url)
+    front = _start_front(args, config, server, sidecar_url=sidecar_url, kv_events_dir=kv_events_dir)
     try:
         print(banner + (f"; OpenAI front {front.url}/v1" if front else "") + "; Ctrl-C stops", flush=True)
         code = _wait_while_alive(server, stop, front)

@@ -231,3 +231,48 @@ def test_abort_ends_a_running_generation_by_its_request_id(workers, triton):
         rest = list(answers)
         assert rest[-1].complete.finish_reason == "abort"
         assert sum(len(a.chunk.token_ids) for a in [first, *rest[:-1]]) < MAX_TOKENS
+
+
+def test_a_generate_calls_trace_context_is_continued(triton):
+    """smg (``--enable-trace``) sends ``traceparent``/``tracestate`` metadata: the front's span continues it (the
+    models' own spans below it: tests/integration/test_tracing.py)."""
+    import concurrent.futures
+    import secrets
+
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    from tests.integration.test_tracing import Collector
+    from warmup_tools.common.settings import environ_overrides
+    from warmup_tools.front.server import FrontServer
+
+    receiver = Collector()
+    collector = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, collector)
+    endpoint = f"127.0.0.1:{collector.add_insecure_port('127.0.0.1:0')}"
+    collector.start()
+    try:
+        settings = front_settings(triton)
+        with environ_overrides({"WARMUP_TRACING_ENDPOINT": endpoint}):
+            front = FrontServer(settings, environ={"WARMUP_ASSETS_DIR": str(triton.assets_dir)})
+        with front:
+            trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+            channel, engine = stub(settings.grpc_worker_port)
+            with channel:
+                def healthy() -> bool:
+                    try:
+                        return engine.HealthCheck(vllm_engine_pb2.HealthCheckRequest(), timeout=60).healthy
+                    except grpc.RpcError:
+                        return False
+
+                wait_for(healthy, "the traced front ready")
+                request = vllm_engine_pb2.GenerateRequest(
+                    request_id="traced", tokenized=vllm_engine_pb2.TokenizedInput(input_ids=[5, 6, 7]), stream=True,
+                    sampling_params=vllm_engine_pb2.SamplingParams(max_tokens=2))
+                answers = list(engine.Generate(request, timeout=HANG_S, metadata=(
+                    ("traceparent", f"00-{trace_id}-{parent_id}-01"), ("tracestate", "vendor=abc"))))
+                assert answers[-1].complete.completion_tokens == 2
+            (span,) = wait_for(lambda: [s for _, s in receiver.trace(trace_id) if s.name == "front.generate"],
+                               "the front's span of the traced Generate")
+            assert span.parent_span_id.hex() == parent_id and span.trace_state == "vendor=abc"
+    finally:
+        collector.stop(grace=None)

@@ -276,3 +276,18 @@ def test_a_generate_calls_trace_context_is_continued(triton):
             assert span.parent_span_id.hex() == parent_id and span.trace_state == "vendor=abc"
     finally:
         collector.stop(grace=None)
+
+
+def test_kv_events_are_relayed_from_the_instances_socket(workers):
+    """A subscription from 0 on the legal listener gets the instance's state of legal's blocks (its warm-up
+    samples' system prompt) through the front (the event stream itself: tests/integration/test_kv_events.py)."""
+    channel, engine = stub(workers["legal"])
+    with channel:
+        call = engine.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest(start_sequence_number=0), timeout=HANG_S)
+        try:
+            call.initial_metadata()  # the relay's headers: sent once the instance sent its own
+            first = next(call)
+            stored = [e for e in first.events if e.WhichOneof("data") == "stored"] if first.events else []
+            assert first.HasField("snapshot") or stored, first
+        finally:
+            call.cancel()

@@ -291,3 +291,25 @@ def test_kv_events_are_relayed_from_the_instances_socket(workers):
             assert first.HasField("snapshot") or stored, first
         finally:
             call.cancel()
+
+
+def test_smg_renders_and_tokenizes_a_chat_as_the_front_does(triton, front, sdk):
+    """A plan learnt from the front's traffic holds the token ids smg sends: a chat served through the front first
+    is a cache hit through smg's gRPC path, prompt tokens equal (smg's chat template and tokenizer are the LM's)."""
+    messages = [{"role": "system", "content": SYSTEM_PROMPTS["legal"] + " Answer in one word when you can."},
+                {"role": "user", "content": "Token check: is a verbal contract binding?"}]
+    with openai.OpenAI(base_url=f"{front.url}/v1", api_key="none", max_retries=0, timeout=HANG_S) as direct:
+        first = direct.chat.completions.create(model="legal", messages=messages, max_tokens=1)
+    second = sdk.chat.completions.create(model="legal", messages=messages, max_tokens=1)
+    assert second.usage.prompt_tokens == first.usage.prompt_tokens
+    assert second.usage.prompt_tokens_details.cached_tokens >= (first.usage.prompt_tokens - 1) // 16 * 16 > 0
+    # Both reach lora_adapter's request log with the prompt's text (the gRPC one decoded from smg's ids), so the
+    # planner learns from gRPC traffic as from the front's.
+    import json
+
+    def logged():
+        prompts = [json.loads(line).get("prompt") or "" for path in triton.request_log_dir.glob("*.jsonl")
+                   for line in path.read_text().splitlines() if line.strip()]
+        return sum("Token check: is a verbal contract binding?" in p for p in prompts) >= 2
+
+    wait_for(logged, "both requests in lora_adapter's request log with their prompt")

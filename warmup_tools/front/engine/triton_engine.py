@@ -244,12 +244,13 @@ class TritonEngine:
                 span.end()
 
     async def generate_tokens(self, input_ids: Sequence[int], adapter: str | None, tenant: str | None,
-                              sampling: Mapping[str, Any], trace: TraceContext | None = None,
-                              ) -> AsyncIterator[TokenChunk]:
+                              sampling: Mapping[str, Any], trace: TraceContext | None = None, *,
+                              text: str | None = None) -> AsyncIterator[TokenChunk]:
         """A generation from token ids (smg's gRPC worker protocol: the router tokenizes and detokenizes): one
         stream to ``lora_adapter`` with ``input_ids``, the identity and the sampling inputs (wire names), whatever
-        ``pipeline`` says; each response's token ids. Closing the iterator cancels the call, and the sequence in
-        lora_adapter's scheduler. Raises :class:`EngineError`."""
+        ``pipeline`` says; each response's token ids. ``text``: the prompt's text for lora_adapter's request log
+        (``text_input``). Closing the iterator cancels the call, and the sequence in lora_adapter's scheduler.
+        Raises :class:`EngineError`."""
         span = parameters = None
         if self.tracer is not None:
             span = self.tracer.start("front.generate", trace, server=True,
@@ -258,7 +259,8 @@ class TritonEngine:
             parameters = child.parameters() if child is not None else None
         try:
             inputs = input_tensors({"input_ids": np.asarray(input_ids, dtype=np.int32), "stream": True,
-                                    "adapter_id": adapter or None, "tenant_id": tenant or None, **sampling})
+                                    "adapter_id": adapter or None, "tenant_id": tenant or None,
+                                    "text_input": text or None, **sampling})
             async for chunk in self._stream(ENSEMBLE_STEPS[-1].model, inputs, parameters, _token_chunk):
                 if span is not None and chunk.finish_reason:
                     span.set_attributes({"prompt_tokens": chunk.prompt_tokens, "cached_tokens": chunk.cached_tokens,

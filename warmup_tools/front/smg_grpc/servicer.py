@@ -30,6 +30,7 @@ from warmup_tools.front.engine.engine import EngineError
 from warmup_tools.front.errors import OpenAIError
 from warmup_tools.front.serving import FrontState
 from warmup_tools.front.smg_grpc.kv_proxy import KvEventsProxy
+from warmup_tools.front.smg_grpc.log_text import LogText
 from warmup_tools.front.smg_grpc.sampling import GenerateArgs, GenerateLimits, Refusal, generate_args
 from warmup_tools.front.smg_grpc.tokenizer_bundle import TokenizerBundle
 
@@ -133,6 +134,8 @@ class WorkerContext:
         self.last_receive = 0.0
         self._bundle: TokenizerBundle | None = None
         self._bundle_lock = asyncio.Lock()
+        #: The prompt's text for lora_adapter's request log (None: logged without text).
+        self.log_text = LogText.from_folder(tokenizer_path)
 
     async def bundle(self) -> TokenizerBundle:
         """The tokenizer's zip, built once (off the event loop)."""
@@ -227,7 +230,9 @@ class ModelServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
 
     async def _generate(self, args: GenerateArgs, trace: Any, context: Any) -> None:
         output: list[int] = []
-        chunks = self.shared.engine.generate_tokens(args.input_ids, self.adapter, TENANT, args.sampling, trace)
+        text = self.shared.log_text(args.input_ids) if self.shared.log_text is not None else None
+        chunks = self.shared.engine.generate_tokens(args.input_ids, self.adapter, TENANT, args.sampling, trace,
+                                                    text=text)
         try:
             async for chunk in chunks:
                 output.extend(chunk.token_ids)

@@ -34,12 +34,14 @@ class TokenEngine(ScriptedEngine):
     """Answers each generation with three tokens, or raises ``error``; ``hold`` keeps it open after the first."""
 
     calls: list[tuple] = dataclasses.field(default_factory=list)
+    texts: list = dataclasses.field(default_factory=list)
     hold: asyncio.Event | None = None
     closed_generations: int = 0
     tracer: object | None = None
 
-    async def generate_tokens(self, input_ids, adapter, tenant, sampling, trace=None):
+    async def generate_tokens(self, input_ids, adapter, tenant, sampling, trace=None, *, text=None):
         self.calls.append((tuple(input_ids), adapter, tenant, dict(sampling), trace))
+        self.texts.append(text)
         try:
             if self.error is not None:
                 raise self.error

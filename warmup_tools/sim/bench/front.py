@@ -26,10 +26,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Iterator, TextIO
+from typing import Annotated, Any, Iterator, TextIO
 
 from warmup_tools.common.settings import arg
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
+from warmup_tools.fleet.replica import free_port_block
 from warmup_tools.front.settings import PIPELINES
 from warmup_tools.server.client import metric_sum, scrape_metrics
 from warmup_tools.server.config import REPO_ROOT
@@ -69,20 +70,27 @@ def run(assets_dir: Path, *, disconnects: Annotated[int, arg("streams abandoned 
                 time.sleep(0.05)
 
         for pipeline in PIPELINES:
-            with front_process(server, assets_dir, pipeline) as front, \
+            # NOTE: the composing front also serves smg's gRPC worker protocol (the support adapter's listener): its
+            # added TTFT is measured in the same interleaved blocks.
+            grpc_port = free_port_block("127.0.0.1", GRPC_SLOTS) if pipeline == "composing" else 0
+            with front_process(server, assets_dir, pipeline, grpc_worker_port=grpc_port) as front, \
                     httpx.Client(base_url=front.url, timeout=300) as client:
                 _next_ttft(client)  # one-off costs
+                grpc_target = _grpc_target(front.url, assets_dir) if grpc_port else None
                 if requests:
                     for streams in (1, 8):
                         figures[f"{pipeline}-c{streams}"] = cost = _added_cost(front.url, server.http_url, streams,
-                                                                               requests, max_tokens)
+                                                                               requests, max_tokens, grpc_target)
                         added = cost["front_ttft"] - cost["generate_ttft"]
                         ratio = (cost["front_tps"] / cost["generate_tps"] - 1) * 100
+                        grpc = (f"; gRPC worker (VllmEngine.Generate, token ids) TTFT p50 {cost['grpc_ttft']:.1f} ms "
+                                f"(added {cost['grpc_ttft'] - cost['generate_ttft']:+.1f} ms), tokens/s "
+                                f"{cost['grpc_tps']:.1f}" if grpc_target else "")
                         out.write(f"pipeline {pipeline}, {streams} stream(s), {requests} requests each way, "
                                   f"interleaved: TTFT p50 front {cost['front_ttft']:.1f} ms, generate_stream "
                                   f"{cost['generate_ttft']:.1f} ms (added {added:+.1f} ms); tokens/s front "
                                   f"{cost['front_tps']:.1f}, generate_stream {cost['generate_tps']:.1f} "
-                                  f"({ratio:+.1f}%)\n")
+                                  f"({ratio:+.1f}%){grpc}\n")
                         out.flush()
                 if not disconnects:
                     continue
@@ -131,7 +139,7 @@ class _Front:
 
 @contextlib.contextmanager
 def front_process(server: TritonServer, assets_dir: Path, pipeline: str,
-                   checkout: Path | None = None) -> Iterator[_Front]:
+                   checkout: Path | None = None, grpc_worker_port: int = 0) -> Iterator[_Front]:
     """``python -m warmup_tools front`` in a process of its own, as a deployment runs it beside tritonserver
     (in this process its event loop would share the interpreter with the benchmark's clients); stopped with
     SIGINT, then SIGKILL after 10 s. ``checkout``: the package of another checkout of the project instead of
@@ -143,6 +151,8 @@ def front_process(server: TritonServer, assets_dir: Path, pipeline: str,
                "--triton-grpc-url", server.grpc_url, "--triton-metrics-url", server.metrics_url,
                "--model-repository", str(server.model_repository)]
     env = {**os.environ, "WARMUP_ASSETS_DIR": str(assets_dir)}
+    if grpc_worker_port:
+        env["WARMUP_FRONT_GRPC_WORKER_PORT"] = str(grpc_worker_port)
     if checkout is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(checkout), env.get("PYTHONPATH"))))
     process = subprocess.Popen(command, env=env, cwd=checkout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -207,10 +217,27 @@ def _abandon(url: str, i: int, gauges) -> tuple[float, float]:
     return time.monotonic(), tokens
 
 
-def _added_cost(front_url: str, triton_http: str, streams: int, requests: int, max_tokens: int) -> dict[str, float]:
+#: gRPC worker listeners the bench's front may open (the base model and the demo's adapters).
+GRPC_SLOTS = 8
+
+
+def _grpc_target(front_url: str, assets_dir: Path) -> tuple[str, Any]:
+    """The support adapter's gRPC worker listener (from the front's /grpc-workers) and the LM tokenizer, which gives
+    the same token ids tokenizer_cache would (what smg sends a worker)."""
+    import httpx
+    from transformers import AutoTokenizer
+
+    workers = httpx.get(f"{front_url}/grpc-workers", timeout=10).json()["workers"]
+    port = next(w["port"] for w in workers if w["model"] == "support")
+    return f"127.0.0.1:{port}", AutoTokenizer.from_pretrained(str(assets_dir / "lm"))
+
+
+def _added_cost(front_url: str, triton_http: str, streams: int, requests: int, max_tokens: int,
+                grpc_target: tuple[str, Any] | None = None) -> dict[str, float]:
     """The same streamed request (a warm demo prompt, adapter support, ``max_tokens``) through the front's
-    /v1/completions and through Triton's /v2/models/ensemble/generate_stream, in blocks of ``streams``
-    concurrent requests that alternate between the two; TTFT p50 and output tokens/s (the server's counts over
+    /v1/completions and through Triton's /v2/models/ensemble/generate_stream (and, with ``grpc_target``, through the
+    front's gRPC worker listener of adapter support, as smg calls it: token ids), in blocks of ``streams``
+    concurrent requests that alternate between the ways; TTFT p50 and output tokens/s (the server's counts over
     each block's wall time) of each."""
     import concurrent.futures
 
@@ -246,14 +273,42 @@ def _added_cost(front_url: str, triton_http: str, streams: int, requests: int, m
         return timed_stream(client, f"http://{triton_http}/v2/models/ensemble/generate_stream", body,
                             lambda data: data.get("text_output"), lambda data: int(data.get("output_tokens", 0)))
 
-    ttfts: dict[str, list[float]] = {"front": [], "generate": []}
-    tokens = {"front": 0, "generate": 0}
-    seconds = {"front": 0.0, "generate": 0.0}
+    ways = [("front", front_one), ("generate", generate_one)]
+    channel = None
+    if grpc_target is not None:
+        import grpc
+        from smg_grpc_proto.generated import vllm_engine_pb2, vllm_engine_pb2_grpc
+
+        channel = grpc.insecure_channel(grpc_target[0])
+        stub = vllm_engine_pb2_grpc.VllmEngineStub(channel)
+        token_ids = {prompt: grpc_target[1].encode(prompt, add_special_tokens=True) for prompt in prompts}
+        counter = iter(range(1 << 30))
+
+        def grpc_one(_client: httpx.Client, prompt: str) -> tuple[float, int]:
+            request = vllm_engine_pb2.GenerateRequest(
+                request_id=f"bench-{next(counter)}", stream=True,
+                tokenized=vllm_engine_pb2.TokenizedInput(input_ids=token_ids[prompt]),
+                sampling_params=vllm_engine_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens))
+            started, ttft, produced = time.perf_counter(), None, 0
+            for response in stub.Generate(request, timeout=300):
+                if response.HasField("chunk") and response.chunk.token_ids:
+                    ttft = ttft if ttft is not None else time.perf_counter() - started
+                    produced = max(produced, response.chunk.completion_tokens)
+                elif response.HasField("complete"):
+                    produced = max(produced, response.complete.completion_tokens)
+            return (ttft or 0.0) * 1000, produced
+
+        ways.append(("grpc", grpc_one))
+    ttfts: dict[str, list[float]] = {way: [] for way, _ in ways}
+    tokens = {way: 0 for way, _ in ways}
+    seconds = {way: 0.0 for way, _ in ways}
     clients = [httpx.Client(timeout=300) for _ in range(streams)]
     try:
         with concurrent.futures.ThreadPoolExecutor(streams) as pool:
             for block in range(max(1, requests // streams)):
-                for way, one in (("front", front_one), ("generate", generate_one))[:: 1 if block % 2 else -1]:
+                # NOTE: the ways take turns in a rotating order, so that no way always follows the same one.
+                shift = block % len(ways)
+                for way, one in ways[shift:] + ways[:shift]:
                     started = time.perf_counter()
                     results = list(pool.map(one, clients, [prompts[(block + i) % len(prompts)]
                                                            for i in range(streams)]))
@@ -263,6 +318,8 @@ def _added_cost(front_url: str, triton_http: str, streams: int, requests: int, m
     finally:
         for client in clients:
             client.close()
-    return {"front_ttft": pct(ttfts["front"], 0.5), "generate_ttft": pct(ttfts["generate"], 0.5),
-            "front_tps": tokens["front"] / seconds["front"], "generate_tps": tokens["generate"] / seconds["generate"]}
+        if channel is not None:
+            channel.close()
+    return {f"{way}_{kind}": value for way, _ in ways
+            for kind, value in (("ttft", pct(ttfts[way], 0.5)), ("tps", tokens[way] / seconds[way]))}
 

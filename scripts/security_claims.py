@@ -41,6 +41,8 @@ _HEALTH = "tests/unit/sidecar/test_health.py"
 _FRONT_HTTP = "tests/unit/front/test_http.py"
 _TRACING = "tests/unit/common/test_tracing.py"
 _KV_EVENTS = "tests/unit/smg_worker/test_event_server.py"
+_GRPC = "tests/unit/front/smg_grpc"
+_GRPC_IT = "tests/integration/test_smg_grpc_worker.py"
 
 AREAS: tuple[Area, ...] = (
     Area("Operators' files: the control folder", "threat-model", (
@@ -232,9 +234,9 @@ AREAS: tuple[Area, ...] = (
                f"{_TRACING}::test_a_bad_or_oversized_tracestate_is_dropped_and_the_parent_kept",
                f"{_TRACING}::test_headers_whose_tracestates_are_too_long_together_keep_the_parent",
                "tests/integration/test_tracing.py::test_a_malformed_or_oversized_traceparent_is_ignored_and_the_request_served")),
-        Claim("Tracing is off by default (no SDK imported, no exporter or thread started); a model never starts a trace "
-              "of its own, an unsampled context exports nothing, and a failed span carries the error's kind, never "
-              "its message.",
+        Claim("Tracing is off by default (no SDK imported, no exporter or thread started); a model never starts a "
+              "trace of its own, an unsampled context exports nothing, and a failed span carries the error's kind, "
+              "never its message.",
               (f"{_TRACING}::test_tracing_is_off_by_default",
                f"{_TRACING}::test_off_imports_no_sdk_and_starts_no_exporter",
                f"{_TRACING}::test_a_model_never_starts_a_trace_of_its_own",
@@ -466,6 +468,39 @@ AREAS: tuple[Area, ...] = (
         Claim("In trust mode the front's `/health` and `/metrics` name no adapter to a caller without a tenant key.",
               ("tests/unit/front/routers/test_models.py::"
                "test_in_trust_mode_health_and_metrics_name_no_adapter_to_a_caller_without_a_key",)),
+    )),
+    Area("smg's gRPC worker protocol", "ports-what-each-part-listens-on-and-who-may-reach-it", (
+        Claim("In trust mode the front refuses to start gRPC worker listeners (smg passes no tenant identity to a gRPC "
+              "worker), with a ConfigError saying why, and `/grpc-workers` answers 404.",
+              (f"{_GRPC}/test_servicer.py::test_trust_mode_refuses_the_listeners_and_the_ports_must_fit",
+               f"{_GRPC_IT}::test_trust_mode_refuses_the_listeners",
+               f"{_GRPC}/test_servicer.py::test_grpc_workers_is_404_without_listeners")),
+        Claim("Every gRPC Generate is bounded (prompt tokens, token ids inside the vocabulary, stop strings, request "
+              "id) and what the project does not do is refused with INVALID_ARGUMENT and what to change, never "
+              "dropped; a failure on the server's side gives a fixed message and tritonserver's text goes to the log.",
+              (f"{_GRPC}/test_sampling.py::test_what_the_project_does_not_do_is_refused_with_what_to_change",
+               f"{_GRPC}/test_sampling.py::test_the_request_itself_is_bounded",
+               f"{_GRPC_IT}::test_generate_refuses_what_the_project_does_not_do",
+               f"{_GRPC}/test_servicer.py::test_engine_errors_keep_their_kind_and_server_side_text_stays_in_the_log")),
+        Claim("HealthCheck fails the call unless the replica is ready and the model live (smg registers on the call's "
+              "success); readiness, liveness and the per-tenant bound are checked before anything reaches "
+              "tritonserver; smg's Abort or a cancelled call frees the sequence in lora_adapter.",
+              (f"{_GRPC_IT}::test_health_fails_while_the_replica_is_not_ready",
+               f"{_GRPC}/test_servicer.py::test_health_model_and_server_info",
+               f"{_GRPC}/test_servicer.py::"
+               "test_not_ready_not_live_and_over_the_tenant_bound_are_refused_before_the_engine",
+               f"{_GRPC_IT}::test_a_client_that_leaves_mid_stream_frees_the_sequence",
+               f"{_GRPC_IT}::test_abort_ends_a_running_generation_by_its_request_id",
+               f"{_GRPC}/test_servicer.py::test_abort_and_a_cancelled_call_end_the_generation_and_forget_its_id")),
+        Claim("At most `grpc_worker_models` listeners exist and a retired adapter's is closed; the KV event relay "
+              "keeps the instance's final status, serves one instance per replica and ends the instance's call when the "
+              "subscriber leaves; the tokenizer bundle reads regular files only, size-bounded.",
+              (f"{_GRPC}/test_listeners.py::test_adapters_get_listeners_while_live_within_the_bound",
+               f"{_GRPC}/test_slots.py::test_never_more_than_the_bound_and_a_freed_slot_goes_to_a_newcomer",
+               f"{_GRPC}/test_kv_proxy.py::test_the_instances_final_status_and_details_reach_the_subscriber",
+               f"{_GRPC}/test_kv_proxy.py::test_no_folder_several_sockets_or_none_yet",
+               f"{_GRPC}/test_kv_proxy.py::test_a_subscriber_that_leaves_ends_the_instances_call",
+               f"{_GRPC}/test_tokenizer_bundle.py::test_a_folder_without_a_tokenizer_or_with_a_fifo_is_refused")),
     )),
     Area("Triton itself", "triton-itself", (
         Claim("The image is built on tritonserver 25.07 or later, the release with the fixes for "

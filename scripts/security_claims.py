@@ -493,8 +493,8 @@ AREAS: tuple[Area, ...] = (
                f"{_GRPC_IT}::test_abort_ends_a_running_generation_by_its_request_id",
                f"{_GRPC}/test_servicer.py::test_abort_and_a_cancelled_call_end_the_generation_and_forget_its_id")),
         Claim("At most `grpc_worker_models` listeners exist and a retired adapter's is closed; the KV event relay "
-              "keeps the instance's final status, serves one instance per replica and ends the instance's call when the "
-              "subscriber leaves; the tokenizer bundle reads regular files only, size-bounded.",
+              "keeps the instance's final status, serves one instance per replica and ends the instance's call when "
+              "the subscriber leaves; the tokenizer bundle reads regular files only, size-bounded.",
               (f"{_GRPC}/test_listeners.py::test_adapters_get_listeners_while_live_within_the_bound",
                f"{_GRPC}/test_slots.py::test_never_more_than_the_bound_and_a_freed_slot_goes_to_a_newcomer",
                f"{_GRPC}/test_kv_proxy.py::test_the_instances_final_status_and_details_reach_the_subscriber",

@@ -29,11 +29,12 @@ def fleet(served_assets, tmp_path_factory):
     """One replica joined at the start, over gRPC, routed cache_aware on the event index."""
     from warmup_tools.fleet.fleet import Fleet
     from warmup_tools.fleet.settings import FleetSettings
+    from warmup_tools.ops.cli.fleet import served_model
 
     settings = FleetSettings(replicas=1, worker_protocol="grpc", policy="cache_aware", port=0,
                              assets_dir=served_assets, work_dir=tmp_path_factory.mktemp("fleet"),
                              membership_interval_s=1.0)
-    with Fleet(settings) as running:
+    with Fleet(settings, served_model(settings)) as running:
         yield running
 
 

@@ -18,6 +18,7 @@ import yaml
 
 from warmup_tools.fleet.router import smg_argv
 from warmup_tools.ops.cli import _parser, fleet_settings
+from warmup_tools.ops.cli.fleet import served_model
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE, OVERLAY = ROOT / "deploy" / "k8s", ROOT / "deploy" / "k8s-grpc"
@@ -107,7 +108,8 @@ def test_the_overlays_router_routes_cache_aware_on_the_replicas_kv_events_in_ope
     assert settings.grpc and settings.secrets_dir is None and settings.routed_policy == "cache_aware"
     assert settings.model_repository == Path("/models")  # the image's repository: its LM is smg's tokenizer
     # (this checkout's repository in place of the image's: the LM folder is read from it)
-    argv = smg_argv(dataclasses.replace(settings, model_repository=None), port=30000, prometheus_port=29000)
+    local = dataclasses.replace(settings, model_repository=None)
+    argv = smg_argv(local, port=30000, prometheus_port=29000, served=served_model(local))
     assert argv[argv.index("--kv-index") + 1] == "positional" and "--model-path" in argv
 
 

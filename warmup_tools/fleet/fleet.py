@@ -18,7 +18,7 @@ from types import TracebackType
 from warmup_tools.common.errors import ServerError
 from warmup_tools.fleet.membership import Membership, routed_urls
 from warmup_tools.fleet.replica import Replica
-from warmup_tools.fleet.router import Router, served_lm
+from warmup_tools.fleet.router import Router, ServedModel
 from warmup_tools.fleet.settings import FleetSettings
 
 LOGGER = logging.getLogger(__name__)
@@ -38,7 +38,11 @@ class Departure:
 class Fleet:
     """See the module docstring. Nothing started here outlives :meth:`stop` (or the process)."""
 
-    def __init__(self, settings: FleetSettings) -> None:
+    def __init__(self, settings: FleetSettings, served: ServedModel | None = None) -> None:
+        """``served``: the model the replicas serve, which the router tokenizes for with ``worker_protocol`` grpc
+        (``warmup_tools.ops.cli.fleet.served_model``)."""
+        if settings.grpc and served is None:
+            raise ValueError("worker_protocol grpc: a Fleet needs the served model (ServedModel)")
         self.settings = settings
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if settings.work_dir is None:
@@ -48,9 +52,9 @@ class Fleet:
         self.snapshot_dir = Path(settings.snapshot_dir or self.work_dir / "snapshots")
         #: Every replica's request logs, in a subfolder named after it.
         self.request_log_dir = Path(settings.request_log_dir or self.work_dir / "requests")
-        self.router = Router(settings, self.work_dir)
+        self.router = Router(settings, self.work_dir, served)
         #: The replicas' KV block size (a gRPC worker is registered with it), None over HTTP.
-        self._kv_block_size = served_lm(settings)[1] if settings.grpc else None
+        self._kv_block_size = served.block_size if served is not None and settings.grpc else None
         #: Replicas that run, by name, in the order they started; ``memberships``: of each replica that joined,
         #: its workers in the router, kept in step with the models it serves by a thread of its own.
         self.replicas: dict[str, Replica] = {}

@@ -13,8 +13,8 @@ which compose and Kubernetes run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import signal
 import sys
 import time
@@ -35,6 +35,17 @@ from warmup_tools.server.process import free_port
 WORKER_JOB_TIMEOUT_S = 120.0
 #: The scheme of a gRPC worker's URL (smg's engine protocol); an HTTP worker's is its front's ``http://``.
 GRPC_SCHEME = "grpc://"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServedModel:
+    """What the router needs of the model the replicas serve when it is the OpenAI server (``worker_protocol``
+    grpc): the LM's folder (tokenizer, chat template) and the KV block size, both of the repository's
+    ``lora_adapter`` config. The caller reads them (``warmup_tools.ops.cli.fleet.served_model``, from
+    ``PlanTarget``): the fleet starts processes and reads no model's config."""
+
+    tokenizer_dir: Path
+    block_size: int
 
 
 class RouterClient:
@@ -117,14 +128,15 @@ class RouterClient:
 class Router(RouterClient):
     """``smg launch`` on the fleet's port with the fleet's policy, and a client of its worker API."""
 
-    def __init__(self, settings: FleetSettings, work_dir: Path) -> None:
+    def __init__(self, settings: FleetSettings, work_dir: Path, served: ServedModel | None = None) -> None:
+        """``served``: the model the replicas serve (needed with ``worker_protocol`` grpc)."""
         self.settings = settings
         host = settings.host
         self.port = settings.port or free_port(host)
         self.prometheus_port = settings.prometheus_port or free_port(host)
         self.url = f"http://{host if host not in ('0.0.0.0', '::') else '127.0.0.1'}:{self.port}"
         self.metrics_url = f"http://127.0.0.1:{self.prometheus_port}/metrics"
-        argv = smg_argv(settings, port=self.port, prometheus_port=self.prometheus_port)
+        argv = smg_argv(settings, port=self.port, prometheus_port=self.prometheus_port, served=served)
         super().__init__(self.url, settings.health_check_interval_s,
                          Child("router", argv, {"PATH": str(Path(sys.executable).parent), "HOME": str(work_dir)},
                                work_dir / "router.log"), control_key=control_key(settings))
@@ -147,12 +159,14 @@ class Router(RouterClient):
         self.process.stop(signal.SIGTERM, 30.0)
 
 
-def smg_argv(settings: FleetSettings, *, port: int, prometheus_port: int) -> list[str]:
+def smg_argv(settings: FleetSettings, *, port: int, prometheus_port: int,
+             served: ServedModel | None = None) -> list[str]:
     """The router's command line: smg (through :mod:`~warmup_tools.fleet.smg_launch`) with the fleet's policy,
     thresholds and health checks, no conversation or response store, the front's bound on a request body, and in
     trust mode (``secrets_dir``) its worker API behind the deployment's ``router_control.key``, which the launcher
     reads from that folder: the key is on no command line (smg 1.13 takes it on its own command line only). With
-    ``worker_protocol`` grpc also the LM's folder (smg tokenizes) and, for ``cache_aware``, its event index."""
+    ``worker_protocol`` grpc also ``served``'s LM folder (smg tokenizes) and block size, and for ``cache_aware`` its
+    event index."""
     argv = [sys.executable, "-m", "warmup_tools.fleet.smg_launch"]
     if settings.secrets_dir is not None:
         argv += [SECRETS_FLAG, str(settings.secrets_dir)]
@@ -171,7 +185,9 @@ def smg_argv(settings: FleetSettings, *, port: int, prometheus_port: int) -> lis
              "--max-payload-size", str(MAX_BODY_BYTES),
              "--shutdown-grace-period-secs", str(round(settings.router_shutdown_grace_s)), "--log-level", "warn"]
     if settings.grpc:
-        lm, block_size = served_lm(settings)
+        if served is None:
+            raise ValueError("worker_protocol grpc: the router needs the served model (ServedModel)")
+        lm, block_size = served.tokenizer_dir, served.block_size
         # NOTE: on gRPC workers smg is the OpenAI server: it templates and tokenizes from the LM's own folder (no
         # hub: without --model-path smg 1.13 looks the worker's model path up on Hugging Face). Started without
         # worker URLs, smg 1.13 builds the HTTP router alone and answers 404 to a model served by gRPC workers
@@ -181,20 +197,6 @@ def smg_argv(settings: FleetSettings, *, port: int, prometheus_port: int) -> lis
             argv += ["--kv-index", settings.kv_index]
         argv += ["--enable-igw"]
     return argv
-
-
-def served_lm(settings: FleetSettings) -> tuple[Path, int]:
-    """The LM folder (tokenizer, chat template) and the KV block size of the repository the replicas serve, read
-    from its ``lora_adapter`` config as the replicas read it (``WARMUP_ASSETS_DIR``: ``assets_dir`` when set)."""
-    from warmup_tools.lora_adapter.settings import LoraAdapterSettings
-    from warmup_tools.server.config import ServeConfig
-
-    environ = dict(os.environ)
-    if settings.assets_dir is not None:
-        environ["WARMUP_ASSETS_DIR"] = str(Path(settings.assets_dir).resolve())
-    repository = Path(settings.model_repository or ServeConfig().model_repository)
-    adapter = LoraAdapterSettings.from_repository(repository, environ)
-    return Path(adapter.engine.base_model).resolve(), adapter.engine.kv.block_size
 
 
 def control_key(settings: FleetSettings) -> str | None:

@@ -14,11 +14,13 @@ import pytest
 
 from tests.unit.fleet.test_membership import FakeFront, FakeRouter, _serve
 from warmup_tools.common.errors import ConfigError, ServerError
+from warmup_tools.fleet.fleet import Fleet
 from warmup_tools.fleet.membership import Membership, grpc_workers
 from warmup_tools.fleet.replica import Replica, free_port_block
-from warmup_tools.fleet.router import RouterClient, served_lm, smg_argv
+from warmup_tools.fleet.router import RouterClient, smg_argv
 from warmup_tools.fleet.settings import FleetSettings
 from warmup_tools.ops.cli import _parser
+from warmup_tools.ops.cli.fleet import served_model
 
 
 def _flags(argv: list[str]) -> dict[str, str]:
@@ -37,10 +39,13 @@ def test_http_is_the_default_and_grpc_is_refused_with_trust_mode_citing_the_miss
 
 
 def test_over_grpc_the_router_routes_cache_aware_on_its_event_index_and_tokenizes_from_the_repositorys_lm():
-    grpc = smg_argv(FleetSettings(worker_protocol="grpc"), port=30000, prometheus_port=29000)
+    settings = FleetSettings(worker_protocol="grpc")
+    served = served_model(settings)
+    assert served is not None and served_model(FleetSettings()) is None  # HTTP: smg needs no model
+    grpc = smg_argv(settings, port=30000, prometheus_port=29000, served=served)
     flags = _flags(grpc)
     assert flags["--policy"] == "cache_aware" and flags["--kv-index"] == "positional"
-    lm, block_size = served_lm(FleetSettings())
+    lm, block_size = served.tokenizer_dir, served.block_size
     assert flags["--model-path"] == str(lm) and (lm / "tokenizer_config.json").is_file()
     assert flags["--block-size"] == str(block_size) == "16"  # the repository's kv_block_size: smg hashes by it
     # Without worker URLs at its start smg 1.13 builds the HTTP router alone (a gRPC worker's model: 404).
@@ -49,7 +54,12 @@ def test_over_grpc_the_router_routes_cache_aware_on_its_event_index_and_tokenize
     assert not {"--kv-index", "--model-path", "--enable-igw", "--block-size"} & set(http)  # HTTP: as before
     # A policy without a tree has no index to feed.
     assert "--kv-index" not in smg_argv(FleetSettings(worker_protocol="grpc", policy="round_robin"), port=1,
-                                        prometheus_port=2)
+                                        prometheus_port=2, served=served)
+    # The fleet reads no model config (tests/unit/test_layout.py): over gRPC its caller names the model.
+    with pytest.raises(ValueError, match="served model"):
+        smg_argv(settings, port=1, prometheus_port=2)
+    with pytest.raises(ValueError, match="served model"):
+        Fleet(settings)
     # smg's own parser (what smg_launch runs) takes every flag, and reads them as meant.
     from smg.launch_router import parse_router_args
 

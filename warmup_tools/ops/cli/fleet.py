@@ -7,11 +7,15 @@ import argparse
 import os
 import signal
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from warmup_tools.fleet.settings import FleetSettings
 from warmup_tools.ops.cli.flags import add_settings, settings_from_args
 from warmup_tools.ops.cli.serving import stop_on_signals
+
+if TYPE_CHECKING:
+    from warmup_tools.fleet.router import ServedModel
 
 #: What the router reads of the fleet's settings (``router``; the replicas' are the ``fleet``'s own).
 ROUTER_FIELDS = ("worker_protocol", "policy", "cache_threshold", "balance_abs_threshold", "balance_rel_threshold",
@@ -60,12 +64,29 @@ def fleet_settings(args: argparse.Namespace) -> FleetSettings:
     return settings_from_args(FleetSettings, args)
 
 
+def served_model(settings: FleetSettings) -> ServedModel | None:
+    """With ``worker_protocol`` grpc, the LM folder and KV block size of the repository the replicas serve (its
+    ``lora_adapter`` config, ``WARMUP_ASSETS_DIR``: ``assets_dir`` when set), which smg tokenizes and hashes by;
+    None over HTTP."""
+    if not settings.grpc:
+        return None
+    from warmup_tools.fleet.router import ServedModel
+    from warmup_tools.planning.target import PlanTarget
+    from warmup_tools.server.config import ServeConfig
+
+    environ = dict(os.environ)
+    if settings.assets_dir is not None:
+        environ["WARMUP_ASSETS_DIR"] = str(Path(settings.assets_dir).resolve())
+    target = PlanTarget.from_repository(Path(settings.model_repository or ServeConfig().model_repository), environ)
+    return ServedModel(Path(target.tokenizer_dir).resolve(), target.block_size)
+
+
 def _cmd_fleet(args: argparse.Namespace) -> int:
     from warmup_tools.fleet.fleet import Fleet
 
     settings = fleet_settings(args)
     stop = stop_on_signals()
-    with Fleet(settings) as fleet:
+    with Fleet(settings, served_model(settings)) as fleet:
         print(f"router ({settings.routed_policy}) on {fleet.router.url}/v1, metrics {fleet.router.metrics_url}; "
               "replicas: "
               + ", ".join(f"{name} {r.url}" for name, r in fleet.replicas.items())
@@ -87,7 +108,8 @@ def _cmd_router(args: argparse.Namespace) -> int:
     settings = fleet_settings(args)
     port = settings.port or FleetSettings().port
     control_key(settings)  # a missing or empty key file fails here, with its name, before smg starts
-    argv = smg_argv(settings, port=port, prometheus_port=settings.prometheus_port or SMG_PROMETHEUS_PORT)
+    argv = smg_argv(settings, port=port, prometheus_port=settings.prometheus_port or SMG_PROMETHEUS_PORT,
+                    served=served_model(settings))
     print(f"smg {settings.routed_policy} router ({settings.worker_protocol} workers) on {settings.host}:{port}, "
           "worker API "
           + ("behind the deployment's control-plane key" if settings.secrets_dir else "open (open mode)"), flush=True)
@@ -98,7 +120,7 @@ def _cmd_join(args: argparse.Namespace) -> int:
     from warmup_tools.common.deployment import DeploymentSecrets
     from warmup_tools.fleet.membership import Membership
     from warmup_tools.fleet.replica import wait_warm
-    from warmup_tools.fleet.router import RouterClient, control_key, served_lm
+    from warmup_tools.fleet.router import RouterClient, control_key
 
     settings = fleet_settings(args)
     interval = settings.membership_interval_s
@@ -109,7 +131,7 @@ def _cmd_join(args: argparse.Namespace) -> int:
     router = RouterClient(args.router, settings.health_check_interval_s, control_key=control_key(settings))
     membership = Membership(args.replica, router, interval, replica_key=replica_key,
                             protocol=settings.worker_protocol, worker_host=args.worker_host,
-                            kv_block_size=served_lm(settings)[1] if settings.grpc else None)
+                            kv_block_size=served.block_size if (served := served_model(settings)) else None)
     if args.once:
         wait_warm(args.replica, args.timeout_s)
         membership.sync()

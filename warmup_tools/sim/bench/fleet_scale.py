@@ -70,6 +70,7 @@ from warmup_tools.common.records import RequestRecord, log_files, read_request_l
 from warmup_tools.common.settings import arg, environ_overrides
 from warmup_tools.fleet.fleet import Fleet
 from warmup_tools.fleet.replica import Replica
+from warmup_tools.fleet.router import ServedModel
 from warmup_tools.fleet.settings import POLICIES, WORKER_PROTOCOLS, FleetSettings
 from warmup_tools.lora_adapter.profile import EngineProfile, load_profile
 from warmup_tools.server.client import metric_sum, scrape_metrics
@@ -131,6 +132,8 @@ class Workload:
     split_prompts: list[str]
     kv_budget_bytes: int
     plan_summary: str
+    #: The model the replicas serve as a router over gRPC workers needs it (its LM folder and KV block size).
+    served: ServedModel | None = None
 
     @property
     def replayed(self) -> list[Item]:
@@ -333,7 +336,7 @@ def workload(work: Path, assets_dir: Path, trace: str, scale: TraceScale, *, pla
                f"budget): {len(split_prompts)} prefixes")
     return Workload(items, replay_min * 60, plan_records, base_repo, whole_repo, split_prompts,
                     target.settings.engine.kv.budget_bytes,
-                    summary)
+                    summary, ServedModel(Path(target.tokenizer_dir).resolve(), target.block_size))
 
 
 def real_text(work: Path, scale: TraceScale, *, plan_min: float, requests_per_day: int,
@@ -547,7 +550,8 @@ class Bench:
         started = time.perf_counter()
         items = self.load.replayed
         joined: dict[str, Any] = {}
-        with Fleet(self.settings(replicas, policy, repo, worker_protocol=protocol)) as fleet:
+        settings = self.settings(replicas, policy, repo, worker_protocol=protocol)
+        with Fleet(settings, self.load.served if settings.grpc else None) as fleet:
             def join() -> None:
                 replica = fleet.launch(restore=True, warm_gate=True)
                 fleet.join(replica)

@@ -220,28 +220,22 @@ class TritonEngine:
         assert self._generate is not None, "start() first"
         parameters = ({ROLES_PARAMETER: json.dumps([list(span) for span in request.roles], separators=(",", ":"))}
                       if request.roles else None)
-        span = trace = None
-        if self.tracer is not None:
-            span = self.tracer.start("front.generate", request.trace, server=True,
-                                     attributes={"pipeline": self.pipeline, "adapter": request.adapter or ""})
-            trace = self.tracer.child_context(span)
-            if trace is not None:  # NOTE: every model continues the trace from the front's span
-                parameters = {**(parameters or {}), **trace.parameters()}
-        try:
-            inputs = ensemble_inputs(request)
-            if self.pipeline == "ensemble":
-                model = "ensemble"
-            else:
-                model = ENSEMBLE_STEPS[-1].model
+        span, trace = self._span(request.trace, self.pipeline, request.adapter)
+        if trace is not None:  # NOTE: every model continues the trace from the front's span
+            parameters = {**(parameters or {}), **trace.parameters()}
+        inputs = ensemble_inputs(request)
+        if self.pipeline == "ensemble":
+            model = "ensemble"
+        else:
+            model = ENSEMBLE_STEPS[-1].model
+            try:
                 inputs = await self._composing_inputs(inputs, trace.parameters() if trace is not None else None)
-            async for chunk in self._stream(model, inputs, parameters, _text_chunk):
-                if span is not None and chunk.finish_reason:
-                    span.set_attributes({"prompt_tokens": chunk.prompt_tokens, "cached_tokens": chunk.cached_tokens,
-                                         "output_tokens": chunk.output_tokens})
-                yield chunk
-        finally:
-            if span is not None:
-                span.end()
+            except BaseException:
+                if span is not None:
+                    span.end()
+                raise
+        async for chunk in self._spanned(span, self._stream(model, inputs, parameters, _text_chunk)):
+            yield chunk
 
     async def generate_tokens(self, input_ids: Sequence[int], adapter: str | None, tenant: str | None,
                               sampling: Mapping[str, Any], trace: TraceContext | None = None, *,
@@ -251,22 +245,36 @@ class TritonEngine:
         ``pipeline`` says; each response's token ids. ``text``: the prompt's text for lora_adapter's request log
         (``text_input``). Closing the iterator cancels the call, and the sequence in lora_adapter's scheduler.
         Raises :class:`EngineError`."""
-        span = parameters = None
-        if self.tracer is not None:
-            span = self.tracer.start("front.generate", trace, server=True,
-                                     attributes={"pipeline": "tokens", "adapter": adapter or ""})
-            child = self.tracer.child_context(span)
-            parameters = child.parameters() if child is not None else None
+        span, child = self._span(trace, "tokens", adapter)
+        inputs = input_tensors({"input_ids": np.asarray(input_ids, dtype=np.int32), "stream": True,
+                                "adapter_id": adapter or None, "tenant_id": tenant or None,
+                                "text_input": text or None, **sampling})
+        parameters = child.parameters() if child is not None else None
+        async for chunk in self._spanned(span, self._stream(ENSEMBLE_STEPS[-1].model, inputs, parameters,
+                                                            _token_chunk)):
+            yield chunk
+
+    def _span(self, trace: TraceContext | None, pipeline: str, adapter: str | None) -> tuple[Any, Any]:
+        """The front's span of one generation (continuing ``trace``) and the context the models continue from it;
+        ``(None, None)`` with tracing off."""
+        if self.tracer is None:
+            return None, None
+        span = self.tracer.start("front.generate", trace, server=True,
+                                 attributes={"pipeline": pipeline, "adapter": adapter or ""})
+        return span, self.tracer.child_context(span)
+
+    @staticmethod
+    async def _spanned(span: Any, chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """``chunks`` passed on; the last one's counts set on ``span``, which ends with the stream (or with an error,
+        or when the consumer stops early)."""
         try:
-            inputs = input_tensors({"input_ids": np.asarray(input_ids, dtype=np.int32), "stream": True,
-                                    "adapter_id": adapter or None, "tenant_id": tenant or None,
-                                    "text_input": text or None, **sampling})
-            async for chunk in self._stream(ENSEMBLE_STEPS[-1].model, inputs, parameters, _token_chunk):
+            async for chunk in chunks:
                 if span is not None and chunk.finish_reason:
                     span.set_attributes({"prompt_tokens": chunk.prompt_tokens, "cached_tokens": chunk.cached_tokens,
                                          "output_tokens": chunk.output_tokens})
                 yield chunk
         finally:
+            await chunks.aclose()
             if span is not None:
                 span.end()
 

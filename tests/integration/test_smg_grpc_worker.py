@@ -15,9 +15,8 @@ from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb
 from tests.waiting import HANG_S, wait_for, wait_for_generation_to_leave
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 from warmup_tools.fleet.process import Child
-from warmup_tools.fleet.replica import free_port_block
 from warmup_tools.server.client import metric_sum, scrape_metrics
-from warmup_tools.server.process import free_port
+from warmup_tools.server.process import free_port, free_port_block
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

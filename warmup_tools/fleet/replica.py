@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import time
 import urllib.error
@@ -20,7 +19,7 @@ from warmup_tools.fleet.process import Child
 from warmup_tools.fleet.settings import FleetSettings
 from warmup_tools.server.client import metric_sum, scrape_metrics
 from warmup_tools.server.config import REPO_ROOT
-from warmup_tools.server.process import free_port
+from warmup_tools.server.process import free_port, free_port_block
 
 
 class Replica:
@@ -148,29 +147,6 @@ def wait_warm(front_url: str, timeout_s: float, gone: Callable[[], bool] = lambd
         if time.monotonic() > deadline:
             raise ServerError(f"{front_url} was not warm within {timeout_s:g} s")
         time.sleep(0.5)
-
-
-def free_port_block(host: str, count: int, tries: int = 200) -> int:
-    """The first of ``count`` consecutive TCP ports that were free a moment ago (:func:`free_port`'s draw, the
-    ports after it checked bindable).
-
-    NOTE: only the first port is recorded as handed out; the next ones are checked free now. free_port draws at
-    random from some 20,000 ports below the ephemeral range, so another draw landing inside the block is rare,
-    and the front then fails to listen (its replica does not get warm) rather than sharing a port."""
-    for _ in range(tries):
-        first = free_port(host)
-        if first + count - 1 <= 65535 and all(_bindable(host, port) for port in range(first + 1, first + count)):
-            return first
-    raise ServerError(f"no {count} consecutive free ports on {host} in {tries} tries")
-
-
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def http_status(url: str, timeout_s: float = 5.0) -> int:

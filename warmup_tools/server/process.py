@@ -493,6 +493,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+def free_port_block(host: str, count: int, tries: int = 200) -> int:
+    """The first of ``count`` consecutive TCP ports that were free a moment ago (a replica's gRPC worker listeners):
+    :func:`free_port`'s draw, the ports after it checked bindable, all of them recorded as handed out."""
+    for _ in range(tries):
+        first = free_port(host)
+        with _ports_lock:
+            block = range(first + 1, first + count)
+            if first + count - 1 <= 65535 and all(p not in _handed_out and _bindable(host, p) for p in block):
+                _handed_out.update(block)
+                return first
+    raise ServerError(f"no {count} consecutive free ports on {host} in {tries} tries")
+
+
 def _ephemeral_low() -> int:
     try:
         return int(_EPHEMERAL_RANGE.read_text().split()[0])

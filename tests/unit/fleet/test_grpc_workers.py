@@ -16,11 +16,12 @@ from tests.unit.fleet.test_membership import FakeFront, FakeRouter, _serve
 from warmup_tools.common.errors import ConfigError, ServerError
 from warmup_tools.fleet.fleet import Fleet
 from warmup_tools.fleet.membership import Membership, grpc_workers
-from warmup_tools.fleet.replica import Replica, free_port_block
+from warmup_tools.fleet.replica import Replica
 from warmup_tools.fleet.router import RouterClient, smg_argv
 from warmup_tools.fleet.settings import FleetSettings
 from warmup_tools.ops.cli import _parser
 from warmup_tools.ops.cli.fleet import served_model
+from warmup_tools.server.process import free_port_block
 
 
 def _flags(argv: list[str]) -> dict[str, str]:

@@ -30,11 +30,10 @@ from typing import Annotated, Any, Iterator, TextIO
 
 from warmup_tools.common.settings import arg
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
-from warmup_tools.fleet.replica import free_port_block
 from warmup_tools.front.settings import PIPELINES
 from warmup_tools.server.client import metric_sum, scrape_metrics
 from warmup_tools.server.config import REPO_ROOT
-from warmup_tools.server.process import TritonServer, free_port
+from warmup_tools.server.process import TritonServer, free_port, free_port_block
 from warmup_tools.sim.bench.latency import pct
 from warmup_tools.sim.bench.params import LmThreads, MaxTokens
 

@@ -11,11 +11,11 @@ from smg_grpc_proto.generated import vllm_engine_pb2 as pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc
 
 from tests.unit.front.conftest import ScriptedEngine
-from warmup_tools.fleet.replica import free_port_block
 from warmup_tools.front.auth import TenantResolver
 from warmup_tools.front.serving import FrontState
 from warmup_tools.front.settings import FrontSettings
 from warmup_tools.front.smg_grpc.listeners import GrpcWorkers, ReplicaFacts
+from warmup_tools.server.process import free_port_block
 
 
 async def model_at(port: int) -> str | grpc.StatusCode:

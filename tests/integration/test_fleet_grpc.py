@@ -32,8 +32,7 @@ def fleet(served_assets, tmp_path_factory):
     from warmup_tools.ops.cli.fleet import served_model
 
     settings = FleetSettings(replicas=1, worker_protocol="grpc", policy="cache_aware", port=0,
-                             assets_dir=served_assets, work_dir=tmp_path_factory.mktemp("fleet"),
-                             membership_interval_s=1.0)
+                             assets_dir=served_assets, work_dir=tmp_path_factory.mktemp("fleet"))
     with Fleet(settings, served_model(settings)) as running:
         yield running
 
@@ -97,3 +96,31 @@ def test_a_replica_warmed_before_it_joins_is_routed_its_warm_prefixes(fleet):
             answer = _complete(client, fleet.router.url, f"{prompt}Start with lot {uuid.uuid4().hex[:6]}.")
             assert answer.headers[ROUTED_WORKER_HEADER] == theirs, "routed to the replica that holds the prompt"
             assert _cached(answer) >= held[prompt], "served from its warm prefix"
+
+
+def test_a_restarted_router_routes_on_the_replicas_state_again(fleet):
+    """The router restarts with nothing: each membership adds its replica's workers again, smg subscribes from 0 and
+    takes each worker's whole state (the full-state answer), and a prefix one replica holds (warmed on its own front,
+    never seen by any router) is routed to it again. The seconds from the router answering to its index holding that
+    replica's state are printed (`-s`); nothing here depends on them."""
+    import time
+
+    if len(fleet.replicas) < 2:
+        other = fleet.launch(restore=False)
+        other.wait_warm()
+        fleet.join(other)
+    holder = sorted(fleet.replicas)[-1]
+    theirs = fleet.memberships[holder].worker_url("base")
+    prompt = f"Shipping audit {uuid.uuid4().hex}: " + "match each container seal to its bill of lading. " * 8
+    with httpx.Client(timeout=300) as client:
+        _complete(client, fleet.replicas[holder].url, prompt)
+        held = _cached(_complete(client, fleet.replicas[holder].url, prompt))
+        assert held >= 4 * BLOCK
+        fleet.restart_router()
+        answered = time.monotonic()
+        wait_for(lambda: _announced(fleet, theirs) >= held // BLOCK, "the restarted router took the replica's state",
+                 detail=lambda: f"; {_announced(fleet, theirs)} blocks of at least {held // BLOCK}")
+        print(f"\nrouter restart: its index held the replica's state {time.monotonic() - answered:.2f} s after it "
+              f"answered (membership_interval_s {fleet.settings.membership_interval_s:g})")
+        answer = _complete(client, fleet.router.url, f"{prompt}Begin with seal {uuid.uuid4().hex[:6]}.")
+        assert answer.headers[ROUTED_WORKER_HEADER] == theirs and _cached(answer) >= held

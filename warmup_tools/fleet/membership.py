@@ -44,7 +44,8 @@ from warmup_tools.fleet.settings import WORKER_PROTOCOLS
 
 LOGGER = logging.getLogger(__name__)
 
-#: The longest wait between two looks while the replica has not joined yet (it joins soon after it is warm).
+#: The longest wait between two looks while the replica has not joined yet (it joins soon after it is warm), and after a
+#: look the router did not answer.
 _JOINING_POLL_S = 1.0
 
 
@@ -169,11 +170,15 @@ class Membership:
         self._running = True
         try:
             while not self._stopping.is_set():
+                failed = False
                 try:
                     self.sync()
                 except ServerError as exc:
                     LOGGER.warning("%s: %s", self.replica_url, exc)
-                wait = self.interval_s if self.workers else min(self.interval_s, _JOINING_POLL_S)
+                    failed = True
+                # NOTE: a router that does not answer (restarting) is looked at again soon, so that the workers are
+                # back within a second of it answering, not at the next interval.
+                wait = self.interval_s if self.workers and not failed else min(self.interval_s, _JOINING_POLL_S)
                 self._stopping.wait(wait)
         finally:
             self.leave()

@@ -99,9 +99,10 @@ class FleetSettings:
     router_shutdown_grace_s: float = setting(400.0, "The longest the router waits at SIGTERM for the requests it "
                                                     "forwards to finish (smg --shutdown-grace-period-secs).",
                                              ge=0, le=3600)
-    membership_interval_s: float = setting(5.0, "Seconds between two looks of a replica's membership at its /v1/models "
+    membership_interval_s: float = setting(2.0, "Seconds between two looks of a replica's membership at its /v1/models "
                                                 "and the router's workers: a worker added for an adapter made live, "
-                                                "removed for one retired, added again after a router restart (also "
+                                                "removed for one retired, added again after a router restart (within "
+                                                "this of the router answering: three small GETs a look; also "
                                                 "`join --interval-s`).", gt=0, le=3600)
     drain_grace_s: float = setting(0.0, "A replica's drain_grace_s: the fleet takes a replica out of the router "
                                         "before it sends SIGTERM, so none is needed.", ge=0, le=600)

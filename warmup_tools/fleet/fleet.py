@@ -16,6 +16,7 @@ from pathlib import Path
 from types import TracebackType
 
 from warmup_tools.common.errors import ServerError
+from warmup_tools.common.files import read_or_create_secret
 from warmup_tools.fleet.membership import Membership, routed_urls
 from warmup_tools.fleet.replica import Replica
 from warmup_tools.fleet.router import Router, ServedModel
@@ -43,11 +44,13 @@ class Fleet:
         (``warmup_tools.ops.cli.fleet.served_model``)."""
         if settings.grpc and served is None:
             raise ValueError("worker_protocol grpc: a Fleet needs the served model (ServedModel)")
-        self.settings = settings
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if settings.work_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="warmup-fleet-")
         self.work_dir = Path(settings.work_dir or self._tmp.name)  # type: ignore[union-attr]
+        if settings.grpc and settings.router_key_file is None:
+            settings = dataclasses.replace(settings, control_key_file=self._new_control_key())
+        self.settings = settings
         self.control_dir = Path(settings.control_dir or self.work_dir / "control")
         self.snapshot_dir = Path(settings.snapshot_dir or self.work_dir / "snapshots")
         #: Every replica's request logs, in a subfolder named after it.
@@ -155,6 +158,18 @@ class Fleet:
         return departures
 
     # ---------------------------------------------------------------------------------- helpers
+    def _new_control_key(self) -> Path:
+        """A new control-plane key for this run's router, owner only in the work folder.
+
+        NOTE: over gRPC the replicas run open mode (smg passes no tenant identity to a gRPC worker), but the
+        router's worker API must not: whoever reaches its port could add a worker of their own, which would receive
+        clients' requests. The fleet's memberships send the key; nothing else has it."""
+        self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = self.work_dir / "router_control.key"
+        path.unlink(missing_ok=True)  # one key per run, even in a work folder used before
+        read_or_create_secret(path)
+        return path
+
     def _launch(self, restore: bool = True, warm_gate: bool = True, model_repository: Path | None = None) -> Replica:
         self._started += 1
         settings = self.settings

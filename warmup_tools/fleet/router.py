@@ -5,11 +5,13 @@ It starts with no worker: a replica's membership (membership.py) adds it through
 request goes to it) before the replica is sent SIGTERM. smg's own health checks probe the same ``/health``
 meanwhile, so a replica that stops being warm leaves rotation too.
 
-smg serves its worker API on the same port as ``/v1/*``. With a control-plane key (trust mode: the deployment's
-``router_control.key``, :class:`~warmup_tools.common.deployment.DeploymentSecrets`) it answers 401 to a worker
-API call without ``Authorization: Bearer <key>``, and ``/v1/*`` is unchanged. :func:`smg_argv` is the one
-definition of the router's command line: ``warmup_tools fleet`` runs it, and so does ``warmup_tools router``,
-which compose and Kubernetes run."""
+smg serves its worker API on the same port as ``/v1/*``. With a control-plane key (FleetSettings'
+``router_key_file``: in trust mode the deployment's ``router_control.key``,
+:class:`~warmup_tools.common.deployment.DeploymentSecrets`; without it ``control_key_file``, as the gRPC variants
+give it; ``warmup_tools fleet`` over gRPC makes one per run) it answers 401 to a worker API call without
+``Authorization: Bearer <key>``, and ``/v1/*`` is unchanged. :func:`smg_argv` is the one definition of the router's
+command line: ``warmup_tools fleet`` runs it, and so does ``warmup_tools router``, which compose and Kubernetes
+run."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from warmup_tools.common.errors import ServerError
 from warmup_tools.common.limits import MAX_BODY_BYTES
 from warmup_tools.fleet.process import Child
 from warmup_tools.fleet.settings import FleetSettings
-from warmup_tools.fleet.smg_launch import SECRETS_FLAG
+from warmup_tools.fleet.smg_launch import KEY_FILE_FLAG
 from warmup_tools.server.process import free_port
 
 #: Deadline of one worker registration or removal (smg runs them as background jobs).
@@ -162,14 +164,15 @@ class Router(RouterClient):
 def smg_argv(settings: FleetSettings, *, port: int, prometheus_port: int,
              served: ServedModel | None = None) -> list[str]:
     """The router's command line: smg (through :mod:`~warmup_tools.fleet.smg_launch`) with the fleet's policy,
-    thresholds and health checks, no conversation or response store, the front's bound on a request body, and in
-    trust mode (``secrets_dir``) its worker API behind the deployment's ``router_control.key``, which the launcher
-    reads from that folder: the key is on no command line (smg 1.13 takes it on its own command line only). With
+    thresholds and health checks, no conversation or response store, the front's bound on a request body, and with
+    a control-plane key (``router_key_file``: trust mode's ``router_control.key``, or ``control_key_file``) its
+    worker API behind that key, which the launcher reads from the file: the key is on no command line (smg 1.13
+    takes it on its own command line only). With
     ``worker_protocol`` grpc also ``served``'s LM folder (smg tokenizes) and block size, and for ``cache_aware`` its
     event index."""
     argv = [sys.executable, "-m", "warmup_tools.fleet.smg_launch"]
-    if settings.secrets_dir is not None:
-        argv += [SECRETS_FLAG, str(settings.secrets_dir)]
+    if settings.router_key_file is not None:
+        argv += [KEY_FILE_FLAG, str(settings.router_key_file)]
     argv += ["--host", settings.host, "--port", str(port),
              "--prometheus-host", settings.host, "--prometheus-port", str(prometheus_port),
              "--policy", settings.routed_policy, "--cache-threshold", str(settings.cache_threshold),
@@ -200,8 +203,9 @@ def smg_argv(settings: FleetSettings, *, port: int, prometheus_port: int,
 
 
 def control_key(settings: FleetSettings) -> str | None:
-    """The router's control-plane key in trust mode (``secrets_dir``), None in open mode."""
-    if settings.secrets_dir is None:
+    """The router's control-plane key, read from ``router_key_file`` (ConfigError naming a missing or empty file);
+    None when the router runs without one."""
+    path = settings.router_key_file
+    if path is None:
         return None
-    secrets = DeploymentSecrets(settings.secrets_dir)
-    return secrets.read_key(secrets.router_key)
+    return DeploymentSecrets(Path(path).parent).read_key(path)

@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import ClassVar
 
+from warmup_tools.common.deployment import DeploymentSecrets
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.settings import check_settings, setting
 
@@ -87,6 +88,14 @@ class FleetSettings:
                                              "keys and probe tenant's key from it, the router's worker API takes its "
                                              "router_control.key, and each replica's membership reads the replica's "
                                              "/v1/models with the probe tenant's key; empty: open mode.")
+    control_key_file: Path | None = setting(None, "The router's control-plane key without trust mode: a file holding "
+                                                  "one key (deploy-secrets' router_control.key). The router's worker "
+                                                  "API (/workers) then answers 401 to a call without it and each "
+                                                  "join sends it, while the replicas stay open mode (the gRPC "
+                                                  "variants: docker-compose.grpc.yml, deploy/k8s-grpc). Empty: "
+                                                  "secrets_dir's router_control.key in trust mode; with "
+                                                  "worker_protocol grpc `fleet` makes one per run in its work "
+                                                  "folder; otherwise the worker API is open.")
     model_repository: Path | None = setting(None, "The model repository every replica serves; empty: the "
                                                   "package's model_repository/.")
     assets_dir: Path | None = setting(None, "The LM, embedder and adapters (WARMUP_ASSETS_DIR); empty: .assets/.")
@@ -117,12 +126,27 @@ class FleetSettings:
             raise ConfigError("worker_protocol grpc does not run with trust mode (secrets_dir): smg 1.13 passes no "
                               "tenant identity to a gRPC worker (no tenant, key or salt field reaches it), so the "
                               "replicas could not keep tenants apart; a trust-mode fleet uses worker_protocol http "
-                              "(docs/fleet.md, \"smg's gRPC worker protocol\")")
+                              "(docs/fleet.md, \"smg's gRPC worker protocol\"); the router's control key alone is "
+                              "control_key_file")
+        if self.secrets_dir is not None and self.control_key_file is not None:
+            raise ConfigError("give secrets_dir (trust mode: the router's key is its router_control.key) or "
+                              "control_key_file (the router's key alone), not both")
 
     @property
     def grpc(self) -> bool:
         """Whether the router reaches the replicas over smg's gRPC engine protocol (``worker_protocol`` grpc)."""
         return self.worker_protocol == "grpc"
+
+    @property
+    def router_key_file(self) -> Path | None:
+        """The file of the router's control-plane key: ``control_key_file``, or in trust mode ``secrets_dir``'s
+        ``router_control.key``; None: the router's worker API is open. The router's launcher and every join read
+        the key from it (never from a command line)."""
+        if self.control_key_file is not None:
+            return self.control_key_file
+        if self.secrets_dir is not None:
+            return DeploymentSecrets(self.secrets_dir).router_key
+        return None
 
     @property
     def kv_index(self) -> str | None:

@@ -1,10 +1,11 @@
-"""``python -m warmup_tools.fleet.smg_launch [--secrets-dir DIR] <smg launch flags>``: smg's own launcher, with the
-router's control-plane key read from the deployment's ``router_control.key`` instead of its command line.
+"""``python -m warmup_tools.fleet.smg_launch [--control-key-file FILE] <smg launch flags>``: smg's own launcher, with
+the router's control-plane key read from a file (the deployment's ``router_control.key``: FleetSettings'
+``router_key_file``) instead of its command line.
 
 smg 1.13's ``smg launch`` takes ``--control-plane-api-keys id:name:role:key`` on its command line only (its Python
 launcher reads no variable and no file for it), and a command line is readable by every process of the host
 (``ps``, ``/proc/<pid>/cmdline``). This launcher parses the other flags with smg's own parser
-(``smg.launch_router.parse_router_args``), adds the key it reads from ``DIR`` to the parsed arguments and starts
+(``smg.launch_router.parse_router_args``), adds the key it reads from ``FILE`` to the parsed arguments and starts
 smg in this process (``smg.launch_router.launch_router``), so the key is in no process's command line."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 #: smg's id, name and role of the control-plane key (``RouterArgs.control_plane_api_keys``: (id, name, key, role)).
 CONTROL_KEY_ID, CONTROL_KEY_NAME, CONTROL_KEY_ROLE = "warmup-control", "warmup join", "admin"
-SECRETS_FLAG = "--secrets-dir"
+KEY_FILE_FLAG = "--control-key-file"
 
 
 def main(argv: list[str]) -> int:
@@ -29,13 +30,13 @@ def main(argv: list[str]) -> int:
     from warmup_tools.common.errors import WarmupToolsError
 
     key = None
-    if argv[:1] == [SECRETS_FLAG]:
+    if argv[:1] == [KEY_FILE_FLAG]:
         if len(argv) < 2:
-            print(f"smg_launch: {SECRETS_FLAG} needs the deployment's secrets folder", file=sys.stderr)
+            print(f"smg_launch: {KEY_FILE_FLAG} needs the file of the router's control-plane key", file=sys.stderr)
             return 2
-        secrets, argv = DeploymentSecrets(Path(argv[1])), argv[2:]
+        path, argv = Path(argv[1]), argv[2:]
         try:
-            key = secrets.read_key(secrets.router_key)
+            key = DeploymentSecrets(path.parent).read_key(path)
         except WarmupToolsError as exc:
             print(f"smg_launch: {exc}", file=sys.stderr)
             return 2

@@ -80,8 +80,9 @@ def test_every_deployment_launches_the_router_with_one_command_line(tmp_path):
     settings = FleetSettings(host="0.0.0.0", policy="cache_aware")
     open_mode = smg_argv(settings, port=30000, prometheus_port=29000)
     trust = smg_argv(dataclasses.replace(settings, secrets_dir=tmp_path), port=30000, prometheus_port=29000)
-    assert open_mode[1:3] == ["-m", "warmup_tools.fleet.smg_launch"] and "--secrets-dir" not in open_mode
-    assert trust[3:5] == ["--secrets-dir", str(tmp_path)]  # the launcher reads router_control.key there
+    assert open_mode[1:3] == ["-m", "warmup_tools.fleet.smg_launch"] and "--control-key-file" not in open_mode
+    # the launcher reads the deployment's router_control.key from the file
+    assert trust[3:5] == ["--control-key-file", str(tmp_path / "router_control.key")]
     flags = dict(zip(open_mode[3::2], open_mode[4::2]))
     assert flags["--policy"] == "cache_aware" and flags["--health-check-endpoint"] == "/health"
     assert flags["--port"] == "30000" and flags["--prometheus-port"] == "29000"
@@ -123,6 +124,7 @@ def test_the_routers_control_key_is_on_no_command_line(trust_router):
 
 
 def test_the_launcher_without_the_key_file_exits_with_one_line_naming_it(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "warmup_tools.fleet.smg_launch", "--secrets-dir", str(tmp_path),
-                           "--port", "1"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "warmup_tools.fleet.smg_launch", "--control-key-file",
+                           str(tmp_path / "router_control.key"), "--port", "1"], capture_output=True, text=True,
+                          timeout=60)
     assert done.returncode == 2 and "router_control.key" in done.stderr and "Traceback" not in done.stderr

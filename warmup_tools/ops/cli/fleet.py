@@ -19,11 +19,11 @@ if TYPE_CHECKING:
 
 #: What the router reads of the fleet's settings (``router``; the replicas' are the ``fleet``'s own).
 ROUTER_FIELDS = ("worker_protocol", "policy", "cache_threshold", "balance_abs_threshold", "balance_rel_threshold",
-                 "host", "port", "prometheus_port", "secrets_dir", "health_check_interval_s",
+                 "host", "port", "prometheus_port", "secrets_dir", "control_key_file", "health_check_interval_s",
                  "router_shutdown_grace_s", "model_repository", "assets_dir")
 #: What ``join`` reads of them (with worker_protocol grpc, the repository's KV block size: model_repository and
 #: assets_dir as the replicas have them).
-JOIN_FIELDS = ("worker_protocol", "secrets_dir", "membership_interval_s", "health_check_interval_s",
+JOIN_FIELDS = ("worker_protocol", "secrets_dir", "control_key_file", "membership_interval_s", "health_check_interval_s",
                "model_repository", "assets_dir")
 #: smg's own metrics port: a router alone on its host takes it when the fleet's ``prometheus_port`` is 0
 #: (any free port, which only a fleet that starts the router itself can find out).
@@ -38,7 +38,7 @@ def add_commands(sub: Any) -> None:
 
     router = sub.add_parser("router", help="run the smg router of a fleet (what compose and Kubernetes run): the "
                                            "fleet's policy, thresholds and health checks, its worker API behind the "
-                                           "deployment's router_control.key in trust mode")
+                                           "deployment's router_control.key (trust mode's, or --control-key-file)")
     add_settings(router, FleetSettings, only=ROUTER_FIELDS)
     router.set_defaults(func=_cmd_router)
 
@@ -112,7 +112,8 @@ def _cmd_router(args: argparse.Namespace) -> int:
                     served=served_model(settings))
     print(f"smg {settings.routed_policy} router ({settings.worker_protocol} workers) on {settings.host}:{port}, "
           "worker API "
-          + ("behind the deployment's control-plane key" if settings.secrets_dir else "open (open mode)"), flush=True)
+          + ("behind the control-plane key" if settings.router_key_file else "open (no control-plane key)"),
+          flush=True)
     os.execv(argv[0], argv)  # NOTE: smg takes this process's place: signals reach it, its exit is ours
 
 

@@ -2,9 +2,11 @@
 kustomize overlay deploy/k8s-grpc/ over deploy/k8s/, checked offline (no Docker engine or cluster runs here).
 
 What they must hold: the router and the replicas' fronts run the gRPC flags (open mode: smg passes no tenant
-identity to a gRPC worker), each join registers the listeners at the address the router reaches, and the listener
+identity to a gRPC worker), each join registers the listeners at the address the router reaches, the listener
 ports (which carry no credential and no TLS) are reachable by the router alone: an internal compose network only
-the router and the replicas join, a NetworkPolicy admitting the port range from the router's pods only."""
+the router and the replicas join, a NetworkPolicy admitting the port range from the router's pods only; and the
+router's worker API stays behind the deployment's router_control.key, which the router and every join read from
+the deployment's secrets (open mode is the replicas' alone)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from warmup_tools.common.deployment import MOUNT, DeploymentSecrets
 from warmup_tools.fleet.router import smg_argv
 from warmup_tools.ops.cli import _parser, fleet_settings
 from warmup_tools.ops.cli.fleet import served_model
@@ -26,6 +29,8 @@ TRUST_FILES = ("WARMUP_DEPLOYMENT_SECRET_FILE", "WARMUP_TENANT_KEYS_FILE", "WARM
 #: Strategic merge keys of the lists the overlay's patches touch (Kubernetes' own, for these fields).
 MERGE_KEYS = {"containers": "name", "env": "name", "ports": "containerPort", "volumeMounts": "mountPath",
               "volumes": "name"}
+#: The router's control-plane key where both variants mount the deployment's secrets.
+ROUTER_KEY = DeploymentSecrets(MOUNT).router_key
 
 
 def _load(path: Path) -> list[dict[str, Any]]:
@@ -197,3 +202,45 @@ def test_compose_grpc_listeners_are_on_an_internal_network_only_the_router_and_t
     # The base file stays the product: trust mode on HTTP workers.
     base = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     assert "--worker-protocol" not in base["router"]["command"] and "--secrets-dir" in base["router"]["command"]
+
+
+def _mounted_secret_items(pod: dict[str, Any], container: dict[str, Any], path: Path) -> tuple[str, list[Any]]:
+    """The Secret mounted at ``path`` in ``container`` and the items it projects there (None: all of them)."""
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(path))
+    assert mount.get("readOnly") is True
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    return volume["secret"]["secretName"], volume["secret"].get("items")
+
+
+def test_both_grpc_variants_put_the_routers_worker_api_behind_the_deployments_control_key():
+    """The replicas run open mode; the router's worker API does not: the router and every join read
+    router_control.key (deploy-secrets: compose's one-shot secrets service, the Kubernetes Secret) from its file,
+    and only that item is mounted where only it is needed."""
+    only_the_key = [{"key": ROUTER_KEY.name, "path": ROUTER_KEY.name}]
+    # Kubernetes: the router's and each pod's join command, and the one item of the trust Secret they mount.
+    docs = overlay_docs()
+    router_pod = _doc(docs, "Deployment", "warmup-router")["spec"]["template"]["spec"]
+    replica_pod = _doc(docs, "StatefulSet", "triton-warmup")["spec"]["template"]["spec"]
+    for pod, container in ((router_pod, _container(docs, "Deployment", "warmup-router", "smg")),
+                           (replica_pod, _container(docs, "StatefulSet", "triton-warmup", "join"))):
+        settings = fleet_settings(_parser().parse_args(container["command"][3:]))
+        assert settings.grpc and settings.secrets_dir is None and settings.router_key_file == ROUTER_KEY
+        assert _mounted_secret_items(pod, container, MOUNT) == ("triton-warmup-trust", only_the_key)
+    # The router's launcher reads the file (the key is on no command line).
+    router = fleet_settings(_parser().parse_args(
+        _container(docs, "Deployment", "warmup-router", "smg")["command"][3:]))
+    local = dataclasses.replace(router, model_repository=None)
+    argv = smg_argv(local, port=30000, prometheus_port=29000, served=served_model(local))
+    assert argv[3:5] == ["--control-key-file", str(ROUTER_KEY)]
+    # compose: the router and both joins read it from the volume the secrets service fills.
+    compose = _compose()["services"]
+    secrets = compose["secrets"]
+    command = secrets["command"]
+    assert command[3] == "deploy-secrets" and command[command.index("--dir") + 1] == str(MOUNT)
+    assert f"warmup-secrets:{MOUNT}" in secrets["volumes"]
+    for name in ("router", "join-1", "join-2"):
+        settings = fleet_settings(_parser().parse_args(compose[name]["command"][3:]))
+        assert settings.grpc and settings.secrets_dir is None and settings.router_key_file == ROUTER_KEY, name
+        assert f"warmup-secrets:{MOUNT}:ro" in compose[name]["volumes"], name
+    assert compose["router"]["depends_on"]["secrets"] == {"condition": "service_completed_successfully"}
+    assert all("router" in compose[join]["depends_on"] for join in ("join-1", "join-2"))

@@ -26,7 +26,8 @@ BLOCK = 16
 
 @pytest.fixture(scope="module")
 def fleet(served_assets, tmp_path_factory):
-    """One replica joined at the start, over gRPC, routed cache_aware on the event index."""
+    """One replica joined at the start, over gRPC, routed cache_aware on the event index; the router's worker API
+    behind the control key the fleet makes for the run."""
     from warmup_tools.fleet.fleet import Fleet
     from warmup_tools.fleet.settings import FleetSettings
     from warmup_tools.ops.cli.fleet import served_model
@@ -63,6 +64,28 @@ def test_the_workers_are_the_fronts_listeners_one_per_model(fleet):
         worker = listed[membership.worker_url(model)]
         assert worker["connection_mode"] == "grpc" and worker["status"] == "ready"
         assert worker["model_id"] == model and worker["kv_block_size"] == BLOCK
+
+
+def test_the_routers_worker_api_answers_only_the_fleets_control_key(fleet):
+    """The replicas run open mode over gRPC; the router's worker API does not (the key the fleet made for this
+    run, read by smg's launcher from its file): a caller without it cannot add a worker of its own, list or remove
+    the fleet's, while the fleet registered every listener with it and serves through the router."""
+    membership = next(iter(fleet.memberships.values()))  # the replica joined at the start
+    ours = list(membership.workers.values())
+    attacker = {"url": "grpc://127.0.0.1:9", "runtime": "vllm", "connection_mode": "grpc", "kv_block_size": BLOCK}
+    url = fleet.router.url
+    with httpx.Client(timeout=300) as client:
+        for headers in ({}, {"Authorization": "Bearer not-the-key"}):
+            assert client.post(f"{url}/workers", json=attacker, headers=headers).status_code == 401
+            assert client.get(f"{url}/workers", headers=headers).status_code == 401
+            for worker_id in ours:
+                assert client.delete(f"{url}/workers/{worker_id}", headers=headers).status_code == 401
+        listed = fleet.router.workers()  # with the key
+        assert attacker["url"] not in {w["url"] for w in listed}
+        assert {membership.worker_url(model) for model in membership.workers} <= {w["url"] for w in listed}
+        assert fleet.workers_listed()
+        answer = _complete(client, url, f"Dock schedule {uuid.uuid4().hex}: list the trucks due before noon.")
+        assert answer.headers[ROUTED_WORKER_HEADER] in {membership.worker_url(model) for model in membership.workers}
 
 
 def test_a_replica_warmed_before_it_joins_is_routed_its_warm_prefixes(fleet):

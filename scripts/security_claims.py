@@ -43,6 +43,7 @@ _TRACING = "tests/unit/common/test_tracing.py"
 _KV_EVENTS = "tests/unit/smg_worker/test_event_server.py"
 _GRPC = "tests/unit/front/smg_grpc"
 _GRPC_IT = "tests/integration/test_smg_grpc_worker.py"
+_CONTROL_KEY = "tests/unit/fleet/test_control_key.py"
 
 AREAS: tuple[Area, ...] = (
     Area("Operators' files: the control folder", "threat-model", (
@@ -501,6 +502,30 @@ AREAS: tuple[Area, ...] = (
                f"{_GRPC}/test_kv_proxy.py::test_no_folder_several_sockets_or_none_yet",
                f"{_GRPC}/test_kv_proxy.py::test_a_subscriber_that_leaves_ends_the_instances_call",
                f"{_GRPC}/test_tokenizer_bundle.py::test_a_folder_without_a_tokenizer_or_with_a_fifo_is_refused")),
+    )),
+    Area("The fleet on gRPC workers", "ports-what-each-part-listens-on-and-who-may-reach-it", (
+        Claim("The fleet refuses `worker_protocol grpc` in trust mode (smg 1.13 passes no tenant identity to a gRPC "
+              "worker); the router's control key is given without tenant trust (`control_key_file`), read from its "
+              "file by the router and every join (on no command line), and a local gRPC fleet makes an owner-only "
+              "key per run.",
+              ("tests/unit/fleet/test_grpc_workers.py::"
+               "test_http_is_the_default_and_grpc_is_refused_with_trust_mode_citing_the_missing_tenant_identity",
+               f"{_CONTROL_KEY}::test_the_control_key_is_given_without_trust_mode_and_trust_mode_stays_refused_over_grpc",
+               f"{_CONTROL_KEY}::test_the_router_and_join_commands_read_the_key_from_its_file_and_no_command_line_carries_it",
+               f"{_CONTROL_KEY}::test_a_grpc_fleet_makes_its_routers_key_once_per_run_owner_only")),
+        Claim("In the gRPC fleet the router's worker API answers 401 to any `POST/GET/DELETE /workers` without the "
+              "fleet's control key, while the fleet registers every listener with it and serves through the router.",
+              ("tests/integration/test_fleet_grpc.py::test_the_routers_worker_api_answers_only_the_fleets_control_key",
+               f"{_CONTROL_KEY}::test_over_grpc_the_routers_worker_api_refuses_a_caller_without_the_control_key")),
+        Claim("The shipped gRPC variants give the deployment's `router_control.key` to the router and every join; the "
+              "listeners are reachable by the router alone (compose: an internal network of the router and the "
+              "replicas; Kubernetes: a NetworkPolicy admitting 9100-9115 from the router's pods only); the shipped "
+              "`docker-compose.yml` stays trust mode on HTTP.",
+              ("tests/unit/test_deploy_grpc.py::"
+               "test_both_grpc_variants_put_the_routers_worker_api_behind_the_deployments_control_key",
+               "tests/unit/test_deploy_grpc.py::test_the_overlays_replicas_listen_where_only_the_router_may_connect",
+               "tests/unit/test_deploy_grpc.py::"
+               "test_compose_grpc_listeners_are_on_an_internal_network_only_the_router_and_the_replicas_join")),
     )),
     Area("Triton itself", "triton-itself", (
         Claim("The image is built on tritonserver 25.07 or later, the release with the fixes for "

@@ -151,6 +151,11 @@ class GenerationMetrics:
         self.cache_bytes = pb_utils.MetricFamily(
             name="warmup_kv_cache_bytes", description="KV prefix cache bytes held per adapter and instance",
             kind=pb_utils.MetricFamily.GAUGE)
+        self.running_bytes = pb_utils.MetricFamily(
+            name="warmup_kv_running_bytes",
+            description="KV bytes the running sequences hold against kv_cache_bytes, per instance (cached blocks, "
+                        "which live sequences may evict, are not counted: vLLM's KV cache usage)",
+            kind=pb_utils.MetricFamily.GAUGE)
         self.evictions = pb_utils.MetricFamily(
             name="warmup_kv_evictions_total", description="KV prefix cache blocks evicted per adapter",
             kind=pb_utils.MetricFamily.COUNTER)
@@ -247,6 +252,7 @@ class GenerationMetrics:
                 self._crossed = crossed
             for owner, used in list(cache.stats.bytes_by_owner.items()):
                 self._set(self.cache_bytes, {"adapter": owner or "base"}, used)
+            self._set(self.running_bytes, {}, cache.stats.running_bytes)
             for owner, count in list(cache.stats.evictions_by_owner.items()):
                 name = owner or "base"
                 delta = count - self._evicted.get(name, 0)

@@ -61,7 +61,8 @@ class LoadSignals:
 
     running: float = 0.0
     waiting: float = 0.0
-    #: Share of the KV prefix cache in use, 0 to 1 (None when unknown).
+    #: Share of the KV budget the running sequences hold, 0 to 1 (None when unknown); cached blocks they may evict
+    #: are free room, as in vLLM's KV cache usage.
     kv_usage: float | None = None
 
 

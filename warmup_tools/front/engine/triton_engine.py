@@ -435,15 +435,16 @@ def _temperature(body: str) -> dict[str, Any]:
 
 #: The metrics :func:`parse_triton_metrics` reads.
 _READ_METRICS = ("warmup_adapter_state{", "warmup_scheduler_running_sequences", "warmup_scheduler_waiting_sequences",
-                 "warmup_kv_cache_bytes{")
+                 "warmup_kv_running_bytes{")
 
 
 def parse_triton_metrics(text: str, kv_capacity_bytes: int | None) -> tuple[ModelState, LoadSignals]:
     """The adapters' states and the load signals in tritonserver's /metrics text.
 
     An adapter is live when every instance that reports it says ``live``; otherwise the reason is its state on
-    the first instance where it is not. Running and waiting sequences add up over instances; KV use is the bytes
-    held over ``kv_capacity_bytes`` times the instances that report."""
+    the first instance where it is not. Running and waiting sequences add up over instances; KV use is the bytes the
+    running sequences hold over ``kv_capacity_bytes`` times the instances that report (vLLM's KV cache usage: cached
+    blocks the running sequences may evict are free room, and a warm cache is full of them)."""
     states: dict[str, dict[str, str]] = {}
     running = waiting = 0.0
     kv_bytes: dict[str, float] = {}
@@ -459,7 +460,7 @@ def parse_triton_metrics(text: str, kv_capacity_bytes: int | None) -> tuple[Mode
                 running += value
             elif name == "warmup_scheduler_waiting_sequences":
                 waiting += value
-            elif name == "warmup_kv_cache_bytes":
+            elif name == "warmup_kv_running_bytes":
                 instance = labels.get("instance", "")
                 kv_bytes[instance] = kv_bytes.get(instance, 0.0) + value
     adapters: dict[str, str | None] = {}

@@ -62,7 +62,8 @@ async def metrics(request: Request) -> Response:
     Gauge("vllm:num_requests_waiting", "Sequences waiting for a running slot on lora_adapter's instances.", labels,
           registry=registry).labels(name).set(load.waiting)
     if load.kv_usage is not None:
-        Gauge("vllm:kv_cache_usage_perc", "Share of the KV prefix cache in use (1 = full), over instances.",
+        Gauge("vllm:kv_cache_usage_perc", "Share of the KV budget the running sequences hold (1 = full), over "
+              "instances (cached blocks they may evict are not counted, as in vLLM).",
               labels, registry=registry).labels(name).set(load.kv_usage)
     drain = state.drain
     Counter("warmup_front_requests", "Generation requests this front took (a replica's share of a fleet's "

@@ -7,15 +7,13 @@ test_fleet_grpc.py checks the same on the gRPC fleet of real replicas; test_depl
 from __future__ import annotations
 
 import dataclasses
-import json
 import stat
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
+from tests.unit.fleet.test_router import _call
 from warmup_tools.common.deployment import DeploymentSecrets
 from warmup_tools.common.errors import ConfigError, ServerError
 from warmup_tools.fleet.fleet import Fleet
@@ -31,19 +29,6 @@ GRPC = FleetSettings(worker_protocol="grpc")
 def _key_file(folder: Path) -> tuple[Path, str]:
     secrets = make_deployment_secrets(folder)
     return secrets.router_key, secrets.read_key(secrets.router_key)
-
-
-def _status(url: str, method: str, body: dict | None = None, key: str | None = None) -> int:
-    headers = {"Content-Type": "application/json"} if body is not None else {}
-    if key is not None:
-        headers["Authorization"] = f"Bearer {key}"
-    request = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None,
-                                     method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
 
 
 def test_the_control_key_is_given_without_trust_mode_and_trust_mode_stays_refused_over_grpc(tmp_path):
@@ -110,9 +95,9 @@ def test_over_grpc_the_routers_worker_api_refuses_a_caller_without_the_control_k
     router, key = grpc_router
     attacker = {"url": "grpc://127.0.0.1:9", "runtime": "vllm", "connection_mode": "grpc", "kv_block_size": 16}
     for wrong in (None, "not-the-key", key[:-1]):
-        assert _status(f"{router.url}/workers", "POST", attacker, key=wrong) == 401
-        assert _status(f"{router.url}/workers", "GET", key=wrong) == 401
-        assert _status(f"{router.url}/workers/any-id", "DELETE", key=wrong) == 401
+        assert _call(f"{router.url}/workers", "POST", attacker, key=wrong) == 401
+        assert _call(f"{router.url}/workers", "GET", key=wrong) == 401
+        assert _call(f"{router.url}/workers/any-id", "DELETE", key=wrong) == 401
     assert router.workers() == []  # the key is taken, and nothing was added
     with pytest.raises(ServerError, match="401"):
         RouterClient(router.url, 1).workers()

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import warmup_tools  # noqa: F401  NOTE: first, so that gRPC's fork support is off before any test module imports grpc
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ASSETS_DIR = Path(os.environ.get("WARMUP_ASSETS_DIR", REPO_ROOT / ".assets"))
 

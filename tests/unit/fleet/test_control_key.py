@@ -13,7 +13,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.unit.fleet.test_router import _call
+from tests.unit.fleet.test_router import _call, assert_on_no_command_line
 from warmup_tools.common.deployment import DeploymentSecrets
 from warmup_tools.common.errors import ConfigError, ServerError
 from warmup_tools.fleet.fleet import Fleet
@@ -102,10 +102,4 @@ def test_over_grpc_the_routers_worker_api_refuses_a_caller_without_the_control_k
     with pytest.raises(ServerError, match="401"):
         RouterClient(router.url, 1).workers()
     # The key was read from its file: it is on no process's command line.
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmdline = (proc / "cmdline").read_bytes()
-            except OSError:
-                continue
-            assert key.encode() not in cmdline, f"the control key is on the command line of process {proc.name}"
+    assert_on_no_command_line(key)

@@ -107,13 +107,8 @@ def test_in_trust_mode_the_router_never_routes_on_the_requests_text(tmp_path):
         FleetSettings(trust_policy="cache_aware")
 
 
-def test_the_routers_control_key_is_on_no_command_line(trust_router):
-    """smg 1.13 takes the key on its command line only; the launcher reads it from the secrets folder instead."""
-    router, key = trust_router
-    assert not any(key in arg for arg in router.process.argv)
-    # NOTE: smg renames its process once started (setproctitle), which hid an argv key from a later `ps` but not
-    # from one during its start, nor from exec auditing: the key must not be in the argv at all.
-    assert isinstance(router.workers(), list)  # up, and the key read from the folder works
+def assert_on_no_command_line(key: str) -> None:
+    """No process of the machine carries ``key`` in its command line (/proc/*/cmdline)."""
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
@@ -121,6 +116,16 @@ def test_the_routers_control_key_is_on_no_command_line(trust_router):
             except OSError:
                 continue
             assert key.encode() not in cmdline, f"the control key is on the command line of process {proc.name}"
+
+
+def test_the_routers_control_key_is_on_no_command_line(trust_router):
+    """smg 1.13 takes the key on its command line only; the launcher reads it from the secrets folder instead."""
+    router, key = trust_router
+    assert not any(key in arg for arg in router.process.argv)
+    # NOTE: smg renames its process once started (setproctitle), which hid an argv key from a later `ps` but not
+    # from one during its start, nor from exec auditing: the key must not be in the argv at all.
+    assert isinstance(router.workers(), list)  # up, and the key read from the folder works
+    assert_on_no_command_line(key)
 
 
 def test_the_launcher_without_the_key_file_exits_with_one_line_naming_it(tmp_path):

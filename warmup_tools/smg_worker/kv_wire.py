@@ -115,7 +115,7 @@ class KvEventStream:
             stored = self._stored(event.blocks, event.parent)
             return [common_pb2.KvCacheEvent(event_id=event.seq, stored=stored)] if stored is not None else []
         if event.kind == "removed":
-            gone = [to_int64(h) for h in event.hashes if to_int64(h) in self._published]
+            gone = [h for h in map(to_int64, event.hashes) if h in self._published]
             self._published.difference_update(gone)
             return [common_pb2.KvCacheEvent(event_id=event.seq, removed=common_pb2.KvBlocksRemoved(
                 block_hashes=gone))] if gone else []

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from warmup_tools.sim.bench.peer import BASE, OpenAIStreams, Prompts, measure
+from warmup_tools.sim.bench.peer import OpenAIStreams, Prompts, measure
+from warmup_tools.sim.bench.peer_servers import BASE
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

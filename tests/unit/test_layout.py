@@ -28,6 +28,8 @@ import ast
 import graphlib
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[2] / "warmup_tools"
 TOP = "warmup_tools"
 
@@ -74,8 +76,8 @@ def imported_modules(path: Path, root: Path = PACKAGE.parent) -> set[str]:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
             names.add(base)
-            if base == TOP:  # `from warmup_tools import sim`: the names are the sub-packages
-                names.update(f"{base}.{alias.name}" for alias in node.names)
+            # `from warmup_tools import sim`, `from warmup_tools.kv import blocks`: a name may be a module
+            names.update(f"{base}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.Call) and node.args and _is_import_module(node.func):
@@ -135,6 +137,35 @@ def test_the_table_has_no_cycle_and_lists_each_layer_after_what_it_imports():
     for package, allowed in ALLOWED.items():
         assert allowed <= seen, f"{package} may import {sorted(allowed - seen)}, listed after it"
         seen.add(package)
+
+
+def module_imports() -> dict[str, set[str]]:
+    """``{module: {module of ours it imports}}`` over every module of the package (``TYPE_CHECKING`` and
+    function-level imports included: a cycle hidden in either is still two modules that need each other)."""
+    paths = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    return {module: {m for m in imported_modules(path) if m in paths and m != module}
+            for module, path in paths.items()}
+
+
+def test_no_module_imports_a_module_that_imports_it_back():
+    try:
+        graphlib.TopologicalSorter(module_imports()).prepare()
+    except graphlib.CycleError as exc:
+        raise AssertionError(f"an import cycle: {' -> '.join(exc.args[1])} (move what both need into a module "
+                             "of its own)") from None
+
+
+def test_the_cycle_check_sees_a_cycle(tmp_path):
+    root = tmp_path / "warmup_tools" / "sim"
+    root.mkdir(parents=True)
+    (root / "one.py").write_text("def f():\n    from warmup_tools.sim import two\n")
+    (root / "two.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                 "    from warmup_tools.sim.one import f\n")
+    graph = {module_name(p, tmp_path): {m for m in imported_modules(p, tmp_path)} for p in root.glob("*.py")}
+    assert "warmup_tools.sim.two" in graph["warmup_tools.sim.one"]
+    assert "warmup_tools.sim.one" in graph["warmup_tools.sim.two"]
+    with pytest.raises(graphlib.CycleError):
+        graphlib.TopologicalSorter(graph).prepare()
 
 
 def test_the_import_reader_sees_function_level_relative_and_dynamic_imports(tmp_path):

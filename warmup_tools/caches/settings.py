@@ -1,8 +1,10 @@
 """The settings of the caches' tiers: the local caches' eviction and the Redis shared tier.
 
 ``tokenizer_cache`` and ``embedding_cache`` read their ``redis_*`` parameters of ``config.pbtxt`` into
-:class:`SharedTierSettings` and their eviction knobs into :class:`EvictionSettings` (nested in their settings
-objects); each declares its own ``eviction`` (its default policy differs) with :func:`eviction_setting`.
+:class:`SharedTierSettings` and their eviction knobs into
+:class:`~warmup_tools.caches.policies.settings.EvictionSettings` (nested in their settings objects, declared beside
+the policies they tune); each declares its own ``eviction`` (its default policy differs) with
+:func:`eviction_setting`.
 Benchmarks and tests build the objects directly. The defaults live here and nowhere else.
 """
 
@@ -23,24 +25,6 @@ def eviction_setting(default: str) -> Any:
                             "recently used), slru (segmented LRU: entries hit again are protected from a burst "
                             "of one-off prompts), decayed_lfu (least frequently used, counts fading over "
                             "lfu_half_life_s).", choices=tuple(POLICIES))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class EvictionSettings:
-    """The knobs of the local caches' eviction policies (:mod:`warmup_tools.caches.policies`); each applies
-    to its policy only."""
-
-    protected_share: float = setting(0.8, "slru: share of cache_bytes kept for entries hit again (the protected "
-                                          "segment); the rest holds entries seen once.",
-                                     parameter="slru_protected_share", ge=0, lt=1)
-    half_life_s: float = setting(600.0, "decayed_lfu: an entry's hit count halves every this many seconds "
-                                        "without hits.", parameter="lfu_half_life_s", gt=0)
-    sample_size: int = setting(16, "decayed_lfu: entries sampled per eviction (the least frequently used of "
-                                   "them goes), as in Redis's allkeys-lfu.",
-                               parameter="lfu_sample_size", ge=1, le=1024)
-
-    def __post_init__(self) -> None:
-        check_settings(self)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from typing import Callable, Generic, Hashable, TypeVar
 import numpy as np
 
 from warmup_tools.caches.policies import POLICIES, EvictionPolicy
-from warmup_tools.caches.settings import EvictionSettings
+from warmup_tools.caches.policies.settings import EvictionSettings
 from warmup_tools.common.errors import ConfigError
 
 K = TypeVar("K", bound=Hashable)

@@ -10,7 +10,8 @@ import dataclasses
 from pathlib import Path
 from typing import ClassVar
 
-from warmup_tools.caches.settings import EvictionSettings, SharedTierSettings, eviction_setting
+from warmup_tools.caches.policies.settings import EvictionSettings
+from warmup_tools.caches.settings import SharedTierSettings, eviction_setting
 from warmup_tools.common.settings import check_settings, setting
 from warmup_tools.triton.metrics import MetricsSettings
 from warmup_tools.triton.params import ModelSettings

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Iterator
 from warmup_tools.common.records import PROBE_TENANT
 
 if TYPE_CHECKING:
-    from warmup_tools.lora_adapter.scheduler import Sequence
+    from warmup_tools.lora_adapter.sequence import Sequence
     from warmup_tools.lora_adapter.settings import SchedulerConfig
 
 #: Running slots beyond ``max_num_seqs`` kept for the sidecar's probes (the sidecar probes one model at a time).

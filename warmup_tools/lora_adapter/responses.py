@@ -1,6 +1,6 @@
 """One ``lora_adapter`` request's output through Triton's response sender (decoupled).
 
-:class:`ResponseSink` is the :class:`~warmup_tools.lora_adapter.scheduler.SequenceSink` model.py hands
+:class:`ResponseSink` is the :class:`~warmup_tools.lora_adapter.sequence.SequenceSink` model.py hands
 the scheduler: streaming requests get one response per token with FINAL on the last, the others one
 response with the whole text; metrics and the request log are recorded as tokens go out. It takes the
 ``pb_utils`` module as an argument (it only exists inside a Python backend stub), so unit tests can hand

@@ -18,7 +18,8 @@ from warmup_tools.control.state import AdapterLifecycle, AdapterSpec, AdapterSta
 from warmup_tools.lora_adapter.engine import LoraEngine
 from warmup_tools.lora_adapter.live_plan import PlanKeeper
 from warmup_tools.lora_adapter.requests import GenerateRequest
-from warmup_tools.lora_adapter.scheduler import Scheduler, SequenceSink
+from warmup_tools.lora_adapter.scheduler import Scheduler
+from warmup_tools.lora_adapter.sequence import SequenceSink
 from warmup_tools.lora_adapter.settings import ServiceConfig
 from warmup_tools.smg_worker.event_server import KvEventServer, socket_path
 

@@ -20,11 +20,11 @@ from warmup_tools.lora_adapter.engine_api import GenerationStep
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-    from warmup_tools.lora_adapter.scheduler import SequenceSink
+    from warmup_tools.lora_adapter.sequence import SequenceSink
 
 
 class TracedSink:
-    """A :class:`~warmup_tools.lora_adapter.scheduler.SequenceSink` that records its request's spans."""
+    """A :class:`~warmup_tools.lora_adapter.sequence.SequenceSink` that records its request's spans."""
 
     __slots__ = ("sink", "span", "tracer", "_arrived", "_admitted", "_first", "_cached", "_prompt", "_done")
 

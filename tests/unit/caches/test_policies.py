@@ -1,6 +1,6 @@
 import numpy as np
 
-from warmup_tools.caches.settings import EvictionSettings
+from warmup_tools.caches.policies.settings import EvictionSettings
 from warmup_tools.caches.store import ENTRY_OVERHEAD_BYTES, LocalCache
 from warmup_tools.tokenizer_cache.settings import TokenizerConfig
 

@@ -140,8 +140,8 @@ def test_the_embedding_cache_is_keyed_by_tenant_in_both_tiers(demo_assets):
 
 
 def test_the_local_tier_is_built_from_the_settings_eviction_and_knobs(demo_assets):
+    from warmup_tools.caches.policies.settings import EvictionSettings
     from warmup_tools.caches.policies.slru import SegmentedLRUPolicy
-    from warmup_tools.caches.settings import EvictionSettings
 
     default = OnnxEmbedder(EmbedderConfig(demo_assets.embedder_dir))
     assert default.local.eviction == "decayed_lfu" and default.local.policy.half_life_s == 600

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from warmup_tools.sim.bench import peer
-from warmup_tools.sim.bench.peer import BASE, Figures, Prompts, format_table, vllm_argv
+from warmup_tools.sim.bench.peer import Figures, Prompts, format_table
+from warmup_tools.sim.bench.peer_servers import BASE, vllm_argv
 
 
 def test_vllm_runs_the_same_model_with_prefix_caching_and_every_adapter_folder_at_its_rank(tmp_path):

@@ -16,7 +16,7 @@ from warmup_tools.caches.policies.lru import LRUPolicy
 from warmup_tools.caches.policies.slru import SegmentedLRUPolicy
 
 if TYPE_CHECKING:
-    from warmup_tools.caches.settings import EvictionSettings
+    from warmup_tools.caches.policies.settings import EvictionSettings
 
 
 class EvictionPolicy(Protocol):

@@ -6,7 +6,7 @@ import random
 from typing import TYPE_CHECKING, Hashable
 
 if TYPE_CHECKING:
-    from warmup_tools.caches.settings import EvictionSettings
+    from warmup_tools.caches.policies.settings import EvictionSettings
 
 
 class DecayedLFUPolicy:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from warmup_tools.sim.bench.openai_stream import StreamError, stream_completion
+from warmup_tools.sim.bench.peer_servers import BASE, project_server, vllm_server
 from warmup_tools.sim.bench.replay import Served, WindowFigures, figures, prepare
 
 #: Day 2's hours replayed.
@@ -45,8 +46,6 @@ def run_replay(python: Path, assets_dir: Path, *, threads: int, max_num_seqs: in
                requests_per_day: int, logs: Path, out: TextIO, block_size: int = 0) -> dict[str, WindowFigures]:
     """Plan, start both servers, warm vLLM with the plan's prompts, replay; prints and returns the figures."""
     import httpx
-
-    from warmup_tools.sim.bench.peer import BASE, project_server, vllm_server
 
     work = Path(tempfile.mkdtemp(prefix="bench-peer-replay-"))
     try:

@@ -312,3 +312,59 @@ def test_smg_renders_and_tokenizes_a_chat_as_the_front_does(triton, front, sdk):
         return sum("Token check: is a verbal contract binding?" in p for p in prompts) >= 2
 
     wait_for(logged, "both requests in lora_adapter's request log with their prompt")
+
+
+def _smg_kv(url: str, name: str, worker: str, **labels: str) -> float:
+    return metric_sum(scrape_metrics(url, prefix=name), name, worker=worker, **labels)
+
+
+def test_a_router_whose_event_stream_broke_resumes_from_the_replay_window(triton, front, workers, tmp_path):
+    """smg (cache_aware on its event index) reaches the base listener through a link the test cuts. Blocks stored
+    while it is cut arrive once smg reconnects: it resumes from the last number it applied, inside the instance's
+    replay window, so its index takes them as live events, with no full-state resync (its own counters say so)."""
+    import uuid
+
+    from tests.tcp_fault import Forwarder
+
+    with Forwarder(workers["base"]) as link:
+        worker = f"grpc://127.0.0.1:{link.port}"
+        port, metrics = free_port(), free_port()
+        argv = [str(Path(sys.executable).parent / "smg"), "launch", "--host", "127.0.0.1", "--port", str(port),
+                "--prometheus-port", str(metrics), "--worker-urls", worker, "--policy", "cache_aware",
+                "--kv-index", "positional", "--block-size", "16", "--model-path", str(triton.assets_dir / "lm"),
+                "--history-backend", "none", "--shutdown-grace-period-secs", "1", "--log-level", "warn"]
+        process = Child("smg", argv, {"PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path)},
+                        tmp_path / "smg.log")
+        process.start()
+        url = f"http://127.0.0.1:{metrics}/metrics"
+        try:
+            def counter(name: str, **labels: str) -> float:
+                try:
+                    return _smg_kv(url, name, worker, **labels)
+                except (OSError, ValueError):
+                    return -1.0
+
+            wait_for(lambda: counter("smg_kv_event_batches_total", disposition="snapshot") >= 1,
+                     "smg applying the listener's state", detail=lambda: "\n" + process.log_tail())
+            snapshots = counter("smg_kv_event_batches_total", disposition="snapshot")
+            resyncs = counter("smg_kv_event_resyncs_total")
+            streams = counter("smg_kv_event_subscriptions_total")
+            stored = counter("smg_kv_event_blocks_total", op="stored")
+
+            link.cut()
+            prompt = f"Resume check {uuid.uuid4().hex}: " + " ".join(USER_QUESTIONS["support"]) * 2
+            answer = httpx.post(f"{front.url}/v1/completions", json={"model": "base", "prompt": prompt,
+                                                                       "max_tokens": 1}, timeout=HANG_S)
+            assert answer.status_code == 200, answer.text
+            blocks = answer.json()["usage"]["prompt_tokens"] // 16
+            assert blocks >= 2
+            link.mend()
+
+            wait_for(lambda: counter("smg_kv_event_blocks_total", op="stored") >= stored + blocks,
+                     f"smg receiving the {blocks} blocks stored while its stream was cut",
+                     detail=lambda: "\n" + process.log_tail())
+            assert counter("smg_kv_event_subscriptions_total") > streams  # it did reconnect
+            assert counter("smg_kv_event_batches_total", disposition="snapshot") == snapshots
+            assert counter("smg_kv_event_resyncs_total") == resyncs
+        finally:
+            process.stop()

@@ -71,7 +71,7 @@ from warmup_tools.common.settings import arg, environ_overrides
 from warmup_tools.fleet.fleet import Fleet
 from warmup_tools.fleet.replica import Replica
 from warmup_tools.fleet.router import ServedModel
-from warmup_tools.fleet.settings import POLICIES, WORKER_PROTOCOLS, FleetSettings
+from warmup_tools.fleet.settings import ROUTER_POLICIES, WORKER_PROTOCOLS, FleetSettings
 from warmup_tools.lora_adapter.profile import EngineProfile, load_profile
 from warmup_tools.server.client import metric_sum, scrape_metrics
 from warmup_tools.server.config import REPO_ROOT
@@ -164,7 +164,7 @@ def run(assets_dir: Path, *,
         policies: Annotated[str, arg("router policies of the routing runs at the largest size, comma-separated "
                                      "(the smaller sizes use plan_policy)")] = "round_robin,cache_aware,prefix_hash",
         plan_policy: Annotated[str, arg("the router's policy in the oracle, plan, scale-out and scale-in runs",
-                                        choices=POLICIES)] = "cache_aware",
+                                        choices=ROUTER_POLICIES)] = "cache_aware",
         profile: Annotated[str, arg("the simulated engine's profile (a shipped name or a JSON path)")]
         = DEFAULT_PROFILE,
         block_tokens: Annotated[int, arg("tokens each of the trace's hash blocks becomes", ge=1)] = 16,

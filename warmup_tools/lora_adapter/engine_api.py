@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # NOTE: these modules import torch; the scheduler only calls 
     import torch
 
     from warmup_tools.kv.prefix_cache import PrefixCache
-    from warmup_tools.lora_adapter.runner import SequenceKV
     from warmup_tools.lora_adapter.settings import EngineConfig
 
 
@@ -161,5 +160,6 @@ class SnapshotEngine(Protocol):
     def scope(self, adapter: str | None, tenant: str) -> CacheScope:
         """The KV cache scope of a request: base model, adapter identity and tenant."""
 
-    def compute_kv(self, adapter: str | None, token_ids: Sequence[int]) -> SequenceKV:
-        """The KV of ``token_ids`` computed from scratch with ``adapter`` (no cache read or written)."""
+    def compute_kv(self, adapter: str | None, token_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The KV of ``token_ids`` computed from scratch with ``adapter`` (no cache read or written): per layer
+        ``(keys, values)``, each ``[1, kv_heads, tokens, head_dim]``."""

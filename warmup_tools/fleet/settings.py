@@ -63,6 +63,12 @@ class FleetSettings:
     balance_rel_threshold: float = setting(1.2, "cache_aware: the same spill also needs that replica's requests "
                                                 "in flight above this multiple of the fleet's mean (smg "
                                                 "--balance-rel-threshold).", ge=1)
+    warmup_slice_s: int = setting(0, "cache_aware: for this many seconds after a replica becomes routable smg "
+                                     "hands it one cache miss in four so that it builds a cache (smg "
+                                     "--worker-warmup-secs, its own default 60). 0: off, since a replica joins "
+                                     "warm (its plan's stanzas, the fleet's snapshots, the warm gate) and the "
+                                     "slice would spend its first minute on other prefixes' misses (docs/fleet.md, "
+                                     "\"A joiner's first minute\").", ge=0, le=3600)
     host: str = setting("127.0.0.1", "Address the router and the replicas' fronts listen on (each replica's "
                                      "tritonserver listens on the loopback: its front and sidecar are its clients).")
     port: int = setting(30000, "Port of the router's OpenAI API (0: any free port).", ge=0, le=65535)

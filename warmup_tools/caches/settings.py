@@ -14,17 +14,17 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from warmup_tools.caches.policies import POLICIES
+from warmup_tools.caches.policies import EVICTION_POLICIES
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.settings import check_settings, setting
 
 
 def eviction_setting(default: str) -> Any:
-    """A cache model's ``eviction`` field: which local entry goes first, one of :data:`POLICIES`."""
+    """A cache model's ``eviction`` field: which local entry goes first, one of :data:`EVICTION_POLICIES`."""
     return setting(default, "Which entry of the local cache goes first when cache_bytes is full: lru (least "
                             "recently used), slru (segmented LRU: entries hit again are protected from a burst "
                             "of one-off prompts), decayed_lfu (least frequently used, counts fading over "
-                            "lfu_half_life_s).", choices=tuple(POLICIES))
+                            "lfu_half_life_s).", choices=tuple(EVICTION_POLICIES))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

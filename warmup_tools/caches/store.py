@@ -3,7 +3,7 @@
 Like vLLM's block pool beside its eviction queue and LMCache's storage interface beside one file per
 policy, the store owns what every local cache needs (the lock, byte accounting against the budget, the
 statistics, get and put) and asks an :class:`~warmup_tools.caches.policies.EvictionPolicy` which entry goes
-first. Policies are chosen from :data:`~warmup_tools.caches.policies.POLICIES` (``eviction`` of each
+first. Policies are chosen from :data:`~warmup_tools.caches.policies.EVICTION_POLICIES` (``eviction`` of each
 cache model).
 
 Every cache has a byte budget and evicts to stay within it, so a flood of unique prompts cannot grow a
@@ -21,7 +21,7 @@ from typing import Callable, Generic, Hashable, TypeVar
 
 import numpy as np
 
-from warmup_tools.caches.policies import POLICIES, EvictionPolicy
+from warmup_tools.caches.policies import EVICTION_POLICIES, EvictionPolicy
 from warmup_tools.caches.policies.settings import EvictionSettings
 from warmup_tools.common.errors import ConfigError
 
@@ -57,11 +57,11 @@ class LocalCache(Generic[K, V]):
                  sizeof: Callable[[V], int] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         if budget_bytes < 0:
             raise ValueError("budget_bytes must be >= 0")
-        if eviction not in POLICIES:
-            raise ConfigError(f"unknown eviction policy {eviction!r}; known: {', '.join(POLICIES)}")
+        if eviction not in EVICTION_POLICIES:
+            raise ConfigError(f"unknown eviction policy {eviction!r}; known: {', '.join(EVICTION_POLICIES)}")
         self.budget_bytes = budget_bytes
         self.eviction = eviction
-        self.policy: EvictionPolicy = POLICIES[eviction](budget_bytes, settings or EvictionSettings())
+        self.policy: EvictionPolicy = EVICTION_POLICIES[eviction](budget_bytes, settings or EvictionSettings())
         self.stats = CacheStats()
         self._sizeof = sizeof or sizeof_value
         self._clock = clock

@@ -22,6 +22,7 @@ import copy
 import hashlib
 import json
 import logging
+import os
 import random
 import shutil
 import tempfile
@@ -53,7 +54,8 @@ DEFAULT_SEED = 0
 #: Where the CLI puts the assets unless told otherwise (ignored by git).
 DEFAULT_ASSETS_DIR = Path(__file__).resolve().parents[2] / ".assets"
 
-FORMAT_VERSION = 3  # 2: sub-seeds from common.digests.stable_seed; 3: the LM tokenizer has a chat template
+FORMAT_VERSION = 4  # 2: sub-seeds from common.digests.stable_seed; 3: the LM tokenizer has a chat template;
+# 4: adapters name their base model relative to their own folder (the same bytes wherever they are built)
 MANIFEST_NAME = "manifest.json"
 
 # Tokenizer.
@@ -147,7 +149,7 @@ def build_demo_assets(out_dir: Path, seed: int = DEFAULT_SEED) -> DemoAssets:
                     lm,
                     staged.adapter_root / name,
                     seed=stable_seed(seed, f"adapter:{index}:{name}"),
-                    base_model_path=final.lm_dir,
+                    base_model=base_model_reference(final.lm_dir, final.adapter_root / name),
                 )
             _build_embedder(staged.embedder_dir)
         _normalise_permissions(tmp_root)
@@ -174,7 +176,8 @@ def build_extra_adapter(lm_dir: Path, adapter_dir: Path, name: str, seed: int = 
     lm_dir, adapter_dir = Path(lm_dir).resolve(), Path(adapter_dir)
     with _build_environment():
         base = LlamaForCausalLM.from_pretrained(lm_dir)
-        _build_adapter(base, adapter_dir, seed=stable_seed(seed, f"adapter:extra:{name}"), base_model_path=lm_dir)
+        _build_adapter(base, adapter_dir, seed=stable_seed(seed, f"adapter:extra:{name}"),
+                       base_model=base_model_reference(lm_dir, adapter_dir))
     return adapter_dir
 
 
@@ -416,15 +419,25 @@ def _build_lm(lm_dir: Path, tokenizer: Any, seed: int) -> Any:
 _LORA_B_STD = 0.05
 
 
-def _build_adapter(base: Any, adapter_dir: Path, seed: int, base_model_path: Path) -> None:
-    """Attach a seeded LoRA adapter to a copy of ``base`` and save only the adapter."""
+def base_model_reference(lm_dir: Path, adapter_dir: Path) -> str:
+    """What an adapter's ``adapter_config.json`` (and model card) name as its base model: the LM folder relative to
+    the adapter's own folder (``../../lm`` for the demo set), so the same build at two paths writes the same bytes,
+    the same adapter fingerprints and so the same KV block hashes (snapshots restore across checkouts). The server
+    never reads it (it loads each adapter onto its configured ``base_model``); PEFT's ``AutoPeftModel`` resolves it from
+    the working directory, so it finds the LM when run from the adapter's folder."""
+    return os.path.relpath(Path(lm_dir).resolve(), Path(adapter_dir).resolve())
+
+
+def _build_adapter(base: Any, adapter_dir: Path, seed: int, base_model: str) -> None:
+    """Attach a seeded LoRA adapter to a copy of ``base`` and save only the adapter; ``base_model``: what its
+    config names as its base (:func:`base_model_reference`)."""
     import torch
     from peft import LoraConfig, get_peft_model
 
     model = copy.deepcopy(base)
     # PEFT records this as `base_model_name_or_path` in adapter_config.json.
-    model.name_or_path = str(base_model_path)
-    model.config._name_or_path = str(base_model_path)
+    model.name_or_path = base_model
+    model.config._name_or_path = base_model
     lora_config = LoraConfig(
         r=LORA_RANK,
         lora_alpha=LORA_ALPHA,
@@ -458,7 +471,7 @@ def _build_adapter(base: Any, adapter_dir: Path, seed: int, base_model_path: Pat
     # file is reproducible, and make sure the base path is the final LM folder.
     config_path = adapter_dir / "adapter_config.json"
     saved = json.loads(config_path.read_text(encoding="utf-8"))
-    saved["base_model_name_or_path"] = str(base_model_path)
+    saved["base_model_name_or_path"] = base_model
     saved["target_modules"] = sorted(saved["target_modules"])
     config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     if not (adapter_dir / "adapter_model.safetensors").is_file():

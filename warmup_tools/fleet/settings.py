@@ -12,13 +12,13 @@ from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.settings import check_settings, setting
 
 #: The routing policies of ``smg launch --policy`` (smg 1.13.0) that need nothing beyond HTTP workers.
-POLICIES: tuple[str, ...] = ("cache_aware", "round_robin", "prefix_hash", "consistent_hashing", "power_of_two",
+ROUTER_POLICIES: tuple[str, ...] = ("cache_aware", "round_robin", "prefix_hash", "consistent_hashing", "power_of_two",
                              "least_load", "random")
 
 #: The policies that choose a replica from the request's text (smg's radix tree of what it routed, or a hash of
 #: the prompt's head): with tenants sharing a fleet, where one tenant's request goes then follows what the others
 #: sent, and the routing decision tells one tenant what another sent (docs/fleet.md, "Routing and tenants").
-TEXT_POLICIES: tuple[str, ...] = ("cache_aware", "prefix_hash")
+TEXT_ROUTER_POLICIES: tuple[str, ...] = ("cache_aware", "prefix_hash")
 
 #: How the router reaches a replica: ``http``, its OpenAI front (smg forwards the request's body, routes
 #: ``cache_aware`` on a tree of the text it routed); ``grpc``, the front's smg engine listeners (smg tokenizes and
@@ -45,12 +45,12 @@ class FleetSettings:
                                              "no listener).", ge=1, le=64)
     policy: str = setting("cache_aware", "The router's policy (smg --policy) in open mode, and in trust mode when "
                                          "it does not route on the request's text (otherwise trust_policy).",
-                          choices=POLICIES)
+                          choices=ROUTER_POLICIES)
     trust_policy: str = setting("least_load", "Trust mode: the router's policy in place of one that routes on the "
                                               "request's text (cache_aware, prefix_hash), whose state is shared by "
                                               "every tenant; this one keeps no state built from any request's text "
                                               "(docs/fleet.md, \"Routing and tenants\").",
-                                choices=tuple(p for p in POLICIES if p not in TEXT_POLICIES))
+                                choices=tuple(p for p in ROUTER_POLICIES if p not in TEXT_ROUTER_POLICIES))
     cache_threshold: float = setting(0.3, "cache_aware: the share of a request's text that must match what a "
                                           "replica was sent before for the router to send it there again "
                                           "(smg --cache-threshold; below it, the replica with the least cached "
@@ -63,6 +63,12 @@ class FleetSettings:
     balance_rel_threshold: float = setting(1.2, "cache_aware: the same spill also needs that replica's requests "
                                                 "in flight above this multiple of the fleet's mean (smg "
                                                 "--balance-rel-threshold).", ge=1)
+    warmup_slice_s: int = setting(0, "cache_aware: for this many seconds after a replica becomes routable smg "
+                                     "hands it one cache miss in four so that it builds a cache (smg "
+                                     "--worker-warmup-secs, its own default 60). 0: off, since a replica joins "
+                                     "warm (its plan's stanzas, the fleet's snapshots, the warm gate) and the "
+                                     "slice would spend its first minute on other prefixes' misses (docs/fleet.md, "
+                                     "\"A joiner's first minute\").", ge=0, le=3600)
     host: str = setting("127.0.0.1", "Address the router and the replicas' fronts listen on (each replica's "
                                      "tritonserver listens on the loopback: its front and sidecar are its clients).")
     port: int = setting(30000, "Port of the router's OpenAI API (0: any free port).", ge=0, le=65535)
@@ -157,6 +163,6 @@ class FleetSettings:
     def routed_policy(self) -> str:
         """The policy the router runs: ``policy``, except in trust mode where a policy that routes on the request's
         text gives way to ``trust_policy``."""
-        if self.secrets_dir is not None and self.policy in TEXT_POLICIES:
+        if self.secrets_dir is not None and self.policy in TEXT_ROUTER_POLICIES:
             return self.trust_policy
         return self.policy

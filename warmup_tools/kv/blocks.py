@@ -117,7 +117,7 @@ class PrefixCacheStats:
         return self.hit_blocks / self.query_blocks if self.query_blocks else 0.0
 
 
-class EvictionPolicy(Protocol):
+class BlockEvictionPolicy(Protocol):
     """Tracks the evictable blocks and names the next victim. ``add(block, cold=True)`` places a block
     first in line (a pin that ended without a hit: the plan's bet on it lost)."""
 
@@ -130,7 +130,7 @@ class EvictionPolicy(Protocol):
     def victim(self, now: float) -> BlockHash | None: ...
 
 
-class LRUPolicy:
+class BlockLRUPolicy:
     """Least recently used first."""
 
     def __init__(self, ttl_s: float = 0.0) -> None:
@@ -152,7 +152,7 @@ class LRUPolicy:
         return next(iter(self._order), None)
 
 
-class LFUWithTTLPolicy:
+class BlockLFUWithTTLPolicy:
     """Least frequently used first, but anything idle longer than ``ttl_s`` goes before that.
 
     Frequencies are bucketed by powers of two (1, 2-3, 4-7, ...), oldest first within a bucket, so a
@@ -206,7 +206,7 @@ class LFUWithTTLPolicy:
         self._bucket_of[block.block_hash] = new
 
 
-EVICTION_POLICIES: Mapping[str, Callable[[float], EvictionPolicy]] = {
-    "lfu_ttl": LFUWithTTLPolicy,
-    "lru": LRUPolicy,
+BLOCK_EVICTION_POLICIES: Mapping[str, Callable[[float], BlockEvictionPolicy]] = {
+    "lfu_ttl": BlockLFUWithTTLPolicy,
+    "lru": BlockLRUPolicy,
 }

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from warmup_tools.common.settings import check_settings, setting
-from warmup_tools.kv.blocks import EVICTION_POLICIES
+from warmup_tools.kv.blocks import BLOCK_EVICTION_POLICIES
 from warmup_tools.kv.events import DEFAULT_WINDOW_BLOCKS
 
 #: Bytes of KV per instance (256 MiB).
@@ -56,7 +56,7 @@ class KVCacheConfig:
     storage: str = setting(DEFAULT_STORAGE, "How blocks are stored: fp keeps the model's dtype, int8 one byte per "
                            "value plus a scale per channel.", parameter="kv_storage", choices=KV_STORAGES)
     eviction: str = setting(DEFAULT_EVICTION, "Which unpinned block goes first when the budget is full.",
-                            parameter="kv_eviction", choices=tuple(EVICTION_POLICIES))
+                            parameter="kv_eviction", choices=tuple(BLOCK_EVICTION_POLICIES))
     ttl_s: float = setting(DEFAULT_TTL_S, "Seconds after its last use when a live block counts as expired "
                            "(lfu_ttl evicts expired blocks first).", parameter="kv_ttl_s", gt=0)
     live_reserve: float = setting(DEFAULT_LIVE_RESERVE, "Share of kv_cache_bytes kept for live traffic: warm-up "

@@ -8,7 +8,7 @@ Reads like vLLM's ``kv_cache_utils`` / ``block_pool`` and SGLang's ``radix_cache
 * memory is a byte budget per instance. Warm-up may fill at most ``warm_share`` of it, and never the share
   reserved for live traffic (``live_reserve``). The KV of running sequences (the continuous-batching
   scheduler's) is counted against the same budget (:meth:`PrefixCache.reserve`): cached blocks are evicted
-  to make room for it. Eviction is chosen from :data:`~warmup_tools.kv.blocks.EVICTION_POLICIES` (LFU with
+  to make room for it. Eviction is chosen from :data:`~warmup_tools.kv.blocks.BLOCK_EVICTION_POLICIES` (LFU with
   TTL by default); blocks in use by a running request and blocks that have cached children are never
   evicted (evicting a parent would strand its children);
 * a block the active warm-up plan pins is a bounded, expiring priority, not a lock (TensorRT-LLM's retention
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from warmup_tools.kv.blocks import (
-    EVICTION_POLICIES,
+    BLOCK_EVICTION_POLICIES,
     BlockSource,
     CachedBlock,
     PrefixCacheStats,
@@ -104,12 +104,12 @@ class PrefixCache:
         if bytes_per_token is not None and bytes_per_token < 1:
             raise ValueError("bytes_per_token must be >= 1 (or None: the stored bytes)")
         try:
-            self._policy = EVICTION_POLICIES[eviction](ttl_s)
+            self._policy = BLOCK_EVICTION_POLICIES[eviction](ttl_s)
             self._codec = STORAGE_CODECS[storage]()
         except KeyError as exc:
             raise ValueError(
                 f"unknown {'eviction policy' if exc.args[0] == eviction else 'storage'} {exc.args[0]!r}; "
-                f"eviction: {', '.join(EVICTION_POLICIES)}; storage: {', '.join(STORAGE_CODECS)}"
+                f"eviction: {', '.join(BLOCK_EVICTION_POLICIES)}; storage: {', '.join(STORAGE_CODECS)}"
             ) from None
         self.budget_bytes = budget_bytes
         self.block_size = block_size

@@ -3,10 +3,14 @@
 The scheduler (:mod:`warmup_tools.lora_adapter.scheduler`) handles token ids, counts and block hashes only;
 an engine (:class:`SequenceEngine`) owns everything else of a sequence: its KV, the logits of its last
 forward, its random generator, and the sampling that turns those logits into a token. Each sequence is
-named by the scheduler's ``seq_id``. :class:`~warmup_tools.lora_adapter.runner.SequenceRunner` keeps that
-per-sequence state over any engine with a batched ``forward_batch`` (the real
-:class:`~warmup_tools.lora_adapter.engine.LoraEngine`, and the scheduler tests' model-free stand-in), so a
-simulated engine can sit behind the same scheduler.
+named by the scheduler's ``seq_id``. Three forwards implement it, none built on another: the packed default
+(:class:`~warmup_tools.lora_adapter.packed.PackedEngine`), the Hugging Face reference
+(:class:`~warmup_tools.lora_adapter.hf.HfEngine`), both over one
+:class:`~warmup_tools.lora_adapter.loaded.LoadedModel`, and the simulated one
+(:class:`~warmup_tools.lora_adapter.simulated.SimulatedEngine`); the scheduler tests add a model-free stand-in.
+
+The callers that need more of an engine than the scheduler name exactly what they use: :class:`SnapshotEngine`
+(restoring and writing KV snapshots), :class:`ServiceEngine` (an instance's service) and :class:`TextEncoder`.
 
 Also here: :class:`GenerationStep`, what the scheduler hands a sequence's sink for each token.
 """
@@ -14,14 +18,17 @@ Also here: :class:`GenerationStep`, what the scheduler hands a sequence's sink f
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
 from warmup_tools.kv.blocks import BlockSource, PrefixMatch
-from warmup_tools.kv.hashing import BlockHash
+from warmup_tools.kv.hashing import BlockHash, CacheScope
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 
-if TYPE_CHECKING:  # NOTE: the prefix cache module imports torch; the scheduler only calls it
+if TYPE_CHECKING:  # NOTE: these modules import torch; the scheduler only calls them
+    import torch
+
     from warmup_tools.kv.prefix_cache import PrefixCache
+    from warmup_tools.lora_adapter.settings import EngineConfig
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,7 +60,7 @@ class GenerationStep:
 
 class SequenceEngine(Protocol):
     """What the scheduler uses of its engine: :class:`~warmup_tools.lora_adapter.packed.PackedEngine` (the default)
-    or :class:`~warmup_tools.lora_adapter.engine.LoraEngine` (``engine_forward=hf``) in serving, the simulated engine,
+    or :class:`~warmup_tools.lora_adapter.hf.HfEngine` (``engine_forward=hf``) in serving, the simulated engine,
     and a model-free stand-in in the scheduler's unit tests (``tests/unit/lora_adapter/fake_engine.py``).
 
     A sequence's life, as the scheduler calls it: :meth:`open` at its first admission; then, each time it is
@@ -117,3 +124,42 @@ class SequenceEngine(Protocol):
 
     def close(self, seq_id: int) -> None:
         """Forget the sequence (also one never opened; closing twice is harmless)."""
+
+
+class TextEncoder(Protocol):
+    """An engine's tokenizer as a request would use it."""
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        """Token ids of ``text`` with the tokenizer's special tokens."""
+
+
+class ServiceEngine(TextEncoder, Protocol):
+    """What an instance's service (:class:`~warmup_tools.lora_adapter.service.LoraService`) reads of its engine; the
+    rest goes through its scheduler."""
+
+    prefix_cache: PrefixCache | None
+    #: The loaded adapters' names (and folders).
+    adapters: Mapping[str, object]
+
+
+class SnapshotEngine(Protocol):
+    """What KV snapshots use of an engine (:mod:`~warmup_tools.lora_adapter.snapshot_restore`,
+    :mod:`~warmup_tools.lora_adapter.snapshots`): the identity a snapshot must match, the scope a block's hash
+    re-derives in, and the forward that recomputes a block to check it."""
+
+    config: EngineConfig
+    prefix_cache: PrefixCache | None
+    tokenizer: object
+    #: The model's config (``to_dict()`` gives its KV shape).
+    model_config: object
+    base_fingerprint: str
+    adapter_fingerprints: Mapping[str, str]
+    dtype: torch.dtype
+    device: torch.device
+
+    def scope(self, adapter: str | None, tenant: str) -> CacheScope:
+        """The KV cache scope of a request: base model, adapter identity and tenant."""
+
+    def compute_kv(self, adapter: str | None, token_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The KV of ``token_ids`` computed from scratch with ``adapter`` (no cache read or written): per layer
+        ``(keys, values)``, each ``[1, kv_heads, tokens, head_dim]``."""

@@ -1,11 +1,16 @@
-"""Which engine class serves ``lora_adapter``, by its ``engine`` and ``engine_forward`` parameters."""
+"""Which forward serves ``lora_adapter``, by its ``engine`` and ``engine_forward`` parameters: the packed one
+(:class:`~warmup_tools.lora_adapter.packed.PackedEngine`, the default), the Hugging Face reference
+(:class:`~warmup_tools.lora_adapter.hf.HfEngine`) or the simulated one
+(:class:`~warmup_tools.lora_adapter.simulated.SimulatedEngine`); each is a
+:class:`~warmup_tools.lora_adapter.engine_api.SequenceEngine` and a
+:class:`~warmup_tools.lora_adapter.serving.ServingEngine`."""
 
 from __future__ import annotations
 
 import logging
 from typing import Callable, Mapping
 
-from warmup_tools.lora_adapter.engine import LoraEngine
+from warmup_tools.lora_adapter.hf import HfEngine
 from warmup_tools.lora_adapter.packed import PackedEngine, model_packed_support
 from warmup_tools.lora_adapter.serving import ServingEngine
 from warmup_tools.lora_adapter.settings import EngineConfig
@@ -20,7 +25,7 @@ def _real(config: EngineConfig) -> ServingEngine:
         if reason is None:
             return PackedEngine(config)
         LOGGER.warning("engine_forward=packed: %s; this model runs the Hugging Face forward", reason)
-    return LoraEngine(config)
+    return HfEngine(config)
 
 
 #: One factory per ``engine`` value (:data:`~warmup_tools.lora_adapter.settings.ENGINE_KINDS`; a test keeps them equal).

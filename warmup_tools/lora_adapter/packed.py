@@ -1,11 +1,11 @@
 """The default forward of the real engine: packed tokens, one KV pool, batched multi-LoRA.
 
-:class:`PackedEngine` is :class:`~warmup_tools.lora_adapter.engine.LoraEngine` (the same loading through
-``AutoModelForCausalLM`` and ``PeftModel``, the same adapters, checks and prefix cache) with its forward replaced by
-:class:`PackedModel`, which reads the loaded model's weights and computes what the Hugging Face forward computes with
-far fewer operations. On a small model the Hugging Face path spends most of a step dispatching operations (the
-padded 4D mask, per-row KV copies, peft's per-module wrappers), so the step time is set by their count, not by the
-arithmetic (docs/benchmarks.md, "The engine's forward"):
+:class:`PackedEngine` runs a :class:`~warmup_tools.lora_adapter.loaded.LoadedModel` (loaded through
+``AutoModelForCausalLM`` and ``PeftModel``, as for the Hugging Face forward,
+:class:`~warmup_tools.lora_adapter.hf.HfEngine`) through :class:`PackedModel`, which reads the loaded model's weights
+and computes what the Hugging Face forward computes with far fewer operations. On a small model the Hugging Face path
+spends most of a step dispatching operations (the padded 4D mask, per-row KV copies, peft's per-module wrappers), so
+the step time is set by their count, not by the arithmetic (docs/benchmarks.md, "The engine's forward"):
 
 - all rows' new tokens go through the linears as one ``[tokens, hidden]`` matrix (no padding, no mask tensor);
 - q/k/v and gate/up are one matrix product each (the Hugging Face modules' weights become views of the fused ones,
@@ -27,7 +27,7 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -35,9 +35,11 @@ import torch.nn.functional as F
 from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT, AssetError, UnknownAdapterError
 from warmup_tools.kv.blocks import BlockSource, PrefixMatch
 from warmup_tools.kv.hashing import BlockHash
-from warmup_tools.lora_adapter.engine import LoraEngine
 from warmup_tools.lora_adapter.engine_api import ForwardRow
+from warmup_tools.lora_adapter.loaded import LoadedModel, ModelFacts
 from warmup_tools.lora_adapter.runner import SequenceKV
+from warmup_tools.lora_adapter.sampling import SamplingState
+from warmup_tools.lora_adapter.serving import ServingEngine, make_prefix_cache
 from warmup_tools.lora_adapter.settings import EngineConfig
 
 LOGGER = logging.getLogger(__name__)
@@ -466,40 +468,28 @@ def _add_lora(out: torch.Tensor, x: torch.Tensor, loras: dict[str, _Lora],
             out.index_add_(0, index, (x.index_select(0, index) @ lora.a) @ lora.b)
 
 
-class PackedEngine(LoraEngine):
-    """:class:`LoraEngine` with :class:`PackedModel`'s forward and every open sequence's KV in one
-    :class:`KVPool` (what ``engine_forward=packed``, the default, serves with)."""
+class PackedEngine(ModelFacts, ServingEngine, SamplingState):
+    """A loaded model run by :class:`PackedModel`, every open sequence's KV in one :class:`KVPool` (what
+    ``engine_forward=packed``, the default, serves with)."""
 
     #: Rows are packed, not padded: decode rows and prefill chunks share one forward.
     mixed_rows = True
 
-    def __init__(self, config: EngineConfig) -> None:
-        self._packed: PackedModel | None = None
-        super().__init__(config)
-        self._packed = PackedModel(self._lm)
+    def __init__(self, config: EngineConfig, model: LoadedModel | None = None) -> None:
+        super().__init__()
+        self.config = config
+        #: The base model, its adapters and tokenizer (loaded from ``config`` unless given).
+        self.model = model if model is not None else LoadedModel(config)
+        self.prefix_cache = make_prefix_cache(config.kv)
+        self._packed = PackedModel(self.model.lm)
         for name in self.adapters:
             self._packed.add_adapter(name)  # a DoRA adapter fails the start here, naming engine_forward=hf
+        # From here each adapter loaded is added (a failure unloads it again) and each unloaded removed.
+        self.model.listen(self._packed)
         self._pool = self._packed.new_pool(self.context_length)
         self._slot: dict[int, int] = {}
         #: Tokens of KV each sequence with a slot holds.
         self._length: dict[int, int] = {}
-
-    # ------------------------------------------------------------------------------------------ adapters
-    def _load_adapter(self, name: str, path: Path) -> None:
-        super()._load_adapter(name, path)
-        if self._packed is None:
-            return  # LoraEngine's own start: __init__ adds every adapter once the packed model exists
-        try:
-            self._packed.add_adapter(name)
-        except BaseException:
-            self._packed.remove_adapter(name)
-            super().unload_adapter(name)
-            raise
-
-    def unload_adapter(self, name: str) -> None:
-        if self._packed is not None:
-            self._packed.remove_adapter(name)
-        super().unload_adapter(name)
 
     def compute_kv(self, adapter: str | None, token_ids: Sequence[int]) -> SequenceKV:
         """The KV of ``token_ids`` computed from scratch with ``adapter`` by this engine's forward (no cache read or
@@ -514,9 +504,8 @@ class PackedEngine(LoraEngine):
         finally:
             self._pool.free(slot)
 
-    def forward_batch(self, rows: Sequence[object]) -> list[object]:
-        raise NotImplementedError("the packed engine runs forward(); forward_batch is the Hugging Face forward's "
-                                  "(engine_forward=hf, LoraEngine)")
+    def forget_batches(self) -> None:
+        """Nothing is kept between forwards (the pool keeps its size, :class:`KVPool`)."""
 
     # ------------------------------------------------------------------------------------ sequence state
     def load_prefix(self, seq_id: int, match: PrefixMatch | None) -> None:
@@ -555,11 +544,11 @@ class PackedEngine(LoraEngine):
                                 retention_s=retention_s)
 
     def release(self, seq_id: int) -> None:
-        self._logits.pop(seq_id, None)
+        super().release(seq_id)
         self._drop_kv(seq_id)
 
-    def held_sequences(self) -> int:
-        return len(self._slot.keys() | self._logits.keys() | self._generators.keys())
+    def _sequences_with_kv(self) -> Iterable[int]:
+        return self._slot.keys()
 
     def _slot_of(self, seq_id: int) -> int:
         slot = self._slot.get(seq_id)

@@ -1,4 +1,4 @@
-"""Fit an engine profile to the real engine on this machine: time ``LoraEngine.forward_batch``, solve for the
+"""Fit an engine profile to the real engine on this machine: time ``HfEngine.forward_batch``, solve for the
 coefficients (:mod:`warmup_tools.lora_adapter.profile`) by least squares, write the profile.
 
 ``python -m warmup_tools profile-fit --out PROFILE.json`` times prefill batches (prompt sizes,
@@ -32,7 +32,7 @@ PREFILL_BATCHES: tuple[tuple[tuple[int, int], ...], ...] = (
     ((64, 256),), ((64, 1024),), ((256, 768),), ((128, 1536),), ((32, 1900),),
     ((64, 0),) * 4, ((128, 0),) * 2, ((32, 512),) * 4, ((16, 256),) * 8,
 )
-# NOTE: rows of one step share their past's length here: LoraEngine pads a batch to its longest past and its
+# NOTE: rows of one step share their past's length here: HfEngine pads a batch to its longest past and its
 # longest row, a cost of that engine the profile leaves out (a 256-token prompt beside a 16-token chunk after
 # 1,024 tokens took 230 ms here, the sum of the two alone about 85 ms).
 #: Decode steps timed: ``(rows, context)``.
@@ -127,12 +127,12 @@ def fit_profile(assets: Path, *, name: Annotated[str, arg("the profile's name")]
     import torch
 
     from warmup_tools.kv.config import KVCacheConfig
-    from warmup_tools.lora_adapter.engine import LoraEngine
+    from warmup_tools.lora_adapter.hf import HfEngine
     from warmup_tools.lora_adapter.settings import EngineConfig
 
     torch.set_num_threads(threads)
-    engine = LoraEngine(EngineConfig(base_model=assets / "lm", adapter_root=assets / "adapters", device=device,
-                                     dtype=dtype, num_threads=threads, kv=KVCacheConfig(budget_bytes=0)))
+    engine = HfEngine(EngineConfig(base_model=assets / "lm", adapter_root=assets / "adapters", device=device,
+                                   dtype=dtype, num_threads=threads, kv=KVCacheConfig(budget_bytes=0)))
     gpu = engine.device.type == "cuda"
     prefill_samples, decode_samples = measure(engine, repeats=repeats, clock=_clock(engine.device))
     prefill, prefill_report = fit_prefill(prefill_samples)
@@ -152,7 +152,7 @@ def fit_profile(assets: Path, *, name: Annotated[str, arg("the profile's name")]
     return EngineProfile(
         name=name, hardware=hardware,
         model=f"the project's demo LM ({assets / 'lm'}), {dtype_name}, its LoRA adapters",
-        source="fitted by `python -m warmup_tools profile-fit` on the real LoraEngine.forward_batch",
+        source="fitted by `python -m warmup_tools profile-fit` on the real HfEngine.forward_batch",
         kv_bytes_per_token=kv_bytes, kv_capacity_tokens=DEFAULT_BUDGET_BYTES // kv_bytes,
         prefill=_rounded(prefill), decode=_rounded(decode),
         notes=f"Modelled. kv_bytes_per_token is the demo LM's {dtype_name} KV (2 x layers x KV heads x head_dim x "

@@ -1,24 +1,25 @@
-"""Each sequence's tensors, random generator and sampling, over an engine's batched forward.
+"""Each sequence's KV as its own tensors, over an engine's batched forward.
 
 :class:`SequenceRunner` implements the per-sequence half of
-:class:`~warmup_tools.lora_adapter.engine_api.SequenceEngine` once, for every engine that has a
-``forward_batch(rows: list[BatchRow]) -> list[RowOutput]`` (:class:`~warmup_tools.lora_adapter.engine.LoraEngine`
-and the scheduler tests' stand-in inherit it). It holds three maps keyed by the scheduler's ``seq_id``: the
-sequence's KV (per layer keys and values), the logits after its last computed token, and its generator.
+:class:`~warmup_tools.lora_adapter.engine_api.SequenceEngine` for every engine that has a
+``forward_batch(rows: list[BatchRow]) -> list[RowOutput]`` (:class:`~warmup_tools.lora_adapter.hf.HfEngine`,
+:class:`~warmup_tools.lora_adapter.simulated.SimulatedEngine` and the scheduler tests' stand-in inherit it): each
+sequence's KV (per layer keys and values) keyed by the scheduler's ``seq_id``, beside the generator and last logits
+of :class:`~warmup_tools.lora_adapter.sampling.SamplingState`.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import torch
 
 from warmup_tools.kv.blocks import BlockSource, PrefixMatch
 from warmup_tools.kv.hashing import BlockHash
 from warmup_tools.lora_adapter.engine_api import ForwardRow
-from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
-from warmup_tools.lora_adapter.sampling import make_generator, next_token
+from warmup_tools.lora_adapter.sampling import SamplingState
 
 if TYPE_CHECKING:
     from warmup_tools.kv.prefix_cache import PrefixCache
@@ -46,8 +47,8 @@ class RowOutput:
     kv: SequenceKV
 
 
-class SequenceRunner:
-    """The per-sequence state of an engine: KV, last logits and generator per ``seq_id``.
+class SequenceRunner(SamplingState):
+    """Each sequence's KV over a batched ``forward_batch``, beside its generator and last logits.
 
     A subclass provides ``forward_batch``, ``prefix_cache``, ``device`` and ``dtype``, and calls
     ``SequenceRunner.__init__``.
@@ -60,17 +61,12 @@ class SequenceRunner:
     mixed_rows = False
 
     def __init__(self) -> None:
+        super().__init__()
         self._kv: dict[int, SequenceKV] = {}
-        self._logits: dict[int, torch.Tensor] = {}
-        #: Every open sequence has an entry (None: greedy, or a warm prompt).
-        self._generators: dict[int, torch.Generator | None] = {}
 
+    @abc.abstractmethod
     def forward_batch(self, rows: Sequence[BatchRow]) -> list[RowOutput]:
-        raise NotImplementedError
-
-    def open(self, seq_id: int, request: GenerateRequest, *, sampled: bool) -> None:
-        self.release(seq_id)
-        self._generators[seq_id] = make_generator(request.sampling, self.device) if sampled else None
+        """Each row's logits after its last new token and its KV including its new tokens."""
 
     def load_prefix(self, seq_id: int, match: PrefixMatch | None) -> None:
         self._logits.pop(seq_id, None)
@@ -80,7 +76,7 @@ class SequenceRunner:
             self._kv.pop(seq_id, None)
 
     def forward(self, rows: list[ForwardRow]) -> None:
-        # NOTE: the stored KV object goes back as ``past`` as it is: LoraEngine reuses a recent batch's cache
+        # NOTE: the stored KV object goes back as ``past`` as it is: HfEngine reuses a recent batch's cache
         # when each row's past *is* the KV that batch returned (steady decoding grows it by one column).
         outputs = self.forward_batch([BatchRow(row.token_ids, row.position, self._kv.get(row.seq_id), row.adapter)
                                       for row in rows])
@@ -96,19 +92,9 @@ class SequenceRunner:
                                 owner=owner, tenant=tenant, public_blocks=public_blocks, tokens=tokens,
                                 retention_s=retention_s)
 
-    def sample(self, seq_id: int, params: SamplingParams, tokens: Sequence[int]) -> int:
-        # The logits are consumed: the next forward of this sequence gives the next ones.
-        logits = self._logits.pop(seq_id)
-        return next_token(logits, params, self._generators.get(seq_id), tokens)
-
     def release(self, seq_id: int) -> None:
         self._kv.pop(seq_id, None)
-        self._logits.pop(seq_id, None)
+        super().release(seq_id)
 
-    def close(self, seq_id: int) -> None:
-        self.release(seq_id)
-        self._generators.pop(seq_id, None)
-
-    def held_sequences(self) -> int:
-        """How many sequences have any state here (tests: 0 once every request ended)."""
-        return len(self._kv.keys() | self._logits.keys() | self._generators.keys())
+    def _sequences_with_kv(self) -> Iterable[int]:
+        return self._kv.keys()

@@ -15,7 +15,7 @@ from typing import Callable, TypeVar
 from warmup_tools.control.reconcile import Reconciler
 from warmup_tools.control.registry import ControlRegistry
 from warmup_tools.control.state import AdapterLifecycle, AdapterSpec, AdapterState
-from warmup_tools.lora_adapter.engine import LoraEngine
+from warmup_tools.lora_adapter.engine_api import ServiceEngine
 from warmup_tools.lora_adapter.live_plan import PlanKeeper
 from warmup_tools.lora_adapter.requests import GenerateRequest
 from warmup_tools.lora_adapter.scheduler import Scheduler
@@ -40,7 +40,7 @@ class LoraService:
     lasts, so that the poll keeps reporting.
     """
 
-    def __init__(self, engine: LoraEngine, config: ServiceConfig, *, instance: str, scheduler: Scheduler) -> None:
+    def __init__(self, engine: ServiceEngine, config: ServiceConfig, *, instance: str, scheduler: Scheduler) -> None:
         self.engine = engine
         self.config = config
         self.scheduler = scheduler

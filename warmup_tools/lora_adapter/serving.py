@@ -1,11 +1,11 @@
-"""What the real and the simulated engine share around their forward.
+"""What every engine serving one base model and its adapters shares around its forward.
 
-:class:`ServingEngine` is :class:`~warmup_tools.lora_adapter.runner.SequenceRunner` (each sequence's KV, logits,
-generator and sampling) plus what only depends on the tokenizer, the adapters' names and fingerprints and the
-prefix cache: request checks, block hashes in a request's scope, public prefixes, ``encode``. Subclasses
-(:class:`~warmup_tools.lora_adapter.engine.LoraEngine`,
-:class:`~warmup_tools.lora_adapter.simulated.SimulatedEngine`) set the attributes listed on the class and
-provide ``forward_batch``.
+:class:`ServingEngine` is what only depends on the tokenizer, the adapters' names and fingerprints and the prefix
+cache: request checks, block hashes in a request's scope, public prefixes, ``encode``. It is mixed into each
+forward (:class:`~warmup_tools.lora_adapter.hf.HfEngine`, :class:`~warmup_tools.lora_adapter.packed.PackedEngine`,
+:class:`~warmup_tools.lora_adapter.simulated.SimulatedEngine`), which provides the attributes listed on the class
+(the Hugging Face and packed forwards through :class:`~warmup_tools.lora_adapter.loaded.ModelFacts`, from their
+loaded model).
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from warmup_tools.kv.events import KvEventJournal
 from warmup_tools.kv.hashing import BlockHash, CacheScope, block_hashes
 from warmup_tools.kv.prefix_cache import PrefixCache
 from warmup_tools.lora_adapter.requests import GenerateRequest
-from warmup_tools.lora_adapter.runner import SequenceRunner
 from warmup_tools.lora_adapter.settings import EngineConfig
 
 
-class ServingEngine(SequenceRunner):
+class ServingEngine:
     """The request checks, scopes and block hashes of an engine serving one base model and its adapters."""
 
     config: EngineConfig
+    prefix_cache: PrefixCache | None
     tokenizer: object
     vocab_size: int
     context_length: int
@@ -38,19 +38,6 @@ class ServingEngine(SequenceRunner):
     _public_ids: tuple[tuple[int, ...], ...]
     #: What the engine is, in words (the simulated one: ``modelled, profile <name>``).
     label: str = "real model"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.adapters = {}
-        self.adapter_fingerprints = {}
-
-    def _load_tokenizer(self, config: EngineConfig) -> None:
-        """The base model folder's tokenizer, and the token ids of each declared public prefix."""
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(config.base_model)
-        self._public_ids = tuple(tuple(self.tokenizer.encode(text, add_special_tokens=True))
-                                 for text in config.public_prefixes)
 
     def check_request(self, request: GenerateRequest) -> None:
         """Raise the request's error if it cannot be served: empty, a token id outside the vocabulary, too long
@@ -107,6 +94,14 @@ class ServingEngine(SequenceRunner):
     def encode(self, text: str) -> tuple[int, ...]:
         """Token ids of ``text`` as a request would carry them (with the tokenizer's special tokens)."""
         return tuple(self.tokenizer.encode(text, add_special_tokens=True))
+
+
+def load_tokenizer(config: EngineConfig) -> tuple[object, tuple[tuple[int, ...], ...]]:
+    """The base model folder's tokenizer, and the token ids of each declared public prefix."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(config.base_model)
+    return tokenizer, tuple(tuple(tokenizer.encode(text, add_special_tokens=True)) for text in config.public_prefixes)
 
 
 def make_prefix_cache(kv: KVCacheConfig, *, bytes_per_token: int | None = None,

@@ -52,7 +52,7 @@ def read_public_prefixes(path: Path) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """What the engine loads and how (:class:`warmup_tools.lora_adapter.engine.LoraEngine`, or with
+    """What the engine loads and how (:class:`warmup_tools.lora_adapter.loaded.LoadedModel`, or with
     ``engine=simulated`` :class:`warmup_tools.lora_adapter.simulated.SimulatedEngine`)."""
 
     base_model: Path = setting(doc="Hugging Face model folder of the base causal LM (config.json, safetensors "

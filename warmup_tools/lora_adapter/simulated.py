@@ -36,8 +36,8 @@ import torch
 from warmup_tools.common.digests import fingerprint_folder, tokenizer_fingerprint
 from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT, AssetError, UnknownAdapterError
 from warmup_tools.lora_adapter.profile import EngineProfile, StepShape, load_profile
-from warmup_tools.lora_adapter.runner import BatchRow, RowOutput, SequenceKV
-from warmup_tools.lora_adapter.serving import ServingEngine, eos_ids, make_prefix_cache
+from warmup_tools.lora_adapter.runner import BatchRow, RowOutput, SequenceKV, SequenceRunner
+from warmup_tools.lora_adapter.serving import ServingEngine, eos_ids, load_tokenizer, make_prefix_cache
 from warmup_tools.lora_adapter.settings import DEFAULT_CONTEXT_LENGTH, EngineConfig, discover_adapters
 
 LOGGER = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class SimulatedModelConfig:
         return dataclasses.asdict(self)
 
 
-class SimulatedEngine(ServingEngine):
+class SimulatedEngine(ServingEngine, SequenceRunner):
     """The ``lora_adapter`` engine without a model: real tokenizer, adapters' identities and prefix cache;
     forwards that take a profile's time (module doc). ``sleep`` and ``clock`` are for tests."""
 
@@ -78,7 +78,7 @@ class SimulatedEngine(ServingEngine):
         self.device = torch.device("cpu")
         self.dtype = torch.float32
         model_config = _read_model_config(config.base_model)
-        self._load_tokenizer(config)
+        self.tokenizer, self._public_ids = load_tokenizer(config)
         self.model_config = SimulatedModelConfig()
         self.context_length = int(model_config.get("max_position_embeddings", DEFAULT_CONTEXT_LENGTH))
         self.vocab_size = int(model_config.get("vocab_size") or len(self.tokenizer))
@@ -101,6 +101,8 @@ class SimulatedEngine(ServingEngine):
         if budget > self.profile.kv_capacity_tokens * self.kv_bytes_per_token:
             LOGGER.warning("kv_cache_bytes %d is more than profile %s's device holds (%d tokens of %d bytes)",
                            budget, self.profile.name, self.profile.kv_capacity_tokens, self.kv_bytes_per_token)
+        self.adapters: dict[str, Path] = {}
+        self.adapter_fingerprints: dict[str, str] = {}
         self._adapter_salts: dict[str | None, int] = {}
         #: Forwards run and their modelled seconds (before ``speedup``), for benchmarks.
         self.steps = 0

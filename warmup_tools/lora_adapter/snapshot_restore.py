@@ -55,7 +55,7 @@ from warmup_tools.kv.snapshot_verify import (
     salt_fingerprint,
     verification_sample,
 )
-from warmup_tools.lora_adapter.engine import LoraEngine
+from warmup_tools.lora_adapter.engine_api import SnapshotEngine
 from warmup_tools.lora_adapter.settings import SnapshotConfig
 
 LOGGER = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class RestoreReport:
 class SnapshotRestorer:
     """Restores an instance's prefix cache from a snapshot folder, checking every snapshot first."""
 
-    def __init__(self, engine: LoraEngine, config: SnapshotConfig, *, instance: str, plan_id: str | None = None,
+    def __init__(self, engine: SnapshotEngine, config: SnapshotConfig, *, instance: str, plan_id: str | None = None,
                  run_on_engine: Callable[[Callable[[], T]], T] | None = None,
                  log: Callable[[str], None] | None = None, host: str | None = None, mac_key: bytes = b"",
                  rng: random.Random | None = None) -> None:
@@ -210,7 +210,7 @@ class SnapshotRestorer:
         self._log(f"KV snapshot {path.name} skipped ({reason}): {detail}")
 
 
-def engine_identity(engine: LoraEngine) -> SnapshotIdentity:
+def engine_identity(engine: SnapshotEngine) -> SnapshotIdentity:
     """What a snapshot must match to be served by ``engine``."""
     assert engine.prefix_cache is not None
     shape = KVShape.from_model_config(engine.model_config.to_dict())

@@ -15,7 +15,7 @@ import time
 from typing import Callable, TypeVar
 
 from warmup_tools.kv.snapshot import SnapshotInfo, write_snapshot
-from warmup_tools.lora_adapter.engine import LoraEngine
+from warmup_tools.lora_adapter.engine_api import SnapshotEngine
 from warmup_tools.lora_adapter.settings import SnapshotConfig
 from warmup_tools.lora_adapter.snapshot_restore import RestoreReport, SnapshotRestorer
 
@@ -28,7 +28,7 @@ T = TypeVar("T")
 class SnapshotKeeper(SnapshotRestorer):
     """Restores an instance's prefix cache from a snapshot folder and writes its hot blocks back."""
 
-    def __init__(self, engine: LoraEngine, config: SnapshotConfig, *, instance: str, plan_id: str | None = None,
+    def __init__(self, engine: SnapshotEngine, config: SnapshotConfig, *, instance: str, plan_id: str | None = None,
                  run_on_engine: Callable[[Callable[[], T]], T] | None = None,
                  log: Callable[[str], None] | None = None, host: str | None = None,
                  on_write: Callable[[SnapshotInfo], None] | None = None, mac_key: bytes = b"",

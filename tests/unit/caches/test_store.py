@@ -5,7 +5,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from warmup_tools.caches.policies import POLICIES
+from warmup_tools.caches.policies import EVICTION_POLICIES
 from warmup_tools.caches.store import ENTRY_OVERHEAD_BYTES, LocalCache
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.embedding_cache.settings import EmbeddingCacheSettings
@@ -33,7 +33,7 @@ class FirstInFirstOut:
 
 
 def test_a_new_policy_is_one_class_and_one_registry_line(monkeypatch):
-    monkeypatch.setitem(POLICIES, "fifo", FirstInFirstOut)  # the one line
+    monkeypatch.setitem(EVICTION_POLICIES, "fifo", FirstInFirstOut)  # the one line
     entry = 400 + 1 + ENTRY_OVERHEAD_BYTES
     cache = LocalCache(3 * entry, "fifo")
     for key in "abc":
@@ -47,7 +47,7 @@ def test_a_new_policy_is_one_class_and_one_registry_line(monkeypatch):
         assert cache.stats.bytes_used <= cache.budget_bytes
 
 
-@pytest.mark.parametrize("eviction", sorted(POLICIES))
+@pytest.mark.parametrize("eviction", sorted(EVICTION_POLICIES))
 def test_every_policy_keeps_the_budget_through_replacements_hits_and_drops(eviction):
     cache = LocalCache(16 << 10, eviction)
     for i in range(2000):

@@ -215,7 +215,8 @@ def test_adapters_change_greedy_output(built: DemoAssets, base_model: Any, token
 def test_an_extra_adapter_is_built_like_the_demo_ones_reproducibly(built: DemoAssets, tmp_path: Path) -> None:
     path = build_extra_adapter(built.lm_dir, tmp_path / "one" / "billing", "billing")
     config = json.loads((path / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == str(built.lm_dir.resolve())
+    assert (path / config["base_model_name_or_path"]).resolve() == built.lm_dir.resolve()
+    assert not Path(config["base_model_name_or_path"]).is_absolute()
     assert (config["r"], config["lora_alpha"]) == (8, 16)
     assert sorted(config["target_modules"]) == ["k_proj", "o_proj", "q_proj", "v_proj"]
     weights = _sha256(path / "adapter_model.safetensors")
@@ -229,17 +230,50 @@ def test_an_extra_adapter_is_built_like_the_demo_ones_reproducibly(built: DemoAs
 # ---- determinism, ensure, atomic build ----------------------------------------------------
 
 
-def test_build_is_deterministic(built: DemoAssets, tmp_path: Path) -> None:
-    again = build_demo_assets(tmp_path / "again", seed=DEFAULT_SEED)
-    for rel in (
-        "lm/tokenizer.json",
-        "lm/tokenizer_config.json",
-        "lm/config.json",
-        "lm/model.safetensors",
-        *(f"adapters/{name}/adapter_model.safetensors" for name in DEMO_ADAPTERS),
-        "embedder/config.json",
-    ):
-        assert (built.root / rel).read_bytes() == (again.root / rel).read_bytes(), rel
+@pytest.fixture(scope="module")
+def elsewhere(tmp_path_factory: pytest.TempPathFactory) -> DemoAssets:
+    """The same build at another path, two folders deeper."""
+    return build_demo_assets(tmp_path_factory.mktemp("checkout") / "a" / "b" / "assets", seed=DEFAULT_SEED)
+
+
+def test_the_same_build_at_another_path_writes_the_same_bytes(built: DemoAssets, elsewhere: DemoAssets) -> None:
+    ours = json.loads((built.root / "manifest.json").read_text())["files"]
+    theirs = json.loads((elsewhere.root / "manifest.json").read_text())["files"]
+    assert set(ours) == set(theirs)
+    # NOTE: the ONNX export of the embedder is not byte-stable across exports; its config and tokenizer are.
+    differ = sorted(rel for rel in ours if ours[rel] != theirs[rel] and rel != "embedder/model.onnx")
+    assert differ == []
+    for name in DEMO_ADAPTERS:
+        config = json.loads((elsewhere.adapter_root / name / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"] == "../../lm"
+        assert (elsewhere.adapter_root / name / config["base_model_name_or_path"]).resolve() == elsewhere.lm_dir
+    assert str(built.root) not in "".join(p.read_text(errors="replace") for p in built.root.rglob("*.json"))
+
+
+def test_assets_built_at_two_paths_give_the_same_fingerprints_and_restore_each_others_snapshots(
+        built: DemoAssets, elsewhere: DemoAssets, tmp_path: Path) -> None:
+    from tests.unit.lora_adapter.conftest import serve
+    from warmup_tools.common.digests import fingerprint_folder
+    from warmup_tools.kv.config import KVCacheConfig
+    from warmup_tools.lora_adapter.engines import make_engine
+    from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+    from warmup_tools.lora_adapter.settings import EngineConfig, SnapshotConfig
+    from warmup_tools.lora_adapter.snapshots import SnapshotKeeper
+
+    for name in DEMO_ADAPTERS:
+        assert fingerprint_folder(built.adapter_root / name) == fingerprint_folder(elsewhere.adapter_root / name)
+    engines = [make_engine(EngineConfig(base_model=assets.lm_dir, adapter_root=assets.adapter_root, num_threads=1,
+                                        kv=KVCacheConfig(budget_bytes=16 << 20))) for assets in (built, elsewhere)]
+    writer, reader = engines
+    ids = writer.encode("The contract shall be governed by the laws of the state, and every dispute " * 2)
+    for adapter in ("legal", ""):
+        serve(writer, GenerateRequest(ids, adapter, "default", False, SamplingParams(max_tokens=2)))
+    assert len(writer.prefix_cache) > 0
+    config = SnapshotConfig(folder=tmp_path, verify_share=1.0, interval_s=0)
+    assert SnapshotKeeper(writer, config, instance="lora_0", host="one").write() is not None
+    report = SnapshotKeeper(reader, config, instance="lora_0", host="two").restore()
+    assert report.skipped == {} and report.blocks == len(writer.prefix_cache) > 0
+    assert report.verified == report.blocks
 
 
 def test_ensure_demo_assets(

@@ -11,12 +11,12 @@ import pytest
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.fleet.process import Child, alive, descendants, started
 from warmup_tools.fleet.replica import Replica
-from warmup_tools.fleet.settings import POLICIES, FleetSettings
+from warmup_tools.fleet.settings import ROUTER_POLICIES, FleetSettings
 from warmup_tools.ops.cli import _parser, fleet_settings
 
 
 def test_settings_refuse_what_smg_or_the_machine_cannot_do():
-    assert FleetSettings().policy == "cache_aware" and "round_robin" in POLICIES
+    assert FleetSettings().policy == "cache_aware" and "round_robin" in ROUTER_POLICIES
     for bad in ({"replicas": 0}, {"policy": "fastest"}, {"port": 70000}, {"port": 30001, "prometheus_port": 30001},
                 {"warm_timeout_s": 0}):
         with pytest.raises(ConfigError):

@@ -18,7 +18,7 @@ import pytest
 from tests.unit.fleet.test_membership import TENANT_KEY, FakeFront, _serve
 from warmup_tools.common.errors import ConfigError, ServerError
 from warmup_tools.fleet.router import Router, RouterClient, smg_argv
-from warmup_tools.fleet.settings import TEXT_POLICIES, FleetSettings
+from warmup_tools.fleet.settings import TEXT_ROUTER_POLICIES, FleetSettings
 from warmup_tools.front.settings import FrontSettings
 from warmup_tools.ops.deploy_secrets import make_deployment_secrets
 
@@ -94,10 +94,19 @@ def test_the_router_keeps_no_history_and_refuses_a_body_the_front_would():
     assert flags["--max-payload-size"] == str(FrontSettings().max_body_bytes)
 
 
+def test_the_routers_warm_up_slice_is_off_unless_asked():
+    """Replicas join warm: smg's warm-up slice (a share of the fleet's cache misses to a new worker) is off by
+    default and the setting's value when given."""
+    flags = dict(zip(*[iter(smg_argv(FleetSettings(), port=1, prometheus_port=2)[3:])] * 2))
+    assert flags["--worker-warmup-secs"] == "0"
+    asked = dict(zip(*[iter(smg_argv(FleetSettings(warmup_slice_s=60), port=1, prometheus_port=2)[3:])] * 2))
+    assert asked["--worker-warmup-secs"] == "60"
+
+
 def test_in_trust_mode_the_router_never_routes_on_the_requests_text(tmp_path):
     """cache_aware keeps one tree of what every tenant sent, prefix_hash hashes the prompt: in trust mode the router
     runs trust_policy instead, which keeps no state built from any request's text."""
-    for policy in TEXT_POLICIES:
+    for policy in TEXT_ROUTER_POLICIES:
         trust = FleetSettings(policy=policy, secrets_dir=tmp_path)
         flags = dict(zip(*[iter(smg_argv(trust, port=1, prometheus_port=2)[5:])] * 2))
         assert flags["--policy"] == trust.trust_policy == "least_load"

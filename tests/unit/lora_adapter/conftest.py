@@ -7,12 +7,12 @@ import pytest
 
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.kv.prefix_cache import PrefixCache
-from warmup_tools.lora_adapter.engine import LoraEngine
+from warmup_tools.lora_adapter.engine_api import SequenceEngine
 from warmup_tools.lora_adapter.engines import make_engine
 from warmup_tools.lora_adapter.settings import EngineConfig
 
 
-def demo_engine(demo_assets, budget_bytes: int) -> LoraEngine:
+def demo_engine(demo_assets, budget_bytes: int) -> SequenceEngine:
     return make_engine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
                                    dtype="float32", kv=KVCacheConfig(budget_bytes=budget_bytes)))
 

@@ -1,4 +1,4 @@
-"""A stand-in for :class:`~warmup_tools.lora_adapter.engine.LoraEngine` with the members the scheduler uses
+"""A stand-in for the real engine (:class:`~warmup_tools.lora_adapter.hf.HfEngine`) with the members the scheduler uses
 (:class:`~warmup_tools.lora_adapter.engine_api.SequenceEngine`), so scheduling tests run without a model.
 
 Its "model" is exact arithmetic a test can check: every token's KV holds the token id, its position and the

@@ -14,8 +14,8 @@ from warmup_tools.common.errors import InvalidInputError, UnknownAdapterError
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.blocks import BlockSource
 from warmup_tools.kv.config import KVCacheConfig
-from warmup_tools.lora_adapter.engine import LoraEngine
 from warmup_tools.lora_adapter.engines import make_engine
+from warmup_tools.lora_adapter.hf import HfEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.settings import EngineConfig
 
@@ -31,7 +31,7 @@ def plain_engine(demo_assets):
     """The Hugging Face forward (``engine_forward=hf``), no prefix cache: its batched path's own tests."""
     engine = make_engine(EngineConfig(base_model=demo_assets.lm_dir, adapter_root=demo_assets.adapter_root,
                                       kv=KVCacheConfig(budget_bytes=0), forward="hf"))
-    assert type(engine) is LoraEngine
+    assert type(engine) is HfEngine
     return engine
 
 
@@ -150,7 +150,7 @@ def test_a_public_prefix_is_shared_across_tenants_and_what_follows_is_not(demo_a
 def test_a_row_forwarded_alone_computes_what_it_computes_in_a_batch(plain_engine, adapter):
     """One sequence takes the single-row path (no padding, no mask, its adapter set); beside another row it
     takes the padded batch: the logits and the KV agree, prompt and decode steps alike."""
-    from warmup_tools.lora_adapter.engine import BatchRow
+    from warmup_tools.lora_adapter.runner import BatchRow
 
     ids = tuple(plain_engine.encode(SYSTEM_PROMPTS["legal"] + "User: is this binding?\nAssistant:"))
     other = tuple(plain_engine.encode("User: a different, shorter prompt\nAssistant:"))
@@ -172,13 +172,13 @@ def test_a_row_forwarded_alone_computes_what_it_computes_in_a_batch(plain_engine
 
 def test_an_adapter_already_active_is_not_set_again(plain_engine, monkeypatch):
     """peft's set_adapter walks every module: a single stream must not pay it on every step."""
-    from warmup_tools.lora_adapter.engine import BatchRow
+    from warmup_tools.lora_adapter.runner import BatchRow
 
     ids = tuple(plain_engine.encode("User: hello\nAssistant:"))
     out = plain_engine.forward_batch([BatchRow(ids, 0, None, "legal")])[0]
     calls = []
-    real = plain_engine._peft.set_adapter
-    monkeypatch.setattr(plain_engine._peft, "set_adapter", lambda name: (calls.append(name), real(name)))
+    real = plain_engine.model.peft.set_adapter
+    monkeypatch.setattr(plain_engine.model.peft, "set_adapter", lambda name: (calls.append(name), real(name)))
     for position in range(len(ids), len(ids) + 3):
         out = plain_engine.forward_batch([BatchRow((7,), position, out.kv, "legal")])[0]
     assert calls == []

@@ -8,9 +8,9 @@ import torch
 
 from warmup_tools.common.errors import UnknownAdapterError
 from warmup_tools.kv.config import KVCacheConfig
-from warmup_tools.lora_adapter.engine import LoraEngine
 from warmup_tools.lora_adapter.engine_api import ForwardRow
 from warmup_tools.lora_adapter.engines import make_engine
+from warmup_tools.lora_adapter.hf import HfEngine
 from warmup_tools.lora_adapter.packed import KVPool, PackedEngine, packed_support
 from warmup_tools.lora_adapter.settings import EngineConfig
 
@@ -25,7 +25,7 @@ def engines(demo_assets):
     """(packed, Hugging Face) over the same model and adapters."""
     packed = make_engine(_config(demo_assets))
     hf = make_engine(_config(demo_assets, forward="hf"))
-    assert type(packed) is PackedEngine and type(hf) is LoraEngine
+    assert type(packed) is PackedEngine and type(hf) is HfEngine
     return packed, hf
 
 
@@ -120,10 +120,10 @@ def test_adapters_load_and_unload_in_the_packed_forward(demo_assets):
         engine.compute_kv("legal", ids)
 
 
-def test_the_hugging_face_batch_path_is_not_reachable_on_the_packed_engine(engines):
-    packed, _ = engines
-    with pytest.raises(NotImplementedError, match="engine_forward=hf"):
-        packed.forward_batch([])
+def test_the_packed_engine_has_no_hugging_face_batch_path_and_shares_no_class_with_it(engines):
+    packed, hf = engines
+    assert not hasattr(packed, "forward_batch")
+    assert not isinstance(packed, HfEngine) and not isinstance(hf, PackedEngine)
 
 
 def test_a_forward_at_the_wrong_position_is_refused_and_changes_nothing(engines):

@@ -9,7 +9,7 @@ import weakref
 import pytest
 
 from warmup_tools.common.errors import ServerBusyError
-from warmup_tools.lora_adapter.engine import GenerationStep
+from warmup_tools.lora_adapter.engine_api import GenerationStep
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.responses import ResponseQueue, ResponseSink
 from warmup_tools.lora_adapter.scheduler import SchedulerStats, StepReport

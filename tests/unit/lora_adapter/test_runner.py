@@ -74,7 +74,8 @@ def test_no_lora_adapter_module_the_scheduler_imports_imports_torch_at_module_le
         imports = module_level_imports(path)
         assert not any(is_torch(i) for i in imports), f"{name} imports torch at module level"
         todo.extend(i for i in imports if i.startswith(LORA + "."))
-    assert f"{LORA}.engine_api" in seen and f"{LORA}.engine" not in seen and f"{LORA}.runner" not in seen
+    assert f"{LORA}.engine_api" in seen
+    assert not seen & {f"{LORA}.{name}" for name in ("hf", "packed", "loaded", "runner", "sampling", "simulated")}
 
 
 def test_importing_the_scheduler_loads_no_torch():

@@ -335,7 +335,7 @@ def test_ignore_eos_generates_max_tokens_past_an_end_of_sequence_token(engine, m
     request = make_request(engine, "Translate to SQL: every order of May", "sql", max_tokens=6)
     first = serve(engine, request)[0].token_id
     # The model's first greedy token is made an end-of-sequence token: a request stops at it unless it ignores it.
-    monkeypatch.setattr(engine, "eos_token_ids", frozenset({first}))
+    monkeypatch.setattr(engine.model, "eos_token_ids", frozenset({first}))  # the loaded model's
     stopped = serve(engine, request)
     assert len(stopped) == 1 and stopped[0].finished and stopped[0].finish_reason == "stop" and not stopped[0].text
     kept = serve(engine, make_request(engine, "Translate to SQL: every order of May", "sql", max_tokens=6,

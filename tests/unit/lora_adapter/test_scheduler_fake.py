@@ -17,11 +17,13 @@ from hypothesis import strategies as st
 from tests.unit.lora_adapter.fake_engine import VOCAB, FakeEngine
 from tests.unit.lora_adapter.test_scheduler import RecordingSink, drain
 from warmup_tools.common.errors import RequestCancelledError, ServerBusyError
-from warmup_tools.lora_adapter.engine import LoraEngine
 from warmup_tools.lora_adapter.engine_api import SequenceEngine
+from warmup_tools.lora_adapter.hf import HfEngine
+from warmup_tools.lora_adapter.packed import PackedEngine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.settings import SchedulerConfig
+from warmup_tools.lora_adapter.simulated import SimulatedEngine
 
 ADAPTERS = (None, "support", "legal", "sql")
 
@@ -56,7 +58,7 @@ def assert_nothing_held(scheduler, engine):
     assert engine.held_sequences() == 0  # the engine forgot every sequence: no KV, logits or generator left
 
 
-def test_the_fake_has_every_member_the_scheduler_uses_and_so_does_the_real_engine():
+def test_the_fake_has_every_member_the_scheduler_uses_and_so_does_each_forward():
     members = {name for name in SequenceEngine.__dict__ if not name.startswith("_")}
     members |= set(SequenceEngine.__annotations__)
     assert members >= {"open", "load_prefix", "forward", "store_prefix", "sample", "release", "close",
@@ -64,8 +66,9 @@ def test_the_fake_has_every_member_the_scheduler_uses_and_so_does_the_real_engin
     assert not members & {"forward_batch", "device", "dtype"}  # tensors stay behind the interface
     fake = FakeEngine()
     assert all(hasattr(fake, name) for name in members)
-    real_methods = {name for name in members if callable(getattr(LoraEngine, name, None))}
-    assert real_methods | {"prefix_cache", "eos_token_ids", "tokenizer", "kv_bytes_per_token", "mixed_rows"} >= members
+    for forward in (PackedEngine, HfEngine, SimulatedEngine):
+        methods = {name for name in members if callable(getattr(forward, name, None))}
+        assert methods | {"prefix_cache", "eos_token_ids", "tokenizer", "kv_bytes_per_token", "mixed_rows"} >= members
 
 
 def test_batched_output_equals_each_request_alone_with_chunked_prefill_and_a_shared_prefix():

@@ -20,7 +20,7 @@ from tests.unit.lora_adapter.test_scheduler import ADAPTERS, RecordingSink, drai
 from warmup_tools.common.errors import InvalidInputError, RequestCancelledError, RequestError
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.prefix_cache import PrefixCache
-from warmup_tools.lora_adapter import runner as runner_module
+from warmup_tools.lora_adapter import sampling as sampling_module
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.settings import SchedulerConfig
@@ -70,14 +70,14 @@ def test_a_denormal_temperature_ends_only_its_sequences_with_invalid_arg_and_fre
 def test_an_exception_while_sampling_one_sequence_ends_it_with_internal_and_the_batch_goes_on(
         fresh_cache, reference, monkeypatch):
     engine = fresh_cache
-    real = runner_module.next_token
+    real = sampling_module.next_token
 
     def faulty(logits, params, generator, tokens=()):
         if params.seed == 666:
             raise ValueError("a fault inside the sampler")
         return real(logits, params, generator, tokens)
 
-    monkeypatch.setattr(runner_module, "next_token", faulty)
+    monkeypatch.setattr(sampling_module, "next_token", faulty)
     scheduler = Scheduler(engine)
     requests = [make_request(engine, "Tell me a story", None, max_tokens=5, temperature=1.0, seed=seed)
                 for seed in (1, 666, 2)]

@@ -479,7 +479,7 @@ def test_restored_payloads_are_moved_to_the_engine_s_device(writer, fresh, tmp_p
     blocks = read_snapshot(info.manifest, identity, max_payload_bytes=1 << 30).blocks
     int8 = [dataclasses.replace(b, payload=(b.payload.to(torch.int8), b.payload[:, :, :, :1].half())) for b in blocks]
     placed = []
-    monkeypatch.setattr(fresh, "device", torch.device("meta"))
+    monkeypatch.setattr(fresh.model, "device", torch.device("meta"))  # the loaded model's, which the engine serves
     monkeypatch.setattr(fresh.prefix_cache, "restore", lambda block: placed.append(block) or True)
     report = RestoreReport()
     keeper(fresh, tmp_path)._place(blocks + int8, report)
@@ -524,7 +524,7 @@ def test_the_stored_kv_is_compared_in_the_engine_s_dtype_on_the_recomputed_kv_s_
     compute_kv = fresh.compute_kv
     monkeypatch.setattr(fresh, "compute_kv", lambda adapter, ids: [(k.to("meta"), v.to("meta"))
                                                                    for k, v in compute_kv(adapter, ids)])
-    monkeypatch.setattr(fresh, "dtype", torch.bfloat16)
+    monkeypatch.setattr(fresh.model, "dtype", torch.bfloat16)
     compared = []
 
     def kv_close(stored, recomputed, storage):

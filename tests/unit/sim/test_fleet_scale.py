@@ -62,9 +62,9 @@ def test_fidelity_compares_percentiles_within_the_tolerance_and_cached_tokens_pe
     assert "| 1.30 | no |" in text and "20 of 20 requests differ" in text
 
 
-def test_a_protocol_runs_figures_the_joiners_first_window_against_the_fleets_steady_share():
+def test_a_protocol_runs_figures_each_joiners_first_window_against_the_fleets_steady_share():
     from warmup_tools.sim.bench.cold_start import Sample
-    from warmup_tools.sim.bench.fleet_scale import JOINER_WINDOW_S, protocol_result, protocols_table
+    from warmup_tools.sim.bench.fleet_scale import JOINER_WINDOW_S, JoinerWindow, protocol_result, protocols_table
 
     answers = [Answer(0.0, 10.0, 30, 100), Answer(1.0, 10.0, 0, 100),
                Answer(2.0, 0.0, 0, 0, "boom", 503, "unavailable", "grpc://127.0.0.1:5")]
@@ -72,15 +72,17 @@ def test_a_protocol_runs_figures_the_joiners_first_window_against_the_fleets_ste
     samples = {
         "r1": [Sample(10.0, 50.0, 0, 100), Sample(400.0, 60.0, 50, 100), Sample(700.0, 70.0, 50, 100)],
         "r2": [Sample(610.0, 80.0, 90, 100), Sample(610.0 + JOINER_WINDOW_S, 90.0, 0, 100)],
+        "r3": [Sample(620.0, 300.0, 0, 100), Sample(630.0, 200.0, 10, 100)],
     }
-    result = protocol_result("grpc", answers, samples, "r2", 600.0, replay_s, "table", "3/2")
+    result = protocol_result("grpc", answers, samples, ("r2", "r3"), 600.0, replay_s, "table", "3/2/2")
     assert (result.requests, result.failed, result.cached_share) == (3, 1, 0.15)
-    # The joiner's first window: its one request at 610 s (the next one is past the window).
-    assert (result.joiner_share, result.joiner_requests) == (0.9, 1)
-    # Steady: after 300 s, the joiner's first window left out: r1's 400 and 700 s, r2's second.
+    # The warmed joiner's first window: its one request at 610 s (the next one is past the window).
+    assert result.warmed == JoinerWindow(1, 0.9, 80.0)
+    assert result.cold.requests == 2 and result.cold.share == 0.05 and 200.0 < result.cold.ttft_p99_ms <= 300.0
+    # Steady: after 300 s, both joiners' first windows left out: r1's 400 and 700 s, r2's second.
     assert math.isclose(result.steady_share, 100 / 300)
-    assert result.ttft_p50_ms == 70.0
+    assert result.ttft_p50_ms == 80.0
     table_text = protocols_table([result], oracle_share=0.3)
-    assert "| grpc | 3 (1) | 15.0% | 50% |" in table_text and "90.0% (1)" in table_text
-    alone = protocol_result("http", answers[:1], {"r1": samples["r1"]}, None, None, replay_s, "", "3")
-    assert alone.joiner_share is None and "| - |" in protocols_table([alone], 0.0)
+    assert "| grpc | 3 (1) | 15.0% | 50% |" in table_text and "90.0% / 80 (1)" in table_text
+    alone = protocol_result("http", answers[:1], {"r1": samples["r1"]}, (None, None), None, replay_s, "", "3")
+    assert alone.warmed == alone.cold == JoinerWindow() and "| - (0) | - (0) |" in protocols_table([alone], 0.0)

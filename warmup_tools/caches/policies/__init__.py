@@ -4,7 +4,7 @@
 A policy only orders keys: :class:`~warmup_tools.caches.store.LocalCache` holds the values, the lock, the
 byte accounting and the statistics, tells the policy what was inserted, hit and removed, and asks it for
 a victim while an insert would overflow the budget. Each policy is one class in its own module, built as
-``cls(budget_bytes, settings)``; adding one is that class and a line in :data:`POLICIES`.
+``cls(budget_bytes, settings)``; adding one is that class and a line in :data:`EVICTION_POLICIES`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class EvictionPolicy(Protocol):
 
 
 #: ``eviction`` name -> policy class; the ``eviction`` settings take their ``choices`` from here.
-POLICIES: dict[str, Callable[[int, "EvictionSettings"], EvictionPolicy]] = {
+EVICTION_POLICIES: dict[str, Callable[[int, "EvictionSettings"], EvictionPolicy]] = {
     "lru": LRUPolicy,
     "slru": SegmentedLRUPolicy,
     "decayed_lfu": DecayedLFUPolicy,

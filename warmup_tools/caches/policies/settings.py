@@ -1,5 +1,5 @@
 """The knobs of the local caches' eviction policies, each read by its policy only (the policies are built as
-``cls(budget_bytes, settings)``: :data:`warmup_tools.caches.policies.POLICIES`)."""
+``cls(budget_bytes, settings)``: :data:`warmup_tools.caches.policies.EVICTION_POLICIES`)."""
 
 from __future__ import annotations
 

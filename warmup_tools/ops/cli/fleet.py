@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 #: What the router reads of the fleet's settings (``router``; the replicas' are the ``fleet``'s own).
 ROUTER_FIELDS = ("worker_protocol", "policy", "cache_threshold", "balance_abs_threshold", "balance_rel_threshold",
-                 "host", "port", "prometheus_port", "secrets_dir", "control_key_file", "health_check_interval_s",
-                 "router_shutdown_grace_s", "model_repository", "assets_dir")
+                 "warmup_slice_s", "host", "port", "prometheus_port", "secrets_dir", "control_key_file",
+                 "health_check_interval_s", "router_shutdown_grace_s", "model_repository", "assets_dir")
 #: What ``join`` reads of them (with worker_protocol grpc, the repository's KV block size: model_repository and
 #: assets_dir as the replicas have them).
 JOIN_FIELDS = ("worker_protocol", "secrets_dir", "control_key_file", "membership_interval_s", "health_check_interval_s",

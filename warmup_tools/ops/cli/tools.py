@@ -68,7 +68,7 @@ def add_commands(sub: Any) -> None:
     secrets.set_defaults(func=_cmd_deploy_secrets)
 
     fit = sub.add_parser("profile-fit", help="fit a simulated engine's profile to the real engine on this machine "
-                                             "(times LoraEngine.forward_batch on the demo LM, least squares)")
+                                             "(times HfEngine.forward_batch on the demo LM, least squares)")
     fit.add_argument("--assets-dir", type=Path, default=_DEFAULTS.assets_dir,
                      help="the demo assets (built there when missing)")
     fit.add_argument("--out", type=Path, required=True, help="the profile JSON to write")

@@ -1,11 +1,11 @@
 """``python -m warmup_tools bench engine``: the continuous-batching scheduler alone, in process.
 
-What ``bench concurrency`` measures, without Triton, the ensemble's other two models or a network
-client: one :class:`LoraEngine` and its :class:`Scheduler` (what one ``lora_adapter`` instance runs) on
-the chosen device and dtype. Each stream is a thread that submits its requests back to back (the same
-scopes, warm system prompts and questions as ``bench concurrency``, ``max_tokens`` 32; all streams start
-together), for 1, 4, 8 and 16 streams in one run; per level output tokens/s, TTFT and inter-token
-latency p50/p95/p99, then 8 streams against 1 against the concurrency targets.
+What ``bench concurrency`` measures, without Triton, the ensemble's other two models or a network client: one engine
+(:func:`~warmup_tools.lora_adapter.engines.make_engine`) and its :class:`Scheduler` (what one ``lora_adapter`` instance
+runs) on the chosen device and dtype. Each stream is a thread that submits its requests back to back (the same scopes,
+warm system prompts and questions as ``bench concurrency``, ``max_tokens`` 32; all streams start together), for 1, 4, 8
+and 16 streams in one run; per level output tokens/s, TTFT and inter-token latency p50/p95/p99, then 8 streams against 1
+against the concurrency targets.
 
 It separates the engine's share of the latencies from the pipeline's, and it is what
 ``scripts/gpu_bench.sh`` runs on a GPU machine: it needs torch, transformers and peft, no tritonserver.
@@ -26,7 +26,7 @@ from typing import Annotated, Sequence, TextIO
 from warmup_tools.common.settings import arg
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.config import KVCacheConfig
-from warmup_tools.lora_adapter.engine import GenerationStep, LoraEngine
+from warmup_tools.lora_adapter.engine_api import GenerationStep, TextEncoder
 from warmup_tools.lora_adapter.engines import make_engine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
@@ -101,7 +101,7 @@ class TimedSink:
         return False
 
 
-def _level(engine: LoraEngine, scheduler: Scheduler, streams: int, rounds: int, max_tokens: int) -> LevelResult:
+def _level(engine: TextEncoder, scheduler: Scheduler, streams: int, rounds: int, max_tokens: int) -> LevelResult:
     def request(index: int, i: int) -> Sample:
         adapter, prompt = stream_prompt(index, i)
         sink = TimedSink()

@@ -4,7 +4,7 @@ smg router, in front of one replica or two.
 One run, every replica with the day-1 plan's stanzas and one LM thread (docs/benchmarks.md):
 
 1. **Routing.** Day 2's first ``hours`` replayed in order (max_tokens 1) by ``users`` concurrent clients through
-   the router to 1 replica and to 2 replicas with each of :data:`ROUTING_POLICIES`: cold share, share of prompt
+   the router to 1 replica and to 2 replicas with each of :data:`COMPARED_POLICIES`: cold share, share of prompt
    tokens from the KV cache, TTFT p50/p99, requests per replica; and the router's added TTFT (p50 through
    the router minus straight to the replica, alternating, on the 1-replica fleet). Several clients, because a
    router balances on the requests each replica has in flight: one request at a time leaves every replica at
@@ -42,14 +42,14 @@ from warmup_tools.common.records import RequestRecord, log_files, read_request_l
 from warmup_tools.common.settings import arg, environ_overrides
 from warmup_tools.fleet.fleet import Fleet
 from warmup_tools.fleet.replica import Replica
-from warmup_tools.fleet.settings import POLICIES, FleetSettings
+from warmup_tools.fleet.settings import ROUTER_POLICIES, FleetSettings
 from warmup_tools.sim.bench.openai_stream import StreamError, stream_completion
 from warmup_tools.sim.bench.params import LmThreads, Seed
 from warmup_tools.sim.bench.replay import prepare
 from warmup_tools.sim.bench.tables import markdown, p99
 
 #: The routing policies compared on two replicas (against one replica alone).
-ROUTING_POLICIES = ("round_robin", "cache_aware", "prefix_hash")
+COMPARED_POLICIES = ("round_robin", "cache_aware", "prefix_hash")
 #: Requests each way for the router's added TTFT.
 OVERHEAD_PAIRS = 100
 #: Seconds between the replicas' periodic KV snapshots during the bench (the scale-out restores from them).
@@ -203,7 +203,7 @@ def run(assets_dir: Path, *, seed: Seed = 0,
         streams: Annotated[int, arg("concurrent streams during the scale-in")] = 6,
         lm_threads: LmThreads = 1,
         policy: Annotated[str | None, arg("the router's policy in the scale-out and scale-in runs (none: the "
-                                          "fleet's default)", choices=POLICIES)] = None,
+                                          "fleet's default)", choices=ROUTER_POLICIES)] = None,
         users: Annotated[int, arg("concurrent clients replaying the traffic in order in the routing runs")] = 4,
         out: TextIO = sys.stdout) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
@@ -220,7 +220,7 @@ def run(assets_dir: Path, *, seed: Seed = 0,
                                      model_repository=repos.with_plan, assets_dir=assets_dir, lm_threads=lm_threads)
 
             rows = []
-            fleets = [("1 replica", 1, "round_robin")] + [(f"2 replicas, {p}", 2, p) for p in ROUTING_POLICIES]
+            fleets = [("1 replica", 1, "round_robin")] + [(f"2 replicas, {p}", 2, p) for p in COMPARED_POLICIES]
             for label, replicas, routing in fleets:
                 with Fleet(settings(replicas, routing, label.replace(" ", "").replace(",", "-"))) as fleet:
                     answers = replay(fleet.router.url, records, users)

@@ -31,10 +31,11 @@ Runs (each a fleet of its own, one after the other):
 
 7. **Worker protocols** (``--runs protocols``, not in the default) at the largest fleet with ``plan_policy``, once per
    ``--worker-protocols`` (``http``: smg routes ``cache_aware`` on its own tree of the text it routed; ``grpc``: on
-   the replicas' KV events, :mod:`warmup_tools.fleet.membership`), on the same replay, each with one more replica
-   joining at half the replay (the plan's stanzas and the fleet's snapshots, joined once warm), and the oracle's
-   run on the same items: per protocol the share of prompt tokens from cache and its ratio to the oracle's, TTFT
-   p50/p99, the joiner's cached share in its first modelled minute against the fleet's steady share, failures.
+   the replicas' KV events, :mod:`warmup_tools.fleet.membership`), on the same replay, each with two more replicas
+   joining together at half the replay, once warm: a warmed one (the plan's stanzas and the fleet's snapshots) and
+   a cold one (neither); and the oracle's run on the same items: per protocol the share of prompt tokens from
+   cache and its ratio to the oracle's, TTFT p50/p99, each joiner's cached share and TTFT p99 in its first modelled
+   minute against the fleet's steady share, failures.
 
 Every run counts its failed requests by HTTP status, error kind and replica (the router names the worker it
 routed to). ``--trace real-text`` replays the project's real-text traffic instead of a public trace.
@@ -71,7 +72,7 @@ from warmup_tools.common.settings import arg, environ_overrides
 from warmup_tools.fleet.fleet import Fleet
 from warmup_tools.fleet.replica import Replica
 from warmup_tools.fleet.router import ServedModel
-from warmup_tools.fleet.settings import POLICIES, WORKER_PROTOCOLS, FleetSettings
+from warmup_tools.fleet.settings import ROUTER_POLICIES, WORKER_PROTOCOLS, FleetSettings
 from warmup_tools.lora_adapter.profile import EngineProfile, load_profile
 from warmup_tools.server.client import metric_sum, scrape_metrics
 from warmup_tools.server.config import REPO_ROOT
@@ -164,7 +165,7 @@ def run(assets_dir: Path, *,
         policies: Annotated[str, arg("router policies of the routing runs at the largest size, comma-separated "
                                      "(the smaller sizes use plan_policy)")] = "round_robin,cache_aware,prefix_hash",
         plan_policy: Annotated[str, arg("the router's policy in the oracle, plan, scale-out and scale-in runs",
-                                        choices=POLICIES)] = "cache_aware",
+                                        choices=ROUTER_POLICIES)] = "cache_aware",
         profile: Annotated[str, arg("the simulated engine's profile (a shipped name or a JSON path)")]
         = DEFAULT_PROFILE,
         block_tokens: Annotated[int, arg("tokens each of the trace's hash blocks becomes", ge=1)] = 16,
@@ -535,8 +536,9 @@ class Bench:
         joining at half of it; one table against the oracle's cached share (``oracle``, the same items)."""
         results = [self.protocol_run(protocol, replicas, policy, repo) for protocol in protocols]
         plan = "the whole plan's stanzas on every replica" if repo == self.load.whole_repo else "no plan"
-        self.out.write(f"\nworker protocols: {replicas} x {policy}, {plan}, one more replica (its stanzas and the "
-                       f"fleet's snapshots) joining at {self.load.replay_s / 2 / 60:g} modelled min once warm; "
+        self.out.write(f"\nworker protocols: {replicas} x {policy}, {plan}, two more replicas joining together at "
+                       f"{self.load.replay_s / 2 / 60:g} modelled min once warm (one warmed: the plan's stanzas and "
+                       f"the fleet's snapshots; one cold: neither); "
                        f"{len(self.load.replayed)} requests each; the oracle (one cache of {replicas} replicas' "
                        f"capacity) served {oracle.cached_share:.1%} of prompt tokens from cache\n\n")
         self.out.write(protocols_table(results, oracle.cached_share) + "\n")
@@ -553,9 +555,11 @@ class Bench:
         settings = self.settings(replicas, policy, repo, worker_protocol=protocol)
         with Fleet(settings, self.load.served if settings.grpc else None) as fleet:
             def join() -> None:
-                replica = fleet.launch(restore=True, warm_gate=True)
-                fleet.join(replica)
-                joined.update(name=replica.name, at=time.time())
+                warmed = fleet.launch(restore=True, warm_gate=True)
+                cold = fleet.launch(restore=False, warm_gate=True, model_repository=self.load.base_repo)
+                for replica in (warmed, cold):
+                    fleet.join(replica)
+                joined.update(warmed=warmed.name, cold=cold.name, at=time.time())
 
             epoch = time.time()
             answers = replay(fleet.router.url, items, self.speedup, self.concurrency,
@@ -568,7 +572,7 @@ class Bench:
                                    r.cached_tokens or 0, r.prompt_tokens or 0, r.adapter)
                             for r in read_request_log(log_files(d)) if r.ts >= epoch]
                    for d in sorted(logs.iterdir()) if d.is_dir()}
-        result = protocol_result(label, answers, samples, joined.get("name"),
+        result = protocol_result(label, answers, samples, (joined.get("warmed"), joined.get("cold")),
                                  (joined["at"] - epoch) * self.speedup if "at" in joined else None,
                                  self.load.replay_s, failures_table(answers, workers),
                                  "/".join(str(len(served)) for served in samples.values()))
@@ -600,6 +604,22 @@ def replicas_by_worker(fleet: Fleet) -> dict[str, str]:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class JoinerWindow:
+    """A joiner's first :data:`JOINER_WINDOW_S` modelled seconds: its requests, their cached share and modelled
+    TTFT p99 (None: it got no request)."""
+
+    requests: int = 0
+    share: float | None = None
+    ttft_p99_ms: float | None = None
+
+    def cell(self) -> str:
+        if self.share is None:
+            return "- (0)"
+        p99_ms = "-" if self.ttft_p99_ms is None else f"{self.ttft_p99_ms:,.0f}"
+        return f"{self.share:.1%} / {p99_ms} ({self.requests})"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ProtocolResult:
     """One worker protocol's run (:meth:`Bench.protocol_run`)."""
 
@@ -609,22 +629,22 @@ class ProtocolResult:
     cached_share: float
     ttft_p50_ms: float | None
     ttft_p99_ms: float | None
-    #: The joiner's cached share in its first :data:`JOINER_WINDOW_S` modelled seconds (None: it got no request),
-    #: and its requests then.
-    joiner_share: float | None
-    joiner_requests: int
+    #: The warmed joiner's and the cold joiner's first :data:`JOINER_WINDOW_S` modelled seconds.
+    warmed: JoinerWindow
+    cold: JoinerWindow
     #: The fleet's cached share from :data:`STEADY_AFTER_S` (at most half the replay) to the end, less the
-    #: joiner's first window.
+    #: joiners' first windows.
     steady_share: float
     failures: str
     per_replica: str
 
 
-def protocol_result(label: str, answers: Sequence[Answer], samples: dict[str, list[Sample]], joiner: str | None,
-                    joined_s: float | None, replay_s: float, failures: str, per_replica: str) -> ProtocolResult:
+def protocol_result(label: str, answers: Sequence[Answer], samples: dict[str, list[Sample]],
+                    joiners: tuple[str | None, str | None], joined_s: float | None, replay_s: float, failures: str,
+                    per_replica: str) -> ProtocolResult:
     """A protocol run's figures: the cached share from the answers (as every other run's), the modelled TTFTs,
-    the joiner's first window and the steady share from the replicas' request logs (``samples``: per replica,
-    modelled seconds from the replay's start)."""
+    the joiners' first windows (``joiners``: the warmed one's and the cold one's names) and the steady share from
+    the replicas' request logs (``samples``: per replica, modelled seconds from the replay's start)."""
     ok = [a for a in answers if not a.error]
     prompt = sum(a.prompt_tokens for a in ok)
     ttfts = sorted(s.ttft_ms for served in samples.values() for s in served if s.ttft_ms is not None)
@@ -634,16 +654,22 @@ def protocol_result(label: str, answers: Sequence[Answer], samples: dict[str, li
         return sum(s.cached_tokens for s in group) / tokens if tokens else 0.0
 
     def in_window(name: str, s: Sample) -> bool:
-        return name == joiner and joined_s is not None and joined_s <= s.at_s < joined_s + JOINER_WINDOW_S
+        return name in joiners and joined_s is not None and joined_s <= s.at_s < joined_s + JOINER_WINDOW_S
 
-    first = [s for s in samples.get(joiner or "", []) if in_window(joiner or "", s)]
+    def window(name: str | None) -> JoinerWindow:
+        first = [s for s in samples.get(name or "", []) if in_window(name or "", s)]
+        if not first:
+            return JoinerWindow()
+        times = sorted(s.ttft_ms for s in first if s.ttft_ms is not None)
+        return JoinerWindow(len(first), share(first), p99(times) if times else None)
+
     steady_from = min(STEADY_AFTER_S, replay_s / 2)
     steady = [s for name, served in samples.items() for s in served
               if s.at_s >= steady_from and not in_window(name, s)]
     return ProtocolResult(label, len(answers), len(answers) - len(ok),
                           sum(a.cached_tokens for a in ok) / prompt if prompt else 0.0,
                           statistics.median(ttfts) if ttfts else None, p99(ttfts) if ttfts else None,
-                          share(first) if first else None, len(first), share(steady), failures, per_replica)
+                          window(joiners[0]), window(joiners[1]), share(steady), failures, per_replica)
 
 
 def protocols_table(results: Sequence[ProtocolResult], oracle_share: float) -> str:
@@ -652,12 +678,11 @@ def protocols_table(results: Sequence[ProtocolResult], oracle_share: float) -> s
 
     return markdown(("worker protocol (cache_aware on)", "requests (failed)", "prompt tokens from cache",
                      "of the oracle's", "TTFT p50 / p99 (modelled ms)",
-                     f"joiner's first {JOINER_WINDOW_S:g} s (its requests)", "fleet's steady share",
-                     "requests per replica"),
+                     f"warmed joiner's first {JOINER_WINDOW_S:g} s: cached / TTFT p99 (requests)",
+                     f"cold joiner's first {JOINER_WINDOW_S:g} s", "fleet's steady share", "requests per replica"),
                     [(r.label, f"{r.requests:,} ({r.failed})", f"{r.cached_share:.1%}",
                       f"{r.cached_share / oracle_share:.0%}" if oracle_share else "-",
-                      f"{ms(r.ttft_p50_ms)} / {ms(r.ttft_p99_ms)}",
-                      "-" if r.joiner_share is None else f"{r.joiner_share:.1%} ({r.joiner_requests})",
+                      f"{ms(r.ttft_p50_ms)} / {ms(r.ttft_p99_ms)}", r.warmed.cell(), r.cold.cell(),
                       f"{r.steady_share:.1%}", r.per_replica) for r in results])
 
 

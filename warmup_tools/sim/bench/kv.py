@@ -36,7 +36,8 @@ from warmup_tools.sim.bench.params import LmThreads
 from warmup_tools.sim.bench.text import make_text
 
 if TYPE_CHECKING:
-    from warmup_tools.lora_adapter.engine import GenerationStep, LoraEngine
+    from warmup_tools.lora_adapter.engine_api import GenerationStep
+    from warmup_tools.lora_adapter.hf import HfEngine
     from warmup_tools.lora_adapter.requests import GenerateRequest
     from warmup_tools.lora_adapter.scheduler import Scheduler
 
@@ -126,14 +127,14 @@ class Int8Accuracy:
 def run_int8_accuracy(assets_dir: Path, *, prompts: int = 32, prefix_tokens: int = 256, seed: int = 1) -> Int8Accuracy:
     """INT8 cached KV against full precision on a fixed prompt set: the last-token logits after a
     cached prefix, and the next 16 greedy tokens."""
-    from warmup_tools.lora_adapter.engine import LoraEngine
+    from warmup_tools.lora_adapter.hf import HfEngine
     from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
     from warmup_tools.lora_adapter.scheduler import Scheduler
     from warmup_tools.lora_adapter.settings import EngineConfig
 
-    def engine(storage: str) -> LoraEngine:
-        return LoraEngine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",
-                                       kv=KVCacheConfig(storage=storage)))
+    def engine(storage: str) -> HfEngine:
+        return HfEngine(EngineConfig(base_model=assets_dir / "lm", adapter_root=assets_dir / "adapters",
+                                     kv=KVCacheConfig(storage=storage)))
 
     fp, q8 = engine("fp"), engine("int8")
     rng = random.Random(seed)
@@ -256,10 +257,10 @@ def _serve(scheduler: Scheduler, request: GenerateRequest) -> list[GenerationSte
     return sink.steps
 
 
-def _prompt_logits(engine: LoraEngine, request: GenerateRequest) -> torch.Tensor:
+def _prompt_logits(engine: HfEngine, request: GenerateRequest) -> torch.Tensor:
     """The logits after the prompt's last token, its longest cached prefix loaded from the prefix cache as the
     scheduler loads it (nothing is stored)."""
-    from warmup_tools.lora_adapter.engine import BatchRow
+    from warmup_tools.lora_adapter.runner import BatchRow
 
     cache = engine.prefix_cache
     hashes, _ = engine.block_hashes(request)

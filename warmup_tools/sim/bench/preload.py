@@ -30,7 +30,7 @@ from warmup_tools.common.settings import arg
 from warmup_tools.control.registry import ControlRegistry
 from warmup_tools.control.state import AdapterState
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
-from warmup_tools.lora_adapter.engine import LoraEngine
+from warmup_tools.lora_adapter.engine_api import TextEncoder
 from warmup_tools.lora_adapter.engines import make_engine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
@@ -61,7 +61,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def warm_prompts(count: int, tokens: int, engine: LoraEngine, seed: int) -> list[str]:
+def warm_prompts(count: int, tokens: int, engine: TextEncoder, seed: int) -> list[str]:
     """Long, distinct prompts for the new adapter: its system prompt and questions up to ``tokens``."""
     rng = random.Random(seed)
     prompts = []

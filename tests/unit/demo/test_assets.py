@@ -189,7 +189,7 @@ def test_adapters_change_greedy_output(built: DemoAssets, base_model: Any, token
 
     for name in DEMO_ADAPTERS:
         config = json.loads((built.adapter_root / name / "adapter_config.json").read_text())
-        assert config["base_model_name_or_path"] == str(built.lm_dir)
+        assert (built.adapter_root / name / config["base_model_name_or_path"]).resolve() == built.lm_dir
         assert (config["r"], config["lora_alpha"]) == (8, 16)
         assert sorted(config["target_modules"]) == ["k_proj", "o_proj", "q_proj", "v_proj"]
 
@@ -266,7 +266,7 @@ def test_assets_built_at_two_paths_give_the_same_fingerprints_and_restore_each_o
                                         kv=KVCacheConfig(budget_bytes=16 << 20))) for assets in (built, elsewhere)]
     writer, reader = engines
     ids = writer.encode("The contract shall be governed by the laws of the state, and every dispute " * 2)
-    for adapter in ("legal", ""):
+    for adapter in ("legal", None):
         serve(writer, GenerateRequest(ids, adapter, "default", False, SamplingParams(max_tokens=2)))
     assert len(writer.prefix_cache) > 0
     config = SnapshotConfig(folder=tmp_path, verify_share=1.0, interval_s=0)

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from warmup_tools.common.flags import options_from_args
 from warmup_tools.ops.cli import _parser
+from warmup_tools.ops.cli.options import BesideOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The manifests (kustomization.yaml lists them for `kubectl apply -k`: tests/unit/test_deploy_grpc.py).
@@ -58,7 +60,8 @@ def test_the_pod_probes_the_sidecar_and_its_ports_match_the_command():
     # tritonserver's HTTP and gRPC listen on the pod's loopback: no container port names them.
     assert ports == {"metrics": args.metrics_port, "sidecar": args.sidecar_port, "openai": args.front_port}
     assert args.host == "127.0.0.1" and args.metrics_host == "0.0.0.0"
-    assert args.front and args.front_host == "0.0.0.0"  # the sidecar starts the OpenAI front beside tritonserver
+    # the sidecar starts the OpenAI front beside tritonserver
+    assert options_from_args(BesideOptions, args).front and args.front_host == "0.0.0.0"
     # Every pod logs into its own folder of the shared (ReadWriteMany) log volume.
     logs = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "logs")
     assert str(args.fleet_log_dir) == logs
@@ -140,7 +143,7 @@ def test_compose_publishes_only_the_inference_ports_beyond_the_loopback_and_rest
     # 30000 is the gateway's, which passes the OpenAI API only; the router (and its worker API) is not published.
     assert "30000:30000" in COMPOSE["services"]["gateway"]["ports"] and "ports" not in COMPOSE["services"]["router"]
     args = _sidecar_args(COMPOSE["services"]["triton"]["command"])
-    assert args.front and f"{args.front_port}:{args.front_port}" in public
+    assert options_from_args(BesideOptions, args).front and f"{args.front_port}:{args.front_port}" in public
     assert "ports" not in COMPOSE["services"]["redis"]
 
 

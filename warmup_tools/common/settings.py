@@ -11,7 +11,7 @@ dataclasses whose fields are declared with :func:`setting`. From that one declar
   is generated from it (``python -m warmup_tools parameters``), and a test keeps the two equal;
 * :func:`load_settings` builds a process's settings (the sidecar's, the front's, the fleet's, the server's) from
   its defaults, a JSON file, the environment and the command line's flags, in that order of precedence; the
-  command line derives each flag, its type, choices and help from the same fields (``warmup_tools.ops.cli``).
+  command line derives each flag, its type, choices and help from the same fields (``warmup_tools.common.flags``).
 
 The environment variable of a process's setting is ``WARMUP_<SECTION>_<FIELD>``: the class's ``section``
 (``FRONT``, ``FLEET``, ``SIDECAR``) and the field's name, upper case (:func:`env_name`). The server's settings
@@ -69,6 +69,8 @@ class Spec:
     flag: str = ""
     #: Turns a flag's text into the value, for a value that is not spelled like its type (``30m``).
     parse: Callable[[str], Any] | None = None
+    #: A list's flag may be given more than once (``--instance a --instance b``), each adding to the list.
+    repeat: bool = False
 
     def bound(self) -> str:
         """The bound in words: ``>= 1``, ``> 0 and <= 1``, ``one of fp, int8``; "" without one."""
@@ -80,7 +82,7 @@ class Spec:
 
     def violated(self, value: Any) -> bool:
         if self.choices:
-            return value not in self.choices
+            return value is not None and value not in self.choices  # None: an optional field left unset
         if value is None or not isinstance(value, (int, float)):
             return False
         if isinstance(value, float) and not math.isfinite(value):
@@ -92,13 +94,15 @@ class Spec:
 def setting(default: Any = dataclasses.MISSING, doc: str = "", *, parameter: str | None = None,
             ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
             choices: Sequence[str] = (), load: Callable[[Any], Any] | None = None, kind: str = "",
-            flag: str = "") -> Any:
+            flag: str = "", parse: Callable[[str], Any] | None = None, repeat: bool = False) -> Any:
     """A settings field: its default (none: required), doc, parameter name (default: the field's name; ""
     for a field that is not a parameter), bound (``ge``/``gt``/``le``/``lt`` or ``choices``), and its flag
-    when that is not the field's name."""
+    when that is not the field's name (``parse``: how the flag's text becomes the value; ``repeat``: a list's
+    flag given once per item)."""
     if not doc:
         raise ValueError("every setting has a doc")
-    spec = Spec(doc, "\0" if parameter is None else parameter, ge, gt, le, lt, tuple(choices), load, kind, flag)
+    spec = Spec(doc, "\0" if parameter is None else parameter, ge, gt, le, lt, tuple(choices), load, kind, flag,
+                parse, repeat)
     return dataclasses.field(default=default, metadata={_SPEC: spec})
 
 

@@ -6,9 +6,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
+from warmup_tools.common.flags import file_flag
 from warmup_tools.common.settings import ParameterRow, env_name, markdown_table, parameter_rows
 from warmup_tools.common.tracing import TracingSettings
 from warmup_tools.control.plan_history import PlanHistorySettings
@@ -16,14 +18,15 @@ from warmup_tools.embedding_cache.settings import EmbeddingCacheSettings
 from warmup_tools.fleet.settings import FleetSettings
 from warmup_tools.front.settings import FrontSettings
 from warmup_tools.lora_adapter.settings import LoraAdapterSettings
-from warmup_tools.ops.cli.flags import file_flag
+from warmup_tools.ops.cli.options import COMMAND_OPTIONS
 from warmup_tools.server.config import REPO_ROOT, ServeConfig
 from warmup_tools.sidecar.config import SidecarConfig
 from warmup_tools.tokenizer_cache.settings import TokenizerCacheSettings
 
 #: Each process's settings: the section's title, the class, the commands that take it, the page about it.
 PROCESS_SETTINGS = (
-    ("The server", ServeConfig, "`serve`, `sidecar` and `demo`", "serving.md"),
+    ("The server", ServeConfig, "`serve`, `sidecar` and `demo` (and its folders' flags, `--model-repository`, "
+     "`--control-dir` and `--assets-dir`, of the plan, adapter, profile and bench commands)", "serving.md"),
     ("The sidecar", SidecarConfig, "`sidecar`", "sidecar.md"),
     ("The plan history", PlanHistorySettings, "`apply-plan`, `plan rollback` and `plan canary` "
      "(`--history-keep`); the sidecar's re-plan reads the variable", "planner.md"),
@@ -87,7 +90,31 @@ def parameters_markdown(repository: Path | None = None) -> str:
                      f"`{env_name(cls, '<KEY>')}` variables{flags} ([{link}]({link})).\n\n")
         table = markdown_table(list(parameter_rows(cls))).replace("| parameter |", "| key |", 1)
         parts.append(table.replace(str(REPO_ROOT) + "/", ""))  # the defaults under the checkout, as relative
+    parts.append(_COMMANDS_INTRO)
+    for cls, commands in COMMAND_OPTIONS:
+        parts.append(f"\n### {commands}\n\nThe fields of `{cls.__name__}`.\n\n")
+        parts.append(_flag_table(cls))
     return "".join(parts)
+
+
+_COMMANDS_INTRO = """
+## The commands' options
+
+What one invocation of a command does, beyond the processes' settings above: the fields of the classes in
+`warmup_tools.ops.cli.options`, each a flag of the commands named (a boolean `--x` also has `--no-x`). They
+have no file and no environment variable; a default written `required` is a flag the command needs.
+"""
+
+
+def _flag_table(cls: type) -> str:
+    """``cls``'s fields as a table of flags."""
+    from warmup_tools.common.flags import flag_of
+    from warmup_tools.common.settings import spec_of
+
+    flags = {f.name: flag_of(f.name, spec) for f in dataclasses.fields(cls) if (spec := spec_of(f)) is not None}
+    rows = [dataclasses.replace(row, parameter=flags[row.parameter]) for row in parameter_rows(cls)]
+    table = markdown_table(rows).replace("| parameter |", "| flag |", 1)
+    return table.replace(str(REPO_ROOT) + "/", "")
 
 
 def generate_request_markdown() -> str:

@@ -33,8 +33,11 @@ def test_the_front_command_reads_file_then_environment_then_flags(tmp_path, monk
 
 
 def test_serve_and_sidecar_start_the_front_unless_told_not_to():
-    assert _parser().parse_args(["serve"]).front is True
-    assert _parser().parse_args(["sidecar", "--no-front"]).front is False
+    from warmup_tools.common.flags import options_from_args
+    from warmup_tools.ops.cli.options import BesideOptions
+
+    assert options_from_args(BesideOptions, _parser().parse_args(["serve"])).front is True
+    assert options_from_args(BesideOptions, _parser().parse_args(["sidecar", "--no-front"])).front is False
 
 
 def test_the_front_raises_the_soft_limit_on_open_files_to_hold_its_connections():

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from warmup_tools.common.flags import flag_of, settings_from_args
 from warmup_tools.common.settings import env_name, spec_of
 from warmup_tools.control.plan_history import PlanHistorySettings
 from warmup_tools.fleet.settings import FleetSettings
 from warmup_tools.front.settings import FrontSettings
 from warmup_tools.ops.cli import main, parser
-from warmup_tools.ops.cli.flags import flag_of, settings_from_args
 from warmup_tools.ops.cli.fleet import ROUTER_FIELDS
 from warmup_tools.ops.cli.serving import FRONT_BESIDE
 from warmup_tools.server.config import ServeConfig

@@ -2,7 +2,7 @@
 
 One module per command group (:mod:`.serving`, :mod:`.fleet`, :mod:`.plans`, :mod:`.tools`, :mod:`.bench`),
 each adding its commands; their flags come from the settings classes and functions they call
-(:mod:`.flags`), so no default is written here.
+(:mod:`warmup_tools.common.flags`; a command's own options: :mod:`.options`), so no default is written here.
 """
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from pathlib import Path
 from typing import Any
 
-from warmup_tools.ops.cli.flags import add_arguments, function_kwargs
+from warmup_tools.common.flags import add_arguments, add_settings, function_kwargs
+from warmup_tools.ops.cli.tools import ASSETS, assets_dir
 from warmup_tools.server.config import ServeConfig
 
 #: Each benchmark (a module of warmup_tools.sim.bench) and what it measures.
@@ -71,8 +71,7 @@ def add_commands(sub: Any, argv: list[str] | None = None) -> None:
     which = bench.add_subparsers(dest="bench", required=True)
     for name, help_text in BENCHES.items():
         parser = which.add_parser(name, help=help_text)
-        parser.add_argument("--assets-dir", type=Path, default=ServeConfig().assets_dir,
-                            help="the demo assets (built there when missing)")
+        add_settings(parser, ServeConfig, only=ASSETS, file=False)
         if argv is None or name in argv:
             add_arguments(parser, bench_run(name))
 
@@ -85,5 +84,5 @@ def bench_options(args: argparse.Namespace) -> dict[str, object]:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from warmup_tools.demo.assets import ensure_demo_assets
 
-    bench_run(args.bench)(ensure_demo_assets(args.assets_dir).root, **bench_options(args))
+    bench_run(args.bench)(ensure_demo_assets(assets_dir(args)).root, **bench_options(args))
     return 0

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from warmup_tools.common.flags import add_options, add_settings, options_from_args, settings_from_args
 from warmup_tools.fleet.settings import FleetSettings
-from warmup_tools.ops.cli.flags import add_settings, settings_from_args
+from warmup_tools.ops.cli.options import JoinOptions
 from warmup_tools.ops.cli.serving import stop_on_signals
 
 if TYPE_CHECKING:
@@ -46,15 +47,7 @@ def add_commands(sub: Any) -> None:
                                        "one worker per model it serves once its /health says warm, added and "
                                        "removed as adapters go live and retire, added again after a router "
                                        "restart, all removed at SIGTERM (compose and each Kubernetes pod run it)")
-    join.add_argument("--router", required=True, help="the router's base URL, e.g. http://router:30000")
-    join.add_argument("--replica", required=True, help="the replica's OpenAI front, e.g. http://triton:9000")
-    join.add_argument("--worker-host", default=None,
-                      help="the host the router reaches the replica at, when not --replica's (a pod's join reads "
-                           "its front on localhost; the router dials the pod's IP)")
-    join.add_argument("--once", action="store_true",
-                      help="register once the replica is warm, then exit (no updates, no removal at exit)")
-    join.add_argument("--timeout-s", type=float, default=1800.0,
-                      help="with --once: how long to wait for the replica to be warm")
+    add_options(join, JoinOptions)
     add_settings(join, FleetSettings, only=JOIN_FIELDS, aliases={"membership_interval_s": "--interval-s"})
     join.set_defaults(func=_cmd_join)
 
@@ -124,24 +117,25 @@ def _cmd_join(args: argparse.Namespace) -> int:
     from warmup_tools.fleet.router import RouterClient, control_key
 
     settings = fleet_settings(args)
+    opts = options_from_args(JoinOptions, args)
     interval = settings.membership_interval_s
     replica_key = None
     if settings.secrets_dir is not None:
         secrets = DeploymentSecrets(settings.secrets_dir)
         replica_key = secrets.read_key(secrets.probe_key)
-    router = RouterClient(args.router, settings.health_check_interval_s, control_key=control_key(settings))
-    membership = Membership(args.replica, router, interval, replica_key=replica_key,
-                            protocol=settings.worker_protocol, worker_host=args.worker_host,
+    router = RouterClient(opts.router, settings.health_check_interval_s, control_key=control_key(settings))
+    membership = Membership(opts.replica, router, interval, replica_key=replica_key,
+                            protocol=settings.worker_protocol, worker_host=opts.worker_host,
                             kv_block_size=served.block_size if (served := served_model(settings)) else None)
-    if args.once:
-        wait_warm(args.replica, args.timeout_s)
+    if opts.once:
+        wait_warm(opts.replica, opts.timeout_s)
         membership.sync()
         workers = membership.workers
-        print(f"{args.replica} joined {args.router}: {len(workers)} worker(s), models {', '.join(workers)}")
+        print(f"{opts.replica} joined {opts.router}: {len(workers)} worker(s), models {', '.join(workers)}")
         return 0
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: membership.stop())  # run() leaves the router, then returns
-    print(f"keeping {args.replica} in {args.router} (a look every {interval:g} s) until SIGTERM", flush=True)
+    print(f"keeping {opts.replica} in {opts.router} (a look every {interval:g} s) until SIGTERM", flush=True)
     membership.run()
-    print(f"{args.replica} left {args.router}", flush=True)
+    print(f"{opts.replica} left {opts.router}", flush=True)
     return 0

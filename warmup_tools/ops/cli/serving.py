@@ -1,7 +1,7 @@
 """``serve``, ``sidecar``, ``front`` and ``demo``: tritonserver, with the sidecar and the OpenAI front beside it.
 
 Their flags are the fields of :class:`ServeConfig`, :class:`SidecarConfig` and :class:`FrontSettings`
-(:mod:`warmup_tools.ops.cli.flags`); the front beside a server is told the server's addresses.
+(:mod:`warmup_tools.common.flags`); the front beside a server is told the server's addresses.
 """
 
 from __future__ import annotations
@@ -17,9 +17,17 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from warmup_tools.common.flags import (
+    add_arguments,
+    add_options,
+    add_settings,
+    function_kwargs,
+    options_from_args,
+    settings_from_args,
+)
 from warmup_tools.common.names import replica_name
 from warmup_tools.front.settings import FrontSettings
-from warmup_tools.ops.cli.flags import add_arguments, add_settings, function_kwargs, settings_from_args
+from warmup_tools.ops.cli.options import BesideOptions
 from warmup_tools.ops.demo import run_demo
 from warmup_tools.server.config import ServeConfig
 from warmup_tools.sidecar.config import SidecarConfig
@@ -55,7 +63,7 @@ def add_commands(sub: Any) -> None:
 
 def _front_beside(parser: argparse.ArgumentParser) -> None:
     add_settings(parser, FrontSettings, exclude=FRONT_BESIDE)
-    parser.add_argument("--no-front", dest="front", action="store_false", help="do not start the OpenAI front")
+    add_options(parser, BesideOptions)
 
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:
@@ -153,7 +161,7 @@ def _start_front(args: argparse.Namespace, config: ServeConfig, server: Any, sid
     """The OpenAI front beside ``server`` (None with --no-front); the caller stops it. ``kv_events_dir``: the folder
     the server's instances serve their KV events in (the sidecar command's), which the front's gRPC worker listeners
     relay."""
-    if not args.front:
+    if not options_from_args(BesideOptions, args).front:
         return None
     from warmup_tools.front.server import FrontServer
 

@@ -9,7 +9,8 @@ against the concurrency targets.
 
 It separates the engine's share of the latencies from the pipeline's, and it is what
 ``scripts/gpu_bench.sh`` runs on a GPU machine: it needs torch, transformers and peft, no tritonserver.
-``python -m warmup_tools.sim.bench.engine --assets-dir DIR`` runs it without the CLI.
+``python -m warmup_tools.sim.bench.engine --assets-dir DIR`` runs it without the CLI (on a GPU machine that has only
+torch, transformers and peft); its flags there are those of ``bench engine``, derived from :func:`run`'s signature.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Sequence, TextIO
 
+from warmup_tools.common.flags import add_arguments, add_settings, function_kwargs, settings_from_args
 from warmup_tools.common.settings import arg
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.kv.config import KVCacheConfig
@@ -31,6 +33,7 @@ from warmup_tools.lora_adapter.engines import make_engine
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING, EngineConfig
+from warmup_tools.server.config import ServeConfig
 from warmup_tools.sim.bench.latency import (
     SCOPES,
     LevelResult,
@@ -118,17 +121,17 @@ def _level(engine: TextEncoder, scheduler: Scheduler, streams: int, rounds: int,
     return run_streams(streams, rounds, lambda index: contextlib.nullcontext(lambda i: request(index, i)))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def command_line() -> argparse.ArgumentParser:
+    """``bench engine``'s flags without the CLI's other commands: ``--assets-dir`` (ServeConfig's) and :func:`run`'s."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--assets-dir", type=Path, required=True, help="folder with lm/ and adapters/")
-    parser.add_argument("--levels", type=lambda v: tuple(int(x) for x in v.split(",")), default=(1, 4, 8, 16))
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--lm-threads", type=int, default=1)
-    parser.add_argument("--max-num-seqs", type=int, default=16)
-    args = parser.parse_args(argv)
-    run(args.assets_dir, levels=args.levels, device=args.device, dtype=args.dtype, lm_threads=args.lm_threads,
-        max_num_seqs=args.max_num_seqs)
+    add_settings(parser, ServeConfig, only=("assets_dir",), file=False)
+    add_arguments(parser, run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = command_line().parse_args(argv)
+    run(settings_from_args(ServeConfig, args, only=("assets_dir",)).assets_dir, **function_kwargs(run, args))
     return 0
 
 

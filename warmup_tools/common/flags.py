@@ -19,6 +19,7 @@ import argparse
 import collections.abc
 import dataclasses
 import inspect
+import os
 import types
 import typing
 from pathlib import Path
@@ -43,8 +44,20 @@ def add_settings(parser: argparse.ArgumentParser, cls: type, *, only: Iterable[s
     """A flag for each field of ``cls`` (``only`` those, less ``exclude``), and with ``file`` its JSON file's."""
     group = parser.add_argument_group(f"{cls.__name__} (docs/parameters.md)")
     if file:
-        group.add_argument(file_flag(cls), type=Path, metavar="JSON",
-                           help=f"JSON file of {cls.__name__} fields, below the environment and the flags")
+        action = group.add_argument(file_flag(cls), type=Path, metavar="JSON",
+                                    help=f"JSON file of {cls.__name__} fields, below the environment and the flags")
+        action.derived_from = f"{cls.__name__} (its file)"  # type: ignore[attr-defined]
+    _add_fields(group, cls, only=only, exclude=exclude, aliases=aliases or {}, env=True)
+
+
+def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
+    """A flag for each field of a command's options class (:mod:`.options`): no file, no variable; a field
+    without a default is a required flag."""
+    _add_fields(parser, cls, only=None, exclude=(), aliases={}, env=False)
+
+
+def _add_fields(group: Any, cls: type, *, only: Iterable[str] | None, exclude: Iterable[str],
+                aliases: Mapping[str, str], env: bool) -> None:
     rows = {row.parameter: row for row in parameter_rows(cls)}
     hints = typing.get_type_hints(cls)
     wanted = None if only is None else set(only)
@@ -53,30 +66,47 @@ def add_settings(parser: argparse.ArgumentParser, cls: type, *, only: Iterable[s
         if spec is None or field.name in exclude or (wanted is not None and field.name not in wanted):
             continue
         row = rows[field.name]
-        facts = [f"default {row.default}"] + ([row.bound] if row.bound and not spec.choices else [])
-        help_text = f"{spec.doc} ({'; '.join(facts)}; {env_name(cls, field.name)})"
-        names = [flag_of(field.name, spec)] + ([(aliases or {})[field.name]] if field.name in (aliases or {}) else [])
-        _add(group, names, field.name, hints[field.name], spec, help_text)
+        facts = [f"default {row.default}" if row.default != "required" else "required"] \
+            + ([row.bound] if row.bound and not spec.choices else []) + ([env_name(cls, field.name)] if env else [])
+        names = [flag_of(field.name, spec)] + ([aliases[field.name]] if field.name in aliases else [])
+        _add(group, names, field.name, hints[field.name], spec, f"{spec.doc} ({'; '.join(facts)})",
+             origin=f"{cls.__name__}.{field.name}", required=not env and field.default is dataclasses.MISSING)
 
 
 def settings_from_args(cls: type, args: argparse.Namespace, *, known: Mapping[str, Any] | None = None,
-                       env: Mapping[str, str] | None = None) -> Any:
+                       env: Mapping[str, str] | None = None, only: Iterable[str] | None = None) -> Any:
     """``cls`` from its defaults, its file flag, the environment, ``known`` (what the command knows: the
-    server's addresses), then the flags of :func:`add_settings` that were given."""
+    server's addresses), then the flags of :func:`add_settings` that were given. With ``only`` (the fields a
+    command took as flags, without the file's), the environment is read for those fields alone."""
     flags = {**(known or {})}
+    wanted = None if only is None else set(only)
     for field in dataclasses.fields(cls):
         spec = spec_of(field)
         dest = _dest(flag_of(field.name, spec)) if spec is not None else ""
+        if wanted is not None and field.name not in wanted:
+            continue
         if spec is not None and getattr(args, dest, None) is not None:
             flags[field.name] = getattr(args, dest)
-    return load_settings(cls, getattr(args, _dest(file_flag(cls)), None), flags, env=env)
+    if wanted is None:
+        return load_settings(cls, getattr(args, _dest(file_flag(cls)), None), flags, env=env)
+    env = os.environ if env is None else env
+    names = {env_name(cls, name) for name in wanted}
+    return load_settings(cls, None, flags, env={k: v for k, v in env.items() if k in names})
+
+
+def options_from_args(cls: type, args: argparse.Namespace) -> Any:
+    """A command's options (:func:`add_options`): the class's defaults, then the flags that were given."""
+    flags = {field.name: getattr(args, _dest(flag_of(field.name, spec)), None)
+             for field in dataclasses.fields(cls) if (spec := spec_of(field)) is not None}
+    return load_settings(cls, None, flags, env={})
 
 
 def add_arguments(parser: argparse.ArgumentParser, func: Callable[..., Any]) -> None:
     """A flag for each keyword parameter of ``func`` annotated ``Annotated[type, arg(doc)]``."""
     for name, kind, spec, default in _annotated(func):
         shown = "none" if default is None else ",".join(map(str, default)) if isinstance(default, tuple) else default
-        _add(parser, [flag_of(name, spec)], name, kind, spec, f"{spec.doc} (default {shown})", dest=name)
+        _add(parser, [flag_of(name, spec)], name, kind, spec, f"{spec.doc} (default {shown})", dest=name,
+             origin=f"{getattr(func, '__qualname__', func)}({name})")
 
 
 def function_kwargs(func: Callable[..., Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -95,17 +125,23 @@ def _annotated(func: Callable[..., Any]) -> list[tuple[str, Any, Spec, Any]]:
     return found
 
 
-def _add(group: Any, names: list[str], name: str, kind: Any, spec: Spec, help_text: str, dest: str = "") -> None:
+def _add(group: Any, names: list[str], name: str, kind: Any, spec: Spec, help_text: str, dest: str = "", *,
+         origin: str, required: bool = False) -> None:
+    """One flag; its action records the field or parameter it is derived from (``derived_from``): the tests tell
+    a hand-written flag by its absence."""
     dest = dest or _dest(names[0])
     base = _base(kind)
     if base is bool:
-        group.add_argument(*names, dest=dest, action=argparse.BooleanOptionalAction, default=None,
-                           help=help_text.replace("%", "%%"))
-        return
-    parse = spec.parse or (_sequence(kind) if base in (tuple, Sequence) else _typed(name, kind))
-    metavar = "{" + ",".join(spec.choices) + "}" if spec.choices else _METAVARS.get(base, "VALUE")
-    group.add_argument(*names, dest=dest, type=reported(parse), choices=spec.choices or None, default=None,
-                       metavar=metavar, help=help_text.replace("%", "%%"))
+        action = group.add_argument(*names, dest=dest, action=argparse.BooleanOptionalAction, default=None,
+                                    required=required, help=help_text.replace("%", "%%"))
+    else:
+        parse = spec.parse or (_repeated(kind) if spec.repeat else _sequence(kind) if base in (tuple, Sequence)
+                               else _typed(name, kind))
+        metavar = "{" + ",".join(spec.choices) + "}" if spec.choices else _METAVARS.get(base, "VALUE")
+        action = group.add_argument(*names, dest=dest, type=reported(parse), choices=spec.choices or None,
+                                    default=None, metavar=metavar, required=required,
+                                    action="extend" if spec.repeat else "store", help=help_text.replace("%", "%%"))
+    action.derived_from = origin  # type: ignore[attr-defined]
 
 
 _METAVARS = {int: "N", float: "X", str: "TEXT", Path: "PATH", tuple: "A,B", Sequence: "A,B"}
@@ -139,6 +175,12 @@ def _sequence(kind: Any) -> Callable[[str], Any]:
     """``1,4,8`` as a tuple of the sequence's item type (names for a tuple of texts)."""
     item = (typing.get_args(_optional(kind)) or (str,))[0]
     return lambda text: tuple(item(part.strip()) for part in text.split(",") if part.strip())
+
+
+def _repeated(kind: Any) -> Callable[[str], Any]:
+    """One item of a list whose flag is given once per item (its text whole: a prompt may hold commas)."""
+    item = (typing.get_args(_optional(kind)) or (str,))[0]
+    return lambda text: (item(text),)
 
 
 def reported(parse: Callable[[str], Any]) -> Callable[[str], Any]:

@@ -1,4 +1,5 @@
-"""Fit an engine profile to the real engine on this machine: time ``HfEngine.forward_batch``, solve for the
+"""Fit an engine profile to the real engine on this machine: time its forward (``--forward``: packed, the default,
+or hf) through the scheduler's :class:`~warmup_tools.lora_adapter.engine_api.SequenceEngine` protocol, solve for the
 coefficients (:mod:`warmup_tools.lora_adapter.profile`) by least squares, write the profile.
 
 ``python -m warmup_tools profile-fit --out PROFILE.json`` times prefill batches (prompt sizes,
@@ -24,7 +25,10 @@ import numpy as np
 from warmup_tools.common.errors import WarmupToolsError
 from warmup_tools.common.settings import arg
 from warmup_tools.kv.config import DEFAULT_BUDGET_BYTES
+from warmup_tools.lora_adapter.engine_api import ForwardRow, SequenceEngine
 from warmup_tools.lora_adapter.profile import DecodeCost, EngineProfile, PrefillCost, StepShape
+from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+from warmup_tools.lora_adapter.settings import ENGINE_FORWARDS
 
 #: Prefill steps timed: each a list of rows ``(new_tokens, position)``.
 PREFILL_BATCHES: tuple[tuple[tuple[int, int], ...], ...] = (
@@ -64,54 +68,62 @@ def fit_decode(samples: Sequence[tuple[StepShape, float]]) -> tuple[DecodeCost, 
     return DecodeCost(*coef), report
 
 
-def measure(engine: object, *, repeats: int = 7, seed: int = 0,
+def measure(engine: SequenceEngine, *, repeats: int = 7, seed: int = 0,
             clock: Callable[[], float] = time.perf_counter) -> tuple[list[tuple[StepShape, float]],
                                                                      list[tuple[StepShape, float]]]:
     """Median milliseconds of :data:`PREFILL_BATCHES` (each run from the same past) and :data:`DECODE_BATCHES`
-    (consecutive steps of the same rows) on a real engine."""
-    from warmup_tools.lora_adapter.runner import BatchRow
-
+    (consecutive steps of the same rows) through the engine's :class:`SequenceEngine` protocol, as the scheduler
+    drives it: whichever forward ``engine`` is (packed, Hugging Face, simulated). Each row is a sequence of its
+    own whose past is computed by an untimed forward first; only the step measured is timed."""
     rng = random.Random(seed)
     names: list[str | None] = sorted(engine.adapters) or [None]
-    longest = engine.context_length
-    ids = [rng.randrange(3, engine.vocab_size) for _ in range(longest)]
-    full = engine.compute_kv(None, ids)
+    ids = [rng.randrange(3, engine.vocab_size) for _ in range(engine.context_length)]
+    seq_ids = iter(range(-1, -(1 << 30), -1))  # NOTE: negative, so never a scheduler's sequence of this engine
+    request = GenerateRequest(tuple(ids[:1]), None, "default", False, SamplingParams(max_tokens=1))
 
-    def past(position: int) -> list | None:
-        return [(k[:, :, :position], v[:, :, :position]) for k, v in full] if position else None
+    def opened(batch: Sequence[tuple[int, int]]) -> list[ForwardRow]:
+        """One new sequence per row holding ``position`` tokens of KV (computed untimed); the rows of the step."""
+        rows = []
+        for i, (new, position) in enumerate(batch):
+            seq, adapter = next(seq_ids), names[i % len(names)]
+            engine.open(seq, request, sampled=False)
+            engine.load_prefix(seq, None)
+            if position:
+                engine.forward([ForwardRow(seq, ids[:position], 0, adapter)])
+            rows.append(ForwardRow(seq, ids[position:position + new], position, adapter))
+        return rows
 
-    def timed(rows: list) -> float:
-        runs = []
-        for attempt in range(repeats + 1):
-            engine.forget_batches()
-            started = clock()
-            engine.forward_batch(rows)
-            if attempt:  # the first run is not recorded (allocations, peft's adapter switch)
-                runs.append((clock() - started) * 1000.0)
-        return statistics.median(runs)
+    def closed(rows: Sequence[ForwardRow]) -> None:
+        for row in rows:
+            engine.close(row.seq_id)
+        engine.forget_batches()
 
     prefill = []
     for batch in PREFILL_BATCHES:
-        rows = [BatchRow(ids[pos:pos + new], pos, past(pos), names[i % len(names)])
-                for i, (new, pos) in enumerate(batch)]
-        prefill.append((StepShape.of(batch), timed(rows)))
+        runs = []
+        for attempt in range(repeats + 1):
+            rows = opened(batch)
+            engine.forget_batches()
+            started = clock()
+            engine.forward(rows)
+            if attempt:  # the first run is not recorded (allocations, an adapter's first use)
+                runs.append((clock() - started) * 1000.0)
+            closed(rows)
+        prefill.append((StepShape.of(batch), statistics.median(runs)))
     decode = []
     for count, context in DECODE_BATCHES:
-        # NOTE: steady decoding, as the scheduler runs it: each step continues from the KV the last one returned,
-        # so the engine grows its batch's cache by one column instead of rebuilding it.
-        rows = [BatchRow(ids[context:context + 1], context, past(context), names[i % len(names)])
-                for i in range(count)]
-        engine.forget_batches()
+        # NOTE: steady decoding, as the scheduler runs it: each step continues the same rows by one token.
+        rows = opened([(1, context)] * count)
         runs = []
         for step in range(repeats + 1):
             started = clock()
-            outputs = engine.forward_batch(rows)
+            engine.forward(rows)
             if step:
                 runs.append((clock() - started) * 1000.0)
-            rows = [BatchRow(ids[row.position + 1:row.position + 2], row.position + 1, out.kv, row.adapter)
-                    for row, out in zip(rows, outputs)]
+            rows = [ForwardRow(row.seq_id, ids[row.position + 1:row.position + 2], row.position + 1, row.adapter)
+                    for row in rows]
+        closed(rows)
         decode.append((StepShape.of([(1, context + repeats // 2)] * count), statistics.median(runs)))
-    engine.forget_batches()
     return prefill, decode
 
 
@@ -122,17 +134,21 @@ def fit_profile(assets: Path, *, name: Annotated[str, arg("the profile's name")]
                 device: Annotated[str, arg("the engine's device: auto (the first CUDA device, else CPU), cpu, cuda, "
                                            "cuda:1")] = "auto",
                 dtype: Annotated[str, arg("auto (bfloat16 on a GPU, float32 on the CPU), float32, float16, "
-                                          "bfloat16")] = "auto") -> EngineProfile:
-    """Time the real engine on the demo LM in ``assets`` and return the fitted profile."""
+                                          "bfloat16")] = "auto",
+                forward: Annotated[str, arg("the real engine's forward timed (lora_adapter's engine_forward)",
+                                            choices=ENGINE_FORWARDS)] = "packed") -> EngineProfile:
+    """Time the real engine's ``forward`` on the demo LM in ``assets`` through the scheduler's protocol and return the
+    fitted profile."""
     import torch
 
     from warmup_tools.kv.config import KVCacheConfig
-    from warmup_tools.lora_adapter.hf import HfEngine
+    from warmup_tools.lora_adapter.engines import make_engine
     from warmup_tools.lora_adapter.settings import EngineConfig
 
     torch.set_num_threads(threads)
-    engine = HfEngine(EngineConfig(base_model=assets / "lm", adapter_root=assets / "adapters", device=device,
-                                   dtype=dtype, num_threads=threads, kv=KVCacheConfig(budget_bytes=0)))
+    engine = make_engine(EngineConfig(base_model=assets / "lm", adapter_root=assets / "adapters", device=device,
+                                      dtype=dtype, num_threads=threads, forward=forward,
+                                      kv=KVCacheConfig(budget_bytes=0)))
     gpu = engine.device.type == "cuda"
     prefill_samples, decode_samples = measure(engine, repeats=repeats, clock=_clock(engine.device))
     prefill, prefill_report = fit_prefill(prefill_samples)
@@ -141,7 +157,9 @@ def fit_profile(assets: Path, *, name: Annotated[str, arg("the profile's name")]
     dtype_name = str(engine.dtype).removeprefix("torch.")
     hardware = hardware or (f"{torch.cuda.get_device_name(engine.device)}, {dtype_name}" if gpu else _cpu_name())
     fit = {"command": f"python -m warmup_tools profile-fit --threads {threads} --repeats {repeats}"
-                      + (f" --device {device} --dtype {dtype}" if (device, dtype) != ("auto", "auto") else ""),
+                      + (f" --device {device} --dtype {dtype}" if (device, dtype) != ("auto", "auto") else "")
+                      + (f" --forward {forward}" if forward != "packed" else ""),
+           "forward": forward,
            "date": datetime.date.today().isoformat(), "threads": threads, "repeats": repeats,
            "device": str(engine.device), "torch": torch.__version__}
     for label, report in (("prefill", prefill_report), ("decode", decode_report)):
@@ -152,7 +170,8 @@ def fit_profile(assets: Path, *, name: Annotated[str, arg("the profile's name")]
     return EngineProfile(
         name=name, hardware=hardware,
         model=f"the project's demo LM ({assets / 'lm'}), {dtype_name}, its LoRA adapters",
-        source="fitted by `python -m warmup_tools profile-fit` on the real HfEngine.forward_batch",
+        source=f"fitted by `python -m warmup_tools profile-fit` on the real engine's {forward} forward, through "
+               "the scheduler's SequenceEngine protocol",
         kv_bytes_per_token=kv_bytes, kv_capacity_tokens=DEFAULT_BUDGET_BYTES // kv_bytes,
         prefill=_rounded(prefill), decode=_rounded(decode),
         notes=f"Modelled. kv_bytes_per_token is the demo LM's {dtype_name} KV (2 x layers x KV heads x head_dim x "

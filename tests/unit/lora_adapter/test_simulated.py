@@ -224,6 +224,25 @@ def test_the_planner_sizes_plans_in_the_simulated_engines_bytes(demo_assets):
     assert settings.kv_bytes_per_token() == 131072
 
 
+def test_the_fit_recovers_a_simulated_engines_coefficients_measured_through_the_protocol(demo_assets):
+    """profile-fit times whichever forward it is given through SequenceEngine (open, an untimed forward of each row's
+    past, the timed step, close): on the simulated engine, whose forward takes exactly its profile's time (a clock
+    that moves only when slept on), the fit returns that profile's coefficients."""
+    from warmup_tools.lora_adapter.profile_fit import DECODE_BATCHES, PREFILL_BATCHES, measure
+
+    time = FakeTime()
+    engine = simulated(demo_assets, time=time)
+    prefill_steps, decode_steps = measure(engine, repeats=1, clock=time.clock)
+    assert [shape for shape, _ in prefill_steps] == [StepShape.of(batch) for batch in PREFILL_BATCHES]
+    assert len(decode_steps) == len(DECODE_BATCHES) and engine.held_sequences() == 0
+    prefill, prefill_report = fit_prefill(prefill_steps)
+    decode, decode_report = fit_decode(decode_steps)
+    for fitted, true in ((prefill, PROFILE.prefill), (decode, PROFILE.decode)):
+        for name in fitted.__dataclass_fields__:
+            assert getattr(fitted, name) == pytest.approx(getattr(true, name), rel=0.01), name
+    assert prefill_report.max_rel_error < 0.01 and decode_report.max_rel_error < 0.01
+
+
 def test_the_fit_recovers_known_coefficients_from_synthetic_timings():
     rng = random.Random(3)
     # Sizes spread like the fit's own steps (log-uniform, 8 to 1024 tokens), so the overhead is visible.

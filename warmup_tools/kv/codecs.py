@@ -1,30 +1,36 @@
-"""How a KV block is stored: full precision, or INT8 with per-channel scales."""
+"""How a KV block is stored: full precision, or INT8 with per-channel scales, in the cache's array library
+(:mod:`warmup_tools.kv.arrays`)."""
 
 from __future__ import annotations
 
 from typing import Callable, Mapping, Protocol
 
-import torch
+from warmup_tools.kv.arrays import Array, KVArrays
 
 
 class KVCodec(Protocol):
-    """How a block's KV tensor ``[layers, 2, kv_heads, block_size, head_dim]`` is stored."""
+    """How a block's KV ``[layers, 2, kv_heads, block_size, head_dim]`` is stored."""
 
-    def encode(self, block: torch.Tensor) -> tuple[object, int]: ...
+    arrays: KVArrays
 
-    def decode(self, payload: object, dtype: torch.dtype) -> torch.Tensor: ...
+    def encode(self, block: Array) -> tuple[object, int]: ...
+
+    def decode(self, payload: object, dtype: object) -> Array: ...
 
 
 class FullPrecisionCodec:
-    """Stores the tensor as computed (the model's dtype, on the model's device)."""
+    """Stores the block as computed (the model's dtype, on the model's device)."""
 
-    def encode(self, block: torch.Tensor) -> tuple[object, int]:
-        stored = block.detach().clone()
-        return stored, stored.numel() * stored.element_size()
+    def __init__(self, arrays: KVArrays) -> None:
+        self.arrays = arrays
 
-    def decode(self, payload: object, dtype: torch.dtype) -> torch.Tensor:
-        assert isinstance(payload, torch.Tensor)
-        return payload.to(dtype)
+    def encode(self, block: Array) -> tuple[object, int]:
+        stored = self.arrays.copy(block)
+        return stored, self.arrays.nbytes(stored)
+
+    def decode(self, payload: object, dtype: object) -> Array:
+        assert self.arrays.is_array(payload)
+        return self.arrays.astype(payload, dtype)
 
 
 class Int8ChannelCodec:
@@ -34,16 +40,16 @@ class Int8ChannelCodec:
     on its own keeps those outliers from flattening every other channel to zero.
     """
 
-    def encode(self, block: torch.Tensor) -> tuple[object, int]:
-        x = block.detach().float()
-        scale = x.abs().amax(dim=3, keepdim=True).clamp_min(1e-8) / 127.0
-        q = torch.round(x / scale).clamp_(-127, 127).to(torch.int8)
-        scale = scale.to(torch.float16)
-        return (q, scale), q.numel() + scale.numel() * scale.element_size()
+    def __init__(self, arrays: KVArrays) -> None:
+        self.arrays = arrays
 
-    def decode(self, payload: object, dtype: torch.dtype) -> torch.Tensor:
+    def encode(self, block: Array) -> tuple[object, int]:
+        q, scale = self.arrays.quantize_int8(block)
+        return (q, scale), self.arrays.nbytes(q) + self.arrays.nbytes(scale)
+
+    def decode(self, payload: object, dtype: object) -> Array:
         q, scale = payload  # type: ignore[misc]
-        return (q.float() * scale.float()).to(dtype)
+        return self.arrays.dequantize_int8(q, scale, dtype)
 
 
-STORAGE_CODECS: Mapping[str, Callable[[], KVCodec]] = {"fp": FullPrecisionCodec, "int8": Int8ChannelCodec}
+STORAGE_CODECS: Mapping[str, Callable[[KVArrays], KVCodec]] = {"fp": FullPrecisionCodec, "int8": Int8ChannelCodec}

@@ -38,8 +38,8 @@ import time
 from typing import Any, Callable, Collection, Iterable, Sequence
 
 import numpy as np
-import torch
 
+from warmup_tools.kv.arrays import Array, KVArrays, TorchArrays
 from warmup_tools.kv.blocks import (
     BLOCK_EVICTION_POLICIES,
     BlockSource,
@@ -91,12 +91,13 @@ class PrefixCache:
         pin_refresh_on_hit: bool = DEFAULT_PIN_REFRESH_ON_HIT,
         pin_check_s: float = DEFAULT_PIN_CHECK_S,
         events: KvEventJournal | None = None,
+        arrays: KVArrays | None = None,
     ) -> None:
         """``bytes_per_token``: what one cached token counts against the budget instead of its payload and token
         ids (a simulated engine's modelled KV size: its payloads are a few bytes); None: the stored bytes.
         ``clock``: seconds of the cache's time (TTLs, retention deadlines and the live check's window).
         ``events``: where every change to the cached blocks is numbered (:mod:`warmup_tools.kv.events`; None: not
-        recorded)."""
+        recorded). ``arrays``: the library of the forward's KV (:mod:`warmup_tools.kv.arrays`; None: torch)."""
         if budget_bytes < 0 or block_size < 1 or not 0.0 <= live_reserve < 1.0:
             raise ValueError("budget_bytes >= 0, block_size >= 1 and 0 <= live_reserve < 1 are required")
         if not 0.0 <= warm_share <= 1.0 or not pin_retention_s > 0 or not pin_check_s >= 0:
@@ -105,7 +106,7 @@ class PrefixCache:
             raise ValueError("bytes_per_token must be >= 1 (or None: the stored bytes)")
         try:
             self._policy = BLOCK_EVICTION_POLICIES[eviction](ttl_s)
-            self._codec = STORAGE_CODECS[storage]()
+            self._codec = STORAGE_CODECS[storage](arrays or TorchArrays())
         except KeyError as exc:
             raise ValueError(
                 f"unknown {'eviction policy' if exc.args[0] == eviction else 'storage'} {exc.args[0]!r}; "
@@ -202,12 +203,11 @@ class PrefixCache:
                     block.ref_count -= 1
                     self._refresh(block)
 
-    def load(self, match: PrefixMatch, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer ``(keys, values)`` of shape ``[1, kv_heads, match.num_tokens, head_dim]``."""
-        joined = torch.cat(self.load_blocks(match, dtype), dim=3)  # [layers, 2, heads, tokens, dim], a new tensor
-        return [(joined[i, 0].unsqueeze(0), joined[i, 1].unsqueeze(0)) for i in range(joined.shape[0])]
+    def load(self, match: PrefixMatch, dtype: object) -> list[tuple[Array, Array]]:
+        """Per layer ``(keys, values)`` of shape ``[1, kv_heads, match.num_tokens, head_dim]`` (new arrays)."""
+        return self.arrays.join(self.load_blocks(match, dtype))
 
-    def load_blocks(self, match: PrefixMatch, dtype: torch.dtype) -> list[torch.Tensor]:
+    def load_blocks(self, match: PrefixMatch, dtype: object) -> list[Array]:
         """Each matched block ``[layers, 2, kv_heads, block_size, head_dim]``, in order; read only (a block may be
         a view of what the cache holds)."""
         with self._lock:
@@ -217,7 +217,7 @@ class PrefixCache:
     def store(
         self,
         hashes: Sequence[BlockHash],
-        layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        layers: Sequence[tuple[Array, Array]],
         *,
         start_block: int = 0,
         source: BlockSource = BlockSource.LIVE,
@@ -271,8 +271,7 @@ class PrefixCache:
                         self._set_deadline(existing, retention_s, now)
                     self._refresh(existing, touched=True)
                     continue
-                tensor = _block_tensor(layers, index, self.block_size)
-                payload, nbytes = self._codec.encode(tensor)
+                payload, nbytes = self._codec.encode(self.arrays.block(layers, index, self.block_size))
                 block_tokens = _block_tokens(tokens, index, self.block_size)
                 if block_tokens is not None:
                     nbytes += block_tokens.nbytes
@@ -378,6 +377,11 @@ class PrefixCache:
     def codec(self) -> object:
         """The storage codec of this cache's payloads (:data:`~warmup_tools.kv.codecs.STORAGE_CODECS`)."""
         return self._codec
+
+    @property
+    def arrays(self) -> KVArrays:
+        """The array library of this cache's payloads (:mod:`warmup_tools.kv.arrays`)."""
+        return self._codec.arrays
 
     def reserve(self, nbytes: int, *, end_pins: bool = True) -> bool:
         """Count ``nbytes`` of a running sequence's KV against the budget, evicting blocks to make room.
@@ -797,11 +801,6 @@ def _block_tokens(tokens: Sequence[int] | None, index: int, block_size: int) -> 
     if tokens is None or len(tokens) < (index + 1) * block_size:
         return None
     return np.asarray(tokens[index * block_size:(index + 1) * block_size], dtype=np.int32).copy()
-
-
-def _block_tensor(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], index: int, block_size: int) -> torch.Tensor:
-    start, end = index * block_size, (index + 1) * block_size
-    return torch.stack([torch.stack((k[0, :, start:end], v[0, :, start:end])) for k, v in layers])
 
 
 def _event_block(block: CachedBlock) -> EventBlock:

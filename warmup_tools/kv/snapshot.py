@@ -31,9 +31,8 @@ import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import torch
-
 from warmup_tools.common.files import write_atomic
+from warmup_tools.kv.arrays import Array, KVArrays, NumpyArrays, arrays_for
 from warmup_tools.kv.blocks import CachedBlock
 from warmup_tools.kv.hashing import NONE_HASH, BlockHash
 from warmup_tools.kv.snapshot_files import MANIFEST_SUFFIX, PAYLOAD_SUFFIX, payload_file
@@ -60,24 +59,31 @@ class SnapshotInfo:
 
 # ------------------------------------------------------------------------------------------- write
 def write_snapshot(folder: Path, name: str, identity: SnapshotIdentity, adapters: Mapping[str, str],
-                   blocks: Sequence[CachedBlock], *, created: float, mac_key: bytes = b"") -> SnapshotInfo:
+                   blocks: Sequence[CachedBlock], *, created: float, mac_key: bytes = b"",
+                   arrays: KVArrays | None = None) -> SnapshotInfo:
     """Write ``blocks`` (parents before children, each with its token ids) as the snapshot ``name``.
 
     ``mac_key`` (trust mode: a key derived from the deployment secret; empty in open mode) signs the
-    manifest; a reader with the same key refuses a manifest without that MAC."""
-    import safetensors.torch
-
+    manifest; a reader with the same key refuses a manifest without that MAC. ``arrays``: the payloads' library
+    (:mod:`warmup_tools.kv.arrays`; None: the first payload's)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     parts = CODEC_PARTS[identity.storage]
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict[str, Array] = {}
     records = []
     for index, block in enumerate(blocks):
         if block.tokens is None or len(block.tokens) != identity.block_size:
             raise ValueError(f"block {block.block_hash.hex()[:12]} has no token ids; it cannot be snapshotted")
         payload = _payload_parts(block.payload, parts)
+        if arrays is None:
+            try:
+                arrays = arrays_for(payload[0])
+            except TypeError as exc:
+                raise ValueError(str(exc)) from None
         for part, tensor in enumerate(payload):
-            tensors[f"b{index}.{part}"] = tensor.detach().to("cpu").contiguous()
+            if not arrays.is_array(tensor):
+                raise ValueError(f"a block payload holds a {type(tensor).__name__}, not a {arrays.name} array")
+            tensors[f"b{index}.{part}"] = arrays.to_host(tensor)
         records.append({
             "hash": block.block_hash.hex(), "parent": block.parent.hex(),
             "tokens": [int(t) for t in block.tokens], "tenant": block.tenant, "owner": block.owner,
@@ -85,7 +91,7 @@ def write_snapshot(folder: Path, name: str, identity: SnapshotIdentity, adapters
             "nbytes": int(block.nbytes),
             "sha256": block_digest(block.block_hash, [tensors[f"b{index}.{p}"] for p in range(parts)]),
         })
-    data = safetensors.torch.save(tensors, metadata={"format": FORMAT, "version": str(FORMAT_VERSION)})
+    data = (arrays or NumpyArrays()).save(tensors, metadata={"format": FORMAT, "version": str(FORMAT_VERSION)})
     digest = hashlib.sha256(data).hexdigest()
     payload_path = folder / payload_file(name, digest)
     # NOTE: 0600 like the request log: the manifest's token ids decode back to the tenants' prompts, and
@@ -113,9 +119,9 @@ def prefix_tokens(block: CachedBlock, by_hash: Mapping[BlockHash, CachedBlock]) 
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def _payload_parts(payload: object, parts: int) -> list[torch.Tensor]:
+def _payload_parts(payload: object, parts: int) -> list[Array]:
     tensors = list(payload) if isinstance(payload, (tuple, list)) else [payload]
-    if len(tensors) != parts or not all(isinstance(t, torch.Tensor) for t in tensors):
+    if len(tensors) != parts:
         raise ValueError(f"a block payload of {len(tensors)} part(s) does not fit a {parts}-part codec")
     return tensors
 

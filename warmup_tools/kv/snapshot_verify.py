@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
-import torch
 
 from warmup_tools.common.regular_file import FileTooLarge, read_regular
+from warmup_tools.kv.arrays import DTYPE_BYTES, DTYPE_EPS, Array, KVArrays, TorchArrays, arrays_for, dtype_name
 from warmup_tools.kv.blocks import BlockSource, CachedBlock
 from warmup_tools.kv.hashing import NONE_HASH, BlockHash, CacheScope, hash_block_tokens
 from warmup_tools.kv.snapshot_files import MANIFEST_SUFFIX, PAYLOAD_SUFFIX
@@ -145,7 +145,7 @@ def list_snapshots(folder: Path, limit: int = MAX_SNAPSHOTS) -> list[Path]:
 
 
 def read_snapshot(manifest_path: Path, identity: SnapshotIdentity, *, max_payload_bytes: int,
-                  mac_key: bytes = b"") -> Snapshot:
+                  mac_key: bytes = b"", arrays: KVArrays | None = None) -> Snapshot:
     """Read and check one snapshot against this reader's ``identity``; raises :class:`SnapshotRejected`.
 
     Checked: that the manifest and the payload are regular files (a FIFO would block the read for good), the
@@ -154,7 +154,7 @@ def read_snapshot(manifest_path: Path, identity: SnapshotIdentity, *, max_payloa
     level) and checksum; the identity; the payload file's size
     (at most ``max_payload_bytes``), SHA-256 and safetensors header; each block's record, payload shape,
     dtype and digest (bound to its hash), and that every value of its payload is finite; that every
-    parent precedes its children.
+    parent precedes its children. ``arrays``: the library its payloads are read into (None: torch).
     """
     body = _read_manifest(Path(manifest_path), mac_key, manifest_bound(identity, max_payload_bytes))
     try:
@@ -175,8 +175,9 @@ def read_snapshot(manifest_path: Path, identity: SnapshotIdentity, *, max_payloa
         raise SnapshotRejected("format", f"manifest field missing or malformed ({exc})") from None
     if payload_path.name != str(payload["file"]) or not payload_path.name.endswith(PAYLOAD_SUFFIX):
         raise SnapshotRejected("format", "payload file name is not a plain file name")
-    tensors = _read_payload(payload_path, expected_digest, expected_size, max_payload_bytes)
-    blocks = _blocks(records, tensors, identity)
+    arrays = arrays or TorchArrays()
+    tensors = _read_payload(payload_path, expected_digest, expected_size, max_payload_bytes, arrays)
+    blocks = _blocks(records, tensors, identity, arrays)
     return Snapshot(name, theirs, adapters, created, str(body["checksum"]), blocks)
 
 
@@ -218,13 +219,16 @@ def verification_sample(blocks: Sequence[T], share: float, rng: random.Random | 
     return (rng or random.SystemRandom()).sample(list(blocks), count)
 
 
-def block_digest(block_hash: bytes, tensors: Sequence[torch.Tensor]) -> str:
-    """The SHA-256 of one block's payload parts (dtype, shape and bytes of each) bound to its hash."""
+def block_digest(block_hash: bytes, tensors: Sequence[Array]) -> str:
+    """The SHA-256 of one block's payload parts (dtype, shape and bytes of each) bound to its hash; the same for
+    a torch tensor and a numpy array of the same dtype, shape and values."""
     digest = hashlib.sha256(b"warmup-kv-snapshot-block:" + bytes(block_hash))
     for tensor in tensors:
-        flat = tensor.detach().cpu().contiguous().reshape(-1)
-        digest.update(str(tensor.dtype).encode("ascii") + str(tuple(tensor.shape)).encode("ascii"))
-        digest.update(flat.view(torch.uint8).numpy())
+        arrays = arrays_for(tensor)
+        # NOTE: the dtype as torch prints it ("torch.float32") whatever the library: the digests of snapshots
+        # written before payloads could be numpy arrays stay valid.
+        digest.update(f"torch.{arrays.dtype_name(tensor)}".encode("ascii") + str(tuple(tensor.shape)).encode("ascii"))
+        digest.update(arrays.raw_bytes(tensor))
     return digest.hexdigest()
 
 
@@ -234,7 +238,7 @@ def manifest_bound(identity: SnapshotIdentity, max_payload_bytes: int) -> int:
     :data:`MAX_MANIFEST_BYTES`. Checked on the file before it is parsed, so parsing is bounded too."""
     layers, heads, dim = identity.kv_shape
     values = layers * 2 * heads * identity.block_size * dim
-    per_block = values * (1 if identity.storage == "int8" else _torch_dtype(identity.dtype).itemsize)
+    per_block = values * (1 if identity.storage == "int8" else DTYPE_BYTES[_dtype(identity.dtype)])
     blocks = max_payload_bytes // per_block + 1
     return min(MAX_MANIFEST_BYTES,
                MANIFEST_HEAD_BYTES + blocks * (BLOCK_RECORD_BYTES + TOKEN_ID_BYTES * identity.block_size))
@@ -269,23 +273,24 @@ def manifest_checksum(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(_canonical({k: v for k, v in body.items() if k != "mac"})).hexdigest()
 
 
-def verify_tolerance(storage: str, dtype: torch.dtype) -> float:
+def verify_tolerance(storage: str, dtype: object) -> float:
     """How far a recomputed block may differ from a stored one, relative to the block's largest value.
 
     fp: the dtype's rounding (a batched forward and a single one differ in summation order), at least
     1e-3; int8: one quantisation step of the largest channel (per-channel rounding is at most half of one).
     """
-    rounding = max(1e-3, 16 * torch.finfo(dtype).eps)
+    rounding = max(1e-3, 16 * DTYPE_EPS[dtype_name(dtype)])
     return rounding + (1.0 / 127.0 if storage == "int8" else 0.0)
 
 
-def kv_close(stored: torch.Tensor, recomputed: torch.Tensor, storage: str) -> bool:
+def kv_close(stored: Array, recomputed: Array, storage: str) -> bool:
     """Whether a decoded stored block matches its recomputation within :func:`verify_tolerance`."""
-    if stored.shape != recomputed.shape:
+    if tuple(stored.shape) != tuple(recomputed.shape):
         return False
-    ref = recomputed.float()
-    scale = max(float(ref.abs().max()), 1e-6)
-    return float((stored.float() - ref).abs().max()) <= verify_tolerance(storage, recomputed.dtype) * scale
+    ref = arrays_for(recomputed).as_float32(recomputed)
+    scale = max(float(np.abs(ref).max(initial=0.0)), 1e-6)
+    diff = np.abs(arrays_for(stored).as_float32(stored) - ref).max(initial=0.0)
+    return float(diff) <= verify_tolerance(storage, recomputed.dtype) * scale
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -360,9 +365,7 @@ def _read_file(path: Path, max_bytes: int, kind: str, too_large: str) -> bytes:
         raise SnapshotRejected("unreadable", f"{shown}: {exc.strerror or exc}") from None
 
 
-def _read_payload(path: Path, digest: str, size: int, max_bytes: int) -> dict[str, torch.Tensor]:
-    import safetensors.torch
-
+def _read_payload(path: Path, digest: str, size: int, max_bytes: int, arrays: KVArrays) -> dict[str, Array]:
     if size > max_bytes:
         raise SnapshotRejected("too_large", f"payload of {size} bytes is over the {max_bytes}-byte bound")
     data = _read_file(path, max_bytes, "payload", "too_large")
@@ -372,19 +375,20 @@ def _read_payload(path: Path, digest: str, size: int, max_bytes: int) -> dict[st
         raise SnapshotRejected("checksum", f"payload {path.name} does not match its SHA-256")
     try:
         # NOTE: safetensors parses a JSON header and copies raw bytes; nothing is unpickled or executed.
-        return safetensors.torch.load(data)
+        return arrays.load(data)
     except Exception as exc:  # noqa: BLE001 - any parse failure of an untrusted file is a rejection
         raise SnapshotRejected("payload", f"payload is not a readable safetensors file ({exc})") from None
 
 
-def _blocks(records: list[Any], tensors: Mapping[str, torch.Tensor], identity: SnapshotIdentity) -> list[CachedBlock]:
+def _blocks(records: list[Any], tensors: Mapping[str, Array], identity: SnapshotIdentity,
+            arrays: KVArrays) -> list[CachedBlock]:
     parts = CODEC_PARTS.get(identity.storage)
     if parts is None:
         raise SnapshotRejected("storage", f"unknown kv_storage {identity.storage!r}")
     layers, heads, dim = identity.kv_shape
     shape = (layers, 2, heads, identity.block_size, dim)
-    expected = {"fp": [(shape, _torch_dtype(identity.dtype))],
-                "int8": [(shape, torch.int8), ((layers, 2, heads, 1, dim), torch.float16)]}[identity.storage]
+    expected = {"fp": [(shape, _dtype(identity.dtype))],
+                "int8": [(shape, "int8"), ((layers, 2, heads, 1, dim), "float16")]}[identity.storage]
     if len(tensors) != parts * len(records):
         raise SnapshotRejected("payload", f"{len(tensors)} tensors for {len(records)} blocks")
     seen: set[BlockHash] = {NONE_HASH}
@@ -404,29 +408,30 @@ def _blocks(records: list[Any], tensors: Mapping[str, torch.Tensor], identity: S
                 or tokens.max() > np.iinfo(np.int32).max:
             raise SnapshotRejected("format", f"block {index}: token ids or hash malformed")
         for tensor, (want_shape, want_dtype) in zip(payload, expected):
-            if tuple(tensor.shape) != want_shape or tensor.dtype != want_dtype:
-                raise SnapshotRejected("payload", f"block {index}: tensor {tuple(tensor.shape)} {tensor.dtype}, "
+            found = arrays.dtype_name(tensor)
+            if tuple(tensor.shape) != want_shape or found != want_dtype:
+                raise SnapshotRejected("payload", f"block {index}: tensor {tuple(tensor.shape)} {found}, "
                                                   f"expected {want_shape} {want_dtype}")
         if block_digest(block_hash, payload) != checksum:
             raise SnapshotRejected("checksum", f"block {index} does not match its SHA-256 (bound to its hash)")
         # NOTE: every value, not a sample: one NaN or inf in a block spreads through attention to every
         # later token of every request that reuses it, and the recompute sample may miss the block.
-        if not all(bool(torch.isfinite(t).all()) for t in payload if t.is_floating_point()):
+        if not all(np.isfinite(arrays.as_float32(t)).all() for t in payload if arrays.dtype_name(t) in DTYPE_EPS):
             raise SnapshotRejected("not_finite", f"block {index} holds NaN or infinite values")
         if parent not in seen or block_hash in seen:
             raise SnapshotRejected("format", f"block {index}: parent not written before it, or written twice")
         seen.add(block_hash)
         tokens32 = tokens.astype(np.int32)
-        nbytes = sum(t.numel() * t.element_size() for t in payload) + tokens32.nbytes
+        nbytes = sum(arrays.nbytes(t) for t in payload) + tokens32.nbytes
         # NOTE: no timestamps: PrefixCache.restore stamps a block when it places it.
         blocks.append(CachedBlock(block_hash, parent, payload[0] if parts == 1 else tuple(payload), nbytes, source,
                                   plan_id=plan_id, owner=owner, tenant=tenant, hits=hits, tokens=tokens32))
     return blocks
 
 
-def _torch_dtype(name: str) -> torch.dtype:
-    try:
-        return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
-    except KeyError:
-        raise SnapshotRejected("dtype", f"dtype {name!r} is not one a snapshot holds") from None
+def _dtype(name: str) -> str:
+    """``name`` if it is a dtype a snapshot's KV may be in."""
+    if name not in DTYPE_EPS:
+        raise SnapshotRejected("dtype", f"dtype {name!r} is not one a snapshot holds")
+    return name
 

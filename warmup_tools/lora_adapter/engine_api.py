@@ -24,9 +24,8 @@ from warmup_tools.kv.blocks import BlockSource, PrefixMatch
 from warmup_tools.kv.hashing import BlockHash, CacheScope
 from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 
-if TYPE_CHECKING:  # NOTE: these modules import torch; the scheduler only calls them
-    import torch
-
+if TYPE_CHECKING:
+    from warmup_tools.kv.arrays import Array
     from warmup_tools.kv.prefix_cache import PrefixCache
     from warmup_tools.lora_adapter.settings import EngineConfig
 
@@ -154,12 +153,13 @@ class SnapshotEngine(Protocol):
     model_config: object
     base_fingerprint: str
     adapter_fingerprints: Mapping[str, str]
-    dtype: torch.dtype
-    device: torch.device
+    #: The dtype and device of its KV (objects of its array library: :mod:`warmup_tools.kv.arrays`).
+    dtype: object
+    device: object
 
     def scope(self, adapter: str | None, tenant: str) -> CacheScope:
         """The KV cache scope of a request: base model, adapter identity and tenant."""
 
-    def compute_kv(self, adapter: str | None, token_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def compute_kv(self, adapter: str | None, token_ids: Sequence[int]) -> list[tuple[Array, Array]]:
         """The KV of ``token_ids`` computed from scratch with ``adapter`` (no cache read or written): per layer
         ``(keys, values)``, each ``[1, kv_heads, tokens, head_dim]``."""

@@ -3,23 +3,26 @@
 (:class:`~warmup_tools.lora_adapter.hf.HfEngine`) or the simulated one
 (:class:`~warmup_tools.lora_adapter.simulated.SimulatedEngine`); each is a
 :class:`~warmup_tools.lora_adapter.engine_api.SequenceEngine` and a
-:class:`~warmup_tools.lora_adapter.serving.ServingEngine`."""
+:class:`~warmup_tools.lora_adapter.serving.ServingEngine`.
+
+Each forward's module is imported when that forward is made: the real ones import torch, and a simulated
+instance's process never does."""
 
 from __future__ import annotations
 
 import logging
 from typing import Callable, Mapping
 
-from warmup_tools.lora_adapter.hf import HfEngine
-from warmup_tools.lora_adapter.packed import PackedEngine, model_packed_support
 from warmup_tools.lora_adapter.serving import ServingEngine
 from warmup_tools.lora_adapter.settings import EngineConfig
-from warmup_tools.lora_adapter.simulated import SimulatedEngine
 
 LOGGER = logging.getLogger(__name__)
 
 
 def _real(config: EngineConfig) -> ServingEngine:
+    from warmup_tools.lora_adapter.hf import HfEngine
+    from warmup_tools.lora_adapter.packed import PackedEngine, model_packed_support
+
     if config.forward == "packed":
         reason = model_packed_support(config.base_model) if (config.base_model / "config.json").exists() else None
         if reason is None:
@@ -28,8 +31,14 @@ def _real(config: EngineConfig) -> ServingEngine:
     return HfEngine(config)
 
 
+def _simulated(config: EngineConfig) -> ServingEngine:
+    from warmup_tools.lora_adapter.simulated import SimulatedEngine
+
+    return SimulatedEngine(config)
+
+
 #: One factory per ``engine`` value (:data:`~warmup_tools.lora_adapter.settings.ENGINE_KINDS`; a test keeps them equal).
-ENGINES: Mapping[str, Callable[[EngineConfig], ServingEngine]] = {"real": _real, "simulated": SimulatedEngine}
+ENGINES: Mapping[str, Callable[[EngineConfig], ServingEngine]] = {"real": _real, "simulated": _simulated}
 
 
 def make_engine(config: EngineConfig) -> ServingEngine:

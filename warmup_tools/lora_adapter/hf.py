@@ -26,6 +26,7 @@ import torch
 
 from warmup_tools.lora_adapter.loaded import LoadedModel, ModelFacts
 from warmup_tools.lora_adapter.runner import BatchRow, RowOutput, SequenceKV, SequenceRunner
+from warmup_tools.lora_adapter.sampling import TorchSampling
 from warmup_tools.lora_adapter.serving import ServingEngine, make_prefix_cache
 from warmup_tools.lora_adapter.settings import EngineConfig
 
@@ -33,7 +34,7 @@ from warmup_tools.lora_adapter.settings import EngineConfig
 BASE_ADAPTER_NAME = "__base__"
 
 
-class HfEngine(ModelFacts, ServingEngine, SequenceRunner):
+class HfEngine(ModelFacts, ServingEngine, TorchSampling, SequenceRunner):
     """Batched forwards of a loaded model through Hugging Face and peft, and each sequence's state."""
 
     def __init__(self, config: EngineConfig, model: LoadedModel | None = None) -> None:

@@ -37,8 +37,8 @@ from warmup_tools.kv.blocks import BlockSource, PrefixMatch
 from warmup_tools.kv.hashing import BlockHash
 from warmup_tools.lora_adapter.engine_api import ForwardRow
 from warmup_tools.lora_adapter.loaded import LoadedModel, ModelFacts
-from warmup_tools.lora_adapter.runner import SequenceKV
-from warmup_tools.lora_adapter.sampling import SamplingState
+from warmup_tools.lora_adapter.runner import SamplingState, SequenceKV
+from warmup_tools.lora_adapter.sampling import TorchSampling
 from warmup_tools.lora_adapter.serving import ServingEngine, make_prefix_cache
 from warmup_tools.lora_adapter.settings import EngineConfig
 
@@ -468,7 +468,7 @@ def _add_lora(out: torch.Tensor, x: torch.Tensor, loras: dict[str, _Lora],
             out.index_add_(0, index, (x.index_select(0, index) @ lora.a) @ lora.b)
 
 
-class PackedEngine(ModelFacts, ServingEngine, SamplingState):
+class PackedEngine(ModelFacts, ServingEngine, TorchSampling, SamplingState):
     """A loaded model run by :class:`PackedModel`, every open sequence's KV in one :class:`KVPool` (what
     ``engine_forward=packed``, the default, serves with)."""
 

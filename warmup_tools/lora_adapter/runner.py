@@ -1,31 +1,30 @@
-"""Each sequence's KV as its own tensors, over an engine's batched forward.
+"""Each sequence's KV as its own arrays, over an engine's batched forward; without torch.
 
-:class:`SequenceRunner` implements the per-sequence half of
-:class:`~warmup_tools.lora_adapter.engine_api.SequenceEngine` for every engine that has a
-``forward_batch(rows: list[BatchRow]) -> list[RowOutput]`` (:class:`~warmup_tools.lora_adapter.hf.HfEngine`,
-:class:`~warmup_tools.lora_adapter.simulated.SimulatedEngine` and the scheduler tests' stand-in inherit it): each
-sequence's KV (per layer keys and values) keyed by the scheduler's ``seq_id``, beside the generator and last logits
-of :class:`~warmup_tools.lora_adapter.sampling.SamplingState`.
+:class:`SamplingState` is the sampling half of :class:`~warmup_tools.lora_adapter.engine_api.SequenceEngine`:
+each open sequence's generator and last logits. :class:`SequenceRunner` adds the per-sequence KV for every engine
+that has a ``forward_batch(rows: list[BatchRow]) -> list[RowOutput]``
+(:class:`~warmup_tools.lora_adapter.hf.HfEngine`, :class:`~warmup_tools.lora_adapter.simulated.SimulatedEngine` and
+the scheduler tests' stand-in inherit it): each sequence's KV (per layer keys and values, in the forward's array
+library) keyed by the scheduler's ``seq_id``.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-import torch
-
+from warmup_tools.kv.arrays import Array
 from warmup_tools.kv.blocks import BlockSource, PrefixMatch
 from warmup_tools.kv.hashing import BlockHash
 from warmup_tools.lora_adapter.engine_api import ForwardRow
-from warmup_tools.lora_adapter.sampling import SamplingState
+from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 
 if TYPE_CHECKING:
     from warmup_tools.kv.prefix_cache import PrefixCache
 
 #: Per layer ``(keys, values)``, each ``[1, kv_heads, tokens, head_dim]``: one sequence's KV.
-SequenceKV = list[tuple[torch.Tensor, torch.Tensor]]
+SequenceKV = list[tuple[Array, Array]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -43,20 +42,71 @@ class BatchRow:
 class RowOutput:
     """The logits after a row's last new token, and the row's KV including its new tokens."""
 
-    logits: torch.Tensor
+    #: What the engine's :meth:`SamplingState._pick` reads (a torch forward's: the vocabulary's logits).
+    logits: Any
     kv: SequenceKV
+
+
+class SamplingState(abc.ABC):
+    """The sampling half of :class:`~warmup_tools.lora_adapter.engine_api.SequenceEngine`: each open sequence's
+    random generator and the logits of its last forward, per the scheduler's ``seq_id``; :meth:`open`,
+    :meth:`sample`, :meth:`close`.
+
+    A forward keeps each sequence's KV beside this (:class:`SequenceRunner`, the packed engine's pool slots): it
+    stores the logits after a sequence's last new token in ``_logits``, extends :meth:`release` to drop the KV,
+    says which sequences hold KV (:meth:`_sequences_with_kv`) and how logits become a token
+    (:meth:`_new_generator`, :meth:`_pick`: :class:`~warmup_tools.lora_adapter.sampling.TorchSampling` for torch
+    logits).
+    """
+
+    def __init__(self) -> None:
+        self._logits: dict[int, Any] = {}
+        #: Every open sequence has an entry (None: greedy, or a warm prompt).
+        self._generators: dict[int, Any] = {}
+
+    def open(self, seq_id: int, request: GenerateRequest, *, sampled: bool) -> None:
+        self.release(seq_id)
+        self._generators[seq_id] = self._new_generator(request.sampling) if sampled else None
+
+    def sample(self, seq_id: int, params: SamplingParams, tokens: Sequence[int]) -> int:
+        # The logits are consumed: the next forward of this sequence gives the next ones.
+        logits = self._logits.pop(seq_id)
+        return self._pick(logits, params, self._generators.get(seq_id), tokens)
+
+    def release(self, seq_id: int) -> None:
+        self._logits.pop(seq_id, None)
+
+    def close(self, seq_id: int) -> None:
+        self.release(seq_id)
+        self._generators.pop(seq_id, None)
+
+    def held_sequences(self) -> int:
+        """How many sequences have any state here (tests: 0 once every request ended)."""
+        return len(self._logits.keys() | self._generators.keys() | set(self._sequences_with_kv()))
+
+    @abc.abstractmethod
+    def _sequences_with_kv(self) -> Iterable[int]:
+        """The sequences that hold KV here."""
+
+    @abc.abstractmethod
+    def _new_generator(self, params: SamplingParams) -> Any:
+        """A new sequence's random generator, seeded from ``params`` (None: greedy needs none)."""
+
+    @abc.abstractmethod
+    def _pick(self, logits: Any, params: SamplingParams, generator: Any, tokens: Sequence[int]) -> int:
+        """The next token from a sequence's last logits (raises the request's error, as
+        :meth:`~warmup_tools.lora_adapter.engine_api.SequenceEngine.sample` says)."""
 
 
 class SequenceRunner(SamplingState):
     """Each sequence's KV over a batched ``forward_batch``, beside its generator and last logits.
 
-    A subclass provides ``forward_batch``, ``prefix_cache``, ``device`` and ``dtype``, and calls
-    ``SequenceRunner.__init__``.
+    A subclass provides ``forward_batch``, ``prefix_cache``, ``dtype`` (what cached blocks are loaded as) and the
+    pick of :class:`SamplingState`, and calls ``SequenceRunner.__init__``.
     """
 
     prefix_cache: PrefixCache | None
-    device: torch.device
-    dtype: torch.dtype
+    dtype: object
     #: A ``forward_batch`` pads its rows to the longest (:attr:`SequenceEngine.mixed_rows`).
     mixed_rows = False
 

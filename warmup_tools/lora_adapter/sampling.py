@@ -1,15 +1,14 @@
-"""Next-token selection: greedy, temperature, top-k and top-p, reproducible with a seed; and
-:class:`SamplingState`, each open sequence's generator and last logits, which every forward keeps the same way."""
+"""Next-token selection from torch logits: greedy, temperature, top-k and top-p, reproducible with a seed; and
+:class:`TorchSampling`, the pick of every forward whose logits are torch tensors."""
 
 from __future__ import annotations
 
-import abc
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import torch
 
 from warmup_tools.common.errors import InvalidInputError
-from warmup_tools.lora_adapter.requests import MIN_TEMPERATURE, GenerateRequest, SamplingParams
+from warmup_tools.lora_adapter.requests import MIN_TEMPERATURE, SamplingParams
 
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
@@ -71,44 +70,15 @@ def penalize_repetition(logits: torch.Tensor, tokens: Sequence[int], penalty: fl
     return scores
 
 
-class SamplingState(abc.ABC):
-    """The sampling half of :class:`~warmup_tools.lora_adapter.engine_api.SequenceEngine`: each open sequence's
-    random generator and the logits of its last forward, per the scheduler's ``seq_id``; :meth:`open`,
-    :meth:`sample`, :meth:`close`.
-
-    A forward keeps each sequence's KV beside this (:class:`~warmup_tools.lora_adapter.runner.SequenceRunner`, the
-    packed engine's pool slots): it stores the logits after a sequence's last new token in ``_logits``, provides
-    ``device``, extends :meth:`release` to drop the KV, and says which sequences hold KV
-    (:meth:`_sequences_with_kv`).
-    """
+class TorchSampling:
+    """The sampling of a forward whose logits are torch tensors: the generator and pick of
+    :class:`~warmup_tools.lora_adapter.runner.SamplingState` (mixed in before it)."""
 
     device: torch.device
 
-    def __init__(self) -> None:
-        self._logits: dict[int, torch.Tensor] = {}
-        #: Every open sequence has an entry (None: greedy, or a warm prompt).
-        self._generators: dict[int, torch.Generator | None] = {}
+    def _new_generator(self, params: SamplingParams) -> torch.Generator | None:
+        return make_generator(params, self.device)
 
-    def open(self, seq_id: int, request: GenerateRequest, *, sampled: bool) -> None:
-        self.release(seq_id)
-        self._generators[seq_id] = make_generator(request.sampling, self.device) if sampled else None
-
-    def sample(self, seq_id: int, params: SamplingParams, tokens: Sequence[int]) -> int:
-        # The logits are consumed: the next forward of this sequence gives the next ones.
-        logits = self._logits.pop(seq_id)
-        return next_token(logits, params, self._generators.get(seq_id), tokens)
-
-    def release(self, seq_id: int) -> None:
-        self._logits.pop(seq_id, None)
-
-    def close(self, seq_id: int) -> None:
-        self.release(seq_id)
-        self._generators.pop(seq_id, None)
-
-    def held_sequences(self) -> int:
-        """How many sequences have any state here (tests: 0 once every request ended)."""
-        return len(self._logits.keys() | self._generators.keys() | set(self._sequences_with_kv()))
-
-    @abc.abstractmethod
-    def _sequences_with_kv(self) -> Iterable[int]:
-        """The sequences that hold KV here."""
+    def _pick(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+              tokens: Sequence[int]) -> int:
+        return next_token(logits, params, generator, tokens)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT, AssetError, InvalidInputError, UnknownAdapterError
+from warmup_tools.kv.arrays import KVArrays
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.kv.events import KvEventJournal
 from warmup_tools.kv.hashing import BlockHash, CacheScope, block_hashes
@@ -105,9 +106,10 @@ def load_tokenizer(config: EngineConfig) -> tuple[object, tuple[tuple[int, ...],
 
 
 def make_prefix_cache(kv: KVCacheConfig, *, bytes_per_token: int | None = None,
-                      clock: Callable[[], float] = time.monotonic) -> PrefixCache | None:
+                      clock: Callable[[], float] = time.monotonic,
+                      arrays: KVArrays | None = None) -> PrefixCache | None:
     """The instance's KV prefix cache from its settings (None when ``kv_cache_bytes`` is 0). ``clock``: the
-    cache's seconds (a simulated engine's modelled time)."""
+    cache's seconds (a simulated engine's modelled time); ``arrays``: the forward's KV library (None: torch)."""
     if kv.budget_bytes <= 0:
         return None
     try:
@@ -115,7 +117,8 @@ def make_prefix_cache(kv: KVCacheConfig, *, bytes_per_token: int | None = None,
                            ttl_s=kv.ttl_s, storage=kv.storage, bytes_per_token=bytes_per_token, clock=clock,
                            warm_share=kv.warm_share, pin_retention_s=kv.pin_retention_s,
                            pin_refresh_on_hit=kv.pin_refresh_on_hit, pin_check_s=kv.pin_check_s,
-                           events=KvEventJournal(kv.events_window_blocks) if kv.events_window_blocks else None)
+                           events=KvEventJournal(kv.events_window_blocks) if kv.events_window_blocks else None,
+                           arrays=arrays)
     except ValueError as exc:
         raise AssetError(f"KV prefix cache configuration: {exc}") from None
 

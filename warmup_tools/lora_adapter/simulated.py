@@ -7,18 +7,24 @@ pinning, eviction, budgets), plans, snapshots, the request log and the metrics r
 
 Only :meth:`SimulatedEngine.forward_batch` differs:
 
-* a token's KV is a tiny tensor, ``[1, 1, tokens, 2]`` in one layer holding each token's id and position,
+* a token's KV is a tiny numpy array, ``[1, 1, tokens, 2]`` in one layer holding each token's id and position,
   so cached blocks, snapshots and their verification (:meth:`compute_kv`) work as for a real model; the
   prefix cache counts each token at the profile's ``kv_bytes_per_token`` (``PrefixCache(bytes_per_token=)``),
   as do running sequences, so budgets hold what the modelled device would;
 * the next token is a function of the whole KV a row attends to (every id at its position) and of the
   adapter's name and fingerprint: a request computed from cached blocks and the same request computed from
-  scratch give the same tokens; about one token in :data:`EOS_EVERY` is the end of sequence;
+  scratch give the same tokens; about one token in :data:`EOS_EVERY` is the end of sequence. Sampling
+  parameters do not change it (a model whose logits put all the mass on one token: a seed, a temperature or a
+  penalty picks that token too);
 * each forward takes the profile's step time for its batch
   (:meth:`~warmup_tools.lora_adapter.profile.EngineProfile.step_ms`), divided by ``engine_speedup``: the
   small real work is done first, the rest is waited (``time.sleep``), so a replica costs little CPU.
 
 Every time it gives is modelled, from the profile it names (:attr:`SimulatedEngine.label`).
+
+Its process imports neither torch nor transformers: KV payloads are numpy arrays
+(:class:`~warmup_tools.kv.arrays.NumpyArrays`) and the tokenizer is read with ``tokenizers``, so a simulated replica
+costs a fraction of a real one's memory.
 """
 
 from __future__ import annotations
@@ -31,10 +37,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import torch
+import numpy as np
 
 from warmup_tools.common.digests import fingerprint_folder, tokenizer_fingerprint
 from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT, AssetError, UnknownAdapterError
+from warmup_tools.kv.arrays import NumpyArrays
 from warmup_tools.lora_adapter.profile import EngineProfile, StepShape, load_profile
 from warmup_tools.lora_adapter.runner import BatchRow, RowOutput, SequenceKV, SequenceRunner
 from warmup_tools.lora_adapter.serving import ServingEngine, eos_ids, load_tokenizer, make_prefix_cache
@@ -44,8 +51,6 @@ LOGGER = logging.getLogger(__name__)
 
 #: About one generated token in this many is the end of sequence.
 EOS_EVERY = 64
-#: The logit of the chosen token (every other one is 0): sampling keeps it but for a high temperature.
-_CHOSEN_LOGIT = 30.0
 _PRIME = (1 << 31) - 1
 _MASK64 = (1 << 64) - 1
 
@@ -75,8 +80,8 @@ class SimulatedEngine(ServingEngine, SequenceRunner):
         self.profile = profile or load_profile(config.profile)
         self.speedup = config.speedup
         self._sleep, self._clock = sleep, clock
-        self.device = torch.device("cpu")
-        self.dtype = torch.float32
+        self.device = "cpu"
+        self.dtype = np.dtype(np.float32)
         model_config = _read_model_config(config.base_model)
         self.tokenizer, self._public_ids = load_tokenizer(config)
         self.model_config = SimulatedModelConfig()
@@ -96,7 +101,7 @@ class SimulatedEngine(ServingEngine, SequenceRunner):
         # seconds): wall time times the replay's speedup (the engine's own, unless a bench models a faster engine).
         scale = config.time_scale or config.speedup
         self.prefix_cache = make_prefix_cache(config.kv, bytes_per_token=self.kv_bytes_per_token,
-                                              clock=lambda: time.monotonic() * scale)
+                                              clock=lambda: time.monotonic() * scale, arrays=NumpyArrays())
         budget = config.kv.budget_bytes
         if budget > self.profile.kv_capacity_tokens * self.kv_bytes_per_token:
             LOGGER.warning("kv_cache_bytes %d is more than profile %s's device holds (%d tokens of %d bytes)",
@@ -118,7 +123,7 @@ class SimulatedEngine(ServingEngine, SequenceRunner):
 
     # ----------------------------------------------------------------------------------- public API
     def forward_batch(self, rows: Sequence[BatchRow]) -> list[RowOutput]:
-        """Each row's next-token logits and KV, after waiting the profile's time for this batch."""
+        """Each row's next token (its ``logits``) and KV, after waiting the profile's time for this batch."""
         started = self._clock()
         outputs = [self._row(row) for row in rows]
         seconds = self.step_seconds(rows)
@@ -143,6 +148,12 @@ class SimulatedEngine(ServingEngine, SequenceRunner):
     def forget_batches(self) -> None:
         """Nothing is kept between forwards."""
 
+    def _new_generator(self, params: object) -> None:
+        """No randomness: the next token is the forward's (module doc)."""
+
+    def _pick(self, logits: int, params: object, generator: object, tokens: Sequence[int]) -> int:
+        return logits
+
     def load_adapter(self, name: str, folder: str | None = None) -> None:
         """Register (or re-fingerprint, after its weights changed) the adapter ``name`` from under adapter_root."""
         paths = discover_adapters(self.config.adapter_root, (folder or name,))
@@ -162,12 +173,12 @@ class SimulatedEngine(ServingEngine, SequenceRunner):
 
     def _row(self, row: BatchRow) -> RowOutput:
         new = _token_kv(row.token_ids, row.position)
-        keys = torch.cat([row.past[0][0], new], dim=2) if row.past else new
-        return RowOutput(self._one_hot(self._next_token(keys[0, 0], row.adapter)), [(keys, keys)])
+        keys = np.concatenate([row.past[0][0], new], axis=2) if row.past else new
+        return RowOutput(self._next_token(keys[0, 0], row.adapter), [(keys, keys)])
 
-    def _next_token(self, kv: torch.Tensor, adapter: str | None) -> int:
+    def _next_token(self, kv: np.ndarray, adapter: str | None) -> int:
         """A function of every (id, position) in ``kv`` (``[tokens, 2]``) and of the adapter's identity."""
-        ids, positions = kv[:, 0].long(), kv[:, 1].long()
+        ids, positions = kv[:, 0].astype(np.int64), kv[:, 1].astype(np.int64)
         weights = (positions * 0x9E3779B1 + 0x7F4A7C15) % _PRIME + 1
         mixed = _splitmix(int(((ids + 1) * weights % _PRIME).sum()) ^ self._adapter_salt(adapter))
         if self._eos is not None and mixed % EOS_EVERY == 0:
@@ -182,17 +193,13 @@ class SimulatedEngine(ServingEngine, SequenceRunner):
             self._adapter_salts[adapter] = salt
         return salt
 
-    def _one_hot(self, token: int) -> torch.Tensor:
-        logits = torch.zeros(self.vocab_size)
-        logits[token] = _CHOSEN_LOGIT
-        return logits
 
 
-def _token_kv(token_ids: Sequence[int], position: int) -> torch.Tensor:
+def _token_kv(token_ids: Sequence[int], position: int) -> np.ndarray:
     """``[1, 1, tokens, 2]``: each token's id and position."""
-    ids = torch.tensor(list(token_ids), dtype=torch.float32)
-    positions = torch.arange(position, position + len(ids), dtype=torch.float32)
-    return torch.stack((ids, positions), dim=1).reshape(1, 1, len(ids), 2)
+    ids = np.asarray(list(token_ids), dtype=np.float32)
+    positions = np.arange(position, position + len(ids), dtype=np.float32)
+    return np.stack((ids, positions), axis=1).reshape(1, 1, len(ids), 2)
 
 
 def _splitmix(value: int) -> int:

@@ -36,10 +36,9 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
-import torch
-
 from warmup_tools.common.digests import tokenizer_fingerprint
 from warmup_tools.common.names import replica_name
+from warmup_tools.kv.arrays import dtype_name
 from warmup_tools.kv.blocks import BlockSource, CachedBlock
 from warmup_tools.kv.config import KVShape
 from warmup_tools.kv.hashing import NONE_HASH, CacheScope
@@ -114,7 +113,7 @@ class SnapshotRestorer:
         paths.sort(key=lambda p: p.name != f"{self.name}.manifest.json")  # our own first, then newest first
         for path in paths:
             try:
-                snapshot = read_snapshot(path, self.identity, mac_key=self._mac_key,
+                snapshot = read_snapshot(path, self.identity, mac_key=self._mac_key, arrays=self.cache.arrays,
                                          max_payload_bytes=self.config.max_bytes + _HEADER_SLACK)
                 blocks = self._checked_blocks(snapshot, report, path)
             except SnapshotRejected as rejected:
@@ -163,7 +162,7 @@ class SnapshotRestorer:
         in distinct blocks checked.
         """
         target = min(len(blocks), max(1, math.ceil(self.config.verify_share * len(blocks))))
-        size, engine, checked = self.cache.block_size, self.engine, set()
+        size, engine, arrays, checked = self.cache.block_size, self.engine, self.cache.arrays, set()
         for drawn in verification_sample(blocks, 1.0, self._rng):
             if len(checked) >= target:
                 break
@@ -176,9 +175,8 @@ class SnapshotRestorer:
             tokens = [int(t) for b in chain for t in b.tokens]
             kv = self._run(lambda owner=drawn.owner, ids=tokens: engine.compute_kv(owner or None, ids))
             for index, block in enumerate(chain):
-                lo, hi = index * size, (index + 1) * size
-                recomputed = torch.stack([torch.stack((k[0, :, lo:hi], v[0, :, lo:hi])) for k, v in kv])
-                stored = self.cache.codec.decode(block.payload, engine.dtype).to(recomputed.device)
+                recomputed = arrays.block(kv, index, size)
+                stored = self.cache.codec.decode(block.payload, engine.dtype)
                 if not kv_close(stored, recomputed, self.identity.storage):
                     raise SnapshotRejected("verify", f"block {block.block_hash.hex()[:12]} recomputed with adapter "
                                                      f"{block.owner or 'base'} differs from the stored KV")
@@ -189,13 +187,13 @@ class SnapshotRestorer:
         def ours(block: CachedBlock) -> bool:
             return self.plan_id is not None and block.plan_id == self.plan_id
 
-        device = self.engine.device
+        device, arrays = self.engine.device, self.cache.arrays
         # The plan's blocks first (a stable sort: a plan block's ancestors are the plan's too, so parents stay
         # before children in each group).
         for block in sorted(blocks, key=lambda b: not ours(b)):
             mine = ours(block)
-            payload = (block.payload.to(device) if not isinstance(block.payload, tuple)
-                       else tuple(p.to(device) for p in block.payload))
+            payload = (arrays.to_device(block.payload, device) if not isinstance(block.payload, tuple)
+                       else tuple(arrays.to_device(p, device) for p in block.payload))
             restored = dataclasses.replace(block, payload=payload,
                                            source=BlockSource.WARMUP if mine else BlockSource.LIVE,
                                            plan_id=block.plan_id if mine else None)
@@ -216,6 +214,6 @@ def engine_identity(engine: SnapshotEngine) -> SnapshotIdentity:
     shape = KVShape.from_model_config(engine.model_config.to_dict())
     return SnapshotIdentity(
         base_fingerprint=engine.base_fingerprint, tokenizer_fingerprint=tokenizer_fingerprint(engine.tokenizer),
-        dtype=str(engine.dtype).removeprefix("torch."), storage=engine.prefix_cache.storage,
+        dtype=dtype_name(engine.dtype), storage=engine.prefix_cache.storage,
         block_size=engine.prefix_cache.block_size, kv_shape=(shape.layers, shape.kv_heads, shape.head_dim),
         salt_fingerprint=salt_fingerprint(engine.config.cache_salt))

@@ -52,7 +52,7 @@ class SnapshotKeeper(SnapshotRestorer):
             if signature == self._last_written:
                 return None
             info = write_snapshot(self.folder, self.name, self.identity, adapters, blocks, created=time.time(),
-                                  mac_key=self._mac_key)
+                                  mac_key=self._mac_key, arrays=self.cache.arrays)
             self._last_written = signature
             if self._on_write is not None:
                 self._on_write(info)

@@ -530,8 +530,8 @@ def test_a_block_tensor_of_another_shape_or_dtype_is_refused(tmp_path):
         rewrite_digests(tensors, body)
 
     forge(info, edit_tensors=wider)
-    assert refusal(info.manifest) == ("payload", f"block 1: tensor {(LAYERS, 2, HEADS, BS, DIM + 1)} torch.float32, "
-                                                 f"expected {shape} torch.float32")
+    assert refusal(info.manifest) == ("payload", f"block 1: tensor {(LAYERS, 2, HEADS, BS, DIM + 1)} float32, "
+                                                 f"expected {shape} float32")
     info.manifest.write_text(text)
     info.payload.write_bytes(data)
 
@@ -540,8 +540,8 @@ def test_a_block_tensor_of_another_shape_or_dtype_is_refused(tmp_path):
         rewrite_digests(tensors, body)
 
     forge(info, edit_tensors=double)
-    assert refusal(info.manifest) == ("payload", f"block 1: tensor {shape} torch.float64, expected {shape} "
-                                                 f"torch.float32")
+    assert refusal(info.manifest) == ("payload", f"block 1: tensor {shape} float64, expected {shape} "
+                                                 f"float32")
 
 
 def test_int8_block_scales_of_another_shape_are_refused(tmp_path):
@@ -553,7 +553,7 @@ def test_int8_block_scales_of_another_shape_are_refused(tmp_path):
 
     forge(info, edit_tensors=wide_scales)
     reason, detail = refusal(info.manifest, identity)
-    assert reason == "payload" and detail.startswith("block 0: tensor (2, 2, 1, 2, 3) torch.float16")
+    assert reason == "payload" and detail.startswith("block 0: tensor (2, 2, 1, 2, 3) float16")
 
 
 @pytest.mark.parametrize("edit", ["no_hash", "short_hash", "few_tokens", "negative_token", "huge_token",

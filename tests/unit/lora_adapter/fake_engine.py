@@ -21,6 +21,7 @@ from warmup_tools.common.errors import InvalidInputError, UnknownAdapterError
 from warmup_tools.kv.hashing import CacheScope, block_hashes
 from warmup_tools.kv.prefix_cache import PrefixCache
 from warmup_tools.lora_adapter.runner import BatchRow, RowOutput, SequenceRunner
+from warmup_tools.lora_adapter.sampling import TorchSampling
 
 VOCAB = 97
 #: The end-of-sequence token; the arithmetic reaches it now and then, so sequences end early too.
@@ -38,7 +39,7 @@ class FakeTokenizer:
 
 
 @dataclasses.dataclass
-class FakeEngine(SequenceRunner):
+class FakeEngine(TorchSampling, SequenceRunner):
     """The scheduler's engine, without a model; ``forwards`` records each call's rows (adapter, tokens)."""
 
     budget_bytes: int = 1 << 20

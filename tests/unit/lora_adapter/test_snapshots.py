@@ -515,10 +515,11 @@ def test_a_base_model_block_that_differs_is_refused_naming_the_base_model(fresh,
                     f"{blocks[leaf].block_hash.hex()[:12]} recomputed with adapter base differs from the stored KV"]
 
 
-def test_the_stored_kv_is_compared_in_the_engine_s_dtype_on_the_recomputed_kv_s_device(writer, fresh, tmp_path,
-                                                                                        monkeypatch):
+def test_the_stored_kv_is_compared_in_the_engine_s_dtype_whatever_device_the_recompute_ran_on(writer, fresh, tmp_path,
+                                                                                              monkeypatch):
     """Stand-ins for a GPU engine in half precision: the recomputed KV on the meta device, the engine's dtype
-    bfloat16; beside the real CPU engine's recompute checked by the tests above."""
+    bfloat16; beside the real CPU engine's recompute checked by the tests above. kv_close compares on the host
+    (:meth:`~warmup_tools.kv.arrays.KVArrays.as_float32`), so the stored block stays where the cache holds it."""
     keeper(writer, tmp_path).write()
     restorer = keeper(fresh, tmp_path, share=1.0)  # the identity (float32, as written) is read here
     compute_kv = fresh.compute_kv
@@ -528,10 +529,10 @@ def test_the_stored_kv_is_compared_in_the_engine_s_dtype_on_the_recomputed_kv_s_
     compared = []
 
     def kv_close(stored, recomputed, storage):
-        compared.append((stored.device, stored.dtype, recomputed.device))
+        compared.append((stored.dtype, recomputed.device))
         return True
 
     monkeypatch.setattr(snapshot_restore, "kv_close", kv_close)
     report = restorer.restore()
     assert report.verified == len(writer.prefix_cache.snapshot_blocks(1 << 30)) and compared
-    assert set(compared) == {(torch.device("meta"), torch.bfloat16, torch.device("meta"))}
+    assert set(compared) == {(torch.bfloat16, torch.device("meta"))}

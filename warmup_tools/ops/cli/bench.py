@@ -45,6 +45,8 @@ BENCHES = {
                    "replicas joining under load (cold, warmed, restored), scale-in and a router restart",
     "fidelity": "the simulated engine (this machine's fitted profile) against the real one on the same trace slice: "
                 "TTFT and inter-token latency p50/p90, and cached prompt tokens per request",
+    "memory": "one replica with the real engine, then one simulated: each process's proportional set size and whether "
+              "it loaded torch / onnxruntime, and the simulated replica's share of the real one's",
     "recovery": "kill the lora_adapter stub beside the sidecar: seconds to /ready 503 and back to 200, how requests "
                 "failed meanwhile, failures after recovery",
     "temperature": "what the sidecar reads per probe round (lowest warm coverage, lora_adapter probe TTFT, "

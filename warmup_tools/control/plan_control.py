@@ -120,7 +120,8 @@ class LivePlan:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CanaryAssignment:
-    """``canary.json``: the history id of a plan on trial and the instances that serve it."""
+    """``canary.json``: the history id of a plan on trial and the instances that serve it: ``instances`` of
+    ``host``, or every instance of ``host`` and of each of ``replicas``."""
 
     #: The plan's history id (its file is ``plans/<plan>.json``).
     plan: str
@@ -135,13 +136,21 @@ class CanaryAssignment:
     #: What started it (``plan canary``, ``sidecar re-plan``) and who.
     by: str = ""
     user: str = ""
+    #: A trial on whole replicas: the replicas beside ``host`` (which judges it) that serve it too.
+    replicas: tuple[str, ...] = ()
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """Every replica that serves the plan on trial (``host`` first)."""
+        return (self.host, *self.replicas)
 
     def targets(self, host: str, instance: str) -> bool:
         """Whether the instance ``instance`` of replica ``host`` serves the plan on trial."""
-        return host == self.host and (not self.instances or instance in self.instances)
+        return host in self.hosts and (not self.instances or instance in self.instances)
 
     def to_json(self) -> bytes:
-        document = {"format": CANARY_FORMAT, **dataclasses.asdict(self), "instances": list(self.instances)}
+        document = {"format": CANARY_FORMAT, **dataclasses.asdict(self), "instances": list(self.instances),
+                    "replicas": list(self.replicas)}
         return (json.dumps(document, sort_keys=True) + "\n").encode("utf-8")
 
     @classmethod
@@ -152,7 +161,8 @@ class CanaryAssignment:
         except FileFormatError as exc:
             raise PlanError(str(exc)) from None
         fields = {f.name for f in dataclasses.fields(cls)} | {"format"}
-        if not isinstance(data, dict) or data.get("format") != CANARY_FORMAT or set(data) != fields:
+        # NOTE: "replicas" may be missing (a file written before trials could span replicas: none beside host).
+        if not isinstance(data, dict) or data.get("format") != CANARY_FORMAT or set(data) | {"replicas"} != fields:
             raise PlanError(f"not a canary assignment of format {CANARY_FORMAT}")
         plan, plan_id, host, instances, at = (data[k] for k in ("plan", "plan_id", "host", "instances", "started_at"))
         if not isinstance(plan, str) or not re.fullmatch(r"[0-9a-f]{16}", plan):
@@ -161,15 +171,22 @@ class CanaryAssignment:
             raise PlanError("plan_id must be a short string")
         if not isinstance(instances, list) or len(instances) > 64:
             raise PlanError("instances must be a list of at most 64 instance names")
+        replicas = data.get("replicas", [])
+        if not isinstance(replicas, list) or len(replicas) > 256 or (replicas and instances):
+            raise PlanError("replicas must be a list of at most 256 replica names, and only on a trial on whole "
+                            "replicas (no instances named)")
         if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
             raise PlanError("started_at must be a number (epoch seconds)")
         try:
             names = tuple(validate_name(i, what="instance name") for i in instances)
             host = _host(host)
+            others = tuple(_host(r) for r in replicas)
         except (LifecycleError, ValueError) as exc:
             raise PlanError(str(exc)) from None
+        if host in others or "" in others or len(set(others)) != len(others):
+            raise PlanError("replicas must name each replica once, and not host")
         by, user = (_TEXT.sub("?", str(data[k]))[:64] for k in ("by", "user"))
-        return cls(plan, plan_id, host, names, float(at), by, user)
+        return cls(plan, plan_id, host, names, float(at), by, user, others)
 
 
 class CanaryError(PlanError):

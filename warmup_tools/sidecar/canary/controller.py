@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from pathlib import Path
@@ -33,6 +34,9 @@ LOGGER = logging.getLogger(__name__)
 
 #: Verdicts kept for ``/status``.
 KEEP_VERDICTS = 10
+#: A trial on whole replicas takes replicas until, in the window before it, they served this many times
+#: ``canary_min_requests``: the trial's own window then holds enough of them however the traffic varies.
+TRAFFIC_MARGIN = 2
 
 
 class CanaryController:
@@ -90,17 +94,19 @@ class CanaryController:
         return min(self.replicas(), default=self.host)
 
     def propose(self, plan: Plan, by: str) -> CanaryAssignment | None:
-        """Put ``plan`` on trial: on this whole replica when two or more replicas of the fleet report (judged
-        against the others), else on this replica's last instance; None when there is nothing to compare with
-        (the caller applies the plan everywhere). :class:`CanaryError` when a trial is running already."""
+        """Put ``plan`` on trial: on whole replicas when two or more replicas of the fleet report (this one and as
+        many more as :meth:`canary_replicas` takes, judged against the others), else on this replica's last
+        instance; None when there is nothing to compare with (the caller applies the plan everywhere).
+        :class:`CanaryError` when a trial is running already."""
         if self.settings.canary_window_s <= 0:
             return None
         replicas = self.replicas()
         if len(replicas) >= 2 and self.host in replicas:
-            canary = start_canary(self.control_dir, plan, host=self.host, by=applied_by(by), settings=self.history,
-                                  now=self._clock())
-            LOGGER.info("canary: plan %s on trial on every instance of replica %s (the plan served now stays on "
-                        "%s)", plan.plan_id, self.host, ", ".join(r for r in replicas if r != self.host))
+            serving = self.canary_replicas(replicas)
+            canary = start_canary(self.control_dir, plan, host=self.host, replicas=serving[1:], by=applied_by(by),
+                                  settings=self.history, now=self._clock())
+            LOGGER.info("canary: plan %s on trial on every instance of replica(s) %s (the plan served now stays on "
+                        "%s)", plan.plan_id, ", ".join(serving), ", ".join(r for r in replicas if r not in serving))
             return canary
         instances = self.instances()
         if len(instances) < 2:
@@ -110,6 +116,27 @@ class CanaryController:
         LOGGER.info("canary: plan %s on trial on instance %s of %s (the plan served now stays on %s)",
                     plan.plan_id, instances[-1], self.host, ", ".join(instances[:-1]))
         return canary
+
+    def canary_replicas(self, replicas: list[str]) -> tuple[str, ...]:
+        """The replicas a trial on whole replicas runs on: this one, then the busiest others of the last
+        ``canary_window_s`` (by requests served, then by name) until the canary side served
+        :data:`TRAFFIC_MARGIN` times ``canary_min_requests`` in that window, at most ``canary_fleet_share`` of the
+        fleet and never all of it. One replica of a large fleet sees too few requests to be judged within the
+        trial's time limit; a share of the fleet sees enough at any size."""
+        others = [r for r in replicas if r != self.host]
+        most = max(1, min(len(replicas) - 1, math.floor(self.settings.canary_fleet_share * len(replicas))))
+        if most == 1 or self.fleet_log_dir is None:
+            return (self.host,)
+        now = self._clock()
+        since = now - self.settings.canary_window_s
+        served = {r: len(RequestLogTail(self.fleet_log_dir / r).recent(since, now)) for r in replicas}
+        target = TRAFFIC_MARGIN * self.settings.canary_min_requests
+        chosen = [self.host]
+        for replica in sorted(others, key=lambda r: (-served[r], r)):
+            if len(chosen) >= most or sum(served[r] for r in chosen) >= target:
+                break
+            chosen.append(replica)
+        return tuple(chosen)
 
     # -------------------------------------------------------------------------------- judging it
     def tick(self) -> Verdict:
@@ -163,7 +190,7 @@ class CanaryController:
                 if record.ts < self._applied_at:
                     continue
                 if whole:
-                    (canary_side if replica == self.host else rest).add(record)
+                    (canary_side if replica in canary.hosts else rest).add(record)
                 elif replica == self.host:
                     (canary_side if canary.targets(self.host, instance) else rest).add(record)
         elapsed = now - self._applied_at
@@ -172,28 +199,29 @@ class CanaryController:
         return self._act(canary, judge(canary_side, rest, elapsed, self.settings), now)
 
     def _compare_with_the_fleet(self, canary: CanaryAssignment) -> Verdict | None:
-        """At the start of a trial on this whole replica: the replicas to compare with (those reporting now whose
-        logs are in ``fleet_log_dir``: a replica that left is not read, one that joins later has no baseline and
-        is not either) and each side's baseline, the ``canary_window_s`` before the trial started. A rollback
-        verdict when there is no other replica or no baseline to judge against."""
+        """At the start of a trial on whole replicas: the replicas to compare with (those reporting now whose
+        logs are in ``fleet_log_dir`` and that do not serve the trial: a replica that left is not read, one that
+        joins later has no baseline and is not either) and each side's baseline, the ``canary_window_s`` before
+        the trial started. A rollback verdict when there is no other replica or no baseline to judge against."""
         assert self.fleet_log_dir is not None
-        others = tuple(r for r in self.replicas() if r != self.host and (self.fleet_log_dir / r).is_dir())
+        others = tuple(r for r in self.replicas() if r not in canary.hosts and (self.fleet_log_dir / r).is_dir())
         if not others:
             return Verdict("rollback", "no other replica reports with request logs under "
                                        f"{self.fleet_log_dir}: nothing to compare a whole replica with")
         tails = {self.host: self._tails[self.host]}
-        tails.update({r: RequestLogTail(self.fleet_log_dir / r) for r in others})
+        tails.update({r: RequestLogTail(self.fleet_log_dir / r) for r in (*canary.replicas, *others)})
         since = canary.started_at - self.settings.canary_window_s
         before = (self._side(), self._side())
         for replica, tail in tails.items():
             for record in tail.recent(since, canary.started_at):
-                before[replica != self.host].add(record)
+                before[replica not in canary.hosts].add(record)
         sides = (self._side(), self._side())
         need = self.settings.canary_min_requests
         if min(before[0].requests, before[1].requests) < need:
             return Verdict("rollback", f"no baseline to judge a whole replica against: {before[0].requests} requests "
-                                       f"on {self.host} and {before[1].requests} on {', '.join(others)} in the "
-                                       f"{self.settings.canary_window_s:g} s before the trial ({need} each needed)")
+                                       f"on {', '.join(canary.hosts)} and {before[1].requests} on {', '.join(others)} "
+                                       f"in the {self.settings.canary_window_s:g} s before the trial ({need} each "
+                                       "needed)")
         with self._lock:
             self._tails, self._before, self._others, self._sides = tails, before, others, sides
         return None
@@ -216,20 +244,27 @@ class CanaryController:
                 for name, c in zip(names, self._comparisons())}
 
     def _canary_applied(self, canary: CanaryAssignment) -> bool:
-        statuses, _ = self._board.read_all(host=self.host)
-        mine = [s for name, s in statuses.items() if canary.targets(self.host, name)]
-        return bool(mine) and all(s.plan_id == canary.plan_id and s.state == "applied" for s in mine)
+        """Whether every canary replica has instances that serve the plan on trial, all of them applied."""
+        for host in canary.hosts if not canary.instances else (self.host,):
+            statuses, _ = self._board.read_all(host=host)
+            mine = [s for name, s in statuses.items() if canary.targets(host, name)]
+            if not mine or not all(s.plan_id == canary.plan_id and s.state == "applied" for s in mine):
+                return False
+        return True
 
     def _pins_note(self, canary: CanaryAssignment) -> str:
         """Whether the live check released the pins of the plan on trial on a canary instance ("" if not): a note
         beside the verdict, which it does not change (the request logs decide)."""
-        try:
-            statuses, _ = self._board.read_all(host=self.host)
-        except OSError:
-            return ""
-        released = sorted((name, s.pins.reason) for name, s in statuses.items()
-                          if canary.targets(self.host, name) and s.pins is not None
-                          and s.pins.plan_id == canary.plan_id and s.pins.state == "released")
+        released = []
+        for host in canary.hosts:
+            try:
+                statuses, _ = self._board.read_all(host=host)
+            except OSError:
+                return ""
+            released += [(name if host == self.host else f"{name}@{host}", s.pins.reason)
+                         for name, s in statuses.items() if canary.targets(host, name) and s.pins is not None
+                         and s.pins.plan_id == canary.plan_id and s.pins.state == "released"]
+        released.sort()
         if not released:
             return ""
         return (f"the live check released the plan's pins on {len(released)} canary instance(s) "
@@ -252,6 +287,7 @@ class CanaryController:
                   "pins": self._pins_note(canary)}
         if self._before is not None:
             record["replicas"] = list(self._others)
+            record["canary_replicas"] = list(canary.hosts)
             record["before"] = {"canary": self._before[0].summary(), "rest": self._before[1].summary()}
         with self._lock:
             self._counts[record["verdict"]] += 1
@@ -275,6 +311,7 @@ class CanaryController:
             if self._trial is not None:
                 canary_side, rest = self._sides
                 trial = {"plan_id": self._trial.plan_id, "instances": list(self._trial.instances),
+                         "canary_replicas": list(self._trial.hosts) if not self._trial.instances else [],
                          "started_at": self._trial.started_at, "applied_at": self._applied_at,
                          "canary": canary_side.summary(), "rest": rest.summary(), "counted": self._counted(),
                          "evidence": (evidence(canary_side, rest, self.settings) if self._before is None

@@ -2,7 +2,7 @@
 
 ``canary.json`` (:class:`~warmup_tools.control.plan_control.CanaryAssignment`) names the plan on trial (stored
 in the plan history, ``plans/<id>.json``) and the instances that serve it instead of ``plan.json``: one
-instance of a replica, or every instance of one replica. The other instances keep serving ``plan.json``.
+instance of a replica, or every instance of one or more replicas. The other instances keep serving ``plan.json``.
 The verdict is the controller's (:mod:`warmup_tools.sidecar.canary.controller`); these functions only change the files:
 
 - :func:`start_canary` stores the plan and writes ``canary.json`` (one trial at a time);
@@ -36,12 +36,14 @@ from warmup_tools.control.state import LifecycleError, validate_name
 
 def start_canary(control_dir: Path, plan: Plan, *, host: str, instances: Sequence[str] = (),
                  by: tuple[str, str], settings: PlanHistorySettings | None = None,
-                 now: float | None = None) -> CanaryAssignment:
-    """Put ``plan`` on trial on ``instances`` of replica ``host`` (none named: all of them)."""
+                 now: float | None = None, replicas: Sequence[str] = ()) -> CanaryAssignment:
+    """Put ``plan`` on trial on ``instances`` of replica ``host`` (none named: all of them, and every instance of
+    each of ``replicas`` too)."""
     history = PlanHistory(control_dir, settings)
     try:
         names = tuple(validate_name(i, what="instance name") for i in instances)
-        validate_name(host, what="replica (host) name")
+        for name in (host, *replicas):
+            validate_name(name, what="replica (host) name")
     except LifecycleError as exc:
         raise CanaryError(str(exc)) from None
     with history._locked():
@@ -58,7 +60,7 @@ def start_canary(control_dir: Path, plan: Plan, *, host: str, instances: Sequenc
             raise CanaryError(f"plan {plan.plan_id} is the plan served now: nothing to try")
         stored = history._store(plan)
         canary = CanaryAssignment(stored, plan.plan_id, host, names, round(time.time() if now is None else now, 3),
-                                  *by)
+                                  *by, replicas=tuple(replicas))
         CanaryAssignment.parse(canary.to_json())  # the same checks an instance makes
         write_atomic(history.control_dir / CANARY_FILE, canary.to_json())
     return canary
@@ -76,6 +78,7 @@ def end_canary(control_dir: Path, canary: CanaryAssignment, *, promote: bool, by
         plan = history.load_stored(canary.plan)
         entry = write_live_plan(control_dir, plan, by=by, settings=settings,
                                 inputs={"canary": {"host": canary.host, "instances": list(canary.instances),
+                                                   "replicas": list(canary.replicas),
                                                    "started_at": canary.started_at}, **dict(inputs or {})})
     with history._locked():
         _check_running(history, canary)
@@ -93,7 +96,7 @@ def _check_running(history: PlanHistory, canary: CanaryAssignment) -> None:
 
 
 def _scope(canary: CanaryAssignment) -> str:
-    return f"{', '.join(canary.instances) or 'every instance'} of {canary.host or 'this host'}"
+    return f"{', '.join(canary.instances) or 'every instance'} of {', '.join(canary.hosts) or 'this host'}"
 
 
 def _when(at: float) -> str:

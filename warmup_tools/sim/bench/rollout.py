@@ -24,13 +24,15 @@ server.
 ``lora_adapter`` instance and one LM thread each) behind the smg router (the fleet's default policy), sharing the
 control and request log folders, each with the day-1 plan; the requests go through the router, and the plans go on
 trial on every instance of replica :data:`CANARY_REPLICA` (the replica whose sidecar re-plans for a fleet: the first
-by name), judged against all the other replicas by difference of differences. ``engine="simulated"``: every
-``lora_adapter`` runs the simulated engine with the demo LM's profile, its step times divided by ``speedup`` (as
-the trace's arrivals are), so that eight replicas fit on a small machine. The controller is the one that replica's
-sidecar builds (:func:`~warmup_tools.sidecar.app.replica_canary`), ticked by the bench after every request; the
-replicas' sidecars are told not to judge (``canary_judge`` false), so that a trial has one judge. A trial is
-stamped with the moment the replay stopped for it (:class:`ReplayClock`): the whole replica's baseline is the
-``canary_window_s`` of traffic replayed just before, not the seconds of the clock spent making the plan.
+by name) and, in a fleet of four or more, of as many more replicas as the trial needs to see enough traffic
+(``canary_fleet_share``), judged against all the other replicas by difference of differences.
+``engine="simulated"``: every ``lora_adapter`` runs the simulated engine with the demo LM's profile, its step times
+divided by ``speedup`` (as the trace's arrivals are), so that eight replicas fit on a small machine. The controller
+is the one that replica's sidecar builds (:func:`~warmup_tools.sidecar.app.replica_canary`), ticked by the bench
+after every request; the replicas' sidecars are told not to judge (``canary_judge`` false), so that a trial has one
+judge. A trial is stamped with the moment the replay stopped for it (:class:`ReplayClock`): the whole replica's
+baseline is the ``canary_window_s`` of traffic replayed just before, not the seconds of the clock spent making the
+plan.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from warmup_tools.common.jsonl import write_json_lines
 from warmup_tools.common.plan import Plan
 from warmup_tools.common.records import RequestRecord, read_request_log
 from warmup_tools.common.settings import arg, environ_overrides
+from warmup_tools.control.plan_control import CanaryAssignment, read_canary
 from warmup_tools.control.plan_history import write_live_plan
 from warmup_tools.planning.live import RollingPlanner, wait_applied
 from warmup_tools.server.client import GenerateParams, StreamingClient
@@ -69,9 +72,9 @@ from warmup_tools.sim.bench.replay import prepare
 #: The tenants of the bad plan's traffic: none of them sends a request on day 2.
 OTHER_TENANTS = ("northwind", "contoso", "fabrikam")
 CANARY, OTHER = "lora_adapter_0_1", "lora_adapter_0_0"
-#: ``--fleet``: the replica the plans are tried on (the fleet's sidecars re-plan from the first by name, on itself)
-#: and the other one.
-CANARY_REPLICA, OTHER_REPLICA = "r1", "r2"
+#: ``--fleet``: the replica that proposes and judges the trials (the fleet's sidecars re-plan from the first by name,
+#: on itself and, in a larger fleet, on more replicas: ``canary_fleet_share``).
+CANARY_REPLICA = "r1"
 
 
 @dataclasses.dataclass(slots=True)
@@ -119,12 +122,14 @@ def bad_plan(work: Path, repo: Path, env: dict[str, str], *, seed: int, requests
 @dataclasses.dataclass(slots=True)
 class Stage:
     """Where the replay goes: how one request is sent (its error, or ""), the controller that judges the trials,
-    and the request logs of each side (the canary first: an instance, or a replica of a fleet)."""
+    and the request logs of each side (the canary first: an instance, or the replicas of a fleet a trial runs on;
+    ``on_trial`` is told each trial that starts)."""
 
     send: Callable[[RequestRecord], str]
     controller: CanaryController
-    logs: dict[str, Callable[[], list[Path]]]
+    logs: Callable[[], dict[str, list[Path]]]
     unit: str
+    on_trial: Callable[[CanaryAssignment], None] = lambda canary: None
 
 
 class ReplayClock:
@@ -231,7 +236,7 @@ def run(assets_dir: Path, *, seed: Seed = 0,
             controller = stage.controller
             planner = RollingPlanner(repo, control, plan_logs, environ={**os.environ, **env}, write_stanzas=False,
                                      propose=lambda plan: controller.propose(plan, "bench rollout re-plan") is not None)
-            out.write(f"canary: on {stage.unit} {next(iter(stage.logs))}; window {window_min:g} "
+            out.write(f"canary: on {stage.unit} {next(iter(stage.logs()))}; window {window_min:g} "
                       f"simulated min ({settings.canary_window_s:.1f} s at x{speedup:g}), "
                       f"{settings.canary_min_requests} requests a side"
                       f"{' (the early tests: on the canary, and 1 on the other replicas)' if fleet else ''}, "
@@ -240,7 +245,7 @@ def run(assets_dir: Path, *, seed: Seed = 0,
             out.flush()
             replayed = _replay(records, day2_start, stage, control, planner, bad, repos.day1, plan_logs, speedup,
                                good_at_min, bad_at_min, clock, out)
-        return _report(replayed, {side: files() for side, files in stage.logs.items()}, stage.unit, out)
+        return _report(replayed, stage.logs(), stage.unit, out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -263,16 +268,16 @@ def _server_stage(work: Path, repo: Path, assets_dir: Path, env: dict[str, str],
 
             controller = replica_canary(dataclasses.replace(settings, replan_log_dir=logs), control,
                                         socket.gethostname(), clock)
-            yield Stage(send, controller, {i: _globber(logs, f"requests-{i}.jsonl*") for i in (CANARY, OTHER)},
-                        "instance")
+            yield Stage(send, controller,
+                        lambda: {i: sorted(logs.glob(f"requests-{i}.jsonl*")) for i in (CANARY, OTHER)}, "instance")
 
 
 @contextlib.contextmanager
 def _fleet_stage(work: Path, repo: Path, assets_dir: Path, env: dict[str, str], settings: SidecarConfig,
                  clock: ReplayClock, *, replicas: int = 2) -> Iterator[Stage]:
     """``replicas`` replicas behind the router, sharing the control and request log folders, all with the served
-    plan applied; the canary is the whole replica :data:`CANARY_REPLICA`, judged against all the others by the
-    controller its sidecar would build, and by it alone."""
+    plan applied; the canary is the whole replica :data:`CANARY_REPLICA` (and the replicas it takes on), judged
+    against all the others by the controller its sidecar would build, and by it alone."""
     import logging
 
     import httpx
@@ -302,16 +307,23 @@ def _fleet_stage(work: Path, repo: Path, assets_dir: Path, env: dict[str, str], 
             wait_applied(control, planner_plan_id(control), instances=replicas, timeout_s=900)
             controller = replica_canary(dataclasses.replace(settings, fleet_log_dir=logs), control, CANARY_REPLICA,
                                         clock)
-            others = [name for name in fleet.replicas if name != CANARY_REPLICA]
-            rest = OTHER_REPLICA if others == [OTHER_REPLICA] else f"the other {len(others)} replicas"
-            yield Stage(lambda record: send(client, fleet.router.url, record).error, controller,
-                        {CANARY_REPLICA: _globber(logs / CANARY_REPLICA, "requests-*.jsonl*"),
-                         rest: lambda: sorted(p for r in others for p in (logs / r).glob("requests-*.jsonl*"))},
-                        "replica")
+            serving = [CANARY_REPLICA]  # the replicas of the latest trial
+
+            def on_trial(canary: CanaryAssignment) -> None:
+                serving[:] = canary.hosts
+
+            def sides() -> dict[str, list[Path]]:
+                others = [name for name in fleet.replicas if name not in serving]
+                rest = others[0] if len(others) == 1 else f"the other {len(others)} replicas"
+                return {", ".join(serving): _files(logs, serving), rest: _files(logs, others)}
+
+            yield Stage(lambda record: send(client, fleet.router.url, record).error, controller, sides, "replica(s)",
+                        on_trial)
 
 
-def _globber(folder: Path, pattern: str) -> Callable[[], list[Path]]:
-    return lambda: sorted(folder.glob(pattern))
+def _files(logs: Path, replicas: Sequence[str]) -> list[Path]:
+    """The request log files of ``replicas`` under the fleet's log folder."""
+    return sorted(p for r in replicas for p in (logs / r).glob("requests-*.jsonl*"))
 
 
 def _replay(records: Sequence[RequestRecord], day2_start: float, stage: Stage, control: Path,
@@ -332,15 +344,19 @@ def _replay(records: Sequence[RequestRecord], day2_start: float, stage: Stage, c
                 result = planner.run_once(now=record.ts)
                 if result.trial == "started":
                     trials.append(Trial("re-plan (good)", minute, result.plan_id))
-                    wait_applied(control, result.plan_id, instances=1, timeout_s=900)
+                    canary = read_canary(control)
+                    if canary is not None:
+                        stage.on_trial(canary)
+                    wait_applied(control, result.plan_id, instances=_serving(canary), timeout_s=900)
                 out.write(f"  +{minute:.1f} min: re-plan {result.previous} -> {result.plan_id}, "
                           f"{result.added} added, {result.dropped} dropped: "
                           f"{'on trial' if result.trial else 'applied everywhere'}\n")
             elif running is None and len(trials) < 2 and trials and minute >= bad_at_min:
                 canary = controller.propose(bad, "bench rollout (bad plan)")
                 if canary is not None:
+                    stage.on_trial(canary)
                     trials.append(Trial("another tenant mix (bad)", minute, bad.plan_id))
-                    wait_applied(control, bad.plan_id, instances=1, timeout_s=900)
+                    wait_applied(control, bad.plan_id, instances=_serving(canary), timeout_s=900)
         # NOTE: the trace stands still while a plan is made and warmed (as in bench rolling): on a real
         # server both run beside the traffic, in seconds of the clock, not of the trace's 60-fold time.
         started += time.monotonic() - pause
@@ -363,6 +379,12 @@ def _replay(records: Sequence[RequestRecord], day2_start: float, stage: Stage, c
         if running is not None and verdict.action != "wait":
             _end(running, verdict, minute, out)
     return replayed
+
+
+def _serving(canary: CanaryAssignment | None) -> int:
+    """How many instances serve a trial: one per replica of a trial on whole replicas (the fleet's replicas have
+    one instance each), else one."""
+    return len(canary.hosts) if canary is not None and not canary.instances else 1
 
 
 def _evidence(minutes: float, trial: dict[str, Any]) -> dict[str, float]:

@@ -10,6 +10,7 @@ import pytest
 
 from tests.unit.control.test_plan_history import BY, plan_of
 from warmup_tools.common.jsonl import RotatingJsonLines
+from warmup_tools.common.plan import PlanError
 from warmup_tools.common.records import RequestRecord
 from warmup_tools.control.plan_control import AdapterCoverage, CanaryError, PlanStatus, PlanStatusBoard, read_canary
 from warmup_tools.control.plan_history import PlanHistory, plan_digest, write_live_plan
@@ -524,6 +525,96 @@ def test_a_whole_replica_without_a_baseline_or_another_replica_is_rolled_back_sa
     alone = CanaryController(fleet.control, fleet.logs / "r1", SETTINGS, host="r1", clock=lambda: fleet.now)
     verdict = alone.tick()
     assert verdict.action == "rollback" and "fleet_log_dir" in verdict.reason
+
+
+EIGHT = tuple(f"r{i}" for i in range(1, 9))
+
+
+def eight_replicas(tmp_path, *, share=None):
+    """Eight replicas serving plan ``good``, 6 requests each (of three tenants) in the window before a trial r1
+    proposes: one replica alone has less than canary_min_requests (10) there."""
+    fleet = FleetLogs(tmp_path, EIGHT)
+    good, new = plan_of(0), plan_of(0, 100)
+    write_live_plan(fleet.control, good, by=BY)
+    for index, replica in enumerate(EIGHT):
+        for tenant in ("acme", "globex", "initech"):
+            fleet.serve(replica, cold=index % 2, n=2, tenant=tenant)
+    fleet.now = 1000.0
+    for replica in EIGHT:
+        fleet.report(replica, good.plan_id)
+    settings = {} if share is None else {"canary_fleet_share": share}
+    controller, promoted = fleet.controller("r1", **settings)
+    return fleet, controller, good, new, promoted
+
+
+def serve_the_window(fleet, canary, *, canary_cold):
+    """Each replica serves 6 more requests over 240 s of the trial; those on trial ``canary_cold`` of them cold."""
+    for replica in EIGHT:
+        for tenant in ("acme", "globex", "initech"):
+            cold = canary_cold // 3 if replica in canary.hosts else EIGHT.index(replica) % 2
+            fleet.serve(replica, cold=cold, n=2, tenant=tenant)
+        fleet.now += 30
+
+
+def test_a_trial_in_a_fleet_of_eight_runs_on_enough_replicas_to_be_judged_and_is_promoted(tmp_path):
+    fleet, controller, good, new, promoted = eight_replicas(tmp_path)
+    canary = controller.propose(new, "test")
+    # r1 and the busiest others (a tie: by name) until they served twice canary_min_requests: 4 of 8, the share.
+    assert canary.hosts == ("r1", "r2", "r3", "r4") and canary.instances == ()
+    assert read_canary(fleet.control) == canary
+    assert controller.tick().action == "wait"  # r2-r4 have not applied it yet
+    for replica in canary.hosts:
+        fleet.report(replica, new.plan_id)
+    assert controller.tick().action == "wait"
+    status = controller.status()["trial"]
+    assert status["canary_replicas"] == ["r1", "r2", "r3", "r4"] and status["replicas"] == ["r5", "r6", "r7", "r8"]
+    assert status["before"]["canary"]["requests"] == status["before"]["rest"]["requests"] == 24
+    serve_the_window(fleet, canary, canary_cold=1)
+    fleet.now += 600
+    verdict = controller.tick()
+    assert verdict.action == "promote", verdict.reason
+    assert [p.plan_id for p in promoted] == [new.plan_id]
+    assert controller.status()["verdicts"][0]["canary_replicas"] == ["r1", "r2", "r3", "r4"]
+
+
+def test_a_worse_plan_on_a_share_of_eight_replicas_is_rolled_back_by_the_judge(tmp_path):
+    fleet, controller, good, bad, _ = eight_replicas(tmp_path)
+    canary = controller.propose(bad, "test")
+    for replica in canary.hosts:
+        fleet.report(replica, bad.plan_id)
+    assert controller.tick().action == "wait"
+    serve_the_window(fleet, canary, canary_cold=6)
+    assert controller.tick().action == "wait"  # 24 requests a side: not yet below canary_alpha
+    serve_the_window(fleet, canary, canary_cold=6)
+    verdict = controller.tick()
+    assert verdict.action == "rollback" and "cold share" in verdict.reason, verdict.reason
+    assert fleet.now - 1000.0 < 600  # by the judge, before the window ends
+    assert read_canary(fleet.control) is None and PlanHistory(fleet.control).current().id == plan_digest(good)
+
+
+def test_on_one_replica_of_eight_the_same_trial_has_too_little_traffic_to_be_judged(tmp_path):
+    fleet, controller, good, new, _ = eight_replicas(tmp_path, share=0.0)
+    canary = controller.propose(new, "test")
+    assert canary.hosts == ("r1",)
+    fleet.report("r1", new.plan_id)
+    verdict = controller.tick()
+    assert verdict.action == "rollback" and "no baseline" in verdict.reason and "6 requests on r1" in verdict.reason
+
+
+def test_a_trial_s_replicas_are_checked_where_canary_json_is_read(tmp_path):
+    good = plan_of(0)
+    with pytest.raises(CanaryError, match="replica"):
+        start_canary(tmp_path, good, host="r1", replicas=["../x"], by=BY)
+    canary = start_canary(tmp_path, good, host="r1", replicas=["r2", "r3"], by=BY, now=5.0)
+    assert read_canary(tmp_path) == canary and canary.targets("r3", "lm_0_0") and not canary.targets("r4", "lm_0_0")
+    raw = (tmp_path / "canary.json").read_bytes()
+    for bad in (b'"replicas": ["r1"]', b'"replicas": ["r2", "r2"]', b'"replicas": [""]', b'"replicas": "r2"'):
+        (tmp_path / "canary.json").write_bytes(raw.replace(b'"replicas": ["r2", "r3"]', bad))
+        with pytest.raises(PlanError):
+            read_canary(tmp_path)
+    # A canary.json written before trials could span replicas (no "replicas" key) is a trial on host alone.
+    (tmp_path / "canary.json").write_bytes(raw.replace(b', "replicas": ["r2", "r3"]', b""))
+    assert read_canary(tmp_path).hosts == ("r1",)
 
 
 def test_a_fleet_replica_s_own_logs_are_its_folder_of_the_fleet_log_folder(tmp_path):

@@ -266,6 +266,19 @@ def test_an_unreadable_folder_is_an_asset_error(tmp_path):
         load_tokenizer(tmp_path)
 
 
+def test_an_oversized_tokenizer_file_is_refused_before_it_is_read(demo_assets, tmp_path, monkeypatch):
+    import warmup_tools.common.tokenizer as module
+
+    monkeypatch.setattr(module, "MAX_TOKENIZER_FILE_BYTES", 1024)
+    with pytest.raises(AssetError, match="over the 1024 bytes"):
+        load_tokenizer(demo_assets.lm_dir)
+    folder = _lm_variant(tmp_path, demo_assets.lm_dir, "big-config",
+                         config={"chat_template": "x" * (module._CONFIG_FILE_BYTES + 1)})
+    monkeypatch.undo()
+    with pytest.raises(AssetError, match="tokenizer_config.json is .* bytes, over"):
+        load_tokenizer(folder)
+
+
 def test_the_light_tokenizer_imports_neither_torch_nor_transformers(demo_assets):
     script = (
         "import sys\n"

@@ -293,3 +293,26 @@ def test_the_light_tokenizer_imports_neither_torch_nor_transformers(demo_assets)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120,
                          cwd=REPO_ROOT, check=True)
     assert out.stdout.strip() == "FolderTokenizer []", out.stderr
+
+
+def test_the_serving_paths_that_read_the_tokenizer_import_no_transformers(demo_assets):
+    lm = str(demo_assets.lm_dir)
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from warmup_tools.tokenizer_cache.service import TokenizerService\n"
+        "from warmup_tools.tokenizer_cache.settings import TokenizerConfig\n"
+        "from warmup_tools.front.chat_template import ChatRenderer\n"
+        f"TokenizerService(TokenizerConfig(Path({lm!r}))).encode('hello world')\n"
+        f"ChatRenderer.from_path(Path({lm!r})).render([('system', 'be brief'), ('user', 'hi')])\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+        # NOTE: lora_adapter's serving module reaches torch through the KV cache's modules (not the tokenizer's)
+        "from warmup_tools.lora_adapter.serving import load_tokenizer\n"
+        "from warmup_tools.lora_adapter.settings import EngineConfig\n"
+        f"load_tokenizer(EngineConfig(base_model=Path({lm!r}), public_prefixes=('You are',)))\n"
+        "print('transformers' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120,
+                         cwd=REPO_ROOT, check=True)
+    assert out.stdout.split("\n")[:2] == ["[]", "False"], out.stderr

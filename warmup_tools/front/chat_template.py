@@ -1,4 +1,5 @@
-"""Messages to one prompt with the LM tokenizer's own chat template (transformers' ``apply_chat_template``).
+"""Messages to one prompt with the LM tokenizer's own chat template, rendered as transformers'
+``apply_chat_template`` renders it (:class:`warmup_tools.common.tokenizer.FolderTokenizer`: no transformers).
 
 Rendering with the model's template, never a format of the front's own, is what makes one application's
 system prompt the same token prefix on every request, so it lands in the KV prefix cache once and the
@@ -45,9 +46,9 @@ class ChatRenderer:
 
     @classmethod
     def from_path(cls, path: Path) -> "ChatRenderer":
-        from transformers import AutoTokenizer
+        from warmup_tools.common.tokenizer import load_tokenizer
 
-        return cls(AutoTokenizer.from_pretrained(str(path)))
+        return cls(load_tokenizer(path))
 
     def render(self, messages: Sequence[tuple[str, str]]) -> RenderedChat:
         """``messages`` as ``(role, text)`` pairs; the prompt ends with the template's generation prompt."""

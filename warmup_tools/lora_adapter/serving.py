@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT, AssetError, InvalidInputError, UnknownAdapterError
+from warmup_tools.common.tokenizer import load_tokenizer as load_folder_tokenizer
 from warmup_tools.kv.arrays import KVArrays
 from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.kv.events import KvEventJournal
@@ -98,10 +99,9 @@ class ServingEngine:
 
 
 def load_tokenizer(config: EngineConfig) -> tuple[object, tuple[tuple[int, ...], ...]]:
-    """The base model folder's tokenizer, and the token ids of each declared public prefix."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(config.base_model)
+    """The base model folder's tokenizer (:func:`warmup_tools.common.tokenizer.load_tokenizer`: no transformers
+    where the folder allows it), and the token ids of each declared public prefix."""
+    tokenizer = load_folder_tokenizer(config.base_model)
     return tokenizer, tuple(tuple(tokenizer.encode(text, add_special_tokens=True)) for text in config.public_prefixes)
 
 

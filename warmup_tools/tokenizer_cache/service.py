@@ -17,6 +17,7 @@ from warmup_tools.caches.store import LocalCache
 from warmup_tools.caches.tiered import TieredCache
 from warmup_tools.common.digests import text_digest, tokenizer_fingerprint
 from warmup_tools.common.errors import AssetError
+from warmup_tools.common.tokenizer import load_tokenizer
 from warmup_tools.tokenizer_cache.settings import TokenizerConfig
 from warmup_tools.tokenizer_cache.templates import TemplateTokenizer
 from warmup_tools.triton.inputs import MAX_PROMPT_TOKENS
@@ -25,11 +26,10 @@ LOGGER = logging.getLogger(__name__)
 
 
 class TokenizerService:
-    """Tokenises prompts with a Hugging Face tokenizer behind a local (and optional shared) cache."""
+    """Tokenises prompts with the model folder's tokenizer (no transformers where the folder allows it) behind
+    a local (and optional shared) cache."""
 
     def __init__(self, config: TokenizerConfig, *, shared: SharedTier | None = None) -> None:
-        from transformers import AutoTokenizer
-
         self.config = config
         tokenizer_path = config.path
         if not tokenizer_path.exists():
@@ -37,7 +37,7 @@ class TokenizerService:
                 f"tokenizer folder {tokenizer_path} does not exist; build the demo assets with "
                 "`python -m warmup_tools assets` or point tokenizer_path at a model folder"
             )
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self.tokenizer = load_tokenizer(tokenizer_path)
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         #: Known templates (system prompts, RAG preambles): a prompt that starts with one tokenises only
         #: its remainder when that provably gives the same ids (see template_tokenizer).

@@ -101,7 +101,8 @@ class TemplateStats:
 class TemplateTokenizer:
     """Tokenises prompts that start with a known template from the template's cached ids.
 
-    ``tokenizer`` is a transformers fast tokenizer (``PreTrainedTokenizerFast``/``TokenizersBackend``).
+    ``tokenizer`` is a fast tokenizer: :class:`~warmup_tools.common.tokenizer.FolderTokenizer` or transformers'
+    ``TokenizersBackend`` (both expose ``encode`` and ``backend_tokenizer``).
     Results always equal ``tokenizer.encode(text, add_special_tokens=True)``. At most ``max_templates``
     templates are kept; the least recently used (by a template-path hit) is evicted first.
     """

@@ -263,3 +263,53 @@ def test_the_fit_recovers_known_coefficients_from_synthetic_timings():
     # A coefficient the data say is negative is held at 0, not returned negative.
     flat = [(StepShape.of([(1, c)] * r), 5.0 + 1.0 * r - 0.001 * c) for r in (1, 4, 8) for c in (10, 500, 1000)]
     assert fit_decode(flat)[0].ms_per_1k_context_tokens == 0.0
+
+
+def test_a_simulated_replicas_processes_import_neither_torch_nor_transformers(demo_assets, tmp_path):
+    """What every Python process of a simulated replica imports (the three stubs' model.py imports, the sidecar and
+    its front), and what a simulated engine does at run time: load the tokenizer, serve a request through the
+    scheduler and prefix cache, write a KV snapshot and read it back; torch and transformers stay out."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from warmup_tools.server.config import REPO_ROOT
+
+    modules = sorted({m for path in (REPO_ROOT / "model_repository").glob("*/1/model.py")
+                      for m in re.findall(r"^from (warmup_tools[\w.]*) import", path.read_text(), re.M)})
+    modules += ["warmup_tools.ops.cli.serving", "warmup_tools.sidecar.app", "warmup_tools.front.app"]
+    script = f"""
+import importlib, sys
+from pathlib import Path
+for name in {modules!r}:
+    importlib.import_module(name)
+from tests.unit.lora_adapter.test_scheduler import RecordingSink, drain
+from warmup_tools.kv.config import KVCacheConfig
+from warmup_tools.kv.snapshot import write_snapshot
+from warmup_tools.kv.snapshot_verify import read_snapshot
+from warmup_tools.lora_adapter.engines import make_engine
+from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
+from warmup_tools.lora_adapter.scheduler import Scheduler
+from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING, EngineConfig
+from warmup_tools.lora_adapter.snapshot_restore import engine_identity
+engine = make_engine(EngineConfig(base_model=Path({str(demo_assets.lm_dir)!r}),
+                                  adapter_root=Path({str(demo_assets.adapter_root)!r}), kind="simulated",
+                                  speedup=1000.0, kv=KVCacheConfig(budget_bytes=1 << 30, block_size=16)))
+scheduler, sink = Scheduler(engine, DEFAULT_BATCHING), RecordingSink()
+ids = engine.encode("You are a support agent. " * 8 + "User: two charges?")
+scheduler.submit(GenerateRequest(ids, "support", "acme", True, SamplingParams(max_tokens=4, temperature=0.7)), sink)
+drain(scheduler)
+assert not sink.errors and sink.steps[-1].finished, sink.errors
+blocks = engine.prefix_cache.snapshot_blocks(1 << 30)
+info = write_snapshot(Path({str(tmp_path)!r}), "s", engine_identity(engine), dict(engine.adapter_fingerprints),
+                      blocks, created=1.0, arrays=engine.prefix_cache.arrays)
+read = read_snapshot(info.manifest, engine_identity(engine), max_payload_bytes=1 << 30,
+                     arrays=engine.prefix_cache.arrays)
+assert len(read.blocks) == len(blocks) > 0
+print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr[-2000:]

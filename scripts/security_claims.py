@@ -384,6 +384,20 @@ AREAS: tuple[Area, ...] = (
         Claim("A shared tier in open mode without `control_dir` (where `deployment.salt` keys its Redis keys and "
               "MACs) is refused at load.",
               ("tests/unit/triton/test_shared_tier_keys.py",)),
+        Claim("A snapshot read into numpy arrays (the simulated engine's, which loads no torch) gets every check a "
+              "torch reader makes: the same block digests, dtypes, shapes and finiteness.",
+              ("tests/unit/kv/test_arrays.py::test_a_numpy_snapshot_with_a_non_finite_value_is_refused",
+               "tests/unit/kv/test_arrays.py::test_a_block_digest_depends_on_dtype_shape_and_values_not_on_the_library")),
+    )),
+    Area("The model folder's tokenizer and chat template", "bounds-on-inputs", (
+        Claim("A chat template renders in jinja2's `ImmutableSandboxedEnvironment` (jinja2 >= 3.1.6): it cannot read "
+              "underscore attributes, change its inputs or store underscore names on a `namespace`.",
+              ("tests/unit/common/test_tokenizer.py::test_a_template_cannot_reach_python_internals",)),
+        Claim("Tokenizer files are bounded (`tokenizer.json` 256 MiB, config and template files 16 MiB each) and "
+              "checked before they are read; a missing, oversized or malformed file stops the start with an error "
+              "naming the file.",
+              ("tests/unit/common/test_tokenizer.py::test_an_oversized_tokenizer_file_is_refused_before_it_is_read",
+               "tests/unit/common/test_tokenizer.py::test_an_unreadable_folder_is_an_asset_error")),
     )),
     Area("The shared tier (Redis) slow, down or under a synchronized expiry", "bounds-on-inputs", (
         Claim("Every call ends within `redis_timeout_ms`: a Redis that accepts connections but never answers gives a "

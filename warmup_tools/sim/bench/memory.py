@@ -12,6 +12,7 @@ Only one replica runs at a time, so no page is shared with the other's processes
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import tempfile
 import time
@@ -24,6 +25,7 @@ from warmup_tools.fleet.replica import Replica
 from warmup_tools.fleet.settings import FleetSettings
 from warmup_tools.lora_adapter.profile import DEFAULT_PROFILE
 from warmup_tools.sim.bench.params import LmThreads
+from warmup_tools.sim.bench.soak_checks import process_role
 from warmup_tools.sim.bench.tables import markdown
 
 #: The goal: a simulated replica's PSS at most this share of a real one's.
@@ -94,16 +96,10 @@ def process_memory(pid: int) -> ProcessMemory:
 
 
 def role_of(argv: list[str]) -> str:
-    """What a replica's process is, from its command line."""
-    text = " ".join(argv)
-    if "triton_python_backend_stub" in text:
-        model = next((a for a in argv if "model_repository" in a or a.endswith("/1/model.py")), "")
-        for name in ("tokenizer_cache", "embedding_cache", "lora_adapter"):
-            if f"/{name}/" in model or f"/{name}/" in text:
-                return f"stub {name}"
-        return "stub"
-    if argv and argv[0].endswith("tritonserver"):
-        return "tritonserver"
+    """What a replica's process is, from its command line: a stub by its model, tritonserver, the sidecar."""
+    role = process_role(argv)
+    if role is not None:
+        return "tritonserver" if role == "tritonserver" else f"stub {re.sub(r'_[0-9]+_[0-9]+$', '', role)}"
     if "sidecar" in argv:
         return "sidecar + front"
     return Path(argv[0]).name if argv else "?"

@@ -16,8 +16,9 @@ least squares, :mod:`warmup_tools.lora_adapter.profile_fit`):
 Keys: ``name``, ``hardware``, ``model``, ``source`` (where the figures come from), ``kv_bytes_per_token`` (what
 the prefix cache and the running sequences count per token), ``kv_capacity_tokens`` (tokens of KV the
 modelled device holds: size ``kv_cache_bytes`` within ``kv_capacity_tokens * kv_bytes_per_token``),
-``prefill`` and ``decode`` (the coefficients above, each >= 0), and optionally ``notes``, ``sources`` (one
-citation per figure, keyed like ``"decode.base_ms"``) and ``fit`` (how a fitted profile was measured).
+``prefill`` and ``decode`` (the coefficients above, each >= 0), and optionally ``device`` (:data:`DEVICES`: where
+the modelled forward runs; ``gpu`` by default), ``notes``, ``sources`` (one citation per figure, keyed like
+``"decode.base_ms"``) and ``fit`` (how a fitted profile was measured).
 Any other key is an error. Every figure a simulated engine gives is *modelled*, with the profile's name.
 """
 
@@ -37,7 +38,11 @@ PROFILE_DIR = Path(__file__).with_name("profiles")
 DEFAULT_PROFILE = "cpu-demo-lm"
 
 _TOP_KEYS = frozenset({"name", "hardware", "model", "source", "kv_bytes_per_token", "kv_capacity_tokens", "prefill",
-                       "decode", "notes", "sources", "fit"})
+                       "decode", "device", "notes", "sources", "fit"})
+#: Where a profile's forward runs, and so how the simulated engine spends its time: ``gpu``, waited out (a sleep:
+#: the host's cores stay free, as they do while a GPU computes); ``cpu``, computed for (a core is kept busy for the
+#: step's time, so the replica's other processes contend with it as they do with a CPU forward).
+DEVICES = ("gpu", "cpu")
 _REQUIRED = ("name", "hardware", "model", "source", "kv_bytes_per_token", "kv_capacity_tokens", "prefill", "decode")
 
 
@@ -101,6 +106,7 @@ class EngineProfile:
     kv_capacity_tokens: int
     prefill: PrefillCost
     decode: DecodeCost
+    device: str = "gpu"
     notes: str = ""
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
     fit: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -141,12 +147,14 @@ class EngineProfile:
             raise ConfigError(f"engine profile {origin}: sources must map figures to texts")
         if not isinstance(data.get("fit", {}), dict):
             raise ConfigError(f"engine profile {origin}: fit must be an object")
+        if data.get("device", "gpu") not in DEVICES:
+            raise ConfigError(f"engine profile {origin}: device must be one of {', '.join(DEVICES)}")
         return cls(
             name=data["name"], hardware=data["hardware"], model=data["model"], source=data["source"],
             kv_bytes_per_token=_count(data, "kv_bytes_per_token", origin),
             kv_capacity_tokens=_count(data, "kv_capacity_tokens", origin),
             prefill=PrefillCost(**_costs(data, "prefill", PrefillCost, origin)),
-            decode=DecodeCost(**_costs(data, "decode", DecodeCost, origin)),
+            decode=DecodeCost(**_costs(data, "decode", DecodeCost, origin)), device=data.get("device", "gpu"),
             notes=data.get("notes", ""), sources=dict(sources), fit=dict(data.get("fit", {})))
 
     def to_json(self) -> dict[str, Any]:

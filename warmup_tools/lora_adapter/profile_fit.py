@@ -173,7 +173,7 @@ def fit_profile(assets: Path, *, name: Annotated[str, arg("the profile's name")]
         source=f"fitted by `python -m warmup_tools profile-fit` on the real engine's {forward} forward, through "
                "the scheduler's SequenceEngine protocol",
         kv_bytes_per_token=kv_bytes, kv_capacity_tokens=DEFAULT_BUDGET_BYTES // kv_bytes,
-        prefill=_rounded(prefill), decode=_rounded(decode),
+        prefill=_rounded(prefill), decode=_rounded(decode), device="gpu" if gpu else "cpu",
         notes=f"Modelled. kv_bytes_per_token is the demo LM's {dtype_name} KV (2 x layers x KV heads x head_dim x "
               "bytes); kv_capacity_tokens is the default kv_cache_bytes (256 MiB) over it.",
         fit=fit)

@@ -18,7 +18,10 @@ Only :meth:`SimulatedEngine.forward_batch` differs:
   penalty picks that token too);
 * each forward takes the profile's step time for its batch
   (:meth:`~warmup_tools.lora_adapter.profile.EngineProfile.step_ms`), divided by ``engine_speedup``: the
-  small real work is done first, the rest is waited (``time.sleep``), so a replica costs little CPU.
+  small real work is done first, then the rest is spent as the profile's device would
+  (:data:`~warmup_tools.lora_adapter.profile.DEVICES`): waited out for a GPU (``time.sleep``, so a replica costs
+  little CPU), computed for on a CPU (:func:`occupy_core`: this thread's CPU time, so the processes beside it
+  contend with it as they do with the real CPU forward, whose profile was fitted on a quiet machine).
 
 Every time it gives is modelled, from the profile it names (:attr:`SimulatedEngine.label`).
 
@@ -74,12 +77,15 @@ class SimulatedEngine(ServingEngine, SequenceRunner):
     forwards that take a profile's time (module doc). ``sleep`` and ``clock`` are for tests."""
 
     def __init__(self, config: EngineConfig, *, profile: EngineProfile | None = None,
-                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.perf_counter) -> None:
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.perf_counter,
+                 occupy: Callable[[float], None] | None = None) -> None:
         super().__init__()
         self.config = config
         self.profile = profile or load_profile(config.profile)
         self.speedup = config.speedup
         self._sleep, self._clock = sleep, clock
+        #: How the rest of a forward's time is spent: a sleep (a GPU profile), or keeping this core busy.
+        self._spend = sleep if self.profile.device == "gpu" else (occupy or occupy_core)
         self.device = "cpu"
         self.dtype = np.dtype(np.float32)
         model_config = _read_model_config(config.base_model)
@@ -131,7 +137,7 @@ class SimulatedEngine(ServingEngine, SequenceRunner):
         self.modelled_seconds += seconds
         remaining = seconds / self.speedup - (self._clock() - started)
         if remaining > 0:
-            self._sleep(remaining)
+            self._spend(remaining)
         return outputs
 
     def step_seconds(self, rows: Sequence[BatchRow]) -> float:
@@ -200,6 +206,20 @@ def _token_kv(token_ids: Sequence[int], position: int) -> np.ndarray:
     ids = np.asarray(list(token_ids), dtype=np.float32)
     positions = np.arange(position, position + len(ids), dtype=np.float32)
     return np.stack((ids, positions), axis=1).reshape(1, 1, len(ids), 2)
+
+
+#: What :func:`occupy_core` hashes: large enough that hashlib computes without the GIL (over 2 KiB).
+_BUSY_BUFFER = bytes(64 << 10)
+
+
+def occupy_core(seconds: float) -> None:
+    """Keep this thread computing for ``seconds`` of its own CPU time (its wall time grows when other processes
+    want the core too). NOTE: the work is SHA-256 over a 64 KiB buffer, which hashlib computes with the GIL
+    released, so the process's other threads (Triton's responses, the detokenizer) run beside it as they do beside
+    a torch forward."""
+    deadline = time.thread_time() + seconds
+    while time.thread_time() < deadline:
+        hashlib.sha256(_BUSY_BUFFER).digest()
 
 
 def _splitmix(value: int) -> int:

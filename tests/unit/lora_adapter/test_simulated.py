@@ -6,6 +6,7 @@ No test waits on a wall clock: the engine's ``sleep`` and ``clock`` are injected
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -192,6 +193,29 @@ def test_the_shipped_profiles_load_and_the_gpu_ones_keep_their_sources():
         assert figures | {"kv_bytes_per_token", "kv_capacity_tokens"} <= set(gpu.sources)
 
 
+def test_a_gpu_profile_waits_its_time_and_a_cpu_profile_keeps_a_core_busy_for_it(demo_assets):
+    assert load_profile("cpu-demo-lm").device == "cpu" and load_profile("h100-llama-3.1-8b").device == "gpu"
+    rows = [BatchRow((1, 2, 3), 0, None, None)]
+    for device, slept, occupied in (("gpu", 1, 0), ("cpu", 0, 1)):
+        time, spent = FakeTime(), []
+        engine = SimulatedEngine(simulated(demo_assets).config, profile=dataclasses.replace(PROFILE, device=device),
+                                 sleep=time.sleep, clock=time.clock, occupy=spent.append)
+        engine.forward_batch(rows)
+        assert (len(time.slept), len(spent)) == (slept, occupied)
+        assert (time.slept + spent)[0] == pytest.approx(PROFILE.step_ms(StepShape.of([(3, 0)])) / 1000)
+    assert dataclasses.replace(PROFILE, device="cpu").to_json()["device"] == "cpu"
+
+
+def test_keeping_a_core_busy_spends_this_threads_cpu_time():
+    from time import thread_time
+
+    from warmup_tools.lora_adapter.simulated import occupy_core
+
+    started = thread_time()
+    occupy_core(0.02)
+    assert thread_time() - started >= 0.02  # however long the wall clock took (the machine may be busy)
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda d: d.pop("decode"), "missing key(s) decode"),
     (lambda d: d.update(extra=1), "unknown key(s) extra"),
@@ -199,6 +223,7 @@ def test_the_shipped_profiles_load_and_the_gpu_ones_keep_their_sources():
     (lambda d: d["decode"].pop("ms_per_row"), "decode must hold exactly"),
     (lambda d: d.update(kv_bytes_per_token=0), "kv_bytes_per_token must be a whole number >= 1"),
     (lambda d: d.update(name=""), "name must be a non-empty text"),
+    (lambda d: d.update(device="tpu"), "device must be one of gpu, cpu"),
 ])
 def test_a_bad_profile_is_a_config_error_naming_the_file_and_the_field(tmp_path, change, message):
     data = load_profile("h100-llama-3.1-8b").to_json()

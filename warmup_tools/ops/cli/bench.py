@@ -43,6 +43,8 @@ BENCHES = {
     "fleet-scale": "1 to 8 replicas of the simulated engine (a profile's step times) behind the smg router replaying a "
                    "public production trace: policies against an oracle cache, the plan whole vs split vs none, three "
                    "replicas joining under load (cold, warmed, restored), scale-in and a router restart",
+    "cache-curve": "the KV prefix cache's hit rate against its size (LRU, LFU with TTL) on the shipped public traces, "
+                   "counted up to each request's first missing block, beside the Mooncake paper's figures",
     "fidelity": "the simulated engine (this machine's fitted profile) against the real one on the same trace slice: "
                 "TTFT and inter-token latency p50/p90, and cached prompt tokens per request",
     "memory": "one replica with the real engine, then one simulated: each process's proportional set size and whether "

@@ -28,7 +28,7 @@ from front_floor import (  # scripts/, this script's folder
 from warmup_tools.demo.assets import ensure_demo_assets
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
-from warmup_tools.sim.bench.front import front_process
+from warmup_tools.sim.bench.support.servers import front_process
 
 
 def main(other: Path, rounds: int, pipeline: str) -> None:

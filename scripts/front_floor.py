@@ -42,7 +42,7 @@ from warmup_tools.front.engine.protocol import infer_request
 from warmup_tools.front.settings import PIPELINES
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
-from warmup_tools.sim.bench.front import front_process
+from warmup_tools.sim.bench.support.servers import front_process
 
 PROMPT = demo_prompt("support", "where is my order?")
 

@@ -25,7 +25,7 @@ from warmup_tools.demo.prompts import demo_prompt
 from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
-from warmup_tools.sim.bench.latency import SCOPES, stream_prompt
+from warmup_tools.sim.bench.support.latency import SCOPES, stream_prompt
 
 MAX_TOKENS = 32
 

@@ -25,7 +25,8 @@ from warmup_tools.planning import select
 from warmup_tools.planning.select import build_plan
 from warmup_tools.planning.target import PlanTarget
 from warmup_tools.server.config import REPO_ROOT
-from warmup_tools.sim.bench.fleet_scale import DEFAULT_PROFILE, replica_kv_tokens, simulated_environment
+from warmup_tools.sim.bench.fleet_scale import DEFAULT_PROFILE
+from warmup_tools.sim.bench.support.simulated import replica_kv_tokens, simulated_environment
 from warmup_tools.sim.traces import TracePrompts, TraceScale, load_trace
 
 ASSETS = REPO_ROOT / ".assets"

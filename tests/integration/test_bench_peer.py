@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from warmup_tools.sim.bench.peer import OpenAIStreams, Prompts, measure
-from warmup_tools.sim.bench.peer_servers import BASE
+from warmup_tools.sim.bench.support.peer_servers import BASE
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.waiting import wait_for
 from warmup_tools.server.client import metric_sum, scrape_metrics
-from warmup_tools.sim.bench.fleet import ROUTED_WORKER_HEADER
+from warmup_tools.sim.bench.support.sending import ROUTED_WORKER_HEADER
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 

@@ -18,16 +18,15 @@ from warmup_tools.common.settings import environ_overrides
 from warmup_tools.fleet.fleet import Fleet
 from warmup_tools.fleet.settings import FleetSettings
 from warmup_tools.lora_adapter.profile import load_profile
-from warmup_tools.sim.bench.fleet import replica_named, send
 from warmup_tools.sim.bench.fleet_scale import (
     Bench,
     replay,
-    replica_kv_tokens,
     replicas_by_worker,
-    simulated_environment,
     summarise,
     workload,
 )
+from warmup_tools.sim.bench.support.sending import replica_named, send
+from warmup_tools.sim.bench.support.simulated import replica_kv_tokens, simulated_environment
 from warmup_tools.sim.traces import TraceScale
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]

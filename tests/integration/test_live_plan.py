@@ -22,7 +22,7 @@ from warmup_tools.server.process import RepositoryKey, TritonServer
 from warmup_tools.sidecar.app import Sidecar
 from warmup_tools.sidecar.config import SidecarConfig
 from warmup_tools.sidecar.plan_id import discover_plan_id
-from warmup_tools.sim.bench.recovery import ready_status
+from warmup_tools.sim.bench.support.servers import ready_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -20,7 +20,8 @@ from warmup_tools.server.client import GenerateError, GenerateParams, StreamingC
 from warmup_tools.server.process import RepositoryKey, TritonServer
 from warmup_tools.sidecar.app import Sidecar
 from warmup_tools.sidecar.config import SidecarConfig
-from warmup_tools.sim.bench.recovery import CLIENT_TIMEOUT_MESSAGE, InFlightRequest, OutageClient, ready_status
+from warmup_tools.sim.bench.recovery import CLIENT_TIMEOUT_MESSAGE, InFlightRequest, OutageClient
+from warmup_tools.sim.bench.support.servers import ready_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

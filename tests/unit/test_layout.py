@@ -168,6 +168,69 @@ def test_the_cycle_check_sees_a_cycle(tmp_path):
         graphlib.TopologicalSorter(graph).prepare()
 
 
+#: The benchmarks' package, and the package of what they share (its docstring says what lives there).
+BENCH = f"{TOP}.sim.bench"
+SUPPORT = f"{BENCH}.support"
+
+
+def benchmark_modules() -> set[str]:
+    """The modules of the benchmarks: each key of ``BENCHES``, with ``_`` for ``-``."""
+    from warmup_tools.ops.cli.bench import BENCHES
+
+    return {f"{BENCH}.{name.replace('-', '_')}" for name in BENCHES}
+
+
+def bench_layering_problems(graph: dict[str, set[str]], benchmarks: set[str]) -> list[str]:
+    """What breaks the benchmarks' layering in ``graph`` (``{module: {module it imports}}``): a benchmark that
+    imports another benchmark, a module of the support package that imports a benchmark (a way round the first),
+    and a module of ``sim/bench/`` that is neither a benchmark nor in the support package."""
+    problems = []
+    for module, imported in sorted(graph.items()):
+        if not module.startswith(BENCH + "."):
+            continue
+        in_support = module == SUPPORT or module.startswith(SUPPORT + ".")
+        if module not in benchmarks and not in_support:
+            problems.append(f"{module} is no benchmark (not in BENCHES): a helper belongs in {SUPPORT}")
+        for target in sorted(imported & benchmarks - {module}):
+            who = "the benchmark" if module in benchmarks else "the support module" if in_support else "the module"
+            problems.append(f"{who} {module} imports the benchmark {target} (move what they share into {SUPPORT})")
+    return problems
+
+
+def test_no_benchmark_imports_another_benchmark():
+    """Module-level, ``TYPE_CHECKING`` and function-level imports alike, as the cycle test reads them."""
+    graph = module_imports()
+    benchmarks = benchmark_modules()
+    assert benchmarks <= set(graph), f"BENCHES names no module: {sorted(benchmarks - set(graph))}"
+    problems = bench_layering_problems(graph, benchmarks)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_bench_layering_check_sees_a_benchmark_importing_another(tmp_path):
+    bench = tmp_path / "warmup_tools" / "sim" / "bench"
+    (bench / "support").mkdir(parents=True)
+    (bench / "__init__.py").write_text("")
+    (bench / "support" / "__init__.py").write_text("")
+    (bench / "one.py").write_text("def run():\n    from warmup_tools.sim.bench import two\n")
+    (bench / "two.py").write_text("from warmup_tools.sim.bench.support.shared import helper\n\ndef run():\n"
+                                  "    return helper()\n")
+    (bench / "support" / "shared.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                                 "    from warmup_tools.sim.bench.one import run\n")
+    (bench / "stray.py").write_text("def helper():\n    return 1\n")
+    graph = {module_name(p, tmp_path): imported_modules(p, tmp_path) for p in bench.rglob("*.py")}
+    benchmarks = {f"{BENCH}.one", f"{BENCH}.two"}
+    assert bench_layering_problems(graph, benchmarks) == [
+        f"the benchmark {BENCH}.one imports the benchmark {BENCH}.two (move what they share into {SUPPORT})",
+        f"{BENCH}.stray is no benchmark (not in BENCHES): a helper belongs in {SUPPORT}",
+        f"the support module {SUPPORT}.shared imports the benchmark {BENCH}.one (move what they share into "
+        f"{SUPPORT})"]
+    (bench / "one.py").write_text("from warmup_tools.sim.bench.support.shared import helper\n")
+    (bench / "support" / "shared.py").write_text("def helper():\n    return 1\n")
+    (bench / "stray.py").unlink()
+    graph = {module_name(p, tmp_path): imported_modules(p, tmp_path) for p in bench.rglob("*.py")}
+    assert bench_layering_problems(graph, benchmarks) == []
+
+
 def test_the_import_reader_sees_function_level_relative_and_dynamic_imports(tmp_path):
     module = tmp_path / "warmup_tools" / "ops" / "probe.py"
     module.parent.mkdir(parents=True)

@@ -47,7 +47,7 @@ def test_a_server_command_line_imports_no_benchmark_and_no_torch():
             "print(sorted(m for m in sys.modules if m.startswith('warmup_tools.sim.bench.') and m.count('.') == 3))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "['warmup_tools.sim.bench.fidelity', " \
-        "'warmup_tools.sim.bench.openai_stream', 'warmup_tools.sim.bench.params', 'warmup_tools.sim.bench.tables']"
+        "'warmup_tools.sim.bench.support']", "the benchmark named and the benchmarks' support package, no other"
 
 
 def test_duration_flags_parse_and_refuse_nonsense(capsys):

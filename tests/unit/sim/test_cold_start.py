@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from warmup_tools.sim.bench.cold_start import (
+from warmup_tools.sim.bench.support.cold_start import (
     Sample,
     after_adapters_live,
     cached_share,
@@ -84,7 +84,7 @@ def test_the_per_minute_share_and_its_worst_window_between_two_runs():
 
 
 def test_the_report_compares_the_plan_with_none_per_event_and_window():
-    from warmup_tools.sim.bench.cold_start import ColdRun, cold_start_report
+    from warmup_tools.sim.bench.support.cold_start import ColdRun, cold_start_report
 
     def fleet(first_ttft: float, first_cached: int) -> dict[str, list[Sample]]:
         early = [Sample(float(t), first_ttft, first_cached, 100) for t in range(0, 60, 10)]

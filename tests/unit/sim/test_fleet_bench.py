@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 
 from warmup_tools.common.records import RequestRecord
-from warmup_tools.sim.bench.fleet import Answer, figures, replay
+from warmup_tools.sim.bench.fleet import figures, replay
+from warmup_tools.sim.bench.support.sending import Answer
 
 
 def _records(n: int) -> list[RequestRecord]:
@@ -45,7 +46,7 @@ def test_a_request_names_its_tenant_in_the_body_which_the_router_forwards() -> N
 
     import httpx
 
-    from warmup_tools.sim.bench.fleet import send
+    from warmup_tools.sim.bench.support.sending import send
 
     seen = []
 
@@ -70,7 +71,7 @@ def test_a_failure_keeps_its_status_its_error_kind_and_the_worker_the_router_nam
 
     import httpx
 
-    from warmup_tools.sim.bench.fleet import ROUTED_WORKER_HEADER, send
+    from warmup_tools.sim.bench.support.sending import ROUTED_WORKER_HEADER, send
 
     def answer(request: httpx.Request) -> httpx.Response:
         prompt = json.loads(request.content)["prompt"]
@@ -101,7 +102,7 @@ def test_a_failure_keeps_its_status_its_error_kind_and_the_worker_the_router_nam
 
 
 def test_failures_are_tallied_by_status_kind_and_replica_most_first() -> None:
-    from warmup_tools.sim.bench.fleet import error_kind, failure_tally, failures_table, replica_named
+    from warmup_tools.sim.bench.support.sending import error_kind, failure_tally, failures_table, replica_named
 
     r1, r2 = "http://127.0.0.1:1000", "http://127.0.0.1:100"
     answers = [Answer(0, 1.0, 0, 8), Answer(1, 0.0, 0, 0, "HTTP 503: not ready", 503, "not_ready", f"{r1}/m/base"),

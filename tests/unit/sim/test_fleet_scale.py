@@ -8,15 +8,14 @@ import math
 
 from warmup_tools.lora_adapter.profile import load_profile
 from warmup_tools.sim.bench.fidelity import Served, percentile, report
-from warmup_tools.sim.bench.fleet import Answer
 from warmup_tools.sim.bench.fleet_scale import (
     Item,
     Workload,
-    replica_kv_tokens,
-    simulated_environment,
     summarise,
     table,
 )
+from warmup_tools.sim.bench.support.sending import Answer
+from warmup_tools.sim.bench.support.simulated import replica_kv_tokens, simulated_environment
 
 
 def test_a_replicas_kv_budget_is_the_profiles_device_in_the_traces_blocks():
@@ -63,8 +62,8 @@ def test_fidelity_compares_percentiles_within_the_tolerance_and_cached_tokens_pe
 
 
 def test_a_protocol_runs_figures_each_joiners_first_window_against_the_fleets_steady_share():
-    from warmup_tools.sim.bench.cold_start import Sample
     from warmup_tools.sim.bench.fleet_scale import JOINER_WINDOW_S, JoinerWindow, protocol_result, protocols_table
+    from warmup_tools.sim.bench.support.cold_start import Sample
 
     answers = [Answer(0.0, 10.0, 30, 100), Answer(1.0, 10.0, 0, 100),
                Answer(2.0, 0.0, 0, 0, "boom", 503, "unavailable", "grpc://127.0.0.1:5")]

@@ -8,7 +8,7 @@ import pytest
 
 from warmup_tools.sim.bench import peer
 from warmup_tools.sim.bench.peer import Figures, Prompts, format_table
-from warmup_tools.sim.bench.peer_servers import BASE, vllm_argv
+from warmup_tools.sim.bench.support.peer_servers import BASE, vllm_argv
 
 
 def test_vllm_runs_the_same_model_with_prefix_caching_and_every_adapter_folder_at_its_rank(tmp_path):
@@ -71,8 +71,8 @@ def test_the_ab_table_compares_the_project_with_its_other_forward():
 
 
 def test_the_replay_table_gives_both_servers_cold_share_cached_share_and_ttft():
-    from warmup_tools.sim.bench.peer_replay import format_replay
-    from warmup_tools.sim.bench.replay import Served, figures
+    from warmup_tools.sim.bench.support.peer_replay import format_replay
+    from warmup_tools.sim.bench.support.workload import Served, figures
 
     project = figures("project", [Served(0, False, 10.0, 96, 100), Served(1, True, 30.0, 0, 50),
                                   Served(2, False, 20.0, 64, 80), Served(3, True, 40.0, 0, 10)])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from warmup_tools.common.records import RequestRecord
-from warmup_tools.sim.bench.replay import Served, figures, floor, table, write_report
+from warmup_tools.sim.bench.replay import table, write_report
+from warmup_tools.sim.bench.support.workload import Served, figures, floor
 
 SYSTEM = "I want you to act as a patient maths tutor who explains every step of a proof with a simple example. "
 

@@ -1,8 +1,8 @@
 """bench rolling's figures: windows and how long new applications stay cold (no server)."""
 
 from warmup_tools.common.records import RequestRecord
-from warmup_tools.sim.bench.replay import Served
 from warmup_tools.sim.bench.rolling import apps_table, new_applications, table
+from warmup_tools.sim.bench.support.workload import Served
 
 START = 1_700_000_000.0
 

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from warmup_tools.sim.bench.soak import _bad_requests, format_summary, verdict_failures
-from warmup_tools.sim.bench.soak_checks import (
+from warmup_tools.sim.bench.support.soak_checks import (
     ANSWERED,
     CANCELLED,
     ECHOED,

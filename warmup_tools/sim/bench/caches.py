@@ -7,18 +7,13 @@ the ensemble's tokenizer and embedding steps add over calling ``lora_adapter`` d
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import random
-import shutil
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Annotated, Callable, Iterator, Sequence, TextIO
+from typing import Annotated, Callable, TextIO
 
 import numpy as np
 
@@ -26,16 +21,11 @@ from warmup_tools.common.settings import arg
 from warmup_tools.embedding_cache.settings import EmbedderConfig
 from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.config import REPO_ROOT
-from warmup_tools.server.process import TritonServer, free_port
-from warmup_tools.sim.bench.text import make_text
+from warmup_tools.server.process import TritonServer
+from warmup_tools.sim.bench.support.servers import local_redis
+from warmup_tools.sim.bench.support.tables import percentiles
+from warmup_tools.sim.bench.support.text import make_text
 from warmup_tools.tokenizer_cache.settings import TokenizerConfig
-
-
-def percentiles(samples_s: Sequence[float]) -> tuple[float, float]:
-    """p50 and p99 in milliseconds."""
-    ordered = sorted(samples_s)
-    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
-    return statistics.median(ordered) * 1000, p99 * 1000
 
 
 def timed(fn: Callable[[], object], n: int) -> list[float]:
@@ -98,35 +88,6 @@ def run(assets_dir: Path, *, n: Annotated[int, arg("texts looked up per cache", 
     out.flush()
     _tier_latency(out)
     _ensemble_overhead(assets_dir, tok, rng, out)
-
-
-@contextlib.contextmanager
-def local_redis() -> Iterator[str | None]:
-    """A throwaway redis-server on a free port (its URL), stopped afterwards; None without redis-server."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        yield None
-        return
-    import redis
-
-    port = free_port()
-    work = Path(tempfile.mkdtemp(prefix="bench-redis-"))
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(work)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        admin = redis.Redis(port=port, socket_timeout=1, socket_connect_timeout=1)
-        for _ in range(100):
-            try:
-                if admin.ping():
-                    break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        admin.close()
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _tier_latency(out: TextIO) -> None:

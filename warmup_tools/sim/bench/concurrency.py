@@ -24,7 +24,7 @@ from warmup_tools.demo.prompts import demo_prompt
 from warmup_tools.server.client import GenerateError, GenerateParams, GenerateResult, StreamingClient, grpc_inputs
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
-from warmup_tools.sim.bench.latency import (
+from warmup_tools.sim.bench.support.latency import (
     SCOPES,
     LevelResult,
     Sample,
@@ -35,7 +35,7 @@ from warmup_tools.sim.bench.latency import (
     run_streams,
     stream_prompt,
 )
-from warmup_tools.sim.bench.params import LmThreads, MaxNumSeqs, MaxTokens
+from warmup_tools.sim.bench.support.params import LmThreads, MaxNumSeqs, MaxTokens
 
 
 def run(assets_dir: Path, *, levels: Annotated[Sequence[int], arg("comma-separated stream counts")] = (1, 4, 8, 16),

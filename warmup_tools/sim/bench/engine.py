@@ -34,7 +34,7 @@ from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING, EngineConfig
 from warmup_tools.server.config import ServeConfig
-from warmup_tools.sim.bench.latency import (
+from warmup_tools.sim.bench.support.latency import (
     SCOPES,
     LevelResult,
     Sample,
@@ -43,7 +43,7 @@ from warmup_tools.sim.bench.latency import (
     run_streams,
     stream_prompt,
 )
-from warmup_tools.sim.bench.params import LmThreads, MaxNumSeqs, MaxTokens
+from warmup_tools.sim.bench.support.params import LmThreads, MaxNumSeqs, MaxTokens
 
 
 def run(assets_dir: Path, *, levels: Annotated[Sequence[int], arg("comma-separated stream counts")] = (1, 4, 8, 16),

@@ -28,9 +28,9 @@ from warmup_tools.common.settings import arg
 from warmup_tools.lora_adapter.profile import DEFAULT_PROFILE
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
-from warmup_tools.sim.bench.openai_stream import StreamError, stream_completion
-from warmup_tools.sim.bench.params import LmThreads
-from warmup_tools.sim.bench.tables import markdown
+from warmup_tools.sim.bench.support.openai_stream import StreamError, stream_completion
+from warmup_tools.sim.bench.support.params import LmThreads
+from warmup_tools.sim.bench.support.tables import markdown
 from warmup_tools.sim.traces import TRACES, TracePrompts, TraceScale, load_trace
 
 #: The goal: the simulated engine's TTFT and ITL percentiles within this share of the real engine's.
@@ -86,7 +86,7 @@ def run(assets_dir: Path, *,
 
 @contextlib.contextmanager
 def served(assets_dir: Path, env: dict[str, str]) -> Iterator[str]:
-    from warmup_tools.sim.bench.front import front_process
+    from warmup_tools.sim.bench.support.servers import front_process
 
     with TritonServer(REPO_ROOT / "model_repository", env=env) as server:
         server.wait_ready(timeout=START_TIMEOUT_S)

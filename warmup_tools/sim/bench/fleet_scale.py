@@ -27,7 +27,7 @@ Runs (each a fleet of its own, one after the other):
    ``join_min`` (warmed with the plan, cold without): per event (the fleet's start, the join, each adapter's
    first request) and window (the first 60 s and 5 min), TTFT p99, its P99 jump over the steady p99, TTFT std
    and cached share, plan against no plan; the per-minute cached share's worst gap
-   (:mod:`warmup_tools.sim.bench.cold_start`).
+   (:mod:`warmup_tools.sim.bench.support.cold_start`).
 
 7. **Worker protocols** (``--runs protocols``, not in the default) at the largest fleet with ``plan_policy``, once per
    ``--worker-protocols`` (``http``: smg routes ``cache_aware`` on its own tree of the text it routed; ``grpc``: on
@@ -73,12 +73,13 @@ from warmup_tools.fleet.fleet import Fleet
 from warmup_tools.fleet.replica import Replica
 from warmup_tools.fleet.router import ServedModel
 from warmup_tools.fleet.settings import ROUTER_POLICIES, WORKER_PROTOCOLS, FleetSettings
-from warmup_tools.lora_adapter.profile import EngineProfile, load_profile
+from warmup_tools.lora_adapter.profile import load_profile
 from warmup_tools.server.client import metric_sum, scrape_metrics
 from warmup_tools.server.config import REPO_ROOT
-from warmup_tools.sim.bench.cold_start import ColdRun, Sample, cold_start_report
-from warmup_tools.sim.bench.fleet import Answer, failures_table, send
-from warmup_tools.sim.bench.tables import markdown, p99
+from warmup_tools.sim.bench.support.cold_start import ColdRun, Sample, cold_start_report
+from warmup_tools.sim.bench.support.sending import Answer, failures_table, send
+from warmup_tools.sim.bench.support.simulated import replica_kv_tokens, simulated_environment
+from warmup_tools.sim.bench.support.tables import markdown, p99
 from warmup_tools.sim.traces import TRACES, TracePrompts, TraceScale, load_trace
 
 LOGGER = logging.getLogger(__name__)
@@ -91,8 +92,6 @@ SNAPSHOT_INTERVAL_S = 10
 JOINERS = ("cold", "warmed", "restored")
 #: The ``--trace`` of the project's real-text traffic (:func:`real_text`), beside :data:`TRACES`.
 REAL_TEXT = "real-text"
-#: The real-text traffic's replicas get the KV budget of a trace of 512-token blocks (the same fleet).
-REAL_TEXT_SOURCE_BLOCK = 512
 #: The runs of a ``bench fleet-scale``, in the order they run.
 RUNS = ("routing", "oracle", "plans", "scale-out", "scale-in", "cold-start", "protocols")
 #: Modelled minutes the scale-out run's replay goes on beyond the joiners' window (they start, restore and warm
@@ -265,20 +264,6 @@ def run(assets_dir: Path, *,
                                 load.whole_repo if protocol_plan else load.base_repo)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def replica_kv_tokens(engine: EngineProfile, block_tokens: int, trace: str) -> int:
-    """A replica's KV budget in tokens: the profile's device capacity in the trace's blocks, each ``block_tokens``
-    tokens (the fleet's caches as full, relative to the scaled trace, as the modelled devices' would be)."""
-    source_block = TRACES[trace].source_block if trace in TRACES else REAL_TEXT_SOURCE_BLOCK
-    return engine.kv_capacity_tokens * block_tokens // source_block
-
-
-def simulated_environment(profile: str, speedup: float, kv_bytes: int) -> dict[str, str]:
-    """The variables that make a replica's ``lora_adapter`` the simulated engine of ``profile`` (its step times
-    divided by ``speedup``) with a KV budget of ``kv_bytes`` (modelled bytes)."""
-    return {"WARMUP_ENGINE": "simulated", "WARMUP_ENGINE_PROFILE": profile, "WARMUP_ENGINE_SPEEDUP": str(speedup),
-            "WARMUP_KV_CACHE_BYTES": str(kv_bytes)}
 
 
 def workload(work: Path, assets_dir: Path, trace: str, scale: TraceScale, *, plan_min: float, replay_min: float,

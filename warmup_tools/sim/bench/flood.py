@@ -20,7 +20,7 @@ from warmup_tools.common.settings import arg
 from warmup_tools.server.client import GenerateParams, StreamingClient, scrape_metrics
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
-from warmup_tools.sim.bench.params import Seed
+from warmup_tools.sim.bench.support.params import Seed
 
 MODELS = ("tokenizer_cache", "embedding_cache", "lora_adapter")
 _WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "

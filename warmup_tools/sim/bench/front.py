@@ -18,24 +18,21 @@ Figures: docs/benchmarks.md.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, Iterator, TextIO
+from typing import Annotated, Any, TextIO
 
 from warmup_tools.common.settings import arg
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS
 from warmup_tools.front.settings import PIPELINES
 from warmup_tools.server.client import metric_sum, scrape_metrics
 from warmup_tools.server.config import REPO_ROOT
-from warmup_tools.server.process import TritonServer, free_port, free_port_block
-from warmup_tools.sim.bench.latency import pct
-from warmup_tools.sim.bench.params import LmThreads, MaxTokens
+from warmup_tools.server.process import TritonServer, free_port_block
+from warmup_tools.sim.bench.support.latency import pct
+from warmup_tools.sim.bench.support.params import LmThreads, MaxTokens
+from warmup_tools.sim.bench.support.servers import front_process
 
 ABANDONED_MAX_TOKENS = 200
 #: Longest wait for an abandoned stream to leave the batch (an ensemble stream runs to its max_tokens).
@@ -123,58 +120,6 @@ def run(assets_dir: Path, *, disconnects: Annotated[int, arg("streams abandoned 
                           f"({(f['ttft_ms_p50'] / f['baseline_ttft_ms_p50'] - 1) * 100:+.1f}%)\n")
                 out.flush()
     return figures
-
-
-class _Front:
-    def __init__(self, url: str, pid: int) -> None:
-        self.url = url
-        self.pid = pid
-
-    def cpu_seconds(self) -> float:
-        """The front process's CPU time so far (user and system, from /proc)."""
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@contextlib.contextmanager
-def front_process(server: TritonServer, assets_dir: Path, pipeline: str,
-                   checkout: Path | None = None, grpc_worker_port: int = 0) -> Iterator[_Front]:
-    """``python -m warmup_tools front`` in a process of its own, as a deployment runs it beside tritonserver
-    (in this process its event loop would share the interpreter with the benchmark's clients); stopped with
-    SIGINT, then SIGKILL after 10 s. ``checkout``: the package of another checkout of the project instead of
-    this one (run from there, so that it is the one imported)."""
-    import httpx
-
-    port = free_port()
-    command = [sys.executable, "-m", "warmup_tools", "front", "--front-port", str(port), "--pipeline", pipeline,
-               "--triton-grpc-url", server.grpc_url, "--triton-metrics-url", server.metrics_url,
-               "--model-repository", str(server.model_repository)]
-    env = {**os.environ, "WARMUP_ASSETS_DIR": str(assets_dir)}
-    if grpc_worker_port:
-        env["WARMUP_FRONT_GRPC_WORKER_PORT"] = str(grpc_worker_port)
-    if checkout is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(checkout), env.get("PYTHONPATH"))))
-    process = subprocess.Popen(command, env=env, cwd=checkout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the front did not start: {' '.join(command)}")
-            time.sleep(0.2)
-        yield _Front(url, process.pid)
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _chat(adapter: str, question: str, max_tokens: int) -> dict:

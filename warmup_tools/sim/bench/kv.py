@@ -32,8 +32,8 @@ from warmup_tools.kv.config import KVCacheConfig
 from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
-from warmup_tools.sim.bench.params import LmThreads
-from warmup_tools.sim.bench.text import make_text
+from warmup_tools.sim.bench.support.params import LmThreads
+from warmup_tools.sim.bench.support.text import make_text
 
 if TYPE_CHECKING:
     from warmup_tools.lora_adapter.engine_api import GenerationStep

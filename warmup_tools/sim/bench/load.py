@@ -23,8 +23,8 @@ from warmup_tools.common.jsonl import write_json_lines
 from warmup_tools.common.settings import arg
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
-from warmup_tools.sim.bench.params import MaxTokens, Seed
-from warmup_tools.sim.bench.replay import prepare
+from warmup_tools.sim.bench.support.params import MaxTokens, Seed
+from warmup_tools.sim.bench.support.workload import prepare
 from warmup_tools.sim.load.stats import read_stats_json
 
 LOCUSTFILE = REPO_ROOT / "warmup_tools" / "sim" / "load" / "locustfile.py"

@@ -24,9 +24,9 @@ from warmup_tools.fleet.process import descendants
 from warmup_tools.fleet.replica import Replica
 from warmup_tools.fleet.settings import FleetSettings
 from warmup_tools.lora_adapter.profile import DEFAULT_PROFILE
-from warmup_tools.sim.bench.params import LmThreads
-from warmup_tools.sim.bench.soak_checks import process_role
-from warmup_tools.sim.bench.tables import markdown
+from warmup_tools.sim.bench.support.params import LmThreads
+from warmup_tools.sim.bench.support.soak_checks import process_role
+from warmup_tools.sim.bench.support.tables import markdown
 
 #: The goal: a simulated replica's PSS at most this share of a real one's.
 GOAL = 0.25

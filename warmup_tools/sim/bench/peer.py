@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Annotated, Callable, TextIO
 
 from warmup_tools.common.settings import arg
-from warmup_tools.sim.bench.openai_stream import StreamError, stream_completion
-from warmup_tools.sim.bench.peer_replay import run_replay
-from warmup_tools.sim.bench.peer_servers import (
+from warmup_tools.sim.bench.support.openai_stream import StreamError, stream_completion
+from warmup_tools.sim.bench.support.peer_replay import run_replay
+from warmup_tools.sim.bench.support.peer_servers import (
     BASE,
     VLLM_PACKAGE,
     VLLM_VENV,

@@ -36,7 +36,7 @@ from warmup_tools.lora_adapter.requests import GenerateRequest, SamplingParams
 from warmup_tools.lora_adapter.scheduler import Scheduler
 from warmup_tools.lora_adapter.service import LoraService
 from warmup_tools.lora_adapter.settings import DEFAULT_BATCHING, EngineConfig, SchedulerConfig, ServiceConfig
-from warmup_tools.sim.bench.params import LmThreads
+from warmup_tools.sim.bench.support.params import LmThreads
 
 #: (label, warm class settings) of each configuration measured.
 CONFIGS = (

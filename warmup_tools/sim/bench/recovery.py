@@ -16,8 +16,6 @@ import signal
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Annotated, TextIO
 
@@ -29,6 +27,7 @@ from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import RepositoryKey, TritonServer
 from warmup_tools.sidecar.app import Sidecar
 from warmup_tools.sidecar.config import STUB_DEATH_ACTIONS, SidecarConfig
+from warmup_tools.sim.bench.support.servers import ready_status
 
 CLIENT_TIMEOUT_S = 60.0
 #: Prefix of :class:`GenerateError`'s message when the client's own deadline passed (a hang).
@@ -131,18 +130,6 @@ class InFlightRequest:
             finally:
                 self.ended_at = time.monotonic()
                 self.streaming.set()
-
-
-def ready_status(sidecar_url: str, timeout_s: float = 10) -> int:
-    """``GET /ready``'s status code; 0 while nothing answers."""
-    try:
-        with urllib.request.urlopen(sidecar_url + "/ready", timeout=timeout_s) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        return exc.code
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return 0
 
 
 def wait_for_ready(sidecar_url: str, want: int, deadline_s: float) -> float:

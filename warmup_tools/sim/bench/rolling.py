@@ -20,7 +20,7 @@ repositories, with their stanzas only: the day-1 plan's, or those the last re-pl
 restart begins from today's plan").
 
 Reported per ``every_h`` window: cold share (``cached_tokens == 0``) and cached share of prompt tokens for
-each run and the floor (:func:`warmup_tools.sim.bench.replay.floor`); and for every *new application* (a
+each run and the floor (:func:`warmup_tools.sim.bench.support.workload.floor`); and for every *new application* (a
 generator template of a tenant and adapter that day 1 never had): the simulated minutes from its first
 request until its first request served with more cached tokens than any day-1 request of its scope could
 give (its own prefix, not only the tenant's system prompt, came from the cache), and how many of its
@@ -48,8 +48,8 @@ from warmup_tools.planning.analyse import BlockTrie
 from warmup_tools.planning.live import ReplanResult, RollingPlanner, wait_applied
 from warmup_tools.server.client import GenerateParams, StreamingClient
 from warmup_tools.server.process import TritonServer
-from warmup_tools.sim.bench.params import Seed
-from warmup_tools.sim.bench.replay import Served, figures, floor, prepare, replay
+from warmup_tools.sim.bench.support.params import Seed
+from warmup_tools.sim.bench.support.workload import Served, figures, floor, prepare, replay
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

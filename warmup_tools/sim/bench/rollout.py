@@ -66,8 +66,8 @@ from warmup_tools.server.process import TritonServer
 from warmup_tools.sidecar.app import replica_canary
 from warmup_tools.sidecar.canary.controller import CanaryController, Verdict
 from warmup_tools.sidecar.config import SidecarConfig
-from warmup_tools.sim.bench.params import Seed
-from warmup_tools.sim.bench.replay import prepare
+from warmup_tools.sim.bench.support.params import Seed
+from warmup_tools.sim.bench.support.workload import prepare
 
 #: The tenants of the bad plan's traffic: none of them sends a request on day 2.
 OTHER_TENANTS = ("northwind", "contoso", "fabrikam")
@@ -284,7 +284,7 @@ def _fleet_stage(work: Path, repo: Path, assets_dir: Path, env: dict[str, str], 
 
     from warmup_tools.fleet.fleet import Fleet
     from warmup_tools.fleet.settings import FleetSettings
-    from warmup_tools.sim.bench.fleet import send
+    from warmup_tools.sim.bench.support.sending import send
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     control, logs = Path(env["WARMUP_CONTROL_DIR"]), Path(env["WARMUP_REQUEST_LOG_DIR"])

@@ -40,8 +40,8 @@ from warmup_tools.planning.stanzas import WarmupInput, WarmupSample, string_inpu
 from warmup_tools.server.client import GenerateParams, StreamingClient, metric_sum, scrape_metrics
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
-from warmup_tools.sim.bench.params import LmThreads, MaxTokens, Seed
-from warmup_tools.sim.bench.text import make_text
+from warmup_tools.sim.bench.support.params import LmThreads, MaxTokens, Seed
+from warmup_tools.sim.bench.support.text import make_text
 
 ADAPTERS = ("support", "legal", "sql", None)
 PLAN_ID = "bench-snapshot"

@@ -42,8 +42,8 @@ from warmup_tools.common.errors import WarmupToolsError
 from warmup_tools.common.settings import arg, parse_duration
 from warmup_tools.demo.prompts import SYSTEM_PROMPTS, USER_QUESTIONS
 from warmup_tools.server.config import REPO_ROOT
-from warmup_tools.sim.bench.params import MaxTokens, Seed
-from warmup_tools.sim.bench.soak_checks import (
+from warmup_tools.sim.bench.support.params import MaxTokens, Seed
+from warmup_tools.sim.bench.support.soak_checks import (
     CANCELLED,
     ERROR,
     HUNG,
@@ -62,7 +62,7 @@ from warmup_tools.sim.bench.soak_checks import (
     flatness,
     flatness_table,
 )
-from warmup_tools.sim.bench.soak_stack import (
+from warmup_tools.sim.bench.support.soak_stack import (
     EXTRA_ADAPTER,
     Killer,
     ReadyWatch,

@@ -33,7 +33,8 @@ from warmup_tools.caches.store import LocalCache
 from warmup_tools.caches.tiered import TieredCache
 from warmup_tools.common.digests import text_digest
 from warmup_tools.common.settings import arg
-from warmup_tools.sim.bench.caches import local_redis, percentiles
+from warmup_tools.sim.bench.support.servers import local_redis
+from warmup_tools.sim.bench.support.tables import percentiles
 
 #: (label, ttl_jitter, lock_wait_ms): the shared tier before jitter and the lock, and with each.
 CONFIGS = (("no jitter, no lock", 0.0, 0.0), ("jitter 10%, no lock", 0.1, 0.0),

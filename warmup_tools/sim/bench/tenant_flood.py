@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Annotated, Any, Sequence, TextIO
 
 from warmup_tools.common.settings import arg, environ_overrides
-from warmup_tools.sim.bench.openai_stream import StreamError, stream_completion
-from warmup_tools.sim.bench.tables import markdown, p99
+from warmup_tools.sim.bench.support.openai_stream import StreamError, stream_completion
+from warmup_tools.sim.bench.support.tables import markdown, p99
 
 FLOODER = "flooder"
 QUIET = "quiet"
@@ -233,7 +233,7 @@ def simulated_fleet_environment(profile: str = PROFILE, speedup: float = 1.0) ->
     """The variables of a replica in the bench: the simulated engine of ``profile`` with its device's KV budget, and
     :data:`BOUNDS`."""
     from warmup_tools.lora_adapter.profile import load_profile
-    from warmup_tools.sim.bench.fleet_scale import replica_kv_tokens, simulated_environment
+    from warmup_tools.sim.bench.support.simulated import replica_kv_tokens, simulated_environment
 
     engine = load_profile(profile)
     kv_bytes = replica_kv_tokens(engine, 16, "conversation") * engine.kv_bytes_per_token

@@ -23,7 +23,7 @@ from warmup_tools.common.settings import arg
 from warmup_tools.server.client import GenerateParams, GenerateResult, StreamingClient
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer
-from warmup_tools.sim.bench.params import Seed
+from warmup_tools.sim.bench.support.params import Seed
 from warmup_tools.triton.trust import add_tenant_key
 
 _WORDS = ("invoice refund outage dashboard login password billing region revenue order customer product clause "

@@ -17,8 +17,8 @@ from typing import Iterator, TextIO
 from warmup_tools.common.errors import ServerError
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import free_port
-from warmup_tools.sim.bench.recovery import ready_status
-from warmup_tools.sim.bench.soak_checks import ProcSample, SoakSettings, Window, process_role
+from warmup_tools.sim.bench.support.servers import ready_status
+from warmup_tools.sim.bench.support.soak_checks import ProcSample, SoakSettings, Window, process_role
 
 #: The fourth adapter, built for the run and made live through the control folder.
 EXTRA_ADAPTER = "billing"

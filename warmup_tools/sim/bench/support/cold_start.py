@@ -22,7 +22,7 @@ import math
 import statistics
 from typing import Sequence
 
-from warmup_tools.sim.bench.tables import markdown, p99
+from warmup_tools.sim.bench.support.tables import markdown, p99
 
 #: The windows after an event, in modelled seconds: the first minute and the first five.
 WINDOWS_S = (60.0, 300.0)

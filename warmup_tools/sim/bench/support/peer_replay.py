@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from warmup_tools.sim.bench.openai_stream import StreamError, stream_completion
-from warmup_tools.sim.bench.peer_servers import BASE, project_server, vllm_server
-from warmup_tools.sim.bench.replay import Served, WindowFigures, figures, prepare
+from warmup_tools.sim.bench.support.openai_stream import StreamError, stream_completion
+from warmup_tools.sim.bench.support.peer_servers import BASE, project_server, vllm_server
+from warmup_tools.sim.bench.support.workload import Served, WindowFigures, figures, prepare
 
 #: Day 2's hours replayed.
 REPLAY_HOURS = 1.0

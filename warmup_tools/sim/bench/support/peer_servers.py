@@ -101,7 +101,7 @@ def project_server(assets_dir: Path, *, threads: int, max_num_seqs: int, forward
     """This project as ``serve`` runs it (tritonserver and the OpenAI front beside it), the front's URL;
     ``forward``: its ``engine_forward`` ("": the default); ``repository``: another copy of the model repository
     (one with a plan's stanzas)."""
-    from warmup_tools.sim.bench.front import front_process
+    from warmup_tools.sim.bench.support.servers import front_process
 
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_LM_THREADS": str(threads),
            "WARMUP_MAX_NUM_SEQS": str(max_num_seqs), "WARMUP_ENGINE_FORWARD": forward}

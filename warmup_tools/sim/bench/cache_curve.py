@@ -30,7 +30,7 @@ from warmup_tools.kv.arrays import NumpyArrays
 from warmup_tools.kv.blocks import BLOCK_EVICTION_POLICIES
 from warmup_tools.kv.hashing import CacheScope, block_hashes
 from warmup_tools.kv.prefix_cache import PrefixCache
-from warmup_tools.sim.bench.tables import markdown
+from warmup_tools.sim.bench.support.tables import markdown
 from warmup_tools.sim.traces import TRACES, TraceRequest, TraceScale, load_trace, prefix_reuse
 
 #: The paper's figures per trace: Table 2's cache ratio, and Figure 9's share of the maximum at 3M tokens.

@@ -100,8 +100,8 @@ class SidecarConfig:
                                             "plans to every instance at once.", ge=0)
     canary_fleet_share: float = setting(0.5, "Canary: in a fleet, the most of its replicas a plan on trial runs on "
                                              "(never all). The proposing replica takes the busiest others of "
-                                             "the last canary_window_s until they served twice "
-                                             "canary_min_requests, so that a large fleet's trial sees enough "
+                                             "the last canary_window_s until they served four "
+                                             "times canary_min_requests, so that a large fleet's trial sees enough "
                                              "traffic to be judged; 0: one replica.", ge=0, le=1)
     canary_min_requests: int = setting(5, "Canary: requests each side (the canary instance, the others) must "
                                            "have served before anything is judged; on a whole replica of a "

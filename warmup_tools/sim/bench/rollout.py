@@ -310,13 +310,13 @@ def _fleet_stage(work: Path, repo: Path, assets_dir: Path, env: dict[str, str], 
             wait_applied(control, planner_plan_id(control), instances=replicas, timeout_s=900)
             controller = replica_canary(dataclasses.replace(settings, fleet_log_dir=logs), control, CANARY_REPLICA,
                                         clock)
-            serving = [CANARY_REPLICA]  # the replicas of the latest trial
+            serving, names = [CANARY_REPLICA], list(fleet.replicas)  # the replicas of the latest trial; all of them
 
             def on_trial(canary: CanaryAssignment) -> None:
                 serving[:] = canary.hosts
 
             def sides() -> dict[str, list[Path]]:
-                others = [name for name in fleet.replicas if name not in serving]
+                others = [name for name in names if name not in serving]
                 rest = others[0] if len(others) == 1 else f"the other {len(others)} replicas"
                 return {", ".join(serving): _files(logs, serving), rest: _files(logs, others)}
 

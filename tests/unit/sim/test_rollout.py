@@ -42,12 +42,11 @@ def test_the_goals_are_a_promoted_re_plan_and_a_bad_plan_rolled_back_within_five
     assert goals([Trial("good", 30.0, "p1")]) == ["good: no verdict (goal: promote): **not met**"]
 
 
-def test_the_kv_cache_is_sized_so_that_its_warm_up_budget_holds_the_plan():
-    from warmup_tools.kv.config import KVCacheConfig, warmup_budget
-    from warmup_tools.sim.bench.rollout import kv_cache_for
-
-    defaults = KVCacheConfig()
-    for plan_bytes in (1, 93_847_552, 10 ** 10):
-        budget = kv_cache_for(plan_bytes * 1.25)
-        assert warmup_budget(budget, defaults.live_reserve, defaults.warm_share) >= plan_bytes * 1.25 - 1
-        assert warmup_budget(budget, defaults.live_reserve, defaults.warm_share) <= plan_bytes * 1.25 + 2
+def test_the_benchs_warm_up_may_fill_the_cache_but_the_live_reserve(tmp_path):
+    from warmup_tools.kv.config import KVCacheConfig
+    from warmup_tools.sim.bench.rollout import let_warm_up_fill
+    (tmp_path / "config.pbtxt").write_text('name: "lora_adapter"\n', encoding="utf-8")
+    let_warm_up_fill(tmp_path)
+    share = 1.0 - KVCacheConfig().live_reserve
+    assert (tmp_path / "config.pbtxt").read_text().splitlines()[1:] == [
+        f'parameters {{ key: "kv_warm_share" value: {{ string_value: "{share:g}" }} }}']

@@ -121,10 +121,11 @@ class CanaryController:
 
     def canary_replicas(self, replicas: list[str]) -> tuple[str, ...]:
         """The replicas a trial on whole replicas runs on: this one, then the busiest others of the last
-        ``canary_window_s`` (by requests served, then by name) until the canary side served
-        :data:`TRAFFIC_MARGIN` times ``canary_min_requests`` in that window, at most ``canary_fleet_share`` of the
-        fleet and never all of it. One replica of a large fleet sees too few requests to be judged within the
-        trial's time limit; a share of the fleet sees enough at any size."""
+        ``canary_window_s`` (by requests served, then by name) that keep the canary side within half of the
+        fleet's requests in that window, until it served :data:`TRAFFIC_MARGIN` times ``canary_min_requests``
+        (or half), at most ``canary_fleet_share`` of the fleet and never all of it. One replica of a large fleet
+        sees too few requests to be judged within the trial's time limit; a share of the fleet sees enough at
+        any size."""
         others = [r for r in replicas if r != self.host]
         most = max(1, min(len(replicas) - 1, math.floor(self.settings.canary_fleet_share * len(replicas))))
         if most == 1 or self.fleet_log_dir is None:
@@ -132,12 +133,16 @@ class CanaryController:
         now = self._clock()
         since = now - self.settings.canary_window_s
         served = {r: len(RequestLogTail(self.fleet_log_dir / r).recent(since, now)) for r in replicas}
-        target = TRAFFIC_MARGIN * self.settings.canary_min_requests
-        chosen = [self.host]
+        half = sum(served.values()) / 2
+        # NOTE: never past half the fleet's traffic: the other side needs as many requests to be judged against.
+        target = min(TRAFFIC_MARGIN * self.settings.canary_min_requests, half)
+        chosen, counted = [self.host], served[self.host]
         for replica in sorted(others, key=lambda r: (-served[r], r)):
-            if len(chosen) >= most or sum(served[r] for r in chosen) >= target:
+            if len(chosen) >= most or counted >= target:
                 break
-            chosen.append(replica)
+            if counted + served[replica] <= half:
+                chosen.append(replica)
+                counted += served[replica]
         return tuple(chosen)
 
     # -------------------------------------------------------------------------------- judging it

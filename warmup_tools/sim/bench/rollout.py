@@ -16,10 +16,10 @@ sidecar runs, with ``canary_window_s`` divided by ``speedup``) judges after ever
 Reported, in simulated minutes of the trace: when each trial started and ended and why, and the cold share
 (``cached_tokens == 0``) of each instance's requests before the bad plan, while it was on trial and after the
 rollback, from the server's own request logs. The replay stands still while a plan is made and while the canary
-instance warms it. The KV cache of each instance is sized so that its warm-up budget (``kv_cache_bytes`` times the
-smaller of ``kv_warm_share`` and ``1 - kv_live_reserve``, their defaults) is ``kv_cache_ratio`` times the plan's KV
-bytes (``--kv-cache-bytes`` to set it): the whole plan warms, and competes with the live traffic for the rest, as
-on a busy server.
+instance warms it. The KV cache of each instance is sized at ``kv_cache_ratio`` times the plan's KV bytes
+(``--kv-cache-bytes`` to set it), and its warm-up may fill all of it but the live reserve (``kv_warm_share`` set to
+``1 - kv_live_reserve`` in the bench's copy of the repository), so that a plan's warm-up competes with what it
+unpins, as it does on a busy server.
 
 ``fleet=True`` (``--fleet``): the same run on a whole replica of a fleet. ``replicas`` replicas (2 by default; one
 ``lora_adapter`` instance and one LM thread each) behind the smg router (the fleet's default policy), sharing the
@@ -43,7 +43,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import math
 import os
 import shutil
 import socket
@@ -198,8 +197,8 @@ def run(assets_dir: Path, *, seed: Seed = 0,
         bad_at_min: Annotated[float, arg("simulated minute of the bad plan's trial")] = 90.0,
         window_min: Annotated[float | None, arg("the canary's window in simulated minutes (none: the sidecar's "
                                                 "canary_window_s)")] = None,
-        kv_cache_ratio: Annotated[float, arg("each instance's warm-up budget (its KV cache's warm share), in "
-                                             "multiples of the day-1 plan's KV bytes")] = 1.25,
+        kv_cache_ratio: Annotated[float, arg("each instance's KV cache, in multiples of the day-1 plan's KV "
+                                             "bytes")] = 1.25,
         kv_cache_bytes: Annotated[int | None, arg("each instance's KV cache in bytes (overrides the "
                                                   "ratio)")] = None,
         fleet: Annotated[bool, arg("two replicas behind the smg router, the plans on trial on a whole replica, "
@@ -222,7 +221,8 @@ def run(assets_dir: Path, *, seed: Seed = 0,
         shutil.copytree(repos.with_plan, repo)
         set_instance_count(repo / "lora_adapter", 1 if fleet else 2)
         plan_bytes = sum(int(item.get("kv_bytes", 0)) for item in repos.plan.items)
-        cache_bytes = kv_cache_bytes or kv_cache_for(plan_bytes * kv_cache_ratio)
+        cache_bytes = kv_cache_bytes or int(plan_bytes * kv_cache_ratio)
+        let_warm_up_fill(repo / "lora_adapter")
         env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": str(control),
                "WARMUP_REQUEST_LOG_DIR": str(logs), "WARMUP_KV_CACHE_BYTES": str(cache_bytes), "WARMUP_REDIS_URL": "",
                "WARMUP_ENGINE": engine, "WARMUP_ENGINE_SPEEDUP": str(speedup)}
@@ -384,11 +384,13 @@ def _replay(records: Sequence[RequestRecord], day2_start: float, stage: Stage, c
     return replayed
 
 
-def kv_cache_for(warm_bytes: float) -> int:
-    """The ``kv_cache_bytes`` whose warm-up budget, with the default warm share and live reserve, holds
-    ``warm_bytes``."""
+def let_warm_up_fill(model_dir: Path) -> None:
+    """Let the model's warm-up fill its KV cache but the live reserve: ``kv_warm_share`` ``1 - kv_live_reserve``
+    (their defaults) in its config.pbtxt."""
     defaults = KVCacheConfig()
-    return math.ceil(warm_bytes / min(defaults.warm_share, 1.0 - defaults.live_reserve))
+    config = model_dir / "config.pbtxt"
+    config.write_text(config.read_text(encoding="utf-8") + f'parameters {{ key: "kv_warm_share" value: {{ '
+                      f'string_value: "{1.0 - defaults.live_reserve:g}" }} }}\n', encoding="utf-8")
 
 
 def _serving(canary: CanaryAssignment | None) -> int:

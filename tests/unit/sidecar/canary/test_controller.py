@@ -601,6 +601,20 @@ def test_on_one_replica_of_eight_the_same_trial_has_too_little_traffic_to_be_jud
     assert verdict.action == "rollback" and "no baseline" in verdict.reason and "6 requests on r1" in verdict.reason
 
 
+def test_a_trial_never_takes_more_than_half_the_fleets_traffic(tmp_path):
+    """r2 served most of the window before: taking it would leave the others too little to be judged against."""
+    fleet = FleetLogs(tmp_path, EIGHT)
+    fleet.serve("r2", cold=0, n=40)
+    for replica in EIGHT:
+        if replica != "r2":
+            fleet.serve(replica, cold=0, n=2)
+    fleet.now = 1000.0
+    for replica in EIGHT:
+        fleet.report(replica, "p")
+    controller, _ = fleet.controller("r1")
+    assert controller.canary_replicas(list(EIGHT)) == ("r1", "r3", "r4", "r5")
+
+
 def test_a_trial_s_replicas_are_checked_where_canary_json_is_read(tmp_path):
     good = plan_of(0)
     with pytest.raises(CanaryError, match="replica"):

@@ -492,15 +492,15 @@ def judge_replica(canary: WindowStats, rest: WindowStats, before: tuple[WindowSt
     if waiting is not None:
         return waiting
 
-    def moved(name: str, share: Callable[[TenantWindow], float | None]) -> tuple[float, str] | None:
-        """The difference of differences of a per-tenant share and its words (None: a side does not say), each
-        side without its two most extreme tenants (:meth:`Comparison.trimmed`)."""
+    def moved(name: str, share: Callable[[TenantWindow], float | None]) -> tuple[float, str, float] | None:
+        """The difference of differences of a per-tenant share, its words and the canary's own change (None: a
+        side does not say), each side without its two most extreme tenants (:meth:`Comparison.trimmed`)."""
         ours, others = mine.trimmed(share).shares(share), theirs.trimmed(share).shares(share)
         if ours is None or others is None:
             return None
         (c, c0), (r, r0) = ours, others
         return ((c - c0) - (r - r0), f"{name} {c0:.1%} -> {c:.1%} on {mine.counted} requests of the canary "
-                                     f"replica, {r0:.1%} -> {r:.1%} on {theirs.counted} of the others")
+                                     f"replica, {r0:.1%} -> {r:.1%} on {theirs.counted} of the others", c - c0)
 
     def tested(measure: Callable[[TenantWindow], Values], share: Callable[[TenantWindow], float | None],
                words: str) -> None:
@@ -534,6 +534,20 @@ def judge_replica(canary: WindowStats, rest: WindowStats, before: tuple[WindowSt
     # a few dozen requests moves by more than the margin by chance (the others' baseline alone, an unlucky cold
     # window that comes back, rolled back a re-plan under which the canary replica had not moved); the tests above
     # already judged the whole window.
+    # NOTE: but a canary that itself got worse than its baseline by more than a margin, and by more than the others
+    # did, is not promoted on a test too weak to say so yet (six requests, cold 0% -> 50%, were promoted so): it
+    # is judged on more requests, and rolled back if it still looks worse when the time is up. The others'
+    # swing alone (the case above) does not hold a plan back.
+    beyond = [m[1] for m, sign, margin in ((cold, 1, settings.canary_cold_margin),
+                                           (cached, -1, settings.canary_cached_margin),
+                                           (planned, -1, settings.canary_cached_margin))
+              if m is not None and sign * m[0] > margin and sign * m[2] > margin]
+    if beyond:
+        if elapsed_s < 3 * settings.canary_window_s:
+            return Verdict("wait", "worse by more than its margin, not yet by its test; judged on more requests: "
+                                   + "; ".join(beyond))
+        return Verdict("rollback", f"still worse by more than its margin after {elapsed_s:.0f} s: "
+                                   + "; ".join(beyond))
     if min(mine.counted, theirs.counted) >= MIN_P99_REQUESTS:
         (c, c0), (r, r0) = mine.p99_ms(), theirs.p99_ms()
         if all(x is not None and x > 0 for x in (c, c0, r, r0)):

@@ -331,6 +331,20 @@ def test_a_replica_is_not_rolled_back_at_the_end_of_its_window_by_the_others_rec
     assert worse.action == "rollback" and "cold share 10.0% -> 60.0%" in worse.reason
 
 
+def test_a_replica_worse_than_its_baseline_on_too_few_requests_for_the_test_is_not_promoted():
+    # 10 requests of the canary, 0% -> 50% cold, the others steady: the test does not reach canary_alpha yet (p about
+    # 0.015), so at the window's end the trial is judged on more requests, and rolled back if it still looks so.
+    before, canary, rest = (side(10, 0), side(20, 4)), side(10, 5), side(20, 3)
+    assert replica_evidence(canary, rest, before, SETTINGS)["cold_p"] > SETTINGS.canary_alpha
+    verdict = judge_replica(canary, rest, before, 600, SETTINGS)
+    assert verdict.action == "wait" and "worse by more than its margin" in verdict.reason
+    late = judge_replica(canary, rest, before, 1800, SETTINGS)
+    assert late.action == "rollback" and "still worse by more than its margin" in late.reason
+    # The others' swing alone (the test above) is no reason to hold a plan back, nor is a canary that moved less
+    # than the margin.
+    assert judge_replica(side(10, 0), side(20, 3), (side(10, 0), side(20, 4)), 600, SETTINGS).action == "promote"
+
+
 def test_the_difference_of_differences_test_is_one_sided_and_needs_every_side():
     flat, up = Moments.share(10, 100), Moments.share(40, 100)
     assert rise_greater(up, flat, flat, flat) < 1e-4

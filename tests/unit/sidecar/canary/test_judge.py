@@ -373,11 +373,14 @@ def test_without_leaving_a_tenant_out_each_way_one_tenant_flips_the_verdicts_abo
             good = judge_replica(*fleet(honest, worse=False, adversary=(requests, where, "rollback")), 600, settings)
             bad = judge_replica(*fleet(honest, worse=True, adversary=(requests, where, "promote")), 600, settings)
             flipped.append((len(honest) + 1, round(weight, 2), where, good.action, bad.action))
+    # NOTE: where a pull toward promotion now waits, it is the rule that a canary worse than its own baseline by
+    # more than a margin is not promoted at the window's end (test_controller.py); with one tenant of three on the
+    # canary it still promotes.
     assert [case for case in flipped if case[3] == "rollback" or case[4] == "promote"] == [
-        (3, 0.33, "canary", "rollback", "promote"), (3, 0.33, "rest", "rollback", "promote"),
-        (6, 0.26, "canary", "rollback", "promote"), (6, 0.26, "rest", "rollback", "promote"),
+        (3, 0.33, "canary", "rollback", "promote"), (3, 0.33, "rest", "rollback", "wait"),
+        (6, 0.26, "canary", "rollback", "wait"), (6, 0.26, "rest", "rollback", "wait"),
         (10, 0.1, "canary", "rollback", "rollback"), (10, 0.1, "rest", "rollback", "rollback"),
-        (10, 0.29, "canary", "rollback", "promote"), (10, 0.29, "rest", "rollback", "promote")]
+        (10, 0.29, "canary", "rollback", "wait"), (10, 0.29, "rest", "rollback", "wait")]
 
 
 @pytest.mark.parametrize("count", [3, 6, 10])

@@ -146,3 +146,26 @@ def test_profile_fit_writes_a_profile_the_simulated_engine_loads(tmp_path, demo_
     assert profile.fit["command"] == "python -m warmup_tools profile-fit --threads 1 --repeats 1"
     assert profile.fit["prefill_points"] == profile.fit["decode_points"] == 15
     assert f"wrote {out}" in capsys.readouterr().out
+
+
+def test_a_benchmark_stopped_by_sigterm_unwinds_as_on_ctrl_c():
+    import os
+    import signal
+
+    from warmup_tools.ops.cli.bench import stop_on_sigterm
+
+    previous = signal.getsignal(signal.SIGTERM)
+    unwound = []
+    try:
+        stop_on_sigterm()
+        try:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)  # handled before the next statement of this thread
+                unwound.append("not interrupted")
+            finally:
+                unwound.append("finally")
+        except KeyboardInterrupt as stopped:
+            unwound.append(str(stopped))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert unwound == ["finally", f"signal {int(signal.SIGTERM)}"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 from typing import Any
 
 from warmup_tools.common.flags import add_arguments, add_settings, function_kwargs
@@ -88,5 +89,16 @@ def bench_options(args: argparse.Namespace) -> dict[str, object]:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from warmup_tools.demo.assets import ensure_demo_assets
 
+    stop_on_sigterm()
     bench_run(args.bench)(ensure_demo_assets(assets_dir(args)).root, **bench_options(args))
     return 0
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (``kill``, a CI's timeout) ends a benchmark as Ctrl-C does: the exception unwinds its context
+    managers, which stop the servers, replicas and routers it started. (By default SIGTERM ends Python at once, and
+    a fleet's tritonservers could leave their Python-backend stubs behind.)"""
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)

@@ -201,16 +201,16 @@ class TorchArrays:
         return safetensors.torch.load(data)
 
 
-def kv_arrays(name: str) -> KVArrays:
-    """The :class:`KVArrays` of ``name`` (``torch`` or ``numpy``)."""
-    if name == "torch":
-        return TorchArrays()
-    if name == "numpy":
-        return NumpyArrays()
-    raise ValueError(f"unknown KV array library {name!r}; torch or numpy")
-
-
 _LIBRARIES: dict[str, KVArrays] = {}
+
+
+def kv_arrays(name: str) -> KVArrays:
+    """The :class:`KVArrays` of ``name`` (``torch`` or ``numpy``), one per process."""
+    if name not in _LIBRARIES:
+        if name not in ("torch", "numpy"):
+            raise ValueError(f"unknown KV array library {name!r}; torch or numpy")
+        _LIBRARIES[name] = TorchArrays() if name == "torch" else NumpyArrays()
+    return _LIBRARIES[name]
 
 
 def arrays_for(value: object) -> KVArrays:
@@ -218,9 +218,7 @@ def arrays_for(value: object) -> KVArrays:
     name = "numpy" if isinstance(value, np.ndarray) else type(value).__module__.partition(".")[0]
     if name not in ("numpy", "torch"):
         raise TypeError(f"a KV payload is a torch tensor or a numpy array, not {type(value).__name__}")
-    if name not in _LIBRARIES:
-        _LIBRARIES[name] = kv_arrays(name)
-    return _LIBRARIES[name]
+    return kv_arrays(name)
 
 
 def dtype_name(dtype: object) -> str:

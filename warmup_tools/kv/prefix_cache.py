@@ -39,7 +39,7 @@ from typing import Any, Callable, Collection, Iterable, Sequence
 
 import numpy as np
 
-from warmup_tools.kv.arrays import Array, KVArrays, TorchArrays
+from warmup_tools.kv.arrays import Array, KVArrays, kv_arrays
 from warmup_tools.kv.blocks import (
     BLOCK_EVICTION_POLICIES,
     BlockSource,
@@ -106,7 +106,7 @@ class PrefixCache:
             raise ValueError("bytes_per_token must be >= 1 (or None: the stored bytes)")
         try:
             self._policy = BLOCK_EVICTION_POLICIES[eviction](ttl_s)
-            self._codec = STORAGE_CODECS[storage](arrays or TorchArrays())
+            self._codec = STORAGE_CODECS[storage](arrays or kv_arrays("torch"))
         except KeyError as exc:
             raise ValueError(
                 f"unknown {'eviction policy' if exc.args[0] == eviction else 'storage'} {exc.args[0]!r}; "

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from warmup_tools.common.files import write_atomic
-from warmup_tools.kv.arrays import Array, KVArrays, NumpyArrays, arrays_for
+from warmup_tools.kv.arrays import Array, KVArrays, arrays_for, kv_arrays
 from warmup_tools.kv.blocks import CachedBlock
 from warmup_tools.kv.hashing import NONE_HASH, BlockHash
 from warmup_tools.kv.snapshot_files import MANIFEST_SUFFIX, PAYLOAD_SUFFIX, payload_file
@@ -91,7 +91,7 @@ def write_snapshot(folder: Path, name: str, identity: SnapshotIdentity, adapters
             "nbytes": int(block.nbytes),
             "sha256": block_digest(block.block_hash, [tensors[f"b{index}.{p}"] for p in range(parts)]),
         })
-    data = (arrays or NumpyArrays()).save(tensors, metadata={"format": FORMAT, "version": str(FORMAT_VERSION)})
+    data = (arrays or kv_arrays("numpy")).save(tensors, metadata={"format": FORMAT, "version": str(FORMAT_VERSION)})
     digest = hashlib.sha256(data).hexdigest()
     payload_path = folder / payload_file(name, digest)
     # NOTE: 0600 like the request log: the manifest's token ids decode back to the tenants' prompts, and

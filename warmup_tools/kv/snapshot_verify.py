@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 import numpy as np
 
 from warmup_tools.common.regular_file import FileTooLarge, read_regular
-from warmup_tools.kv.arrays import DTYPE_BYTES, DTYPE_EPS, Array, KVArrays, TorchArrays, arrays_for, dtype_name
+from warmup_tools.kv.arrays import DTYPE_BYTES, DTYPE_EPS, Array, KVArrays, arrays_for, dtype_name, kv_arrays
 from warmup_tools.kv.blocks import BlockSource, CachedBlock
 from warmup_tools.kv.hashing import NONE_HASH, BlockHash, CacheScope, hash_block_tokens
 from warmup_tools.kv.snapshot_files import MANIFEST_SUFFIX, PAYLOAD_SUFFIX
@@ -175,7 +175,7 @@ def read_snapshot(manifest_path: Path, identity: SnapshotIdentity, *, max_payloa
         raise SnapshotRejected("format", f"manifest field missing or malformed ({exc})") from None
     if payload_path.name != str(payload["file"]) or not payload_path.name.endswith(PAYLOAD_SUFFIX):
         raise SnapshotRejected("format", "payload file name is not a plain file name")
-    arrays = arrays or TorchArrays()
+    arrays = arrays or kv_arrays("torch")
     tensors = _read_payload(payload_path, expected_digest, expected_size, max_payload_bytes, arrays)
     blocks = _blocks(records, tensors, identity, arrays)
     return Snapshot(name, theirs, adapters, created, str(body["checksum"]), blocks)

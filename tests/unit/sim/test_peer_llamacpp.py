@@ -226,3 +226,39 @@ def test_the_demo_lm_and_an_adapter_convert_to_float32_gguf_with_the_same_shapes
 
     again = peer_servers.ensure_gguf(tools, assets, tmp_path / "gguf", io.StringIO())  # converted once
     assert again == gguf and gguf.lm.stat().st_mtime_ns == again.lm.stat().st_mtime_ns
+
+
+def _tar(path: Path, members: dict[str, bytes | str]) -> Path:
+    """A .tar.gz of regular files (bytes) and symbolic links (str: the target)."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, content in members.items():
+            info = tarfile.TarInfo(name)
+            if isinstance(content, str):
+                info.type, info.linkname = tarfile.SYMTYPE, content
+                tar.addfile(info)
+            else:
+                info.size = len(content)
+                tar.addfile(info, io.BytesIO(content))
+    return path
+
+
+def test_only_the_vendored_tree_and_its_commit_come_out_of_the_sdist_and_never_a_link(tmp_path):
+    import tarfile
+
+    sdist = _tar(tmp_path / "p.tar.gz", {
+        "p-1/vendor/llama.cpp/convert_hf_to_gguf.py": b"# converter",
+        "p-1/vendor/llama.cpp/passwd": "/etc/passwd",
+        "p-1/.git/modules/vendor/llama.cpp/HEAD": b"0c1e570\n",
+        "p-1/setup.py": b"# not llama.cpp",
+    })
+    peer_servers._extract_vendored(sdist, tmp_path / "x")
+    files = sorted(str(p.relative_to(tmp_path / "x")) for p in (tmp_path / "x").rglob("*") if p.is_file())
+    assert files == ["p-1/.git/modules/vendor/llama.cpp/HEAD", "p-1/vendor/llama.cpp/convert_hf_to_gguf.py"]
+    assert not (tmp_path / "x" / "p-1" / "vendor" / "llama.cpp" / "passwd").exists()
+    escaping = _tar(tmp_path / "e.tar.gz", {"p-1/vendor/llama.cpp/../../../../escaped.txt": b"x"})
+    with pytest.raises(tarfile.OutsideDestinationError):
+        peer_servers._extract_vendored(escaping, tmp_path / "y")
+    assert not (tmp_path / "escaped.txt").exists()

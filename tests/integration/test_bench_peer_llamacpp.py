@@ -101,7 +101,11 @@ def test_a_slot_saved_to_disk_restores_into_another_slot_and_serves_its_prefix_f
     httpx.post(f"{url}/completion", json=fill, timeout=120).raise_for_status()
     saved = peer_servers.save_slot(url, 0, "prefix.bin")
     assert saved["n_saved"] >= 128 and saved["n_written"] > 0
-    restored = peer_servers.restore_slot(url, 1, "prefix.bin")
+    # primed with the base model's scales first: llama-server drops a slot's KV for a request whose adapter
+    # scales differ from the slot's last request's, and slot 1 last served an adapter (or nothing)
+    httpx.post(f"{url}/completion", json={**fill, "prompt": "x", "id_slot": 1, **llamacpp_body(adapters, "sql")},
+               timeout=120).raise_for_status()
+    restored = peer_servers.restore_slot(url, 1, "prefix.bin", fields=llamacpp_body(adapters, BASE))
     assert restored["n_restored"] == saved["n_saved"]
     after = httpx.post(f"{url}/completion", json={**fill, "prompt": prompt + " and more", "id_slot": 1},
                        timeout=120).json()

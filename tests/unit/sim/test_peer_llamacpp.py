@@ -61,15 +61,18 @@ def test_llama_server_loads_every_adapter_unapplied_with_a_2048_token_slot_per_s
     assert _flag(argv, "--parallel") == "8" and _flag(argv, "--ctx-size") == str(8 * 2048)
     assert _flag(argv, "--cache-type-k") == "f32" and _flag(argv, "--cache-type-v") == "f32"  # the project's KV
     assert int(_flag(argv, "--cache-ram")) > 0  # its host-RAM prompt cache
-    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--lora"] == [str(tmp_path / "legal.gguf"),
-                                                                          str(tmp_path / "sql.gguf")]
-    assert "--lora-init-without-apply" in argv and "--slot-save-path" not in argv
+    # one list (a repeated --lora keeps only the last one), ids in this order, scale 0 unless a request says
+    assert _flag(argv, "--lora-scaled") == f"{tmp_path / 'legal.gguf'}:0,{tmp_path / 'sql.gguf'}:0"
+    assert "--lora" not in argv and "--lora-init-without-apply" in argv and "--slot-save-path" not in argv
     saving = llamacpp_argv(tmp_path / "llama-server", gguf, threads=2, max_num_seqs=1, port=9,
                            slot_save_path=tmp_path / "slots")
     assert _flag(saving, "--slot-save-path") == str(tmp_path / "slots") and _flag(saving, "--ctx-size") == "2048"
     bare = llamacpp_argv(tmp_path / "llama-server", Gguf(tmp_path / "lm.gguf", {}), threads=1, max_num_seqs=1,
                          port=9)
-    assert "--lora" not in bare and "--lora-init-without-apply" not in bare
+    assert "--lora-scaled" not in bare and "--lora-init-without-apply" not in bare
+    with pytest.raises(ValueError, match="has ',' or ':'"):
+        llamacpp_argv(tmp_path / "llama-server", Gguf(tmp_path / "lm.gguf", {"x": tmp_path / "a,b.gguf"}),
+                      threads=1, max_num_seqs=1, port=9)
 
 
 def test_a_request_names_every_adapters_scale_so_a_slot_never_keeps_the_last_ones():

@@ -19,7 +19,7 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Sequence, TextIO
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence, TextIO
 
 from warmup_tools.common.errors import ServerError
 from warmup_tools.server.config import REPO_ROOT
@@ -173,17 +173,20 @@ def ensure_gguf(llamacpp: LlamaCpp, assets_dir: Path, out_dir: Path, out: TextIO
 
 def llamacpp_argv(server: Path, gguf: Gguf, *, threads: int, max_num_seqs: int, port: int,
                   slot_save_path: Path | None = None, cache_ram_mib: int = LLAMACPP_CACHE_RAM_MIB) -> list[str]:
-    """``llama-server`` on ``gguf``'s LM with every adapter loaded unapplied (a request picks one with
+    """``llama-server`` on ``gguf``'s LM with every adapter loaded at scale 0 (a request picks one with
     :func:`llamacpp_body`), ``threads`` threads, ``max_num_seqs`` slots of :data:`LLAMACPP_SLOT_CONTEXT` tokens,
     float32 KV, its host-RAM prompt cache, and (with ``slot_save_path``) slot save/restore in that folder."""
     argv = [str(server), "--model", str(gguf.lm), "--alias", BASE, "--host", "127.0.0.1", "--port", str(port),
             "--threads", str(threads), "--threads-batch", str(threads), "--parallel", str(max_num_seqs),
             "--ctx-size", str(LLAMACPP_SLOT_CONTEXT * max_num_seqs), "--cache-type-k", "f32",
             "--cache-type-v", "f32", "--cache-ram", str(cache_ram_mib), "--no-webui"]
-    for path in gguf.adapters.values():
-        argv += ["--lora", str(path)]
     if gguf.adapters:
-        argv.append("--lora-init-without-apply")
+        # One comma list (a repeated --lora keeps only the last), each at scale 0: a request without a ``lora``
+        # field gets the base model (with plain --lora, every adapter at once, --lora-init-without-apply or not).
+        bad = [str(p) for p in gguf.adapters.values() if "," in str(p) or ":" in str(p)]
+        if bad:
+            raise ValueError(f"llama-server cannot load an adapter whose path has ',' or ':': {', '.join(bad)}")
+        argv += ["--lora-scaled", ",".join(f"{p}:0" for p in gguf.adapters.values()), "--lora-init-without-apply"]
     if slot_save_path is not None:
         argv += ["--slot-save-path", str(slot_save_path)]
     return argv
@@ -194,8 +197,9 @@ def llamacpp_body(adapters: Sequence[str], model: str) -> dict[str, Any]:
     that order) run ``model``: an adapter name, or :data:`BASE` (or any other name) for the base model.
 
     ``llama-server`` ignores ``model`` (it echoes it back) and picks adapters by the ``lora`` field, a list of
-    ``{"id": index, "scale": s}``; adapters left out get scale 0, but a request with no ``lora`` field (or an empty
-    one) runs with whatever the slot it lands on ran last, so every adapter's scale is sent, always."""
+    ``{"id": index, "scale": s}``; adapters left out get scale 0. A request with no ``lora`` field (or an empty one)
+    gets the server's own scales (0 here) without clearing the KV its slot kept from an adapter's request, so every
+    adapter's scale is sent, always: a slot whose last request had other scales then drops its KV first."""
     if model != BASE and model not in adapters:
         raise ValueError(f"llama.cpp serves no adapter {model!r} (it has {', '.join(adapters) or 'none'})")
     return {"lora": [{"id": i, "scale": 1.0 if name == model else 0.0} for i, name in enumerate(adapters)]}
@@ -239,10 +243,23 @@ def save_slot(url: str, slot_id: int, filename: str, *, timeout_s: float = 600.0
     return _slot_action(url, slot_id, "save", filename, timeout_s)
 
 
-def restore_slot(url: str, slot_id: int, filename: str, *, timeout_s: float = 600.0) -> dict[str, Any]:
+def restore_slot(url: str, slot_id: int, filename: str, *, fields: Mapping[str, Any] | None = None,
+                 timeout_s: float = 600.0) -> dict[str, Any]:
     """Load ``filename`` (saved by :func:`save_slot`, in ``--slot-save-path``) into slot ``slot_id``; its answer
-    (``n_restored`` tokens, ``n_read`` bytes, ``timings.restore_ms``). The file carries no adapter: restore into a
-    server of the same model and send the same ``lora`` (:func:`llamacpp_body`) as the request that filled it."""
+    (``n_restored`` tokens, ``n_read`` bytes, ``timings.restore_ms``).
+
+    The file holds KV and tokens, no adapter scales, and ``llama-server`` drops a slot's KV when a request's scales
+    differ from those of the slot's last request (a slot that never served one has none). ``fields``: the
+    :func:`llamacpp_body` of the requests meant to reuse it (those of the request that filled it): the slot first
+    serves a one-token request with them, so that the restored KV is kept for them."""
+    if fields is not None:
+        import httpx
+
+        prime = {"prompt": " ", "n_predict": 1, "id_slot": int(slot_id), "cache_prompt": False, **fields}
+        response = httpx.post(f"{url}/completion", json=prime, timeout=timeout_s)
+        if response.status_code != 200:
+            raise ServerError(f"llama.cpp slot {slot_id}: priming it for a restore: HTTP {response.status_code}: "
+                              f"{response.text[:300]}")
     return _slot_action(url, slot_id, "restore", filename, timeout_s)
 
 

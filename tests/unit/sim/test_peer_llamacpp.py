@@ -265,3 +265,33 @@ def test_only_the_vendored_tree_and_its_commit_come_out_of_the_sdist_and_never_a
     with pytest.raises(tarfile.OutsideDestinationError):
         peer_servers._extract_vendored(escaping, tmp_path / "y")
     assert not (tmp_path / "escaped.txt").exists()
+
+
+def test_a_request_whose_kept_alive_connection_closed_unanswered_is_sent_once_more(monkeypatch):
+    # The real thing: tests/integration/test_bench_peer_llamacpp.py drives llama-server through this client.
+    import httpx
+
+    from warmup_tools.sim.bench import peer
+    from warmup_tools.sim.bench.support.openai_stream import Streamed
+
+    calls = []
+
+    def flaky(client, url, body):
+        calls.append(body)
+        if len(calls) == 1:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return Streamed(0.01, 0.02, {"prompt_tokens": 5, "completion_tokens": 2})
+
+    monkeypatch.setattr(peer, "stream_completion", flaky)
+    with peer.OpenAIStreams("http://127.0.0.1:9", fields=lambda model: {"lora": [{"id": 0, "scale": 1.0}]}) as c:
+        sample = c.complete("sql", "hello", 2)
+        assert c.resent == 1 and sample.output_tokens == 2 and calls[0] == calls[1]
+        assert calls[0]["lora"] == [{"id": 0, "scale": 1.0}] and calls[0]["ignore_eos"] is True
+
+        def broken(client, url, body):
+            raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+        monkeypatch.setattr(peer, "stream_completion", broken)
+        with pytest.raises(httpx.RemoteProtocolError):  # a stream cut short is not sent again
+            c.complete("sql", "hello", 2)
+        assert c.resent == 1

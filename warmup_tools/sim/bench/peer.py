@@ -67,6 +67,10 @@ from warmup_tools.sim.bench.support.peer_servers import (
 )
 
 PREFIX_TOKENS, SUFFIX_TOKENS, SHORT_PROMPT_TOKENS = 512, 16, 64
+#: How httpx says a server closed the connection before any byte of a response.
+UNANSWERED = "Server disconnected without sending a response"
+#: Seconds an idle connection of the benchmark's client is kept for reuse (below every server's keep-alive timeout).
+KEEPALIVE_EXPIRY_S = 1.0
 #: The peers ``bench peer`` can run, by the name ``peers`` gives them, and how its tables name them.
 PEERS = {"vllm": "vLLM", "llamacpp": "llama.cpp"}
 
@@ -92,8 +96,13 @@ class OpenAIStreams:
 
         self.url = url
         self._fields = fields
+        #: Requests sent again after the server closed their connection without answering.
+        self.resent = 0
+        # Idle connections expire well before the servers' keep-alive timeouts (llama-server's: 5 s, httpx's
+        # default expiry): a request on a connection the server has just closed fails with no response.
         self._client = httpx.Client(base_url=url, timeout=timeout_s,
-                                    limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
+                                    limits=httpx.Limits(max_connections=64, max_keepalive_connections=64,
+                                                        keepalive_expiry=KEEPALIVE_EXPIRY_S))
 
     def close(self) -> None:
         self._client.close()
@@ -105,12 +114,21 @@ class OpenAIStreams:
         self.close()
 
     def complete(self, model: str, prompt: str, max_tokens: int) -> Sample:
+        import httpx
+
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
                 **(self._fields(model) if self._fields else {})}
         try:
             streamed = stream_completion(self._client, "/v1/completions", body)
         except StreamError as exc:
             raise RuntimeError(f"{self.url}: {exc}") from None
+        except httpx.RemoteProtocolError as exc:
+            # llama-server now and then closes a kept-alive connection just as the next request goes out on it
+            # (never before a response has started): that request is sent once more, on a new connection.
+            if not str(exc).startswith(UNANSWERED):
+                raise
+            self.resent += 1
+            streamed = stream_completion(self._client, "/v1/completions", body)
         usage = streamed.usage
         return Sample((streamed.ttft_s if streamed.ttft_s is not None else streamed.total_s) * 1000,
                       streamed.total_s, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)),
@@ -248,8 +266,11 @@ def run(assets_dir: Path, *, threads: Annotated[int, arg("LM threads of each ser
                 results[model] = measure(servers, model, prompts, repeats=repeats, streams=streams,
                                          stream_requests=stream_requests, max_tokens=max_tokens)
             finally:
-                for client in servers.values():
+                for name, client in servers.items():
                     client.close()
+                    if client.resent:
+                        out.write(f"{PEERS.get(name, name)}, {model}: {client.resent} request(s) sent again after "
+                                  f"the server closed a kept-alive connection unanswered\n")
     out.write(format_table(results, streams=streams, threads=threads, versions=versions, theirs=chosen))
     if ab_forward:
         out.write(format_table(results, streams=streams, threads=threads, versions=versions, ours="project",

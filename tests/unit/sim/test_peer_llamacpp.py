@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from warmup_tools.sim.bench.peer import Figures, format_table, parse_peers
+from warmup_tools.sim.bench.peer import Figures, format_table
 from warmup_tools.sim.bench.support import peer_servers
 from warmup_tools.sim.bench.support.llamacpp_convert import pre_tokenizer_name
 from warmup_tools.sim.bench.support.peer_servers import (
@@ -24,6 +24,7 @@ from warmup_tools.sim.bench.support.peer_servers import (
     llamacpp_argv,
     llamacpp_body,
     llamacpp_build_argv,
+    parse_peers,
 )
 
 

@@ -75,10 +75,11 @@ def test_the_project_alone_has_no_ratio_table():
     assert "this project / the peer" not in text
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [({"peers": "vllm,sglang"}, "peers must be among"),
-                                                 ({"traffic": "yesterday"}, "traffic must be one of")])
-def test_a_bad_choice_is_refused_before_anything_starts(tmp_path, kwargs, message):
-    with pytest.raises(ConfigError, match=message):
+@pytest.mark.parametrize(("kwargs", "error", "message"),
+                         [({"peers": "vllm,sglang"}, ValueError, "sglang: each must be one of vllm, llamacpp"),
+                          ({"traffic": "yesterday"}, ConfigError, "traffic must be one of")])
+def test_a_bad_choice_is_refused_before_anything_starts(tmp_path, kwargs, error, message):
+    with pytest.raises(error, match=message):
         run(tmp_path, out=io.StringIO(), **kwargs)
 
 
@@ -100,3 +101,16 @@ def test_the_replay_sends_each_request_at_its_time_without_waiting_for_earlier_a
     assert slept == [2.5, 1.5]
     assert [a.at_s for a in answers] == [0.0, 2.5, 4.0]
     assert all(a.error for a in answers)
+
+
+def test_a_llamacpp_slot_names_the_adapter_its_last_request_applied():
+    from warmup_tools.sim.bench.race import slot_of
+
+    adapters = ["legal", "sql", "support"]
+    entry = {"id": 3, "n_prompt_tokens": 517,
+             "params": {"lora": [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 1.0}, {"id": 2, "scale": 0.0}]}}
+    assert (slot_of(entry, adapters).id, slot_of(entry, adapters).tokens, slot_of(entry, adapters).model) == (
+        3, 517, "sql")
+    assert slot_of({"id": 0, "params": {"lora": [{"id": 1, "scale": 0.0}]}}, adapters).model == "base"
+    assert slot_of({"id": 1}, adapters).tokens == 0  # a slot that never served a request
+    assert slot_of({"id": 2, "params": {"lora": [{"id": 7, "scale": 1.0}]}}, adapters).model == "base"

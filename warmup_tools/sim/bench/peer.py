@@ -48,11 +48,13 @@ from typing import Annotated, Any, Callable, Mapping, Sequence, TextIO
 
 from warmup_tools.common.settings import arg
 from warmup_tools.sim.bench.support.openai_stream import StreamError, stream_completion
+from warmup_tools.sim.bench.support.params import LlamacppDir, LlamacppPackage, VllmPackage, VllmVenv
 from warmup_tools.sim.bench.support.peer_replay import run_replay
 from warmup_tools.sim.bench.support.peer_servers import (
     BASE,
     LLAMACPP_DIR,
     LLAMACPP_PACKAGE,
+    PEERS,
     VLLM_PACKAGE,
     VLLM_VENV,
     ensure_gguf,
@@ -61,6 +63,7 @@ from warmup_tools.sim.bench.support.peer_servers import (
     llamacpp_body,
     llamacpp_server,
     llamacpp_version,
+    parse_peers,
     project_server,
     vllm_server,
     vllm_version,
@@ -71,8 +74,6 @@ PREFIX_TOKENS, SUFFIX_TOKENS, SHORT_PROMPT_TOKENS = 512, 16, 64
 UNANSWERED = "Server disconnected without sending a response"
 #: Seconds an idle connection of the benchmark's client is kept for reuse (below every server's keep-alive timeout).
 KEEPALIVE_EXPIRY_S = 1.0
-#: The peers ``bench peer`` can run, by the name ``peers`` gives them, and how its tables name them.
-PEERS = {"vllm": "vLLM", "llamacpp": "llama.cpp"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -190,14 +191,10 @@ def run(assets_dir: Path, *, threads: Annotated[int, arg("LM threads of each ser
         adapter: Annotated[str, arg("the adapter of the adapter column (a folder under the assets' adapters/)")
                            ] = "sql",
         peers: Annotated[str, arg("the peers to run, a comma list of " + ", ".join(PEERS))] = "vllm,llamacpp",
-        vllm_venv: Annotated[Path, arg("vLLM's virtualenv (made there with vllm_package when it has no vLLM)")
-                             ] = VLLM_VENV,
-        vllm_package: Annotated[str, arg("what pip installs into a new vllm_venv")] = VLLM_PACKAGE,
-        llamacpp_dir: Annotated[Path, arg("llama.cpp's folder: its source, llama-server's build, the converters' "
-                                          "virtualenv and the GGUF files (made there on first use)")
-                                ] = LLAMACPP_DIR,
-        llamacpp_package: Annotated[str, arg("the sdist whose vendor/llama.cpp a new llamacpp_dir builds")
-                                    ] = LLAMACPP_PACKAGE,
+        vllm_venv: VllmVenv = VLLM_VENV,
+        vllm_package: VllmPackage = VLLM_PACKAGE,
+        llamacpp_dir: LlamacppDir = LLAMACPP_DIR,
+        llamacpp_package: LlamacppPackage = LLAMACPP_PACKAGE,
         seed: Annotated[int, arg("seed of the prompts' text")] = 0,
         ab_forward: Annotated[str, arg("also run this project with this engine_forward (hf) in the same "
                                        "alternation: an A/B of the engine's forward through the served path")] = "",
@@ -280,16 +277,6 @@ def run(assets_dir: Path, *, threads: Annotated[int, arg("LM threads of each ser
         _replay(python, assets_dir, replay_traffic, threads=threads, streams=streams, seed=seed, logs=logs,
                 block_size=vllm_block_size, out=out)
     return results
-
-
-def parse_peers(peers: str) -> tuple[str, ...]:
-    """``peers`` (a comma list of :data:`PEERS`' names) as a tuple, in the order given, each once; ValueError
-    naming the unknown ones."""
-    chosen = tuple(dict.fromkeys(p.strip() for p in peers.split(",") if p.strip()))
-    unknown = [p for p in chosen if p not in PEERS]
-    if unknown or not chosen:
-        raise ValueError(f"peers: {', '.join(unknown) or 'none given'}: each must be one of {', '.join(PEERS)}")
-    return chosen
 
 
 def _replay(python: Path, assets_dir: Path, traffic: str, *, threads: int, streams: int, seed: int, logs: Path,

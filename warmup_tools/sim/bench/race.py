@@ -43,20 +43,30 @@ from warmup_tools.common.records import RequestRecord
 from warmup_tools.common.settings import arg
 from warmup_tools.sim.bench.support.cold_start import percent, ratio
 from warmup_tools.sim.bench.support.openai_stream import StreamError, stream_completion
+from warmup_tools.sim.bench.support.params import LlamacppDir, LlamacppPackage, VllmPackage, VllmVenv
 from warmup_tools.sim.bench.support.peer_servers import (
     BASE,
+    LLAMACPP_DIR,
+    LLAMACPP_PACKAGE,
+    PEERS,
     VLLM_PACKAGE,
     VLLM_VENV,
+    ensure_gguf,
+    ensure_llamacpp,
     ensure_vllm,
+    llamacpp_body,
+    llamacpp_server,
+    llamacpp_version,
+    parse_peers,
     project_server,
+    restore_slot,
+    save_slot,
     vllm_server,
     vllm_version,
 )
 from warmup_tools.sim.bench.support.tables import markdown, p99
 from warmup_tools.sim.bench.support.workload import TRAFFIC, prepare
 
-#: The peers the race can run, by the name ``peers`` takes.
-PEERS = ("vllm", "llamacpp")
 #: Open-loop senders: enough that a request is sent at its time even when the server falls behind.
 SENDERS = 64
 
@@ -264,8 +274,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def run(assets_dir: Path, *,
-        peers: Annotated[str, arg("the peers that race this project, comma-separated (vllm, llamacpp; empty: this "
-                                  "project alone)")] = "vllm,llamacpp",
+        peers: Annotated[str, arg("the peers that race this project, a comma list of " + ", ".join(PEERS)
+                                  + " (empty: this project alone)")] = "vllm,llamacpp",
         restarts: Annotated[bool, arg("also race the restarts: this project from its KV snapshot, llama.cpp with "
                                       "its slots restored")] = True,
         traffic: Annotated[str, arg("the traffic replayed", choices=TRAFFIC)] = "real",
@@ -278,16 +288,14 @@ def run(assets_dir: Path, *,
         threads: Annotated[int, arg("LM threads of each server", ge=1)] = 1,
         max_num_seqs: Annotated[int, arg("sequences each server runs at once", ge=1)] = 8,
         seed: Annotated[int, arg("seed of the traffic")] = 0,
-        vllm_venv: Annotated[Path, arg("vLLM's virtualenv (made there with vllm_package when it has no vLLM)")
-                             ] = VLLM_VENV,
-        vllm_package: Annotated[str, arg("what pip installs into a new vllm_venv")] = VLLM_PACKAGE,
+        vllm_venv: VllmVenv = VLLM_VENV,
+        vllm_package: VllmPackage = VLLM_PACKAGE,
+        llamacpp_dir: LlamacppDir = LLAMACPP_DIR,
+        llamacpp_package: LlamacppPackage = LLAMACPP_PACKAGE,
         out: TextIO = sys.stdout) -> list[RaceRun]:
     """The race on ``assets_dir``'s LM and adapters; prints the table and returns every run."""
     assets_dir = Path(assets_dir).resolve()
-    chosen = [p.strip() for p in peers.split(",") if p.strip()]
-    unknown = sorted(set(chosen) - set(PEERS))
-    if unknown:
-        raise ConfigError(f"peers must be among {', '.join(PEERS)}, not {', '.join(unknown)}")
+    chosen = parse_peers(peers, allow_none=True)
     if traffic not in TRAFFIC:
         raise ConfigError(f"traffic must be one of {', '.join(TRAFFIC)}, not {traffic!r}")
     work = Path(tempfile.mkdtemp(prefix="bench-race-"))
@@ -297,7 +305,7 @@ def run(assets_dir: Path, *,
         plan = schedule(repos.first_hours, repos.day2_start, hours, duration_s)
         contenders = _contenders(chosen, restarts, assets_dir, repos.with_plan, work, threads=threads,
                                  max_num_seqs=max_num_seqs, vllm_venv=Path(vllm_venv), vllm_package=vllm_package,
-                                 out=out)
+                                 llamacpp_dir=Path(llamacpp_dir), llamacpp_package=llamacpp_package, out=out)
         runs = race(contenders, plan, max_tokens=max_tokens, first_s=first_s, out=out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -312,8 +320,8 @@ SNAPSHOT_ENV = {"WARMUP_SNAPSHOT_INTERVAL_S": "0", "WARMUP_SNAPSHOT_BYTES": str(
 
 
 def _contenders(peers: Sequence[str], restarts: bool, assets_dir: Path, repository: Path, work: Path, *,
-                threads: int, max_num_seqs: int, vllm_venv: Path, vllm_package: str,
-                out: TextIO) -> list[Contender]:
+                threads: int, max_num_seqs: int, vllm_venv: Path, vllm_package: str, llamacpp_dir: Path,
+                llamacpp_package: str, out: TextIO) -> list[Contender]:
     snapshots = work / "snapshots"
     snapshots.mkdir()
     env = {**SNAPSHOT_ENV, "WARMUP_SNAPSHOT_DIR": str(snapshots)}
@@ -338,14 +346,83 @@ def _contenders(peers: Sequence[str], restarts: bool, assets_dir: Path, reposito
 
         first.append(Contender(f"vLLM {version} (prefix caching)", vllm))
     if "llamacpp" in peers:
-        first_ll, again_ll = _llamacpp(assets_dir, work, threads=threads, max_num_seqs=max_num_seqs, out=out)
+        first_ll, again_ll = _llamacpp(assets_dir, work, threads=threads, max_num_seqs=max_num_seqs,
+                                       llamacpp_dir=llamacpp_dir, llamacpp_package=llamacpp_package, out=out)
         first.append(first_ll)
         if restarts:
             again.append(again_ll)
     return first + again
 
 
-def _llamacpp(assets_dir: Path, work: Path, *, threads: int, max_num_seqs: int,
-              out: TextIO) -> tuple[Contender, Contender]:
-    raise ConfigError("llama.cpp is not available yet")
+def _llamacpp(assets_dir: Path, work: Path, *, threads: int, max_num_seqs: int, llamacpp_dir: Path,
+              llamacpp_package: str, out: TextIO) -> tuple[Contender, Contender]:
+    """llama.cpp's two runs: from nothing (its prompt cache empty; its slots saved to disk when the replay ends), and
+    restarted with those slots restored before it reports ready (the restores count in its time to ready)."""
+    build = ensure_llamacpp(llamacpp_dir, llamacpp_package, out)
+    gguf = ensure_gguf(build, assets_dir, llamacpp_dir / "gguf", out)
+    adapters = list(gguf.adapters)
+    slots = work / "llamacpp-slots"
+    slots.mkdir()
+    version = llamacpp_version(build.server)
+
+    def body(model: str) -> Mapping[str, Any]:
+        return {"model": model, **llamacpp_body(adapters, model)}
+
+    @contextlib.contextmanager
+    def fresh() -> Iterator[Endpoint]:
+        with llamacpp_server(build.server, gguf, threads=threads, max_num_seqs=max_num_seqs, slot_save_path=slots,
+                             log=work / "logs" / "llamacpp.log") as url:
+            yield Endpoint(url, body)
+
+    saved: dict[int, str] = {}  # slot -> the model its KV was computed for
+
+    def save(endpoint: Endpoint) -> None:
+        tokens = 0
+        for slot in slot_models(endpoint.url, adapters):
+            if slot.tokens:
+                tokens += int(save_slot(endpoint.url, slot.id, slot_file(slot.id)).get("n_saved", 0))
+                saved[slot.id] = slot.model
+        out.write(f"  llama.cpp: saved {len(saved)} slots ({tokens} tokens)\n")
+
+    @contextlib.contextmanager
+    def restored() -> Iterator[Endpoint]:
+        with llamacpp_server(build.server, gguf, threads=threads, max_num_seqs=max_num_seqs, slot_save_path=slots,
+                             log=work / "logs" / "llamacpp-restored.log") as url:
+            for slot, model in saved.items():  # primed with its model's adapter scales, so that it keeps the KV
+                restore_slot(url, slot, slot_file(slot), fields=llamacpp_body(adapters, model))
+            yield Endpoint(url, body)
+
+    return (Contender(f"llama.cpp {version} (prompt cache)", fresh, after=save),
+            Contender(f"llama.cpp {version} (slots restored)", restored))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Slot:
+    """A ``llama-server`` slot as ``GET /slots`` describes it: its id, the tokens it holds, and the model its last
+    request ran (an adapter's name, or :data:`BASE`)."""
+
+    id: int
+    tokens: int
+    model: str
+
+
+def slot_models(url: str, adapters: Sequence[str]) -> list[Slot]:
+    """Every slot of the ``llama-server`` at ``url`` (``adapters``: its adapters in load order)."""
+    import httpx
+
+    response = httpx.get(f"{url}/slots", timeout=60)
+    response.raise_for_status()
+    return [slot_of(entry, adapters) for entry in response.json()]
+
+
+def slot_of(entry: Mapping[str, Any], adapters: Sequence[str]) -> Slot:
+    """One entry of ``GET /slots``: the adapter its last request applied (scale > 0) names the model."""
+    lora = (entry.get("params") or {}).get("lora") or []
+    applied = [int(a["id"]) for a in lora if float(a.get("scale", 0)) > 0 and 0 <= int(a["id"]) < len(adapters)]
+    return Slot(int(entry["id"]), int(entry.get("n_prompt_tokens") or 0), adapters[applied[0]] if applied else BASE)
+
+
+def slot_file(slot: int) -> str:
+    """The file a llama.cpp slot is saved to, in its ``--slot-save-path``."""
+    return f"slot-{slot}.bin"
 

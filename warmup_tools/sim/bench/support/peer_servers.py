@@ -35,6 +35,20 @@ CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")
 BASE = "base"
 START_TIMEOUT_S = 900.0
 
+#: The peers a benchmark can run, by the name its ``peers`` setting takes, and how its tables name them.
+PEERS = {"vllm": "vLLM", "llamacpp": "llama.cpp"}
+
+
+def parse_peers(peers: str, *, allow_none: bool = False) -> tuple[str, ...]:
+    """``peers`` (a comma list of :data:`PEERS`' names) as a tuple, in the order given, each once; ValueError
+    naming the unknown ones (and on none, unless ``allow_none``)."""
+    chosen = tuple(dict.fromkeys(p.strip() for p in peers.split(",") if p.strip()))
+    unknown = [p for p in chosen if p not in PEERS]
+    if unknown or not (chosen or allow_none):
+        raise ValueError(f"peers: {', '.join(unknown) or 'none given'}: each must be one of {', '.join(PEERS)}")
+    return chosen
+
+
 #: The sdist whose ``vendor/llama.cpp`` is the llama.cpp source tree :func:`ensure_llamacpp` builds.
 LLAMACPP_PACKAGE = "llama-cpp-python==0.3.36"
 #: Where :func:`ensure_llamacpp` puts llama.cpp's source, build and converter virtualenv (ignored by git).

@@ -245,8 +245,9 @@ class _Batch:
     decode_len: int
     decode_masked: torch.Tensor | None
     all_decode: bool
-    #: Prefill rows: (offset, new tokens, position, slot, mask or None).
-    prefill: list[tuple[int, int, int, int, torch.Tensor | None]]
+    #: Prefill rows: (offset, new tokens, position, slot, query chunks); each chunk (start, end, additive mask or
+    #: None for a plain causal chunk from position 0), the same in every layer.
+    prefill: list[tuple[int, int, int, int, list[tuple[int, int, torch.Tensor | None]]]]
     #: (adapter, token indices or None for every token).
     adapters: list[tuple[str, torch.Tensor | None]]
 
@@ -361,8 +362,11 @@ class PackedModel:
         for i, row in enumerate(rows):
             n, p = len(row.token_ids), row.position
             if n > 1:
-                mask = _causal(p, n, device=device) if p else None
-                prefill.append((offsets[i], n, p, slots[i], mask))
+                step = self.prefill_chunk or n
+                chunks = [(start, min(n, start + step), None if p + start == 0 else
+                           _causal_bias(p + start, min(n, start + step) - start, dtype=self.dtype, device=device))
+                          for start in range(0, n, step)]
+                prefill.append((offsets[i], n, p, slots[i], chunks))
         decode_offsets = decode_slots = decode_positions = decode_masked = None
         decode_len = 0
         if decode:
@@ -419,25 +423,17 @@ class PackedModel:
         heads, kv_heads, dim = self.n_heads, self.n_kv, self.head_dim
         group = heads // kv_heads
         out = q.new_empty((batch.tokens, heads * dim)) if not batch.all_decode else None
-        for offset, n, p, slot, mask in batch.prefill:
+        for offset, n, p, slot, chunks in batch.prefill:
             kv[0, slot, :, p:p + n] = k[offset:offset + n].transpose(0, 1)
             kv[1, slot, :, p:p + n] = v[offset:offset + n].transpose(0, 1)
             qq = q[offset:offset + n].transpose(0, 1)[None]
-            chunk = self.prefill_chunk or n
-            for start in range(0, n, chunk):
+            for start, end, bias in chunks:
                 # NOTE: 4D inputs take the CPU's flash kernel, grouped query heads included (enable_gqa: no repeated
                 # K/V). Its causal case still computes every key block it touches whole (512 keys at a time), so a
-                # long prefill runs in query chunks, each over the keys up to its last token: about 0.8x the
-                # attention time of one call on 528 tokens (docs/benchmarks.md, "The engine's forward").
-                end = min(n, start + chunk)
+                # long prefill runs in query chunks, each over the keys up to its last token (_PREFILL_CHUNK).
                 keys, values = kv[0, slot, :, :p + end][None], kv[1, slot, :, :p + end][None]
-                part = qq[:, :, start:end]
-                if mask is None and start == 0:
-                    rows = F.scaled_dot_product_attention(part, keys, values, is_causal=True, enable_gqa=True)
-                else:
-                    part_mask = (mask[start:end, :p + end] if mask is not None
-                                 else _causal(p + start, end - start, device=q.device))
-                    rows = F.scaled_dot_product_attention(part, keys, values, attn_mask=part_mask, enable_gqa=True)
+                rows = F.scaled_dot_product_attention(qq[:, :, start:end], keys, values, attn_mask=bias,
+                                                      is_causal=bias is None, enable_gqa=True)
                 out[offset + start:offset + end] = rows[0].transpose(0, 1).reshape(end - start, heads * dim)
         if batch.decode_slots is None:
             return out
@@ -463,10 +459,12 @@ class PackedModel:
         return out
 
 
-def _causal(past: int, n: int, *, device: torch.device) -> torch.Tensor:
-    """The boolean mask of ``n`` new tokens after ``past`` held ones: new token j sees the past and new tokens up to
-    j (bottom-right aligned causal)."""
-    return torch.arange(past + n, device=device)[None, :] <= (past + torch.arange(n, device=device))[:, None]
+def _causal_bias(past: int, n: int, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The additive mask ``[n, past + n]`` of ``n`` new tokens after ``past`` held ones: new token j sees the past
+    and new tokens up to j (bottom-right aligned causal), 0 where it may attend and -inf elsewhere. Built once a
+    forward (every layer shares it) and in the model's dtype, so the attention kernel converts nothing."""
+    hidden = torch.arange(past + n, device=device)[None, :] > (past + torch.arange(n, device=device))[:, None]
+    return torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(hidden, float("-inf"))
 
 
 def _offsets(rows: Sequence[ForwardRow]) -> list[int]:

@@ -25,7 +25,7 @@ import torch
 from warmup_tools.common.digests import fingerprint_folder
 from warmup_tools.common.errors import UNKNOWN_ADAPTER_HINT, AssetError, UnknownAdapterError
 from warmup_tools.kv.config import KVShape
-from warmup_tools.lora_adapter.devices import select_device, select_dtype
+from warmup_tools.lora_adapter.devices import reuse_freed_memory, select_device, select_dtype
 from warmup_tools.lora_adapter.serving import eos_ids, load_tokenizer
 from warmup_tools.lora_adapter.settings import DEFAULT_CONTEXT_LENGTH, EngineConfig, discover_adapters
 
@@ -51,6 +51,7 @@ class LoadedModel:
         self.config = config
         if config.num_threads > 0:
             torch.set_num_threads(config.num_threads)
+        reuse_freed_memory(config.reuse_freed_mib)
         self.device = select_device(config.device)
         self.dtype = select_dtype(config.dtype, self.device)
         if not (config.base_model / "config.json").exists():

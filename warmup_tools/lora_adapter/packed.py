@@ -50,6 +50,8 @@ PACKED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 #: Capacity (tokens) is grown in multiples of this.
 _GRANULE = 64
+#: Query tokens per attention call of a prefill on the CPU (see PackedModel._attention).
+_PREFILL_CHUNK = 128
 
 
 def packed_support(model_config: dict) -> str | None:
@@ -162,13 +164,15 @@ class _Linear:
     """``x @ weight.T`` (+ bias). On the CPU in float32 through oneDNN with the weight reordered once into its
     blocked layout (``torch.ops.mkldnn``, what vLLM's CPU build does with its own oneDNN binding): on a decode batch
     that is about twice as fast as the dense product, whose small-row GEMMs run far below the core's peak (the A/B in
-    docs/benchmarks.md). Elsewhere the dense product."""
+    docs/benchmarks.md). In bfloat16 too where oneDNN has bf16 kernels for the CPU (``avx512_bf16``, AMX): about
+    half the float32 time on a 528-token prefill (``dtype=bfloat16``, never the default on the CPU). Elsewhere the
+    dense product."""
 
     __slots__ = ("weight", "bias", "_packed")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias, self._packed = weight, bias, None
-        if weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+        if weight.device.type == "cpu" and _onednn_packs(weight.dtype):
             try:
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
             except (RuntimeError, AttributeError):  # a torch build without the op: the dense product
@@ -179,6 +183,16 @@ class _Linear:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         out = x @ self.weight.t()
         return out if self.bias is None else out.add_(self.bias)
+
+
+def _onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether :class:`_Linear` reorders a CPU weight of ``dtype`` for oneDNN."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.float32:
+        return True
+    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return dtype == torch.bfloat16 and supported is not None and bool(supported())
 
 
 @dataclasses.dataclass(slots=True)
@@ -231,8 +245,9 @@ class _Batch:
     decode_len: int
     decode_masked: torch.Tensor | None
     all_decode: bool
-    #: Prefill rows: (offset, new tokens, position, slot, mask or None).
-    prefill: list[tuple[int, int, int, int, torch.Tensor | None]]
+    #: Prefill rows: (offset, new tokens, position, slot, query chunks); each chunk (start, end, additive mask or
+    #: None for a plain causal chunk from position 0), the same in every layer.
+    prefill: list[tuple[int, int, int, int, list[tuple[int, int, torch.Tensor | None]]]]
     #: (adapter, token indices or None for every token).
     adapters: list[tuple[str, torch.Tensor | None]]
 
@@ -276,6 +291,8 @@ class PackedModel:
                 down=_Linear(_base(mlp.down_proj).weight.detach()), modules=modules, lora={g: {} for g in GROUPS}))
         self.intermediate = self.layers[0].down.weight.shape[1] if self.layers else 0
         self.head = _Linear(model.lm_head.weight.detach())
+        #: Query tokens per attention call of a prefill (0: the whole prefill in one call), see _attention.
+        self.prefill_chunk = _PREFILL_CHUNK if self.device.type == "cpu" else 0
 
     def new_pool(self, max_capacity: int) -> KVPool:
         return KVPool(len(self.layers), self.n_kv, self.head_dim, dtype=self.dtype, device=self.device,
@@ -345,11 +362,11 @@ class PackedModel:
         for i, row in enumerate(rows):
             n, p = len(row.token_ids), row.position
             if n > 1:
-                mask = None
-                if p:  # bottom-right aligned causal: new token j sees the past and new tokens up to j
-                    mask = (torch.arange(p + n, device=device)[None, :]
-                            <= (p + torch.arange(n, device=device))[:, None])
-                prefill.append((offsets[i], n, p, slots[i], mask))
+                step = self.prefill_chunk or n
+                chunks = [(start, min(n, start + step), None if p + start == 0 else
+                           _causal_bias(p + start, min(n, start + step) - start, dtype=self.dtype, device=device))
+                          for start in range(0, n, step)]
+                prefill.append((offsets[i], n, p, slots[i], chunks))
         decode_offsets = decode_slots = decode_positions = decode_masked = None
         decode_len = 0
         if decode:
@@ -406,17 +423,18 @@ class PackedModel:
         heads, kv_heads, dim = self.n_heads, self.n_kv, self.head_dim
         group = heads // kv_heads
         out = q.new_empty((batch.tokens, heads * dim)) if not batch.all_decode else None
-        for offset, n, p, slot, mask in batch.prefill:
+        for offset, n, p, slot, chunks in batch.prefill:
             kv[0, slot, :, p:p + n] = k[offset:offset + n].transpose(0, 1)
             kv[1, slot, :, p:p + n] = v[offset:offset + n].transpose(0, 1)
-            # NOTE: 4D inputs with K/V repeated to every query head take the CPU's flash kernel; 3D inputs or
-            # enable_gqa take the math path (about 3x slower on a 512-token prefill).
-            keys = kv[0, slot, :, :p + n].repeat_interleave(group, 0)[None]
-            values = kv[1, slot, :, :p + n].repeat_interleave(group, 0)[None]
             qq = q[offset:offset + n].transpose(0, 1)[None]
-            rows = (F.scaled_dot_product_attention(qq, keys, values, is_causal=True) if mask is None
-                    else F.scaled_dot_product_attention(qq, keys, values, attn_mask=mask))
-            out[offset:offset + n] = rows[0].transpose(0, 1).reshape(n, heads * dim)
+            for start, end, bias in chunks:
+                # NOTE: 4D inputs take the CPU's flash kernel, grouped query heads included (enable_gqa: no repeated
+                # K/V). Its causal case still computes every key block it touches whole (512 keys at a time), so a
+                # long prefill runs in query chunks, each over the keys up to its last token (_PREFILL_CHUNK).
+                keys, values = kv[0, slot, :, :p + end][None], kv[1, slot, :, :p + end][None]
+                rows = F.scaled_dot_product_attention(qq[:, :, start:end], keys, values, attn_mask=bias,
+                                                      is_causal=bias is None, enable_gqa=True)
+                out[offset + start:offset + end] = rows[0].transpose(0, 1).reshape(end - start, heads * dim)
         if batch.decode_slots is None:
             return out
         offsets, slots, positions = batch.decode_offsets, batch.decode_slots, batch.decode_positions
@@ -439,6 +457,14 @@ class PackedModel:
             return rows
         out.index_copy_(0, offsets, rows)
         return out
+
+
+def _causal_bias(past: int, n: int, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The additive mask ``[n, past + n]`` of ``n`` new tokens after ``past`` held ones: new token j sees the past
+    and new tokens up to j (bottom-right aligned causal), 0 where it may attend and -inf elsewhere. Built once a
+    forward (every layer shares it) and in the model's dtype, so the attention kernel converts nothing."""
+    hidden = torch.arange(past + n, device=device)[None, :] > (past + torch.arange(n, device=device))[:, None]
+    return torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(hidden, float("-inf"))
 
 
 def _offsets(rows: Sequence[ForwardRow]) -> list[int]:

@@ -81,6 +81,45 @@ def test_packed_logits_match_the_hugging_face_forward_in_mixed_batches(engines, 
     assert packed.held_sequences() == 0 and packed._pool.held == 0
 
 
+@pytest.mark.parametrize("chunk", [None, 40])
+def test_prefill_attention_in_query_chunks_matches_the_hugging_face_forward(engines, chunk):
+    """Prefill attention run 16 query tokens at a time (each chunk over the keys up to its last token, with and
+    without KV held before it): the same logits and greedy tokens as the Hugging Face forward."""
+    packed, hf = engines
+    assert packed._packed.prefill_chunk > 0  # on the CPU a long prefill attends in chunks by default
+    held = packed._packed.prefill_chunk
+    packed._packed.prefill_chunk = 16
+    try:
+        prompts = _prompts(6, seed=5)
+        adapters = [None, "sql"]
+        got, want = _run(packed, prompts, adapters, 6, chunk=chunk), _run(hf, prompts, adapters, 6, chunk=chunk)
+    finally:
+        packed._packed.prefill_chunk = held
+    for i in want:
+        for a, b in zip(got[i], want[i], strict=True):
+            assert torch.allclose(a, b, atol=1e-4, rtol=0)
+            assert int(a.argmax()) == int(b.argmax())
+
+
+def test_a_bfloat16_linear_goes_through_onednn_where_the_cpu_has_bf16_kernels_and_stays_close():
+    """``dtype=bfloat16`` on a CPU with bf16 kernels (avx512_bf16, AMX) reorders its weights for oneDNN as
+    float32 does; either way the product is the dense one within bfloat16's precision."""
+    from warmup_tools.lora_adapter.packed import _Linear, _onednn_packs
+
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(96, 64, generator=generator) * 0.05
+    x = torch.randn(7, 64, generator=generator)
+    want = x @ weight.t()
+    assert _onednn_packs(torch.float32) == torch.backends.mkldnn.is_available()
+    assert not _onednn_packs(torch.float16)
+    linear = _Linear(weight.bfloat16())
+    assert (linear._packed is not None) == _onednn_packs(torch.bfloat16)
+    got = linear(x.bfloat16())
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    assert torch.allclose(got.float(), want, atol=0.05, rtol=0.02)
+    assert torch.allclose(_Linear(weight)(x), want, atol=1e-5)
+
+
 def test_served_requests_match_the_reference(engines, reference):
     """Through the scheduler (chunked prefill, batching): the tokens of plain Hugging Face and peft."""
     from tests.unit.lora_adapter.conftest import serve

@@ -330,6 +330,9 @@ AREAS: tuple[Area, ...] = (
               (f"{_KV_EVENTS}::test_a_malformed_scope_is_refused_and_the_server_keeps_serving",
                f"{_KV_EVENTS}::test_the_socket_path_is_bounded",
                "tests/integration/test_kv_events.py::test_a_new_subscriber_sees_the_warm_up_samples_blocks")),
+        Claim("The engine's `reuse_freed_mib` (freed host memory kept for reuse, 256 MiB by default) is bounded "
+              "(0 to 1,048,576 MiB); a value out of bounds is refused at load with an error naming the parameter.",
+              ("tests/unit/lora_adapter/test_devices.py::test_reuse_freed_mib_is_a_bounded_setting_of_the_engine",)),
         Claim("The soak benchmark's judgements (flat RSS, open files and threads after the first 5 minutes, no "
               "request lost outside the recovery windows, every bad request with its error class) are "
               "unit-tested; the figures are in docs/soak.md.",
@@ -540,6 +543,20 @@ AREAS: tuple[Area, ...] = (
                "tests/unit/test_deploy_grpc.py::test_the_overlays_replicas_listen_where_only_the_router_may_connect",
                "tests/unit/test_deploy_grpc.py::"
                "test_compose_grpc_listeners_are_on_an_internal_network_only_the_router_and_the_replicas_join")),
+    )),
+    Area("The benchmarks' peers (vLLM, llama.cpp)", "ports-what-each-part-listens-on-and-who-may-reach-it", (
+        Claim("`bench peer` and `bench race` start vLLM and llama.cpp's `llama-server` on the loopback only; "
+              "llama.cpp's source comes out of its sdist as regular files of its vendored tree (no link, nothing "
+              "outside the target folder), and its GGUF converter names only the exact GPT-2 byte-level "
+              "pre-tokenizer (any other unknown tokenizer stays refused).",
+              ("tests/unit/sim/test_peer.py::"
+               "test_vllm_runs_the_same_model_with_prefix_caching_and_every_adapter_folder_at_its_rank",
+               "tests/unit/sim/test_peer_llamacpp.py::"
+               "test_llama_server_loads_every_adapter_unapplied_with_a_2048_token_slot_per_stream_and_one_thread",
+               "tests/unit/sim/test_peer_llamacpp.py::"
+               "test_only_the_vendored_tree_and_its_commit_come_out_of_the_sdist_and_never_a_link",
+               "tests/unit/sim/test_peer_llamacpp.py::"
+               "test_the_demo_tokenizer_is_named_gpt2_and_any_other_pre_tokenizer_stays_unknown")),
     )),
     Area("Triton itself", "triton-itself", (
         Claim("The image is built on tritonserver 25.07 or later, the release with the fixes for "

@@ -24,6 +24,7 @@ def test_vllm_runs_the_same_model_with_prefix_caching_and_every_adapter_folder_a
     assert base[base.index("--served-model-name") + 1] == BASE
     assert {"--enable-prefix-caching", "--enable-prompt-tokens-details"} <= set(base)
     assert "--enable-lora" not in base and base[base.index("--max-num-seqs") + 1] == "8"
+    assert base[base.index("--host") + 1] == "127.0.0.1"  # the loopback only
     lora = vllm_argv(python, tmp_path, lora=True, max_num_seqs=8, port=9)
     assert lora[lora.index("--max-lora-rank") + 1] == "16" and lora[lora.index("--max-loras") + 1] == "2"
     modules = lora[lora.index("--lora-modules") + 1:]

@@ -114,3 +114,16 @@ def test_a_llamacpp_slot_names_the_adapter_its_last_request_applied():
     assert slot_of({"id": 0, "params": {"lora": [{"id": 1, "scale": 0.0}]}}, adapters).model == "base"
     assert slot_of({"id": 1}, adapters).tokens == 0  # a slot that never served a request
     assert slot_of({"id": 2, "params": {"lora": [{"id": 7, "scale": 1.0}]}}, adapters).model == "base"
+
+
+def test_every_answer_of_every_run_is_written_one_json_line_each(tmp_path):
+    import json
+
+    from warmup_tools.sim.bench.race import write_samples
+
+    runs = [RaceRun("a", 1.0, [sent(0, 10, cached=16), sent(1, 0, error="HTTP 503")], 60.0),
+            RaceRun("b", 2.0, [sent(0.5, 30)], 60.0)]
+    write_samples(tmp_path / "s.jsonl", runs)
+    lines = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert [(x["run"], x["at_s"], x["ttft_ms"], x["cached_tokens"], x["error"]) for x in lines] == [
+        ("a", 0, 10, 16, ""), ("a", 1, 0.0, 0, "HTTP 503"), ("b", 0.5, 30, 0, "")]

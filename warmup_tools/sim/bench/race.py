@@ -30,6 +30,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import json
 import shutil
 import statistics
 import sys
@@ -292,6 +293,9 @@ def run(assets_dir: Path, *,
         vllm_package: VllmPackage = VLLM_PACKAGE,
         llamacpp_dir: LlamacppDir = LLAMACPP_DIR,
         llamacpp_package: LlamacppPackage = LLAMACPP_PACKAGE,
+        samples: Annotated[Path | None, arg("also write every request's answer of every run to this JSON-lines file "
+                                            "(run, sent at, adapter, TTFT, cached and prompt tokens, error)")
+                           ] = None,
         out: TextIO = sys.stdout) -> list[RaceRun]:
     """The race on ``assets_dir``'s LM and adapters; prints the table and returns every run."""
     assets_dir = Path(assets_dir).resolve()
@@ -311,8 +315,19 @@ def run(assets_dir: Path, *,
         shutil.rmtree(work, ignore_errors=True)
     out.write(format_race(runs, first_s=first_s, traffic=traffic, duration_s=duration_s, hours=hours,
                           max_tokens=max_tokens, threads=threads))
+    if samples is not None:
+        write_samples(Path(samples), runs)
+        out.write(f"every request's answer: {samples}\n")
     out.flush()
     return runs
+
+
+def write_samples(path: Path, runs: Sequence[RaceRun]) -> None:
+    """Every answer of ``runs`` as one JSON object a line: the run's name and the :class:`Sent` fields."""
+    with open(path, "w", encoding="utf-8") as f:
+        for r in runs:
+            for sent in r.sent:
+                f.write(json.dumps({"run": r.name, **dataclasses.asdict(sent)}) + "\n")
 
 
 #: The project's snapshot settings in the race: written when it stops (no periodic one), 512 MiB at most.

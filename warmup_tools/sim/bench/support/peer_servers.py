@@ -233,23 +233,13 @@ def llamacpp_server(server: Path, gguf: Gguf, *, threads: int, max_num_seqs: int
     """``llama-server`` (:func:`llamacpp_argv`; a :class:`~warmup_tools.fleet.process.Child`: it dies with this
     process), its URL (with its process) once ``/health`` answers 200; stopped with SIGTERM, then its tree killed
     after 30 s."""
-    from warmup_tools.fleet.process import Child
-    from warmup_tools.fleet.replica import wait_warm
-
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    child = Child("llama.cpp", llamacpp_argv(server, gguf, threads=threads, max_num_seqs=max_num_seqs, port=port,
-                                             slot_save_path=slot_save_path), env, log)
-    child.start()
-    try:
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_warm(url, START_TIMEOUT_S, gone=child.exited)  # /health: 503 while the model loads, then 200
-        except ServerError as exc:
-            raise ServerError(f"llama.cpp: {exc}; its log: {log}") from None
-        yield ServerURL(url, [child.pid or 0])
-    finally:
-        child.stop(signal.SIGTERM, timeout_s=30.0)
+    argv = llamacpp_argv(server, gguf, threads=threads, max_num_seqs=max_num_seqs, port=port,
+                         slot_save_path=slot_save_path)
+    # /health: 503 while the model loads, then 200
+    with _peer_server("llama.cpp", argv, env, log, port, signal.SIGTERM) as url:
+        yield url
 
 
 def save_slot(url: str, slot_id: int, filename: str, *, timeout_s: float = 600.0) -> dict[str, Any]:
@@ -350,24 +340,34 @@ def vllm_server(python: Path, assets_dir: Path, *, lora: bool, threads: int, max
     """A vLLM OpenAI server (a :class:`~warmup_tools.fleet.process.Child`: it dies with this process), its URL (with
     its process) while it runs; stopped with SIGINT, then its whole tree killed after 30 s (its engine core is a
     child)."""
-    from warmup_tools.fleet.process import Child
-    from warmup_tools.fleet.replica import wait_warm
-
     port = free_port()
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0" if threads == 1 else f"0-{threads - 1}",
            "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    child = Child("vllm", vllm_argv(python, assets_dir, lora=lora, max_num_seqs=max_num_seqs, port=port,
-                                    block_size=block_size), env, log)
+    argv = vllm_argv(python, assets_dir, lora=lora, max_num_seqs=max_num_seqs, port=port, block_size=block_size)
+    # vLLM's /health: 200 once its engine is up
+    with _peer_server("vLLM", argv, env, log, port, signal.SIGINT) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _peer_server(name: str, argv: list[str], env: Mapping[str, str], log: Path, port: int,
+                 stop: signal.Signals) -> Iterator[ServerURL]:
+    """A peer's server run as a :class:`~warmup_tools.fleet.process.Child` (it dies with this process), its URL on
+    ``port`` once ``/health`` answers 200; stopped with ``stop``, then its whole tree killed after 30 s."""
+    from warmup_tools.fleet.process import Child
+    from warmup_tools.fleet.replica import wait_warm
+
+    child = Child(name, argv, env, log)
     child.start()
     try:
         url = f"http://127.0.0.1:{port}"
         try:
-            wait_warm(url, START_TIMEOUT_S, gone=child.exited)  # vLLM's /health: 200 once its engine is up
+            wait_warm(url, START_TIMEOUT_S, gone=child.exited)
         except ServerError as exc:
-            raise ServerError(f"vLLM: {exc}; its log: {log}") from None
+            raise ServerError(f"{name}: {exc}; its log: {log}") from None
         yield ServerURL(url, [child.pid or 0])
     finally:
-        child.stop(signal.SIGINT, timeout_s=30.0)
+        child.stop(stop, timeout_s=30.0)
 
 
 @contextlib.contextmanager

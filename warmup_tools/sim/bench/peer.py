@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Mapping, Sequence, TextIO
 
 from warmup_tools.common.settings import arg
-from warmup_tools.sim.bench.support.openai_stream import StreamError, stream_completion
+from warmup_tools.sim.bench.support.openai_stream import KEEPALIVE_EXPIRY_S, StreamError, stream_completion
 from warmup_tools.sim.bench.support.params import LlamacppDir, LlamacppPackage, VllmPackage, VllmVenv
 from warmup_tools.sim.bench.support.pausing import ServerURL, paused
 from warmup_tools.sim.bench.support.peer_replay import run_replay
@@ -75,8 +75,6 @@ from warmup_tools.sim.bench.support.peer_servers import (
 PREFIX_TOKENS, SUFFIX_TOKENS, SHORT_PROMPT_TOKENS = 512, 16, 64
 #: How httpx says a server closed the connection before any byte of a response.
 UNANSWERED = "Server disconnected without sending a response"
-#: Seconds an idle connection of the benchmark's client is kept for reuse (below every server's keep-alive timeout).
-KEEPALIVE_EXPIRY_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -43,7 +43,7 @@ from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.records import RequestRecord
 from warmup_tools.common.settings import arg
 from warmup_tools.sim.bench.support.cold_start import percent, ratio
-from warmup_tools.sim.bench.support.openai_stream import StreamError, stream_completion
+from warmup_tools.sim.bench.support.openai_stream import KEEPALIVE_EXPIRY_S, StreamError, stream_completion
 from warmup_tools.sim.bench.support.params import LlamacppDir, LlamacppPackage, VllmPackage, VllmVenv
 from warmup_tools.sim.bench.support.peer_servers import (
     BASE,
@@ -190,7 +190,8 @@ def replay(endpoint: Endpoint, plan: Sequence[Scheduled], *, max_tokens: int,
         return Sent(item.at_s, record.adapter, ttft * 1000, streamed.cached_tokens,
                     int(streamed.usage.get("prompt_tokens", 0)))
 
-    limits = httpx.Limits(max_connections=SENDERS, max_keepalive_connections=SENDERS)
+    limits = httpx.Limits(max_connections=SENDERS, max_keepalive_connections=SENDERS,
+                          keepalive_expiry=KEEPALIVE_EXPIRY_S)
     with httpx.Client(base_url=endpoint.url, timeout=600, limits=limits) as client, \
             concurrent.futures.ThreadPoolExecutor(SENDERS) as pool:
         started = clock()

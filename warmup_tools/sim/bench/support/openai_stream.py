@@ -8,6 +8,10 @@ import json
 import time
 from typing import Any, Mapping
 
+#: Seconds an idle connection of a benchmark's client is kept for reuse: below every server's keep-alive timeout
+#: (llama-server's is 5 s), so a request never goes out on a connection the server is closing.
+KEEPALIVE_EXPIRY_S = 1.0
+
 
 class StreamError(RuntimeError):
     """The server answered with another status than 200."""

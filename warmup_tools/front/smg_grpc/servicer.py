@@ -111,8 +111,27 @@ def _int(value: Any) -> int:
 
 @dataclasses.dataclass(slots=True)
 class Running:
-    task: asyncio.Task
+    """A generation in flight: its task, whether Abort cancelled it, and its response being written (None: none).
+
+    NOTE: Abort cancels the task, which may be inside a write; a write cancelled mid-way is still in gRPC's core
+    queue, and the abort's own response written on top of it failed (``GRPC_CALL_ERROR_TOO_MANY_OPERATIONS``), the
+    stream never ended. So a write is shielded from the cancellation (:meth:`write`) and the abort's response waits
+    for it (:meth:`written`)."""
+
+    task: asyncio.Task | None = None
     aborted: bool = False
+    writing: asyncio.Future | None = None
+
+    async def write(self, context: Any, message: Any) -> None:
+        self.writing = asyncio.ensure_future(context.write(message))
+        # its failure is the call's (the client left): read here, so that it is never logged as unretrieved
+        self.writing.add_done_callback(lambda done: done.cancelled() or done.exception())
+        await asyncio.shield(self.writing)
+
+    async def written(self) -> None:
+        """Once the response being written (if any) is out, or failed."""
+        if self.writing is not None and not self.writing.done():
+            await asyncio.wait([self.writing])
 
 
 class WorkerContext:
@@ -168,7 +187,7 @@ class WorkerContext:
         count = 0
         for request_id in list(request_ids)[:MAX_ABORT_IDS]:
             running = self.running.get(request_id)
-            if running is not None and not running.task.done():
+            if running is not None and running.task is not None and not running.task.done():
                 running.aborted = True
                 running.task.cancel()
                 count += 1
@@ -208,27 +227,28 @@ class ModelServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
             except OpenAIError as exc:
                 raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.message) from None
             trace = context_from_metadata(context.invocation_metadata()) if shared.state.traced else None
-            task = asyncio.ensure_future(self._generate(args, trace, context))
-            running = shared.running[args.request_id] = Running(task)
+            running = shared.running[args.request_id] = Running()
+            task = running.task = asyncio.ensure_future(self._generate(args, trace, context, running))
             try:
                 await task
             except asyncio.CancelledError:
                 if not running.aborted:
                     raise  # the call itself was cancelled (the client left, its deadline passed)
+                await running.written()
                 await context.write(vllm_engine_pb2.GenerateResponse(
                     complete=vllm_engine_pb2.GenerateComplete(finish_reason="abort")))
         except Refusal as exc:
             await context.abort(exc.code, exc.message)
         finally:
             if running is not None:
-                if not running.task.done():
+                if running.task is not None and not running.task.done():
                     running.task.cancel()
                 if shared.running.get(request.request_id) is running:
                     del shared.running[request.request_id]
             shared.state.tenants.release(place)
             drain.leave()
 
-    async def _generate(self, args: GenerateArgs, trace: Any, context: Any) -> None:
+    async def _generate(self, args: GenerateArgs, trace: Any, context: Any, running: Running) -> None:
         output: list[int] = []
         text = self.shared.log_text(args.input_ids) if self.shared.log_text is not None else None
         chunks = self.shared.engine.generate_tokens(args.input_ids, self.adapter, TENANT, args.sampling, trace,
@@ -237,13 +257,15 @@ class ModelServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
             async for chunk in chunks:
                 output.extend(chunk.token_ids)
                 if args.stream and chunk.token_ids:
-                    await context.write(vllm_engine_pb2.GenerateResponse(chunk=vllm_engine_pb2.GenerateStreamChunk(
-                        token_ids=chunk.token_ids, prompt_tokens=chunk.prompt_tokens,
-                        completion_tokens=chunk.output_tokens, cached_tokens=chunk.cached_tokens)))
+                    await running.write(context, vllm_engine_pb2.GenerateResponse(
+                        chunk=vllm_engine_pb2.GenerateStreamChunk(
+                            token_ids=chunk.token_ids, prompt_tokens=chunk.prompt_tokens,
+                            completion_tokens=chunk.output_tokens, cached_tokens=chunk.cached_tokens)))
                 if chunk.finish_reason:
-                    await context.write(vllm_engine_pb2.GenerateResponse(complete=vllm_engine_pb2.GenerateComplete(
-                        output_ids=output, finish_reason=chunk.finish_reason, prompt_tokens=chunk.prompt_tokens,
-                        completion_tokens=chunk.output_tokens, cached_tokens=chunk.cached_tokens)))
+                    await running.write(context, vllm_engine_pb2.GenerateResponse(
+                        complete=vllm_engine_pb2.GenerateComplete(
+                            output_ids=output, finish_reason=chunk.finish_reason, prompt_tokens=chunk.prompt_tokens,
+                            completion_tokens=chunk.output_tokens, cached_tokens=chunk.cached_tokens)))
                     return
         except EngineError as exc:
             raise refusal_of(exc) from None

@@ -216,3 +216,42 @@ def test_grpc_workers_is_404_without_listeners():
 
     with make_client(TokenEngine()) as client:
         assert client.get("/grpc-workers").status_code == 404
+
+
+def test_an_abort_during_a_write_waits_for_it_before_its_own_answer():
+    """Abort cancels the generation's task; a write it was inside goes on (gRPC's core still holds it) and the
+    abort's answer goes out only once it is done: two writes at once had failed with TOO_MANY_OPERATIONS and left
+    the stream open (tests/integration/test_smg_grpc_worker.py::test_abort_ends_a_running_generation_by_its_request_id
+    against the real server)."""
+    from warmup_tools.front.smg_grpc.servicer import Running
+
+    class HeldContext:
+        """A call's context whose first write is held until released; every write's start and end recorded."""
+
+        def __init__(self) -> None:
+            self.release = asyncio.Event()
+            self.events: list[str] = []
+
+        async def write(self, message: str) -> None:
+            self.events.append(f"start {message}")
+            if message == "chunk":
+                await self.release.wait()
+            self.events.append(f"end {message}")
+
+    async def scenario():
+        context, running = HeldContext(), Running()
+        running.task = asyncio.ensure_future(running.write(context, "chunk"))
+        while context.events != ["start chunk"]:
+            await asyncio.sleep(0)
+        running.task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running.task
+        answered = asyncio.ensure_future(running.written())
+        await asyncio.sleep(0)
+        assert not answered.done()  # the chunk is still being written
+        context.release.set()
+        await answered
+        await context.write("abort")
+        assert context.events == ["start chunk", "end chunk", "start abort", "end abort"]
+
+    asyncio.run(scenario())

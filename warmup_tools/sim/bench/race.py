@@ -42,7 +42,7 @@ from typing import Annotated, Any, Callable, ContextManager, Iterator, Mapping, 
 from warmup_tools.common.errors import ConfigError
 from warmup_tools.common.records import RequestRecord
 from warmup_tools.common.settings import arg
-from warmup_tools.sim.bench.support.cold_start import percent, ratio
+from warmup_tools.sim.bench.support.cold_start import cached_share, percent, ratio
 from warmup_tools.sim.bench.support.openai_stream import KEEPALIVE_EXPIRY_S, StreamError, stream_completion
 from warmup_tools.sim.bench.support.params import LlamacppDir, LlamacppPackage, VllmPackage, VllmVenv
 from warmup_tools.sim.bench.support.peer_servers import (
@@ -138,9 +138,7 @@ def window(sent: Sequence[Sent]) -> Window:
     """The figures of ``sent``'s answered requests (failed ones are counted apart, in :attr:`RaceRun.failed`)."""
     ok = [s for s in sent if not s.error]
     ttfts = [s.ttft_ms for s in ok]
-    prompt = sum(s.prompt_tokens for s in ok)
-    return Window(len(ok), sum(1 for s in ok if s.cached_tokens == 0),
-                  sum(s.cached_tokens for s in ok) / prompt if prompt else None,
+    return Window(len(ok), sum(1 for s in ok if s.cached_tokens == 0), cached_share(ok),
                   statistics.median(ttfts) if ttfts else None, p99(ttfts) if ttfts else None)
 
 
